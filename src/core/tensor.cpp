@@ -1,0 +1,84 @@
+// Tensor view helpers and the owning host tensor.
+#include "seqpar/tensor.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace seqpar {
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                                  Device device) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.device = device;
+  v.ndim = static_cast<int>(shape.size());
+  std::copy(shape.begin(), shape.end(), v.shape.begin());
+  int64_t stride = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    v.strides[i] = stride;
+    stride *= v.shape[i];
+  }
+  return v;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != stride) return false;
+    stride *= shape[i];
+  }
+  return true;
+}
+
+bool TensorView::same_shape(const TensorView& other) const {
+  if (ndim != other.ndim) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] != other.shape[i]) return false;
+  return true;
+}
+
+std::string TensorView::shape_string() const {
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "] " + dtype_name(dtype);
+}
+
+HostTensor::HostTensor(DType dtype, std::initializer_list<int64_t> shape)
+    : HostTensor(dtype, std::vector<int64_t>(shape)) {}
+
+HostTensor::HostTensor(DType dtype, const std::vector<int64_t>& shape) {
+  view_.dtype = dtype;
+  view_.ndim = static_cast<int>(shape.size());
+  int64_t n = 1;
+  for (int i = view_.ndim - 1; i >= 0; --i) {
+    view_.shape[i] = shape[i];
+    view_.strides[i] = n;
+    n *= shape[i];
+  }
+  storage_.assign((static_cast<size_t>(n) * dtype_size(dtype) + 7) / 8, 0);
+  view_.data = storage_.data();
+}
+
+HostTensor::HostTensor(const HostTensor& other) : storage_(other.storage_), view_(other.view_) {
+  view_.data = storage_.data();
+}
+
+HostTensor& HostTensor::operator=(const HostTensor& other) {
+  if (this != &other) {
+    storage_ = other.storage_;
+    view_ = other.view_;
+    view_.data = storage_.data();
+  }
+  return *this;
+}
+
+void HostTensor::fill_zero() { std::fill(storage_.begin(), storage_.end(), 0); }
+
+}  // namespace seqpar

@@ -1,0 +1,164 @@
+// The oracle: plain softmax attention in fp64, one query row (or key row) at a time. Slow and
+// obvious on purpose; every other implementation is checked against it.
+#include <cmath>
+#include <string>
+
+#include "attention_common.hpp"
+
+namespace seqpar {
+namespace {
+
+// Dense fp64 copy [B, S, H, D] of any-dtype BSHD view.
+std::vector<double> to_dense_f64(const TensorView& t) {
+  const int64_t B = t.shape[0], S = t.shape[1], H = t.shape[2], D = t.shape[3];
+  std::vector<double> out(static_cast<size_t>(B * S * H * D));
+  const size_t es = dtype_size(t.dtype);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const char* src = static_cast<const char*>(t.data) + cpu::bshd_offset(t, b, s, h) * es;
+        convert(src, t.dtype, &out[((b * S + s) * H + h) * D], DType::kF64, D);
+      }
+  return out;
+}
+
+double dot(const double* a, const double* b, int64_t n) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+}  // namespace
+
+StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& dout,
+                                              const AttentionParams& params,
+                                              const ReferenceRows& rows) {
+  cpu::AttentionDims dims;
+  SP_RETURN_IF_ERROR(cpu::validate_qkv(q, k, v, &dims));
+  const bool backward = dout.data != nullptr;
+  const int64_t B = dims.batch, Sq = dims.seq_q, Sk = dims.seq_k, H = dims.heads,
+                Hkv = dims.kv_heads, D = dims.head_dim, G = dims.group();
+  if (backward) SP_RETURN_IF_ERROR(cpu::validate_like("dout", dout, dout.dtype, B, Sq, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_mask_positions(params, Sq, Sk));
+  for (int64_t r : rows.query_rows) SP_CHECK_ARG(r >= 0 && r < Sq, "query row out of range");
+  for (int64_t r : rows.key_rows) SP_CHECK_ARG(r >= 0 && r < Sk, "key row out of range");
+
+  const double scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(D));
+  const cpu::MaskEvaluator mask(params, Sq, Sk);
+  const std::vector<double> Q = to_dense_f64(q), K = to_dense_f64(k), V = to_dense_f64(v);
+  auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) {
+    return &t[((b * Sq + i) * H + h) * D];
+  };
+  auto krow = [&](const std::vector<double>& t, int64_t b, int64_t j, int64_t g) {
+    return &t[((b * Sk + j) * Hkv + g) * D];
+  };
+
+  ReferenceResult res{HostTensor(DType::kF64, {B, Sq, H, D}), HostTensor(DType::kF64, {B, H, Sq}),
+                      {}, {}, {}};
+  double* O = res.o.data<double>();
+  double* L = res.lse.data<double>();
+
+  // Forward, every row: scores, max, sum, output.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> s(Sk);
+      for (int64_t i = 0; i < Sq; ++i) {
+        double m = cpu::kNegInf;
+        for (int64_t j = 0; j < Sk; ++j) {
+          s[j] = mask.allowed(i, j) ? scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D)
+                                    : cpu::kNegInf;
+          m = std::max(m, s[j]);
+        }
+        double* o = &O[((b * Sq + i) * H + h) * D];
+        if (m == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
+          L[(b * H + h) * Sq + i] = cpu::kNegInf;
+          continue;
+        }
+        double l = 0;
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (s[j] == cpu::kNegInf) continue;
+          const double p = std::exp(s[j] - m);
+          l += p;
+          const double* vj = krow(V, b, j, h / G);
+          for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
+        }
+        for (int64_t d = 0; d < D; ++d) o[d] /= l;
+        L[(b * H + h) * Sq + i] = m + std::log(l);
+      }
+    }
+  if (!backward) return res;
+
+  const std::vector<double> dO = to_dense_f64(dout);
+  std::vector<double> delta(static_cast<size_t>(B * H * Sq));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sq; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        delta[(b * H + h) * Sq + i] = dot(qrow(dO, b, i, h), &O[((b * Sq + i) * H + h) * D], D);
+
+  res.dq = HostTensor(DType::kF64, {B, Sq, H, D});
+  res.dk = HostTensor(DType::kF64, {B, Sk, Hkv, D});
+  res.dv = HostTensor(DType::kF64, {B, Sk, Hkv, D});
+  double* dQ = res.dq.data<double>();
+  double* dK = res.dk.data<double>();
+  double* dV = res.dv.data<double>();
+  auto all_rows = [](int64_t n, const std::vector<int64_t>& chosen) {
+    if (!chosen.empty()) return chosen;
+    std::vector<int64_t> r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = i;
+    return r;
+  };
+  const std::vector<int64_t> q_rows = all_rows(Sq, rows.query_rows);
+  const std::vector<int64_t> k_rows = all_rows(Sk, rows.key_rows);
+  // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair.
+  auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* ds) {
+    const double lse = L[(b * H + h) * Sq + i];
+    const double p = std::exp(scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D) - lse);
+    *ds = p * (dot(qrow(dO, b, i, h), krow(V, b, j, h / G), D) - delta[(b * H + h) * Sq + i]);
+    return p;
+  };
+
+  // dQ_i = scale * sum_j ds_ij k_j, for each requested query row.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t r = 0; r < q_rows.size(); ++r) {
+      const int64_t i = q_rows[r];
+      for (int64_t h = 0; h < H; ++h) {
+        double* dq = &dQ[((b * Sq + i) * H + h) * D];
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (!mask.allowed(i, j)) continue;
+          double ds;
+          prob_and_ds(b, h, i, j, &ds);
+          const double* kj = krow(K, b, j, h / G);
+          for (int64_t d = 0; d < D; ++d) dq[d] += scale * ds * kj[d];
+        }
+      }
+    }
+  // dK_j = scale * sum_{h in group, i} ds_ij q_i;  dV_j = sum p_ij dO_i.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t r = 0; r < k_rows.size(); ++r) {
+      const int64_t j = k_rows[r];
+      for (int64_t g = 0; g < Hkv; ++g) {
+        double* dk = &dK[((b * Sk + j) * Hkv + g) * D];
+        double* dv = &dV[((b * Sk + j) * Hkv + g) * D];
+        for (int64_t h = g * G; h < (g + 1) * G; ++h)
+          for (int64_t i = 0; i < Sq; ++i) {
+            if (!mask.allowed(i, j)) continue;
+            double ds;
+            const double p = prob_and_ds(b, h, i, j, &ds);
+            const double* qi = qrow(Q, b, i, h);
+            const double* doi = qrow(dO, b, i, h);
+            for (int64_t d = 0; d < D; ++d) {
+              dk[d] += scale * ds * qi[d];
+              dv[d] += p * doi[d];
+            }
+          }
+      }
+    }
+  return res;
+}
+
+}  // namespace seqpar

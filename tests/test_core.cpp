@@ -1,0 +1,81 @@
+// Core: status macros, dtype conversions, tensor views, mask parsing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "seqpar/dtype.hpp"
+#include "seqpar/mask.hpp"
+#include "seqpar/status.hpp"
+#include "seqpar/tensor.hpp"
+
+namespace seqpar {
+namespace {
+
+Status fails_when_negative(int x) {
+  SP_CHECK_ARG(x >= 0, "x must be >= 0");
+  return Status::Ok();
+}
+
+TEST(Status, CheckMacroAddsLocation) {
+  EXPECT_TRUE(fails_when_negative(1).ok());
+  const Status s = fails_when_negative(-1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("test_core.cpp:"), std::string::npos) << s.message();
+  EXPECT_NE(s.to_string().find("invalid argument: x must be >= 0"), std::string::npos);
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f)), 1.0f);
+  // 1 + 2^-8 lies exactly between two bf16 values; ties go to the even mantissa (1.0).
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(bf16_to_float(float_to_bf16(-INFINITY)), -INFINITY);
+}
+
+TEST(DType, Fp16RoundTripsAndSaturates) {
+  for (float x : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f}) {
+    EXPECT_EQ(fp16_to_float(float_to_fp16(x)), x) << x;
+  }
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1e6f)), INFINITY);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(1.0f + 1.0f / 4096)), 1.0f);  // below half an ulp
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
+  EXPECT_EQ(parse_dtype("bf16").value(), DType::kBF16);
+  EXPECT_FALSE(parse_dtype("int8").ok());
+}
+
+TEST(Tensor, ContiguousViewAndCopy) {
+  HostTensor t(DType::kF32, {2, 3, 4, 5});
+  EXPECT_EQ(t.numel(), 120);
+  EXPECT_EQ(t.bytes(), 480u);
+  EXPECT_TRUE(t.view().is_contiguous());
+  EXPECT_EQ(t.view().strides[1], 20);
+  t.data<float>()[7] = 3.0f;
+  HostTensor copy = t;
+  copy.data<float>()[7] = 4.0f;
+  EXPECT_EQ(t.data<float>()[7], 3.0f);
+  EXPECT_NE(copy.view().data, t.view().data);
+  EXPECT_EQ(t.view().shape_string(), "[2, 3, 4, 5] fp32");
+}
+
+TEST(Mask, ParseAndDescribe) {
+  EXPECT_EQ(parse_mask("causal", 10).value().describe(), "causal");
+  EXPECT_EQ(parse_mask("full", 10).value().describe(), "full");
+  const MaskSpec w = parse_mask("window:3,1", 10).value();
+  EXPECT_EQ(w.window_left, 3);
+  EXPECT_EQ(w.window_right, 1);
+  EXPECT_TRUE(w.band_allows(5, 2));
+  EXPECT_FALSE(w.band_allows(5, 1));
+  EXPECT_FALSE(w.band_allows(5, 7));
+  const MaskSpec d = parse_mask("docs:3", 12).value();
+  ASSERT_EQ(d.doc_offsets.size(), 4u);
+  EXPECT_EQ(d.doc_offsets.front(), 0);
+  EXPECT_EQ(d.doc_offsets.back(), 12);
+  EXPECT_TRUE(d.validate(12).ok());
+  EXPECT_FALSE(d.validate(13).ok());
+  for (const char* bad : {"windo:1,2", "window:1", "window:-5,0", "docs:0", "docs:99", "x"})
+    EXPECT_FALSE(parse_mask(bad, 12).ok()) << bad;
+}
+
+}  // namespace
+}  // namespace seqpar
