@@ -131,6 +131,7 @@ void forward_impl(const TensorView& q, const TensorView& k, const TensorView& v,
           const int64_t i0 = qb * kBlockQ, nq = std::min(kBlockQ, dims.seq_q - i0);
           std::fill(q_tile.begin(), q_tile.end(), T(0));
           pack_rows(q, b, h, i0, nq, D, q_tile.data(), Dp, false);
+          for (T& x : q_tile) x *= p.scale_log2;  // scores come out in the exp2 domain
           std::fill(acc.begin(), acc.end(), T(0));
           for (int64_t r = 0; r < nq; ++r) {
             const T prev_lse = accumulate ? lse.as<T>()[bhs_offset(lse, b, h, i0 + r)] : neg_inf;
@@ -151,7 +152,6 @@ void forward_impl(const TensorView& q, const TensorView& k, const TensorView& v,
             if (kind == TileKind::kEmpty) continue;
             gemm<T, false>(nq, kBlockK, D, q_tile.data(), Dp, kt.block(b, h / G, kb, p), kBlockK,
                            s.data(), kBlockK);
-            for (int64_t x = 0; x < nq * kBlockK; ++x) s[x] *= p.scale_log2;
             mask_scores(mask, i0, nq, j0, nk, kind == TileKind::kPartial, s.data());
             for (int64_t r = 0; r < nq; ++r) {
               T* row = s.data() + r * kBlockK;
