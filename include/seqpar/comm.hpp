@@ -1,0 +1,142 @@
+// The communicator interface every distributed schedule talks to, and its byte accounting.
+// Implementations: `local` (ranks are threads of one process) and `mpi` (Open MPI processes);
+// NCCL follows the same interface. Collectives are built here from batched point-to-point
+// steps (ring algorithms), so every backend moves, and counts, the same bytes.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "seqpar/dtype.hpp"
+#include "seqpar/status.hpp"
+
+namespace seqpar {
+
+// Counters are kept per phase so a schedule's forward and backward traffic can be checked
+// separately against the paper formulas.
+enum class Phase : uint8_t { kForward = 0, kBackward = 1, kOther = 2 };
+inline constexpr int kNumPhases = 3;
+const char* phase_name(Phase phase);
+
+struct CommCounters {
+  std::array<int64_t, kNumPhases> bytes_sent{};
+  std::array<int64_t, kNumPhases> bytes_received{};
+  std::array<int64_t, kNumPhases> messages_sent{};
+  int64_t sent(Phase p) const { return bytes_sent[static_cast<int>(p)]; }
+  int64_t received(Phase p) const { return bytes_received[static_cast<int>(p)]; }
+};
+
+struct SendSpec {
+  int peer;
+  const void* data;
+  size_t bytes;
+};
+struct RecvSpec {
+  int peer;
+  void* data;
+  size_t bytes;
+};
+
+enum class ReduceOp : uint8_t { kSum, kMax };
+
+// A batch of sends and receives in flight; wait() completes all of them. Buffers must stay
+// valid (and sends unmodified) until wait() returns. Destroying it waits too.
+class PendingExchange {
+ public:
+  virtual ~PendingExchange() = default;
+  [[nodiscard]] virtual Status wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // Posts every send and receive of the batch, then completes them all. Never deadlocks when
+  // all ranks post matching batches, including P = 2 where previous and next are the same
+  // peer (messages between a pair are matched in posting order).
+  [[nodiscard]] Status exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
+  // Starts the batch and returns at once where the backend can progress it in the background
+  // (the overlap used by the schedules); otherwise it completes before returning.
+  [[nodiscard]] StatusOr<std::unique_ptr<PendingExchange>> start_exchange(
+      std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
+
+  // Collectives (ring algorithms over exchange; bytes counted as sent by this rank).
+  // all_gather: send [n] from each rank into recv [P * n] in rank order; sends (P-1) n.
+  [[nodiscard]] Status all_gather(const void* send, void* recv, size_t bytes_per_rank);
+  // reduce_scatter: send [P * count] -> recv [count] = reduction of block `rank` over ranks.
+  [[nodiscard]] Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                      ReduceOp op);
+  // all_to_all: block r of send [P * n] goes to rank r; recv block r came from rank r.
+  [[nodiscard]] Status all_to_all(const void* send, void* recv, size_t bytes_per_rank);
+  // all_reduce in place over [count] elements (reduce-scatter + all-gather when count >= P).
+  [[nodiscard]] Status all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
+  [[nodiscard]] virtual Status barrier();
+  // Ranks with the same color form a sub-communicator, ordered by (key, rank). Collective.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<Communicator>> split(int color, int key) = 0;
+  // Makes every rank's pending and future calls fail (local) or ends the job (MPI): used when
+  // this rank cannot go on, so the others exit with an error instead of waiting forever.
+  virtual void abort(const std::string& reason) = 0;
+
+  void set_phase(Phase phase) { phase_ = phase; }
+  Phase phase() const { return phase_; }
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+ protected:
+  // Backend hooks. `post` starts the batch and returns its handle.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<PendingExchange>> post(
+      std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) = 0;
+  // Whether `post` really progresses in the background (else start_exchange completes it).
+  virtual bool overlaps() const = 0;
+
+ private:
+  Status check_specs(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) const;
+  void count(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
+
+  Phase phase_ = Phase::kOther;
+  CommCounters counters_;
+};
+
+// Sets the phase for a scope and restores the previous one.
+class PhaseScope {
+ public:
+  PhaseScope(Communicator& comm, Phase phase) : comm_(comm), saved_(comm.phase()) {
+    comm.set_phase(phase);
+  }
+  ~PhaseScope() { comm_.set_phase(saved_); }
+
+ private:
+  Communicator& comm_;
+  Phase saved_;
+};
+
+// ---- local: ranks as threads in one process --------------------------------------------
+
+// Shared state of one group of in-process ranks.
+class LocalWorld;
+
+// Creates `size` communicators that talk to each other; hand one to each thread.
+std::vector<std::unique_ptr<Communicator>> make_local_communicators(int size);
+
+// Runs fn(comm) on `size` threads, one per rank, and returns the first non-ok Status.
+// A rank that fails aborts the world so the others return errors instead of waiting forever.
+Status run_local_ranks(int size, const std::function<Status(Communicator&)>& fn);
+
+// ---- mpi --------------------------------------------------------------------------------
+
+// True when this process was started by mpirun/mpiexec (Open MPI or PMI environment).
+bool launched_by_mpi();
+// MPI_COMM_WORLD (initialising MPI once, finalised at exit); kUnsupported without MPI.
+StatusOr<std::unique_ptr<Communicator>> make_mpi_world_communicator();
+
+}  // namespace seqpar

@@ -1,0 +1,21 @@
+// How this process was launched, and the MPI entry point when MPI is not built in.
+#include <cstdlib>
+
+#include "seqpar/comm.hpp"
+
+namespace seqpar {
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
+#ifndef SEQPAR_HAVE_MPI
+StatusOr<std::unique_ptr<Communicator>> make_mpi_world_communicator() {
+  return SP_STATUS(StatusCode::kUnsupported,
+                   "seqpar was built without MPI (install libopenmpi-dev and rebuild)");
+}
+#endif
+
+}  // namespace seqpar

@@ -1,0 +1,259 @@
+// Ring attention, forward and backward, as explicit loops over ring steps with double
+// buffers (see include/seqpar/ring.hpp for the schedule and its byte formula).
+#include "seqpar/ring.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/attention_common.hpp"
+
+namespace seqpar {
+namespace {
+
+int wrap(int r, int p) { return ((r % p) + p) % p; }
+
+// Two [B, rows, heads, D] contiguous parts (K and V, or dK and dV) in one buffer sized for
+// the longest shard, so one message carries both.
+struct ShardBuffer {
+  std::vector<uint64_t> storage;  // 8-byte elements keep fp64 aligned
+  DType dtype = DType::kF32;
+  int64_t batch = 0, heads = 0, head_dim = 0;
+
+  void allocate(DType t, int64_t b, int64_t max_rows, int64_t h, int64_t d) {
+    dtype = t;
+    batch = b;
+    heads = h;
+    head_dim = d;
+    storage.assign((2 * b * max_rows * h * d * dtype_size(t) + 7) / 8, 0);  // two parts
+  }
+  TensorView view(int64_t rows, int part = 0) const {  // part 0/1: K and V halves
+    char* base = reinterpret_cast<char*>(const_cast<uint64_t*>(storage.data()));
+    return TensorView::contiguous(base + part * bytes(rows), dtype, {batch, rows, heads, head_dim});
+  }
+  size_t bytes(int64_t rows) const { return batch * rows * heads * head_dim * dtype_size(dtype); }
+  void zero(int64_t rows, int parts) { std::memset(view(rows).data, 0, parts * bytes(rows)); }
+};
+
+// Copies a [B, S, H, D] view (any strides, contiguous last dim) into a contiguous one.
+void copy_bshd(const TensorView& src, const TensorView& dst) {
+  const size_t row = src.shape[3] * dtype_size(src.dtype);
+  for (int64_t b = 0; b < src.shape[0]; ++b)
+    for (int64_t s = 0; s < src.shape[1]; ++s)
+      for (int64_t h = 0; h < src.shape[2]; ++h)
+        std::memcpy(static_cast<char*>(dst.data) + cpu::bshd_offset(dst, b, s, h) * dtype_size(dst.dtype),
+                    static_cast<const char*>(src.data) + cpu::bshd_offset(src, b, s, h) * dtype_size(src.dtype),
+                    row);
+}
+
+template <class T>
+void add_into(const TensorView& acc, const TensorView& x) {
+  T* a = acc.as<T>();
+  const T* y = x.as<T>();
+  for (int64_t i = 0; i < acc.numel(); ++i) a[i] += y[i];
+}
+
+Status check_ring_args(const Communicator& comm, const Layout& layout,
+                       const AttentionParams& params, const TensorView& q, const TensorView& k,
+                       const TensorView& v, cpu::AttentionDims* dims) {
+  SP_CHECK_ARG(layout.ranks() == comm.size(),
+               "layout is for " + std::to_string(layout.ranks()) + " ranks but the communicator has " +
+                   std::to_string(comm.size()));
+  SP_CHECK_ARG(!params.q_positions && !params.k_positions,
+               "ring attention takes positions from the layout; leave q/k_positions null");
+  SP_RETURN_IF_ERROR(cpu::validate_qkv(q, k, v, dims));
+  const int64_t local = layout.local_len(comm.rank());
+  SP_CHECK_ARG(dims->seq_q == local && dims->seq_k == local,
+               "rank " + std::to_string(comm.rank()) + " holds " + std::to_string(local) +
+                   " tokens under the " + layout_name(layout.kind()) + " layout, but q is " +
+                   q.shape_string() + " and k is " + k.shape_string());
+  SP_CHECK_SUPPORTED(q.dtype == DType::kF32 || q.dtype == DType::kF64,
+                     std::string("ring attention on CPU ranks computes in fp32 or fp64, not ") +
+                         dtype_name(q.dtype));
+  return params.mask.validate(layout.seq_len());
+}
+
+// Whether any (query, key) pair of these two shards is visible under the mask.
+bool pair_visible(const AttentionParams& params, const std::vector<int64_t>& q_pos,
+                  const std::vector<int64_t>& k_pos) {
+  AttentionParams p = params;
+  p.q_positions = q_pos.data();
+  p.k_positions = k_pos.data();
+  const cpu::MaskEvaluator mask(p, static_cast<int64_t>(q_pos.size()),
+                                static_cast<int64_t>(k_pos.size()));
+  return mask.classify(0, q_pos.size(), 0, k_pos.size()) != cpu::TileKind::kEmpty;
+}
+
+}  // namespace
+
+Status ring_attention_forward(Communicator& comm, const Layout& layout,
+                              const AttentionParams& params, const TensorView& q,
+                              const TensorView& k, const TensorView& v, const TensorView& o,
+                              const TensorView& lse, RingStats* stats) {
+  cpu::AttentionDims dims;
+  SP_RETURN_IF_ERROR(check_ring_args(comm, layout, params, q, k, v, &dims));
+  const int P = comm.size(), me = comm.rank();
+  const PhaseScope phase(comm, Phase::kForward);
+  RingStats local_stats;
+
+  ShardBuffer kv[2];  // current and next; each holds K then V
+  for (auto& buf : kv)
+    buf.allocate(q.dtype, dims.batch, layout.max_local_len(), dims.kv_heads, dims.head_dim);
+  copy_bshd(k, kv[0].view(dims.seq_k, 0));
+  copy_bshd(v, kv[0].view(dims.seq_k, 1));
+
+  // Start from an empty running result: O = 0, LSE = -inf.
+  SP_RETURN_IF_ERROR(cpu::validate_like("o", o, q.dtype, dims.batch, dims.seq_q, dims.heads,
+                                        dims.head_dim));
+  SP_RETURN_IF_ERROR(cpu::validate_like("lse", lse, q.dtype, dims.batch, dims.heads, dims.seq_q));
+  for (int64_t b = 0; b < dims.batch; ++b)
+    for (int64_t s = 0; s < dims.seq_q; ++s)
+      for (int64_t h = 0; h < dims.heads; ++h) {
+        std::memset(static_cast<char*>(o.data) + cpu::bshd_offset(o, b, s, h) * dtype_size(o.dtype),
+                    0, dims.head_dim * dtype_size(o.dtype));
+        const int64_t at = cpu::bhs_offset(lse, b, h, s);
+        if (q.dtype == DType::kF32) lse.as<float>()[at] = -INFINITY;
+        else lse.as<double>()[at] = -INFINITY;
+      }
+
+  const auto& q_pos = layout.positions(me);
+  for (int step = 0; step < P; ++step) {
+    const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
+    const int64_t rows = layout.local_len(held);
+    ShardBuffer& cur = kv[step % 2];
+    ShardBuffer& next = kv[(step + 1) % 2];
+    std::unique_ptr<PendingExchange> pending;
+    if (step < P - 1) {
+      const SendSpec send{wrap(me + 1, P), cur.view(rows).data, 2 * cur.bytes(rows)};
+      const RecvSpec recv{wrap(me - 1, P), next.view(layout.local_len(incoming)).data,
+                          2 * next.bytes(layout.local_len(incoming))};
+      SP_ASSIGN_OR_RETURN(pending, comm.start_exchange({&send, 1}, {&recv, 1}));
+    }
+    if (pair_visible(params, q_pos, layout.positions(held))) {
+      AttentionParams step_params = params;
+      step_params.q_positions = q_pos.data();
+      step_params.k_positions = layout.positions(held).data();
+      SP_RETURN_IF_ERROR(cpu_attention_forward(q, cur.view(rows, 0), cur.view(rows, 1),
+                                               step_params, o, lse, /*accumulate=*/true));
+      ++local_stats.pairs_computed;
+    } else {
+      ++local_stats.pairs_skipped;
+    }
+    if (pending) SP_RETURN_IF_ERROR(pending->wait());
+  }
+  if (stats) *stats = local_stats;
+  return Status::Ok();
+}
+
+Status ring_attention_backward(Communicator& comm, const Layout& layout,
+                               const AttentionParams& params, const TensorView& q,
+                               const TensorView& k, const TensorView& v, const TensorView& o,
+                               const TensorView& lse, const TensorView& dout,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               RingStats* stats) {
+  cpu::AttentionDims dims;
+  SP_RETURN_IF_ERROR(check_ring_args(comm, layout, params, q, k, v, &dims));
+  const DType t = q.dtype;
+  const int64_t B = dims.batch, S = dims.seq_q, H = dims.heads, Hkv = dims.kv_heads,
+                D = dims.head_dim;
+  SP_RETURN_IF_ERROR(cpu::validate_like("o", o, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("lse", lse, t, B, H, S));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dout", dout, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dq", dq, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dk", dk, t, B, S, Hkv, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dv", dv, t, B, S, Hkv, D));
+  const int P = comm.size(), me = comm.rank();
+  const PhaseScope phase(comm, Phase::kBackward);
+  RingStats local_stats;
+
+  HostTensor delta(t, {B, H, S});
+  SP_RETURN_IF_ERROR(cpu_attention_delta(o, dout, delta.view()));
+  HostTensor dq_acc(t, {B, S, H, D});  // zeroed; dq accumulates over every K/V shard
+
+  const int64_t max_rows = layout.max_local_len();
+  ShardBuffer kv[2], grad_part, grad_in, grad_out;  // grad buffers hold dK then dV
+  for (ShardBuffer* buf : {&kv[0], &kv[1], &grad_part, &grad_in, &grad_out})
+    buf->allocate(t, B, max_rows, Hkv, D);
+  copy_bshd(k, kv[0].view(S, 0));
+  copy_bshd(v, kv[0].view(S, 1));
+
+  const auto& q_pos = layout.positions(me);
+  for (int step = 0; step < P; ++step) {
+    const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
+    const int64_t rows = layout.local_len(held);
+    ShardBuffer& cur = kv[step % 2];
+    ShardBuffer& next = kv[(step + 1) % 2];
+    // K/V for the next step, and (from step 1) the accumulator of the shard finished last
+    // step goes on while the accumulator of the shard held now arrives.
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    if (step < P - 1) {
+      sends.push_back({wrap(me + 1, P), cur.view(rows).data, 2 * cur.bytes(rows)});
+      recvs.push_back({wrap(me - 1, P), next.view(layout.local_len(incoming)).data,
+                       2 * next.bytes(layout.local_len(incoming))});
+    }
+    if (step >= 1) {
+      const int64_t finished_rows = layout.local_len(wrap(held + 1, P));
+      sends.push_back({wrap(me + 1, P), grad_out.view(finished_rows).data,
+                       2 * grad_out.bytes(finished_rows)});
+      recvs.push_back({wrap(me - 1, P), grad_in.view(rows).data, 2 * grad_in.bytes(rows)});
+    }
+    std::unique_ptr<PendingExchange> pending;
+    if (!sends.empty()) {
+      SP_ASSIGN_OR_RETURN(pending, comm.start_exchange(sends, recvs));
+    }
+
+    grad_part.zero(rows, 2);
+    if (pair_visible(params, q_pos, layout.positions(held))) {
+      AttentionParams step_params = params;
+      step_params.q_positions = q_pos.data();
+      step_params.k_positions = layout.positions(held).data();
+      SP_RETURN_IF_ERROR(cpu_attention_backward(
+          q, cur.view(rows, 0), cur.view(rows, 1), dout, lse, delta.view(), step_params,
+          dq_acc.view(), grad_part.view(rows, 0), grad_part.view(rows, 1)));
+      ++local_stats.pairs_computed;
+    } else {
+      ++local_stats.pairs_skipped;
+    }
+    if (pending) SP_RETURN_IF_ERROR(pending->wait());
+    if (step >= 1) {
+      const TensorView part = TensorView::contiguous(grad_part.view(rows).data, t, {2 * B * rows * Hkv * D});
+      const TensorView in = TensorView::contiguous(grad_in.view(rows).data, t, {2 * B * rows * Hkv * D});
+      if (t == DType::kF32) add_into<float>(part, in);
+      else add_into<double>(part, in);
+    }
+    std::swap(grad_out, grad_part);  // grad_out: the accumulator of `held`, sent next step
+  }
+  // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
+  ShardBuffer* home = &grad_out;
+  if (P > 1) {
+    const int64_t last_rows = layout.local_len(wrap(me + 1, P));
+    const SendSpec send{wrap(me + 1, P), grad_out.view(last_rows).data, 2 * grad_out.bytes(last_rows)};
+    const RecvSpec recv{wrap(me - 1, P), grad_in.view(S).data, 2 * grad_in.bytes(S)};
+    SP_RETURN_IF_ERROR(comm.exchange({&send, 1}, {&recv, 1}));
+    home = &grad_in;
+  }
+  copy_bshd(dq_acc.view(), dq);
+  copy_bshd(home->view(S, 0), dk);
+  copy_bshd(home->view(S, 1), dv);
+  if (stats) *stats = local_stats;
+  return Status::Ok();
+}
+
+TrafficBytes ring_expected_bytes(const Layout& layout, int rank, int64_t batch, int64_t kv_heads,
+                                 int64_t head_dim, DType kv_dtype, DType accumulator_dtype) {
+  const int P = layout.ranks();
+  const int64_t per_token = batch * kv_heads * head_dim;
+  TrafficBytes bytes;
+  for (int step = 0; step < P - 1; ++step) {
+    const int64_t rows = layout.local_len(wrap(rank - step, P));
+    bytes.forward += 2 * rows * per_token * dtype_size(kv_dtype);
+  }
+  bytes.backward = bytes.forward;
+  if (P > 1)
+    for (int shard = 0; shard < P; ++shard)
+      bytes.backward += 2 * layout.local_len(shard) * per_token * dtype_size(accumulator_dtype);
+  return bytes;
+}
+
+}  // namespace seqpar

@@ -1,0 +1,141 @@
+// Communicators: batched exchange (P = 2 included), collectives against a direct computation,
+// split, byte counters per phase, and a failed or silent rank ending in an error, not a hang.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <numeric>
+
+#include "seqpar/comm.hpp"
+
+namespace seqpar {
+namespace {
+
+TEST(LocalComm, PairExchangeWithSamePrevAndNextKeepsOrder) {
+  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
+    const int other = 1 - c.rank();
+    std::vector<int> k(100, 10 + c.rank()), v(50, 20 + c.rank()), k_in(100), v_in(50);
+    const SendSpec sends[] = {{other, k.data(), 400}, {other, v.data(), 200}};
+    const RecvSpec recvs[] = {{other, k_in.data(), 400}, {other, v_in.data(), 200}};
+    SP_RETURN_IF_ERROR(c.exchange(sends, recvs));
+    SP_CHECK_ARG(k_in[99] == 10 + other && v_in[0] == 20 + other, "wrong data received");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
+  const int P = GetParam();
+  const Status s = run_local_ranks(P, [P](Communicator& c) -> Status {
+    const int r = c.rank();
+    c.set_phase(Phase::kForward);
+    // all_gather of 3 doubles per rank
+    std::vector<double> mine{r + 0.5, r * 2.0, -1.0 * r}, all(3 * P);
+    SP_RETURN_IF_ERROR(c.all_gather(mine.data(), all.data(), 3 * sizeof(double)));
+    for (int q = 0; q < P; ++q) SP_CHECK_ARG(all[3 * q] == q + 0.5 && all[3 * q + 1] == 2.0 * q, "all_gather");
+    SP_CHECK_ARG(c.counters().sent(Phase::kForward) == int64_t(P - 1) * 24, "all_gather bytes");
+
+    // reduce_scatter (sum) of P blocks of 5 floats: element e of block b from rank q = q*100+b*10+e
+    c.set_phase(Phase::kBackward);
+    std::vector<float> send(5 * P), got(5);
+    for (int b = 0; b < P; ++b)
+      for (int e = 0; e < 5; ++e) send[b * 5 + e] = float(r * 100 + b * 10 + e);
+    SP_RETURN_IF_ERROR(c.reduce_scatter(send.data(), got.data(), 5, DType::kF32, ReduceOp::kSum));
+    for (int e = 0; e < 5; ++e) {
+      const float want = 100.0f * (P * (P - 1) / 2) + P * (r * 10.0f + e);
+      SP_CHECK_ARG(got[e] == want, "reduce_scatter");
+    }
+    SP_CHECK_ARG(c.counters().sent(Phase::kBackward) == int64_t(P - 1) * 20, "reduce_scatter bytes");
+    SP_CHECK_ARG(c.counters().sent(Phase::kForward) == int64_t(P - 1) * 24, "phases mixed");
+
+    // all_to_all: block q of rank r holds r*1000+q
+    c.set_phase(Phase::kOther);
+    std::vector<int64_t> a2a_in(P), a2a_out(P);
+    for (int q = 0; q < P; ++q) a2a_in[q] = r * 1000 + q;
+    SP_RETURN_IF_ERROR(c.all_to_all(a2a_in.data(), a2a_out.data(), sizeof(int64_t)));
+    for (int q = 0; q < P; ++q) SP_CHECK_ARG(a2a_out[q] == q * 1000 + r, "all_to_all");
+
+    // all_reduce sum and max over a count that P does not divide
+    std::vector<double> x(7);
+    for (int e = 0; e < 7; ++e) x[e] = r + e;
+    std::vector<double> y = x;
+    SP_RETURN_IF_ERROR(c.all_reduce(x.data(), 7, DType::kF64, ReduceOp::kSum));
+    SP_RETURN_IF_ERROR(c.all_reduce(y.data(), 7, DType::kF64, ReduceOp::kMax));
+    for (int e = 0; e < 7; ++e) {
+      SP_CHECK_ARG(x[e] == P * (P - 1) / 2.0 + P * e, "all_reduce sum");
+      SP_CHECK_ARG(y[e] == P - 1 + e, "all_reduce max");
+    }
+    SP_RETURN_IF_ERROR(c.barrier());
+
+    // split into even and odd ranks, reversed order by key; sum of ranks inside each group
+    SP_ASSIGN_OR_RETURN(auto sub, c.split(r % 2, -r));
+    int64_t members = (P - r % 2 + 1) / 2;
+    SP_CHECK_ARG(sub->size() == members, "split size");
+    SP_CHECK_ARG(sub->rank() == members - 1 - r / 2, "split orders by key");
+    double top = r;
+    SP_RETURN_IF_ERROR(sub->all_reduce(&top, 1, DType::kF64, ReduceOp::kMax));
+    int largest = r % 2;
+    while (largest + 2 < P) largest += 2;
+    SP_CHECK_ARG(top == largest, "split group max");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(LocalComm, SplitGroupsAreIndependent) {
+  const Status s = run_local_ranks(6, [](Communicator& c) -> Status {
+    SP_ASSIGN_OR_RETURN(auto sub, c.split(c.rank() % 3, c.rank()));
+    SP_CHECK_ARG(sub->size() == 2 && sub->rank() == c.rank() / 3, "split rank");
+    double v = c.rank();
+    SP_RETURN_IF_ERROR(sub->all_reduce(&v, 1, DType::kF64, ReduceOp::kSum));
+    SP_CHECK_ARG(v == 2 * (c.rank() % 3) + 3, "group sum");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+TEST(LocalComm, FailedRankMakesOthersFailNotHang) {
+  const Status s = run_local_ranks(3, [](Communicator& c) -> Status {
+    if (c.rank() == 1) return SP_STATUS(StatusCode::kInternal, "rank 1 broke");
+    std::vector<char> buf(8, 0);
+    return c.all_gather(buf.data() + c.rank(), buf.data(), 1);
+  });
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("rank 1 broke"), std::string::npos);
+}
+
+TEST(LocalComm, SilentPeerTimesOut) {
+  setenv("SEQPAR_COMM_TIMEOUT_S", "0.5", 1);
+  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
+    if (c.rank() == 0) return Status::Ok();  // never sends
+    int x = 0;
+    const RecvSpec recv{0, &x, sizeof(x)};
+    return c.exchange({}, {&recv, 1});
+  });
+  unsetenv("SEQPAR_COMM_TIMEOUT_S");
+  EXPECT_EQ(s.code(), StatusCode::kCommError);
+  EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
+}
+
+TEST(LocalComm, SizeMismatchIsAnError) {
+  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
+    std::vector<char> out(16), in(16);
+    const SendSpec send{1 - c.rank(), out.data(), c.rank() == 0 ? 16u : 8u};
+    const RecvSpec recv{1 - c.rank(), in.data(), 16};
+    return c.exchange({&send, 1}, {&recv, 1});
+  });
+  EXPECT_EQ(s.code(), StatusCode::kCommError);
+}
+
+TEST(LocalComm, RejectsBadPeer) {
+  auto comms = make_local_communicators(2);
+  int x = 0;
+  const SendSpec send{5, &x, 4};
+  EXPECT_EQ(comms[0]->exchange({&send, 1}, {}).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace seqpar

@@ -1,0 +1,167 @@
+// Ring attention on P local ranks against the fp64 oracle of the same global problem: every
+// layout and mask, P in {1, 2, 3, 4, 8}, GQA, uneven lengths, fp64 and fp32; the measured bytes
+// of every rank against the formula; pairs skipped under a causal mask.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <mutex>
+
+#include "seqpar/ring.hpp"
+#include "test_util.hpp"
+
+namespace seqpar {
+namespace {
+
+struct GlobalProblem {
+  int64_t batch = 1, seq = 0, heads = 4, kv_heads = 2, head_dim = 16;
+  DType dtype = DType::kF64;
+};
+
+struct RingRun {
+  HostTensor o, lse, dq, dk, dv;
+  std::vector<CommCounters> counters;
+  std::vector<RingStats> fwd_stats;
+};
+
+// Shards the global inputs, runs forward + backward on P thread ranks, unshards the results.
+RingRun run_ring(const GlobalProblem& g, const Layout& layout, const AttentionParams& params,
+                 const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                 const HostTensor& dout, Status* status) {
+  const int P = layout.ranks();
+  const DType t = g.dtype;
+  RingRun run{HostTensor(t, {g.batch, g.seq, g.heads, g.head_dim}),
+              HostTensor(t, {g.batch, g.heads, g.seq}),
+              HostTensor(t, {g.batch, g.seq, g.heads, g.head_dim}),
+              HostTensor(t, {g.batch, g.seq, g.kv_heads, g.head_dim}),
+              HostTensor(t, {g.batch, g.seq, g.kv_heads, g.head_dim}),
+              std::vector<CommCounters>(P), std::vector<RingStats>(P)};
+  std::mutex unshard_mu;
+  *status = run_local_ranks(P, [&](Communicator& comm) -> Status {
+    omp_set_num_threads(1);
+    const int r = comm.rank();
+    const int64_t n = layout.local_len(r);
+    HostTensor lq(t, {g.batch, n, g.heads, g.head_dim}), lk(t, {g.batch, n, g.kv_heads, g.head_dim});
+    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk;
+    HostTensor llse(t, {g.batch, g.heads, n});
+    SP_RETURN_IF_ERROR(layout.shard(q.view(), 1, r, lq.view()));
+    SP_RETURN_IF_ERROR(layout.shard(k.view(), 1, r, lk.view()));
+    SP_RETURN_IF_ERROR(layout.shard(v.view(), 1, r, lv.view()));
+    SP_RETURN_IF_ERROR(layout.shard(dout.view(), 1, r, ldo.view()));
+    SP_RETURN_IF_ERROR(ring_attention_forward(comm, layout, params, lq.view(), lk.view(),
+                                              lv.view(), lo.view(), llse.view(),
+                                              &run.fwd_stats[r]));
+    SP_RETURN_IF_ERROR(ring_attention_backward(comm, layout, params, lq.view(), lk.view(),
+                                               lv.view(), lo.view(), llse.view(), ldo.view(),
+                                               ldq.view(), ldk.view(), ldv.view()));
+    std::lock_guard lock(unshard_mu);
+    run.counters[r] = comm.counters();
+    SP_RETURN_IF_ERROR(layout.unshard(lo.view(), 1, r, run.o.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(llse.view(), 2, r, run.lse.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(ldq.view(), 1, r, run.dq.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(ldk.view(), 1, r, run.dk.view()));
+    return layout.unshard(ldv.view(), 1, r, run.dv.view());
+  });
+  return run;
+}
+
+// (layout, P, mask, dtype)
+using RingCase = std::tuple<LayoutKind, int, std::string, DType>;
+class RingVsOracle : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(RingVsOracle, MatchesOracleAndByteFormula) {
+  const auto& [kind, P, mask_text, dtype] = GetParam();
+  GlobalProblem g;
+  g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
+  g.dtype = dtype;
+  g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
+  const HostTensor q = testing::random_tensor(dtype, {1, g.seq, g.heads, g.head_dim}, 1);
+  const HostTensor k = testing::random_tensor(dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
+  const HostTensor v = testing::random_tensor(dtype, {1, g.seq, g.kv_heads, g.head_dim}, 3);
+  const HostTensor dout = testing::random_tensor(dtype, {1, g.seq, g.heads, g.head_dim}, 4);
+  AttentionParams params;
+  params.mask = parse_mask(mask_text, g.seq).value();
+  const Layout layout = Layout::create(kind, g.seq, P).value();
+
+  Status status;
+  const RingRun run = run_ring(g, layout, params, q, k, v, dout, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
+  ASSERT_TRUE(ref.ok());
+  // fp64 runs match the oracle to 1e-10; fp32 to 1e-5 of the largest value.
+  auto tol = [&](const HostTensor& r) {
+    return dtype == DType::kF64 ? 1e-10 : 1e-5 * std::max(1.0, testing::max_abs(r));
+  };
+  EXPECT_LE(testing::max_abs_diff(run.o, ref->o), tol(ref->o)) << "O";
+  EXPECT_LE(testing::max_abs_diff(run.lse, ref->lse), tol(ref->lse)) << "LSE";
+  EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), tol(ref->dq)) << "dQ";
+  EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), tol(ref->dk)) << "dK";
+  EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), tol(ref->dv)) << "dV";
+
+  for (int r = 0; r < P; ++r) {
+    const TrafficBytes want =
+        ring_expected_bytes(layout, r, g.batch, g.kv_heads, g.head_dim, dtype, dtype);
+    EXPECT_EQ(run.counters[r].sent(Phase::kForward), want.forward) << "rank " << r;
+    EXPECT_EQ(run.counters[r].sent(Phase::kBackward), want.backward) << "rank " << r;
+    EXPECT_EQ(run.counters[r].sent(Phase::kOther), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, RingVsOracle,
+    ::testing::Combine(::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
+                                         LayoutKind::kStriped),
+                       ::testing::Values(1, 2, 3, 4, 8),
+                       ::testing::Values("full", "causal", "window:9,3", "docs:3"),
+                       ::testing::Values(DType::kF64, DType::kF32)));
+
+// With S divisible by P the formula is the closed form of the report: 2(P-1)B(S/P)H_kv D e
+// forward, plus 2 P B (S/P) H_kv D e for the travelling dK/dV backward.
+TEST(RingBytes, ClosedFormWhenEven) {
+  for (int P : {1, 2, 4, 8}) {
+    const int64_t S = 64 * P, B = 2, Hkv = 3, D = 32;
+    const Layout layout = Layout::create(LayoutKind::kZigzag, S, P).value();
+    for (int r = 0; r < P; ++r) {
+      const TrafficBytes b = ring_expected_bytes(layout, r, B, Hkv, D, DType::kF32, DType::kF32);
+      EXPECT_EQ(b.forward, 2 * (P - 1) * B * (S / P) * Hkv * D * 4);
+      EXPECT_EQ(b.backward, b.forward + (P > 1 ? 2 * P * B * (S / P) * Hkv * D * 4 : 0));
+    }
+  }
+}
+
+TEST(RingSkipping, CausalContiguousSkipsFuturePairs) {
+  GlobalProblem g;
+  g.seq = 64;
+  const int P = 4;
+  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
+  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  Status status;
+  const RingRun run = run_ring(g, Layout::create(LayoutKind::kContiguous, g.seq, P).value(),
+                               params, q, k, k, q, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  for (int r = 0; r < P; ++r) {
+    EXPECT_EQ(run.fwd_stats[r].pairs_computed, r + 1);
+    EXPECT_EQ(run.fwd_stats[r].pairs_skipped, P - 1 - r);
+  }
+}
+
+TEST(RingArgs, Refusals) {
+  const Layout layout = Layout::create(LayoutKind::kContiguous, 32, 2).value();
+  auto comms = make_local_communicators(1);  // wrong rank count for the layout
+  HostTensor q(DType::kF32, {1, 16, 2, 8}), lse(DType::kF32, {1, 2, 16});
+  Status s = ring_attention_forward(*comms[0], layout, {}, q.view(), q.view(), q.view(), q.view(),
+                                    lse.view());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("2 ranks"), std::string::npos) << s.message();
+  const Layout one = Layout::create(LayoutKind::kContiguous, 32, 1).value();
+  s = ring_attention_forward(*comms[0], one, {}, q.view(), q.view(), q.view(), q.view(), lse.view());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // 16 rows, layout says 32
+  HostTensor qb(DType::kBF16, {1, 32, 2, 8}), lb(DType::kBF16, {1, 2, 32});
+  s = ring_attention_forward(*comms[0], one, {}, qb.view(), qb.view(), qb.view(), qb.view(), lb.view());
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+}
+
+}  // namespace
+}  // namespace seqpar
