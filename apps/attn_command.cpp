@@ -1,0 +1,453 @@
+// `seqpar attn`: builds the problem, runs ring attention forward + backward on every rank,
+// gathers the results on rank 0, checks them against the fp64 oracle (every row, or sampled
+// rows when the problem is too large), and prints a table and optionally one JSON object.
+#include "attn_command.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "npy.hpp"
+#include "seqpar/ring.hpp"
+
+namespace seqpar::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Problems with at most this many score-FLOPs (B H S^2 D) are checked on every row.
+constexpr double kFullCheckLimit = 2.0e9;
+
+struct Job {
+  AttnOptions opt;
+  DType dtype = DType::kF32;
+  MaskSpec mask;
+  int64_t kv_heads = 0;
+  int ranks = 1;
+  int threads_per_rank = 1;
+  std::string comm_backend;
+};
+
+enum TensorId : uint64_t { kQ = 1, kK, kV, kDout };
+
+// Uniform in [-1, 1), a pure function of (seed, tensor, global index): every rank generates
+// its own rows, and the checker regenerates the global tensors, without any communication.
+double hashed_uniform(uint64_t seed, uint64_t tensor, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + tensor * 0xD1B54A32D192ED03ull + index;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+}
+
+// Fills a [B, n, H, D] tensor; local row i is global row positions[i] (all rows when null).
+HostTensor make_input(const Job& job, TensorId id, int64_t heads,
+                      const std::vector<int64_t>* positions) {
+  const int64_t B = job.opt.batch, S = job.opt.seq, D = job.opt.head_dim;
+  const int64_t n = positions ? static_cast<int64_t>(positions->size()) : S;
+  HostTensor f64(DType::kF64, {B, n, heads, D});
+#pragma omp parallel for collapse(2)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = positions ? (*positions)[i] : i;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          f64.data<double>()[((b * n + i) * heads + h) * D + d] =
+              hashed_uniform(job.opt.seed, id, ((b * S + t) * heads + h) * D + d);
+    }
+  if (job.dtype == DType::kF64) return f64;
+  HostTensor out(job.dtype, {B, n, heads, D});
+  convert(f64.view().data, DType::kF64, out.view().data, job.dtype, f64.numel());
+  return out;
+}
+
+// Visible (query, key) pairs under the mask, for FLOP counts: O(S) per batch entry.
+double visible_pairs(const MaskSpec& mask, int64_t S) {
+  double total = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    int64_t lo = 0, hi = S - 1;
+    if (mask.window_left >= 0) lo = std::max(lo, i - mask.window_left);
+    if (mask.window_right >= 0) hi = std::min(hi, i + mask.window_right);
+    if (mask.has_documents()) {
+      const auto& o = mask.doc_offsets;
+      const auto it = std::upper_bound(o.begin(), o.end(), i);
+      lo = std::max(lo, *(it - 1));
+      hi = std::min(hi, *it - 1);
+    }
+    total += std::max<int64_t>(0, hi - lo + 1);
+  }
+  return total;
+}
+
+// Gathers every rank's [.., S_r, ..] tensor (sequence along seq_dim) into the global tensor on
+// all ranks; shards are padded to the longest one for the all-gather.
+Status gather_global(Communicator& comm, const Layout& layout, const HostTensor& local,
+                     int seq_dim, HostTensor* global) {
+  const TensorView& lv = local.view();
+  std::vector<int64_t> padded_shape(lv.shape.begin(), lv.shape.begin() + lv.ndim);
+  padded_shape[seq_dim] = layout.max_local_len();
+  HostTensor padded(lv.dtype, padded_shape);
+  TensorView rows = padded.view();
+  rows.shape[seq_dim] = lv.shape[seq_dim];
+  // Copy the local rows into the padded buffer through a one-rank layout (an identity map).
+  SP_ASSIGN_OR_RETURN(const Layout identity,
+                      Layout::create(LayoutKind::kContiguous, lv.shape[seq_dim], 1));
+  SP_RETURN_IF_ERROR(identity.unshard(lv, seq_dim, 0, rows));
+  std::vector<uint64_t> all((padded.bytes() * comm.size() + 7) / 8);
+  SP_RETURN_IF_ERROR(comm.all_gather(padded.view().data, all.data(), padded.bytes()));
+  std::vector<int64_t> global_shape = padded_shape;
+  global_shape[seq_dim] = layout.seq_len();
+  *global = HostTensor(lv.dtype, global_shape);
+  for (int r = 0; r < comm.size(); ++r) {
+    TensorView block = padded.view();
+    block.data = reinterpret_cast<char*>(all.data()) + r * padded.bytes();
+    block.shape[seq_dim] = layout.local_len(r);
+    SP_RETURN_IF_ERROR(layout.unshard(block, seq_dim, r, global->view()));
+  }
+  return Status::Ok();
+}
+
+// max |a - b| over the given rows (sequence along seq_dim); equal infinities count as 0.
+double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_dim,
+                         const std::vector<int64_t>& rows) {
+  HostTensor a(DType::kF64, std::vector<int64_t>(got.view().shape.begin(),
+                                                 got.view().shape.begin() + got.view().ndim));
+  convert(got.view().data, got.view().dtype, a.view().data, DType::kF64, got.numel());
+  const TensorView& v = a.view();
+  const double* x = a.data<double>();
+  const double* y = want.data<double>();
+  std::vector<char> chosen(v.shape[seq_dim], rows.empty() ? 1 : 0);
+  for (int64_t r : rows) chosen[r] = 1;
+  double worst = 0;
+  for (int64_t e = 0; e < a.numel(); ++e) {
+    const int64_t row = (e / v.strides[seq_dim]) % v.shape[seq_dim];
+    if (!chosen[row] || x[e] == y[e]) continue;
+    const double d = std::abs(x[e] - y[e]);
+    worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+  }
+  return worst;
+}
+
+std::vector<int64_t> sample_rows(int64_t S, int64_t count, uint64_t seed) {
+  if (count >= S) return {};
+  std::vector<int64_t> rows{0, S - 1};
+  for (int64_t i = 1; i + 1 < count / 2; ++i) rows.push_back(i * (S - 1) / (count / 2));
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> pick(0, S - 1);
+  while (static_cast<int64_t>(rows.size()) < count) rows.push_back(pick(rng));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", b, units[u]);
+  return buf;
+}
+
+// Progress lines go to stderr so stdout stays the table and the JSON.
+void progress(const std::string& text) { std::fprintf(stderr, "[seqpar] %s\n", text.c_str()); }
+
+// The whole job on one rank; rank 0 checks, prints and returns the exit code in *exit_code.
+Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
+  omp_set_num_threads(job.threads_per_rank);
+  const AttnOptions& o = job.opt;
+  const int me = comm.rank(), P = comm.size();
+  SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(o.layout));
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, o.seq, P));
+  const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
+  const DType t = job.dtype;
+
+  const HostTensor q = make_input(job, kQ, H, &layout.positions(me));
+  const HostTensor k = make_input(job, kK, Hkv, &layout.positions(me));
+  const HostTensor v = make_input(job, kV, Hkv, &layout.positions(me));
+  const HostTensor dout = make_input(job, kDout, H, &layout.positions(me));
+  HostTensor out(t, {B, n, H, D}), lse(t, {B, H, n}), dq(t, {B, n, H, D});
+  HostTensor dk(t, {B, n, Hkv, D}), dv(t, {B, n, Hkv, D});
+  AttentionParams params;
+  params.mask = job.mask;
+
+  if (me == 0) progress("running " + o.algo + " forward on " + std::to_string(P) + " ranks");
+  SP_RETURN_IF_ERROR(comm.barrier());
+  auto t0 = Clock::now();
+  RingStats fwd_stats;
+  SP_RETURN_IF_ERROR(ring_attention_forward(comm, layout, params, q.view(), k.view(), v.view(),
+                                            out.view(), lse.view(), &fwd_stats));
+  double times[2] = {std::chrono::duration<double>(Clock::now() - t0).count(), 0};
+  SP_RETURN_IF_ERROR(comm.barrier());
+  if (me == 0) progress("running backward");
+  t0 = Clock::now();
+  SP_RETURN_IF_ERROR(ring_attention_backward(comm, layout, params, q.view(), k.view(), v.view(),
+                                             out.view(), lse.view(), dout.view(), dq.view(),
+                                             dk.view(), dv.view()));
+  times[1] = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  // Everything below is bookkeeping, counted apart from the algorithm's traffic.
+  const CommCounters counters = comm.counters();
+  const PhaseScope other(comm, Phase::kOther);
+  SP_RETURN_IF_ERROR(comm.all_reduce(times, 2, DType::kF64, ReduceOp::kMax));
+  int64_t mine[4] = {counters.sent(Phase::kForward), counters.sent(Phase::kBackward),
+                     fwd_stats.pairs_computed, fwd_stats.pairs_skipped};
+  std::vector<int64_t> per_rank(4 * P);
+  SP_RETURN_IF_ERROR(comm.all_gather(mine, per_rank.data(), sizeof(mine)));
+  HostTensor g_o, g_lse, g_dq, g_dk, g_dv;
+  SP_RETURN_IF_ERROR(gather_global(comm, layout, out, 1, &g_o));
+  SP_RETURN_IF_ERROR(gather_global(comm, layout, lse, 2, &g_lse));
+  SP_RETURN_IF_ERROR(gather_global(comm, layout, dq, 1, &g_dq));
+  SP_RETURN_IF_ERROR(gather_global(comm, layout, dk, 1, &g_dk));
+  SP_RETURN_IF_ERROR(gather_global(comm, layout, dv, 1, &g_dv));
+  if (me != 0) return Status::Ok();
+
+  // ---- rank 0: check, report --------------------------------------------------------------
+  omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
+  const HostTensor gq = make_input(job, kQ, H, nullptr), gk = make_input(job, kK, Hkv, nullptr);
+  const HostTensor gv = make_input(job, kV, Hkv, nullptr), gdo = make_input(job, kDout, H, nullptr);
+  const double score_flops = double(B) * H * double(o.seq) * o.seq * D;
+  std::string check_mode = o.check;
+  if (check_mode == "auto") check_mode = score_flops <= kFullCheckLimit ? "full" : "sampled";
+  ReferenceRows rows;
+  if (check_mode == "sampled") {
+    rows.query_rows = sample_rows(o.seq, o.sample_rows, o.seed + 1);
+    rows.key_rows = sample_rows(o.seq, o.sample_rows, o.seed + 2);
+  }
+  nlohmann::ordered_json errors;
+  bool check_ok = true;
+  const double tolerance = t == DType::kF64 ? 1e-10 : 1e-4;
+  if (check_mode != "none") {
+    progress("checking against the fp64 oracle (" + check_mode +
+                      (check_mode == "sampled" ? ", " + std::to_string(rows.query_rows.size()) +
+                                                     " query and " +
+                                                     std::to_string(rows.key_rows.size()) + " key rows"
+                                               : std::string()) + ")");
+    const auto t_check = Clock::now();
+    SP_ASSIGN_OR_RETURN(ReferenceResult ref,
+                        reference_attention(gq.view(), gk.view(), gv.view(), gdo.view(), params, rows));
+    errors["o"] = max_error_on_rows(g_o, ref.o, 1, rows.query_rows);
+    errors["lse"] = max_error_on_rows(g_lse, ref.lse, 2, rows.query_rows);
+    errors["dq"] = max_error_on_rows(g_dq, ref.dq, 1, rows.query_rows);
+    errors["dk"] = max_error_on_rows(g_dk, ref.dk, 1, rows.key_rows);
+    errors["dv"] = max_error_on_rows(g_dv, ref.dv, 1, rows.key_rows);
+    for (auto& [name, err] : errors.items()) check_ok = check_ok && err.get<double>() <= tolerance;
+    progress("oracle check took " +
+                      std::to_string(std::chrono::duration<double>(Clock::now() - t_check).count()) + " s");
+  }
+
+  nlohmann::ordered_json sent_fwd = nlohmann::json::array(), sent_bwd = nlohmann::json::array();
+  nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
+  bool bytes_ok = true;
+  for (int r = 0; r < P; ++r) {
+    const TrafficBytes want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
+    sent_fwd.push_back(per_rank[4 * r]);
+    sent_bwd.push_back(per_rank[4 * r + 1]);
+    want_fwd.push_back(want.forward);
+    want_bwd.push_back(want.backward);
+    bytes_ok = bytes_ok && want.forward == per_rank[4 * r] && want.backward == per_rank[4 * r + 1];
+  }
+  const double fwd_flops = 4.0 * B * H * D * visible_pairs(job.mask, o.seq);
+  const double bwd_flops = 2.5 * fwd_flops;
+
+  if (!o.dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.dump_dir, ec);
+    SP_CHECK_ARG(!ec, "cannot create dump directory " + o.dump_dir + ": " + ec.message());
+    const std::pair<const char*, const HostTensor*> files[] = {
+        {"q", &gq}, {"k", &gk}, {"v", &gv}, {"dO", &gdo}, {"O", &g_o},
+        {"LSE", &g_lse}, {"dQ", &g_dq}, {"dK", &g_dk}, {"dV", &g_dv}};
+    for (const auto& [name, tensor] : files)
+      SP_RETURN_IF_ERROR(write_npy(o.dump_dir + "/" + name + ".npy", *tensor));
+    progress("wrote q, k, v, dO, O, LSE, dQ, dK, dV (global token order) to " + o.dump_dir);
+  }
+
+  std::printf("seqpar attn: %s, %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per rank)\n",
+              o.algo.c_str(), o.layout.c_str(), job.mask.describe().c_str(), P,
+              job.comm_backend.c_str(), job.threads_per_rank, job.threads_per_rank > 1 ? "s" : "");
+  std::printf("problem: B=%ld S=%ld H=%ld H_kv=%ld D=%ld %s\n", long(B), long(o.seq), long(H),
+              long(Hkv), long(D), dtype_name(t));
+  std::printf("%-10s %10s %12s %16s %16s %6s\n", "pass", "time (s)", "GFLOP/s", "sent/rank (max)",
+              "expected (max)", "bytes");
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t sent_max = 0, want_max = 0;
+    for (int r = 0; r < P; ++r) {
+      sent_max = std::max<int64_t>(sent_max, per_rank[4 * r + pass]);
+      want_max = std::max<int64_t>(want_max, pass ? want_bwd[r].get<int64_t>() : want_fwd[r].get<int64_t>());
+    }
+    std::printf("%-10s %10.3f %12.2f %16s %16s %6s\n", pass ? "backward" : "forward", times[pass],
+                (pass ? bwd_flops : fwd_flops) / times[pass] / 1e9, human_bytes(sent_max).c_str(),
+                human_bytes(want_max).c_str(), bytes_ok ? "equal" : "DIFFER");
+  }
+  std::string pairs;
+  for (int r = 0; r < P; ++r) pairs += (r ? " " : "") + std::to_string(per_rank[4 * r + 2]);
+  std::printf("forward block pairs computed per rank: %s (of %d)\n", pairs.c_str(), P);
+  if (check_mode == "none") {
+    std::printf("check: skipped (--check none)\n");
+  } else {
+    std::printf("max |error| vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  "
+                "(tolerance %.0e): %s\n",
+                check_mode.c_str(), errors["o"].get<double>(), errors["lse"].get<double>(),
+                errors["dq"].get<double>(), errors["dk"].get<double>(), errors["dv"].get<double>(),
+                tolerance, check_ok ? "PASS" : "FAIL");
+  }
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["algo"] = o.algo;
+    j["layout"] = o.layout;
+    j["mask"] = job.mask.describe();
+    j["ranks"] = P;
+    j["comm"] = job.comm_backend;
+    j["device"] = o.device;
+    j["dtype"] = dtype_name(t);
+    j["batch"] = B;
+    j["seq"] = o.seq;
+    j["heads"] = H;
+    j["kv_heads"] = Hkv;
+    j["head_dim"] = D;
+    j["threads_per_rank"] = job.threads_per_rank;
+    j["fwd_s"] = times[0];
+    j["bwd_s"] = times[1];
+    j["fwd_gflops"] = fwd_flops / times[0] / 1e9;
+    j["bwd_gflops"] = bwd_flops / times[1] / 1e9;
+    j["check"] = check_mode;
+    j["check_rows"] = check_mode == "sampled" ? int64_t(rows.query_rows.size()) : o.seq;
+    j["max_abs_err"] = errors;
+    j["tolerance"] = tolerance;
+    j["check_passed"] = check_ok;
+    j["bytes_sent_per_rank"] = {{"forward", sent_fwd}, {"backward", sent_bwd}};
+    j["bytes_expected_per_rank"] = {{"forward", want_fwd}, {"backward", want_bwd}};
+    j["bytes_match"] = bytes_ok;
+    nlohmann::ordered_json computed = nlohmann::json::array();
+    for (int r = 0; r < P; ++r) computed.push_back(per_rank[4 * r + 2]);
+    j["fwd_pairs_computed_per_rank"] = computed;
+    std::printf("%s\n", j.dump().c_str());
+  }
+  std::fflush(stdout);
+  *exit_code = check_ok && bytes_ok ? 0 : 1;
+  return Status::Ok();
+}
+
+StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi) {
+  Job job;
+  job.opt = opt;
+  SP_CHECK_ARG(opt.algo == "ring", "unknown or unavailable algorithm '" + opt.algo +
+                                       "' (available: ring)");
+  SP_CHECK_SUPPORTED(opt.device == "cpu",
+                     "device '" + opt.device + "' is not available in this build (available: cpu)");
+  SP_ASSIGN_OR_RETURN(job.dtype, parse_dtype(opt.dtype));
+  SP_CHECK_SUPPORTED(job.dtype == DType::kF32 || job.dtype == DType::kF64,
+                     "CPU ranks compute in fp32 or fp64; " + opt.dtype + " needs --device cuda");
+  SP_CHECK_ARG(opt.batch >= 1 && opt.heads >= 1 && opt.head_dim >= 1 && opt.seq >= 1,
+               "--batch, --heads, --head-dim and --seq must be positive");
+  job.kv_heads = opt.kv_heads > 0 ? opt.kv_heads : opt.heads;
+  SP_CHECK_ARG(opt.heads % job.kv_heads == 0,
+               "--heads (" + std::to_string(opt.heads) + ") must be divisible by --kv-heads (" +
+                   std::to_string(job.kv_heads) + ")");
+  SP_CHECK_ARG(opt.check == "auto" || opt.check == "full" || opt.check == "sampled" ||
+                   opt.check == "none",
+               "--check must be auto, full, sampled or none");
+  SP_ASSIGN_OR_RETURN(job.mask, parse_mask(opt.mask, opt.seq));
+  SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(opt.layout));
+  if (under_mpi) {
+    const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    const int world = size ? std::atoi(size) : 0;
+    SP_CHECK_ARG(!ranks_given || world == 0 || world == opt.ranks,
+                 "--ranks " + std::to_string(opt.ranks) + " but mpirun started " +
+                     std::to_string(world) + " processes; drop --ranks or make them agree");
+    job.ranks = world > 0 ? world : opt.ranks;
+    job.comm_backend = "mpi processes";
+  } else {
+    SP_CHECK_ARG(opt.ranks >= 1 && opt.ranks <= 1024, "--ranks must be between 1 and 1024");
+    job.ranks = opt.ranks;
+    job.comm_backend = "local threads";
+  }
+  SP_RETURN_IF_ERROR(Layout::create(kind, opt.seq, job.ranks).status());
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks_here = under_mpi && local_size ? std::max(1, std::atoi(local_size)) : job.ranks;
+  job.threads_per_rank = opt.threads_per_rank > 0 ? opt.threads_per_rank
+                                                  : std::max(1, cores / ranks_here);
+  return job;
+}
+
+}  // namespace
+
+int run_attn(const AttnOptions& options, bool ranks_given) {
+  const bool under_mpi = launched_by_mpi();
+  auto job = resolve(options, ranks_given, under_mpi);
+  if (!job.ok()) {
+    std::fprintf(stderr, "seqpar attn: error: %s\n", job.status().to_string().c_str());
+    return 2;
+  }
+  int exit_code = 1;
+  if (under_mpi) {
+    auto comm = make_mpi_world_communicator();
+    if (!comm.ok()) {
+      std::fprintf(stderr, "seqpar attn: error: %s\n", comm.status().to_string().c_str());
+      return 1;
+    }
+    exit_code = 0;
+    const Status s = run_rank(*comm.value(), job.value(), &exit_code);
+    if (!s.ok()) {
+      std::fprintf(stderr, "seqpar attn: rank %d: error: %s\n", comm.value()->rank(),
+                   s.to_string().c_str());
+      comm.value()->abort(s.message());  // the other ranks must not wait for this one
+      return 1;
+    }
+    return exit_code;
+  }
+  const Status s = run_local_ranks(job->ranks, [&](Communicator& comm) {
+    return run_rank(comm, job.value(), &exit_code);
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "seqpar attn: error: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  return exit_code;
+}
+
+void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "attn",
+      "Run distributed attention forward + backward on N ranks and check it against the fp64 "
+      "oracle. Ranks are threads of this process, or MPI processes when started by mpirun.\n"
+      "Exit code: 0 when the check passes and measured bytes equal the formula, 1 when not, "
+      "2 for bad arguments.");
+  cmd->add_option("--algo", o.algo, "distributed algorithm: ring")->capture_default_str();
+  cmd->add_option("--layout", o.layout, "sequence layout: contiguous, zigzag, striped")
+      ->capture_default_str();
+  cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N (causal inside N documents)")
+      ->capture_default_str();
+  cmd->add_option("--seq", o.seq, "total sequence length (need not divide by the ranks)")
+      ->capture_default_str();
+  cmd->add_option("--batch", o.batch, "batch size")->capture_default_str();
+  cmd->add_option("--heads", o.heads, "query heads")->capture_default_str();
+  cmd->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA/MQA); default: --heads");
+  cmd->add_option("--head-dim", o.head_dim, "head dimension")->capture_default_str();
+  CLI::Option* ranks = cmd->add_option("--ranks", o.ranks, "ranks (threads); under mpirun: the "
+                                                           "process count")
+                           ->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "fp32 or fp64 on CPU")->capture_default_str();
+  cmd->add_option("--device", o.device, "cpu")->capture_default_str();
+  cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: "
+                                                            "cores / ranks)");
+  cmd->add_option("--check", o.check, "auto | full | sampled | none (auto samples rows when the "
+                                      "problem is too large for the oracle)")
+      ->capture_default_str();
+  cmd->add_option("--sample-rows", o.sample_rows, "query and key rows checked when sampling")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of the random inputs")->capture_default_str();
+  cmd->add_flag("--json", o.json, "also print one JSON object with the results");
+  cmd->add_option("--dump", o.dump_dir, "write q, k, v, dO, O, LSE, dQ, dK, dV as .npy (global order)");
+  cmd->callback([&o, exit_code, ranks] { *exit_code = run_attn(o, ranks->count() > 0); });
+}
+
+}  // namespace seqpar::app

@@ -1,0 +1,15 @@
+// The `seqpar` command-line tool: subcommands for running, checking and measuring the
+// distributed attention algorithms.
+#include <CLI/CLI.hpp>
+
+#include "attn_command.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"seqpar: exact attention over very long sequences split across ranks"};
+  app.require_subcommand(1);
+  seqpar::app::AttnOptions attn_options;
+  int exit_code = 0;
+  seqpar::app::add_attn_command(app, attn_options, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}
