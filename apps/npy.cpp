@@ -12,7 +12,8 @@ Status write_npy(const std::string& path, const HostTensor& tensor) {
   DType out_dtype = v.dtype == DType::kBF16 ? DType::kF32 : v.dtype;
   const char* descr = out_dtype == DType::kF64 ? "<f8" : out_dtype == DType::kF32 ? "<f4" : "<f2";
   std::string shape = "(";
-  for (int i = 0; i < v.ndim; ++i) shape += std::to_string(v.shape[i]) + (v.ndim == 1 || i + 1 < v.ndim ? "," : "");
+  for (int i = 0; i < v.ndim; ++i) shape += (i ? ", " : "") + std::to_string(v.shape[i]);
+  if (v.ndim == 1) shape += ",";
   shape += ")";
   std::string header = "{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " +
                        shape + ", }";

@@ -36,6 +36,7 @@ class LocalWorld {
     const void* data = nullptr;
     size_t bytes = 0;
     bool consumed = false;
+    bool copying = false;  // a receiver is copying out of it right now
   };
   using Key = std::tuple<int, int, int64_t>;  // (src, dst, sequence)
 
@@ -53,41 +54,23 @@ class LocalWorld {
   }
 
   // Copies each matched send into its receive buffer, then waits until our sends are taken.
+  // Whatever happens, our send slots are retired before returning, so no receiver can read a
+  // buffer its owner has already freed.
   Status complete(std::span<const RecvSpec> recvs, const std::vector<Key>& recv_keys,
                   const std::vector<Key>& send_keys) {
     const auto deadline = std::chrono::steady_clock::now() + comm_timeout();
     std::unique_lock lock(mu_);
-    for (size_t i = 0; i < recvs.size(); ++i) {
-      const Key& key = recv_keys[i];
-      Slot* slot = nullptr;
-      SP_RETURN_IF_ERROR(wait_for(lock, deadline, [&] {
-        auto it = slots_.find(key);
-        slot = it == slots_.end() ? nullptr : &it->second;
-        return slot != nullptr;
-      }, "a message from rank " + std::to_string(std::get<0>(key))));
-      if (slot->bytes != recvs[i].bytes) {
-        const std::string why = "rank " + std::to_string(std::get<1>(key)) + " expected " +
-                                std::to_string(recvs[i].bytes) + " bytes from rank " +
-                                std::to_string(std::get<0>(key)) + " but " +
-                                std::to_string(slot->bytes) + " were sent";
-        abort_locked(why);
-        return SP_STATUS(StatusCode::kCommError, why);
-      }
-      // The sender keeps its buffer until `consumed`, so the copy can run unlocked.
-      const void* src = slot->data;
-      lock.unlock();
-      if (recvs[i].bytes) std::memcpy(recvs[i].data, src, recvs[i].bytes);
-      lock.lock();
-      slots_[key].consumed = true;
-      cv_.notify_all();
+    Status status = receive_all(lock, deadline, recvs, recv_keys);
+    for (const Key& key : send_keys) {
+      if (!status.ok()) break;
+      status = wait_for(lock, deadline, [&] { return slots_.at(key).consumed; },
+                        "rank " + std::to_string(std::get<1>(key)) + " to receive a message");
     }
     for (const Key& key : send_keys) {
-      SP_RETURN_IF_ERROR(wait_for(lock, deadline, [&] { return slots_.at(key).consumed; },
-                                  "rank " + std::to_string(std::get<1>(key)) +
-                                      " to receive a message"));
+      cv_.wait(lock, [&] { return !slots_.at(key).copying; });  // a copy in flight is short
       slots_.erase(key);
     }
-    return Status::Ok();
+    return status;
   }
 
   void abort(const std::string& reason) {
@@ -104,6 +87,38 @@ class LocalWorld {
   }
 
  private:
+  Status receive_all(std::unique_lock<std::mutex>& lock,
+                     std::chrono::steady_clock::time_point deadline,
+                     std::span<const RecvSpec> recvs, const std::vector<Key>& recv_keys) {
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const Key& key = recv_keys[i];
+      Slot* slot = nullptr;
+      SP_RETURN_IF_ERROR(wait_for(lock, deadline, [&] {
+        auto it = slots_.find(key);
+        slot = it == slots_.end() ? nullptr : &it->second;
+        return slot != nullptr;
+      }, "a message from rank " + std::to_string(std::get<0>(key))));
+      if (slot->bytes != recvs[i].bytes) {
+        const std::string why = "rank " + std::to_string(std::get<1>(key)) + " expected " +
+                                std::to_string(recvs[i].bytes) + " bytes from rank " +
+                                std::to_string(std::get<0>(key)) + " but " +
+                                std::to_string(slot->bytes) + " were sent";
+        abort_locked(why);
+        return SP_STATUS(StatusCode::kCommError, why);
+      }
+      // The sender retires the slot only after `copying` clears, so copy unlocked.
+      slot->copying = true;
+      const void* src = slot->data;
+      lock.unlock();
+      if (recvs[i].bytes) std::memcpy(recvs[i].data, src, recvs[i].bytes);
+      lock.lock();
+      slot->copying = false;
+      slot->consumed = true;
+      cv_.notify_all();
+    }
+    return Status::Ok();
+  }
+
   template <class Pred>
   Status wait_for(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
                   Pred ready, const std::string& what) {

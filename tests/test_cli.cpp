@@ -1,0 +1,107 @@
+// The `seqpar` tool end to end: a run that must pass its own oracle check with bytes equal to
+// the formula, JSON fields, .npy dumps, and clear errors with exit code 2 for bad arguments.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result run_tool(const std::string& args) {
+  const std::string cmd = std::string(SEQPAR_CLI_PATH) + " " + args + " 2>&1";
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), out};
+}
+
+nlohmann::json last_json_line(const std::string& out) {
+  const size_t start = out.rfind("\n{");
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+TEST(Cli, AttnRunsChecksAndReportsJson) {
+  const Result r = run_tool("attn --algo ring --layout zigzag --mask causal --seq 301 --heads 4 "
+                            "--kv-heads 2 --head-dim 32 --ranks 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  for (const char* key : {"algo", "layout", "mask", "ranks", "seq", "heads", "kv_heads", "head_dim",
+                          "fwd_s", "bwd_s", "max_abs_err", "bytes_sent_per_rank",
+                          "bytes_expected_per_rank"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["ranks"], 3);
+  EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
+  EXPECT_EQ(j["bytes_sent_per_rank"]["forward"].size(), 3u);
+  for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-4) << g;
+}
+
+TEST(Cli, Fp64MatchesOracleTightly) {
+  const Result r = run_tool("attn --layout striped --mask docs:4 --seq 123 --heads 2 --head-dim 16 "
+                            "--ranks 4 --dtype fp64 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << g;
+}
+
+TEST(Cli, SampledCheckOnLargerProblem) {
+  const Result r = run_tool("attn --seq 2048 --heads 2 --head-dim 64 --ranks 2 --check sampled "
+                            "--sample-rows 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["check"], "sampled");
+}
+
+TEST(Cli, DumpWritesNpyFiles) {
+  const auto dir = std::filesystem::temp_directory_path() / "seqpar_cli_dump";
+  std::filesystem::remove_all(dir);
+  const Result r = run_tool("attn --seq 40 --heads 2 --head-dim 8 --ranks 2 --dump " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"q", "k", "v", "dO", "O", "LSE", "dQ", "dK", "dV"}) {
+    std::ifstream f(dir / (std::string(name) + ".npy"), std::ios::binary);
+    ASSERT_TRUE(f.good()) << name;
+    std::string head(128, '\0');
+    f.read(head.data(), 128);
+    EXPECT_EQ(head.substr(1, 5), "NUMPY") << name;
+    const bool lse = std::string(name) == "LSE";
+    EXPECT_NE(head.find(lse ? "'shape': (1, 2, 40)" : "'shape': (1, 40, 2, 8)"), std::string::npos)
+        << head;
+    const auto size = std::filesystem::file_size(dir / (std::string(name) + ".npy"));
+    EXPECT_EQ(size, 128u + (lse ? 80u : 640u) * 4u) << name;
+  }
+}
+
+TEST(Cli, BadArgumentsFailClearly) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"attn --heads 6 --kv-heads 4", "divisible"},
+      {"attn --mask triangle", "unknown mask"},
+      {"attn --layout diagonal", "unknown layout"},
+      {"attn --algo magic", "available: ring"},
+      {"attn --dtype bf16", "fp32 or fp64"},
+      {"attn --seq 5 --ranks 4 --layout zigzag", "at least 8 tokens"},
+      {"attn --seq -3", "positive"},
+      {"attn --ranks 0", "between 1 and 1024"},
+      {"attn --device cuda", "not available"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const Result r = run_tool(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << args << "\n" << r.output;
+  }
+  EXPECT_NE(run_tool("attn --seq notanumber").exit_code, 0);
+  EXPECT_NE(run_tool("").exit_code, 0);  // a subcommand is required
+  const Result help = run_tool("attn --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("--layout"), std::string::npos);
+}
+
+}  // namespace
