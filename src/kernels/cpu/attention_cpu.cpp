@@ -64,7 +64,7 @@ void pack_rows(const TensorView& t, int64_t b, int64_t h, int64_t s0, int64_t n,
 // Packs every block of K/V heads: kt/vt hold [Dp][kBlockK] (transposed), kr/vr [kBlockK][Dp].
 template <class T>
 struct PackedKV {
-  std::vector<T> data;
+  AlignedVector<T> data;
   int64_t block_elems = 0;
   const T* block(int64_t b, int64_t g, int64_t kb, const Problem<T>& p) const {
     return data.data() + ((b * p.dims.kv_heads + g) * p.k_blocks + kb) * block_elems;
@@ -122,8 +122,8 @@ void forward_impl(const TensorView& q, const TensorView& k, const TensorView& v,
 
 #pragma omp parallel
   {
-    std::vector<T> q_tile(kBlockQ * Dp), acc(kBlockQ * Dp), s(kBlockQ * kBlockK);
-    std::vector<T> m(kBlockQ), l(kBlockQ);
+    AlignedVector<T> q_tile(kBlockQ * Dp), acc(kBlockQ * Dp), s(kBlockQ * kBlockK);
+    AlignedVector<T> m(kBlockQ), l(kBlockQ);
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < dims.batch; ++b)
       for (int64_t h = 0; h < dims.heads; ++h)
@@ -206,10 +206,10 @@ void backward_impl(const TensorView& q, const TensorView& k, const TensorView& v
   const PackedKV<T> vt = pack_kv<T>(v, p, /*transpose=*/true);
   // Q and dO packed per (b, h, query block) as [kBlockQ][Dp]; reused by every key block.
   const int64_t q_block_elems = kBlockQ * Dp;
-  std::vector<T> q_packed(static_cast<size_t>(B * H * nqb * q_block_elems), T(0));
-  std::vector<T> do_packed(q_packed.size(), T(0));
-  std::vector<T> lse2(static_cast<size_t>(B * H * nqb * kBlockQ), T(0));
-  std::vector<T> delta_rows(lse2.size(), T(0));
+  AlignedVector<T> q_packed(static_cast<size_t>(B * H * nqb * q_block_elems), T(0));
+  AlignedVector<T> do_packed(q_packed.size(), T(0));
+  AlignedVector<T> lse2(static_cast<size_t>(B * H * nqb * kBlockQ), T(0));
+  AlignedVector<T> delta_rows(lse2.size(), T(0));
 #pragma omp parallel for collapse(3) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -227,15 +227,15 @@ void backward_impl(const TensorView& q, const TensorView& k, const TensorView& v
   // dQ gathers contributions from every key block, which different threads own: each thread
   // sums into its own copy and the copies are added at the end.
   const int threads = omp_get_max_threads();
-  std::vector<std::vector<T>> dq_private(threads);
+  std::vector<AlignedVector<T>> dq_private(threads);
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
 #pragma omp parallel
   {
-    std::vector<T>& dq_acc = dq_private[omp_get_thread_num()];
+    AlignedVector<T>& dq_acc = dq_private[omp_get_thread_num()];
     dq_acc.assign(q_packed.size(), T(0));
-    std::vector<T> s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), st(kBlockK * kBlockQ);
-    std::vector<T> dk_acc(kBlockK * Dp), dv_acc(kBlockK * Dp);
+    AlignedVector<T> s(kBlockQ * kBlockK), dp(kBlockQ * kBlockK), st(kBlockK * kBlockQ);
+    AlignedVector<T> dk_acc(kBlockK * Dp), dv_acc(kBlockK * Dp);
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < Hkv; ++g)

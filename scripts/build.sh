@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds seqpar into build/ (Release). Extra arguments go to cmake.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+jobs="$(nproc 2>/dev/null || echo 2)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build -j "$jobs"

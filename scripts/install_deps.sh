@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the OS packages seqpar builds with (Debian/Ubuntu): compiler, CMake, Open MPI,
+# GoogleTest, CLI11, nlohmann-json (OpenMP comes with GCC). Skips apt when everything is already there.
+set -euo pipefail
+
+packages=(build-essential cmake libopenmpi-dev openmpi-bin libgtest-dev libcli11-dev
+          nlohmann-json3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] all packages present"
+fi
