@@ -84,6 +84,26 @@ bool pair_visible(const AttentionParams& params, const std::vector<int64_t>& q_p
   return mask.classify(0, q_pos.size(), 0, k_pos.size()) != cpu::TileKind::kEmpty;
 }
 
+// Where a rank stands at one ring step: the K/V shard it holds (it started with its own and
+// receives from the previous rank each step), the shard arriving for the next step, and its
+// neighbours.
+struct RingStep {
+  int held, incoming, next_rank, prev_rank;
+  int64_t held_rows, incoming_rows;
+  AttentionParams params;  // the global mask with this step's query and key positions
+};
+
+RingStep ring_step(const Layout& layout, const AttentionParams& params, int me, int step) {
+  const int P = layout.ranks();
+  RingStep s{wrap(me - step, P), wrap(me - step - 1, P), wrap(me + 1, P), wrap(me - 1, P), 0, 0,
+             params};
+  s.held_rows = layout.local_len(s.held);
+  s.incoming_rows = layout.local_len(s.incoming);
+  s.params.q_positions = layout.positions(me).data();
+  s.params.k_positions = layout.positions(s.held).data();
+  return s;
+}
+
 }  // namespace
 
 Status ring_attention_forward(Communicator& comm, const Layout& layout,
@@ -118,23 +138,20 @@ Status ring_attention_forward(Communicator& comm, const Layout& layout,
 
   const auto& q_pos = layout.positions(me);
   for (int step = 0; step < P; ++step) {
-    const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
-    const int64_t rows = layout.local_len(held);
+    const RingStep st = ring_step(layout, params, me, step);
     ShardBuffer& cur = kv[step % 2];
     ShardBuffer& next = kv[(step + 1) % 2];
     std::unique_ptr<PendingExchange> pending;
     if (step < P - 1) {
-      const SendSpec send{wrap(me + 1, P), cur.view(rows).data, 2 * cur.bytes(rows)};
-      const RecvSpec recv{wrap(me - 1, P), next.view(layout.local_len(incoming)).data,
-                          2 * next.bytes(layout.local_len(incoming))};
+      const SendSpec send{st.next_rank, cur.view(st.held_rows).data, 2 * cur.bytes(st.held_rows)};
+      const RecvSpec recv{st.prev_rank, next.view(st.incoming_rows).data,
+                          2 * next.bytes(st.incoming_rows)};
       SP_ASSIGN_OR_RETURN(pending, comm.start_exchange({&send, 1}, {&recv, 1}));
     }
-    if (pair_visible(params, q_pos, layout.positions(held))) {
-      AttentionParams step_params = params;
-      step_params.q_positions = q_pos.data();
-      step_params.k_positions = layout.positions(held).data();
-      SP_RETURN_IF_ERROR(cpu_attention_forward(q, cur.view(rows, 0), cur.view(rows, 1),
-                                               step_params, o, lse, /*accumulate=*/true));
+    if (pair_visible(params, q_pos, layout.positions(st.held))) {
+      SP_RETURN_IF_ERROR(cpu_attention_forward(q, cur.view(st.held_rows, 0),
+                                               cur.view(st.held_rows, 1), st.params, o, lse,
+                                               /*accumulate=*/true));
       ++local_stats.pairs_computed;
     } else {
       ++local_stats.pairs_skipped;
@@ -179,8 +196,8 @@ Status ring_attention_backward(Communicator& comm, const Layout& layout,
 
   const auto& q_pos = layout.positions(me);
   for (int step = 0; step < P; ++step) {
-    const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
-    const int64_t rows = layout.local_len(held);
+    const RingStep st = ring_step(layout, params, me, step);
+    const int64_t rows = st.held_rows;
     ShardBuffer& cur = kv[step % 2];
     ShardBuffer& next = kv[(step + 1) % 2];
     // K/V for the next step, and (from step 1) the accumulator of the shard finished last
@@ -188,15 +205,15 @@ Status ring_attention_backward(Communicator& comm, const Layout& layout,
     std::vector<SendSpec> sends;
     std::vector<RecvSpec> recvs;
     if (step < P - 1) {
-      sends.push_back({wrap(me + 1, P), cur.view(rows).data, 2 * cur.bytes(rows)});
-      recvs.push_back({wrap(me - 1, P), next.view(layout.local_len(incoming)).data,
-                       2 * next.bytes(layout.local_len(incoming))});
+      sends.push_back({st.next_rank, cur.view(rows).data, 2 * cur.bytes(rows)});
+      recvs.push_back({st.prev_rank, next.view(st.incoming_rows).data,
+                       2 * next.bytes(st.incoming_rows)});
     }
     if (step >= 1) {
-      const int64_t finished_rows = layout.local_len(wrap(held + 1, P));
-      sends.push_back({wrap(me + 1, P), grad_out.view(finished_rows).data,
+      const int64_t finished_rows = layout.local_len(wrap(st.held + 1, P));
+      sends.push_back({st.next_rank, grad_out.view(finished_rows).data,
                        2 * grad_out.bytes(finished_rows)});
-      recvs.push_back({wrap(me - 1, P), grad_in.view(rows).data, 2 * grad_in.bytes(rows)});
+      recvs.push_back({st.prev_rank, grad_in.view(rows).data, 2 * grad_in.bytes(rows)});
     }
     std::unique_ptr<PendingExchange> pending;
     if (!sends.empty()) {
@@ -204,12 +221,9 @@ Status ring_attention_backward(Communicator& comm, const Layout& layout,
     }
 
     grad_part.zero(rows, 2);
-    if (pair_visible(params, q_pos, layout.positions(held))) {
-      AttentionParams step_params = params;
-      step_params.q_positions = q_pos.data();
-      step_params.k_positions = layout.positions(held).data();
+    if (pair_visible(params, q_pos, layout.positions(st.held))) {
       SP_RETURN_IF_ERROR(cpu_attention_backward(
-          q, cur.view(rows, 0), cur.view(rows, 1), dout, lse, delta.view(), step_params,
+          q, cur.view(rows, 0), cur.view(rows, 1), dout, lse, delta.view(), st.params,
           dq_acc.view(), grad_part.view(rows, 0), grad_part.view(rows, 1)));
       ++local_stats.pairs_computed;
     } else {
@@ -217,8 +231,9 @@ Status ring_attention_backward(Communicator& comm, const Layout& layout,
     }
     if (pending) SP_RETURN_IF_ERROR(pending->wait());
     if (step >= 1) {
-      const TensorView part = TensorView::contiguous(grad_part.view(rows).data, t, {2 * B * rows * Hkv * D});
-      const TensorView in = TensorView::contiguous(grad_in.view(rows).data, t, {2 * B * rows * Hkv * D});
+      const int64_t n = 2 * B * rows * Hkv * D;
+      const TensorView part = TensorView::contiguous(grad_part.view(rows).data, t, {n});
+      const TensorView in = TensorView::contiguous(grad_in.view(rows).data, t, {n});
       if (t == DType::kF32) add_into<float>(part, in);
       else add_into<double>(part, in);
     }
