@@ -18,3 +18,9 @@ if ((${#missing[@]})); then
 else
   echo "[setup] all packages present"
 fi
+
+# With a CUDA toolkit present, the GPU backends build too; they need the cuDNN frontend
+# headers (header-only, from PyPI).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  bash "$(dirname "$0")/fetch_cudnn_frontend.sh"
+fi

@@ -19,3 +19,20 @@ double max_abs_diff(const HostTensor& a, const HostTensor& b);
 double max_abs(const HostTensor& t);
 
 }  // namespace seqpar::testing
+
+namespace seqpar::testing {
+
+// Attention as a plain low-precision implementation computes it (the baseline of the bf16
+// rule): inputs in `dtype`, products accumulated in fp32 and rounded to `dtype` (scores S,
+// probabilities P, dP, dS and every output), softmax statistics in fp32. Returns o, lse (fp32),
+// dq, dk, dv converted to fp64. dout may be empty to skip the backward.
+ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                                     const HostTensor* dout, const AttentionParams& params,
+                                     DType dtype);
+
+// The bf16 rule: max|ours - oracle| <= 2 * max|plain - oracle| + max|round(oracle) - oracle|.
+// Returns an explanation when it fails, empty when it holds.
+std::string check_lowp_rule(const char* what, const HostTensor& ours, const HostTensor& plain,
+                            const HostTensor& oracle, DType rounding);
+
+}  // namespace seqpar::testing

@@ -1,0 +1,125 @@
+// GPU local attention benchmark: TFLOP/s of our backends (cuDNN today) for forward and
+// forward+backward at B = 1, H heads, head dim D, bf16, causal and full masks, timed like
+// the PyTorch peer (bench/torch_sdpa_peer.py): median of CUDA-event-timed iterations after
+// warm-up. Prints a table and, with --json, one JSON object per measurement.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "seqpar/cudnn_attention.hpp"
+#include "seqpar/gpu.hpp"
+
+namespace {
+
+__global__ void fill_uniform_bf16(uint16_t* x, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    const float u = float((z >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+    uint32_t bits = __float_as_uint(u);
+    x[i] = uint16_t((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+  }
+}
+
+double median_seconds(const std::function<seqpar::Status()>& fn, int warmup, int iters, bool* ok) {
+  for (int i = 0; i < warmup; ++i)
+    if (!fn().ok()) *ok = false;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(start);
+    const seqpar::Status s = fn();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+      *ok = false;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Benchmark seqpar's GPU attention backends (bf16)"};
+  std::vector<int64_t> seqs{8192, 32768, 131072};
+  std::vector<std::string> masks{"causal", "full"};
+  int64_t heads = 32, head_dim = 128;
+  bool json = false;
+  app.add_option("--seqs", seqs, "sequence lengths")->delimiter(',');
+  app.add_option("--masks", masks, "causal and/or full")->delimiter(',');
+  app.add_option("--heads", heads, "heads")->check(CLI::PositiveNumber);
+  app.add_option("--head-dim", head_dim, "head dimension")->check(CLI::PositiveNumber);
+  app.add_flag("--json", json, "print one JSON object per measurement");
+  CLI11_PARSE(app, argc, argv);
+  if (seqpar::cuda_device_count() == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  using seqpar::DType;
+  std::printf("%-8s %-7s %8s %10s %10s %14s %12s\n", "backend", "mask", "seq", "fwd ms", "fwd TF/s",
+              "fwd+bwd ms", "f+b TF/s");
+  int failures = 0;
+  for (int64_t S : seqs) {
+    const std::vector<int64_t> shape{1, S, heads, head_dim};
+    auto q = seqpar::device_zeros(DType::kBF16, shape), k = seqpar::device_zeros(DType::kBF16, shape);
+    auto v = seqpar::device_zeros(DType::kBF16, shape), o = seqpar::device_zeros(DType::kBF16, shape);
+    auto dout = seqpar::device_zeros(DType::kBF16, shape), dq = seqpar::device_zeros(DType::kBF16, shape);
+    auto dk = seqpar::device_zeros(DType::kBF16, shape), dv = seqpar::device_zeros(DType::kBF16, shape);
+    auto lse = seqpar::device_zeros(DType::kF32, {1, heads, S});
+    if (!(q.ok() && k.ok() && v.ok() && o.ok() && dout.ok() && dq.ok() && dk.ok() && dv.ok() && lse.ok())) {
+      std::fprintf(stderr, "out of device memory at S=%ld\n", long(S));
+      return 1;
+    }
+    const size_t n = size_t(S) * heads * head_dim;
+    int seed = 1;
+    for (auto* t : {&q, &k, &v, &dout})
+      fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>(t->value().view.data), n, seed++);
+    for (const std::string& mask_name : masks) {
+      seqpar::AttentionParams params;
+      params.mask = mask_name == "causal" ? seqpar::MaskSpec::causal() : seqpar::MaskSpec::none();
+      auto fwd = [&] {
+        return seqpar::cudnn_attention_forward(q->view, k->view, v->view, params, o->view, lse->view);
+      };
+      auto fwd_bwd = [&] {
+        seqpar::Status s = fwd();
+        if (!s.ok()) return s;
+        return seqpar::cudnn_attention_backward(q->view, k->view, v->view, o->view, dout->view,
+                                                lse->view, params, dq->view, dk->view, dv->view);
+      };
+      const int iters = S > 65536 ? 3 : 10, warmup = 2;
+      bool ok = true;
+      const double tf = median_seconds(fwd, warmup, iters, &ok);
+      const double tfb = median_seconds(fwd_bwd, warmup, iters, &ok);
+      if (!ok) ++failures;
+      const double flops = 4.0 * S * double(S) * heads * head_dim * (mask_name == "causal" ? 0.5 : 1.0);
+      std::printf("%-8s %-7s %8ld %10.2f %10.1f %14.2f %12.1f\n", "cudnn", mask_name.c_str(), long(S),
+                  tf * 1e3, flops / tf / 1e12, tfb * 1e3, 3.5 * flops / tfb / 1e12);
+      if (json) {
+        nlohmann::json j{{"kind", "seqpar_kernel"}, {"backend", "cudnn"}, {"seq", S},
+                         {"heads", heads}, {"dim", head_dim}, {"causal", mask_name == "causal"},
+                         {"fwd_ms", tf * 1e3}, {"fwd_tflops", flops / tf / 1e12},
+                         {"fwdbwd_ms", tfb * 1e3}, {"fwdbwd_tflops", 3.5 * flops / tfb / 1e12},
+                         {"bwd_tflops", 2.5 * flops / (tfb - tf) / 1e12}, {"ok", ok}};
+        std::printf("%s\n", j.dump().c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+  return failures ? 1 : 0;
+}

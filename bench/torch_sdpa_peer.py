@@ -1,0 +1,61 @@
+"""The peer for bench/gpu_attention_bench: PyTorch scaled_dot_product_attention on one GPU
+with its flash (FlashAttention-2) and cuDNN backends, bf16, B = 1, timed the same way (median
+of CUDA-event-timed iterations after warm-up; forward alone, then forward + backward).
+Usage: python3 bench/torch_sdpa_peer.py [--seqs 8192,32768,131072] [--heads 32] [--dim 128]
+Prints one JSON object per line."""
+import argparse, json
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def median_seconds(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record(); fn(); stop.record(); torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seqs", default="8192,32768,131072")
+    ap.add_argument("--masks", default="causal,full")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=128)
+    args = ap.parse_args()
+    h, d = args.heads, args.dim
+    for backend_name, backend in [("torch_flash", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)]:
+        for s in [int(x) for x in args.seqs.split(",")]:
+            for mask in args.masks.split(","):
+                causal = mask == "causal"
+                # Layout [B, S, H, D] seen as [B, H, S, D], as seqpar stores it.
+                q, k, v = (torch.rand(1, s, h, d, device="cuda", dtype=torch.bfloat16).mul_(2).sub_(1)
+                           .transpose(1, 2).requires_grad_(True) for _ in range(3))
+                dout = torch.rand(1, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                iters, warmup = (3, 2) if s > 65536 else (10, 2)
+                try:
+                    with sdpa_kernel([backend]):
+                        tf = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), iters, warmup)
+                        def fwd_bwd():
+                            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            o.backward(dout)
+                        tfb = median_seconds(fwd_bwd, iters, warmup)
+                    flops = 4.0 * s * s * h * d * (0.5 if causal else 1.0)
+                    print(json.dumps(dict(kind="peer_kernel", backend=backend_name, seq=s, heads=h, dim=d,
+                                          causal=causal, fwd_ms=tf * 1e3, fwd_tflops=flops / tf / 1e12,
+                                          fwdbwd_ms=tfb * 1e3, fwdbwd_tflops=3.5 * flops / tfb / 1e12)), flush=True)
+                except Exception as e:  # report, keep going
+                    print(json.dumps(dict(kind="peer_kernel", backend=backend_name, seq=s, causal=causal,
+                                          error=str(e)[:200])), flush=True)
+                del q, k, v, dout
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

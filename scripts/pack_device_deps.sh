@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Copies what the build needs from this machine's OS packages into .carry/deps/usr, for the
+# GPU machine, which cannot download: GoogleTest (static libs), CLI11 and nlohmann-json
+# (header-only), with their CMake package files (which locate files relative to themselves),
+# plus the cuDNN frontend headers in .carry/cudnn_frontend.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/fetch_cudnn_frontend.sh
+dest=.carry/deps/usr
+rm -rf "$dest"
+mkdir -p "$dest/include" "$dest/lib/x86_64-linux-gnu/cmake" "$dest/share/cmake"
+cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/gtest /usr/include/gmock "$dest/include/"
+cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$dest/lib/x86_64-linux-gnu/"
+cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$dest/lib/x86_64-linux-gnu/cmake/"
+cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$dest/share/cmake/"
+du -sh .carry

@@ -1,0 +1,24 @@
+// GPU entry points for builds without CUDA: no devices, and clear refusals.
+#ifndef SEQPAR_HAVE_CUDA
+#include "seqpar/gpu.hpp"
+
+namespace seqpar {
+
+namespace {
+Status no_cuda() {
+  return SP_STATUS(StatusCode::kUnsupported, "seqpar was built without CUDA (no nvcc found)");
+}
+}  // namespace
+
+int cuda_device_count() { return 0; }
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept = default;
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept = default;
+StatusOr<DeviceBuffer> DeviceBuffer::allocate(size_t) { return no_cuda(); }
+Status DeviceBuffer::reserve(size_t) { return no_cuda(); }
+StatusOr<DeviceTensor> to_device(const HostTensor&) { return no_cuda(); }
+StatusOr<DeviceTensor> device_zeros(DType, const std::vector<int64_t>&) { return no_cuda(); }
+StatusOr<HostTensor> to_host(const TensorView&) { return no_cuda(); }
+
+}  // namespace seqpar
+#endif
