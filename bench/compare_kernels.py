@@ -16,16 +16,22 @@ def load(path):
 def main():
     ours, peers = load(sys.argv[1]), load(sys.argv[2])
     peer = {(r["backend"], r["seq"], r["causal"]): r for r in peers if "error" not in r}
-    print("| backend | mask | S | fwd TFLOP/s | fwd+bwd TFLOP/s | vs torch cuDNN fwd+bwd | vs torch flash fwd+bwd | torch cuDNN f+b | torch flash f+b |")
+    print("| backend | mask | S | fwd TFLOP/s | vs torch cuDNN fwd | vs torch flash fwd | fwd+bwd TFLOP/s | vs torch cuDNN fwd+bwd | vs torch flash fwd+bwd |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in ours:
-        key_c, key_f = ("torch_cudnn", r["seq"], r["causal"]), ("torch_flash", r["seq"], r["causal"])
-        c, f = peer.get(key_c), peer.get(key_f)
-        ratio = lambda p: f'{r["fwdbwd_tflops"] / p["fwdbwd_tflops"]:.3f}x' if p else "n/a"
+        c = peer.get(("torch_cudnn", r["seq"], r["causal"]))
+        f = peer.get(("torch_flash", r["seq"], r["causal"]))
+        def ratio(p, key):
+            return f'{r[key] / p[key]:.3f}x' if p and key in r and key in p else "n/a"
+        fb = f'{r["fwdbwd_tflops"]:.1f}' if "fwdbwd_tflops" in r else "n/a"
         print(f'| {r["backend"]} | {"causal" if r["causal"] else "full"} | {r["seq"]} | {r["fwd_tflops"]:.1f} | '
-              f'{r["fwdbwd_tflops"]:.1f} | {ratio(c)} | {ratio(f)} | '
-              f'{c["fwdbwd_tflops"]:.1f} | ' if c else "n/a | " , end="")
-        print(f'{f["fwdbwd_tflops"]:.1f} |' if f else "n/a |")
+              f'{ratio(c, "fwd_tflops")} | {ratio(f, "fwd_tflops")} | {fb} | '
+              f'{ratio(c, "fwdbwd_tflops")} | {ratio(f, "fwdbwd_tflops")} |')
+    print()
+    print("| peer | mask | S | fwd TFLOP/s | fwd+bwd TFLOP/s |")
+    print("|---|---|---|---|---|")
+    for (backend, seq, causal), p in sorted(peer.items()):
+        print(f'| {backend} | {"causal" if causal else "full"} | {seq} | {p["fwd_tflops"]:.1f} | {p["fwdbwd_tflops"]:.1f} |')
 
 
 if __name__ == "__main__":

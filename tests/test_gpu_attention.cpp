@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <tuple>
 
 #include "seqpar/cudnn_attention.hpp"
+#include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 #include "test_util.hpp"
 
@@ -119,6 +121,158 @@ TEST(Cudnn, RefusesWhatItCannotDo) {
   // Host memory is refused, not dereferenced.
   s = cudnn_attention_forward(q.view(), q.view(), q.view(), {}, q.view(), lse->view);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+}
+
+// ---- our flash forward ---------------------------------------------------------------------
+
+struct FlashCase {
+  int64_t seq_q, seq_k, heads, kv_heads, head_dim;
+  std::string mask;
+  PositionRun q_run, k_run;
+  DType dtype;
+  bool split_keys;  // run as two calls, the second continuing from the first
+};
+
+std::string flash_name(const FlashCase& c) {
+  std::string mask = c.mask;
+  for (char& ch : mask)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return "Sq" + std::to_string(c.seq_q) + "_Sk" + std::to_string(c.seq_k) + "_H" +
+         std::to_string(c.heads) + "_" + std::to_string(c.kv_heads) + "_D" +
+         std::to_string(c.head_dim) + "_" + mask + "_q" + std::to_string(c.q_run.offset) + "x" +
+         std::to_string(c.q_run.stride) + "_k" + std::to_string(c.k_run.offset) + "x" +
+         std::to_string(c.k_run.stride) + "_" + dtype_name(c.dtype) + (c.split_keys ? "_split" : "");
+}
+
+TensorView key_rows(const TensorView& t, int64_t from, int64_t n) {
+  TensorView v = t;
+  v.data = static_cast<char*>(v.data) + from * v.strides[1] * dtype_size(v.dtype);
+  v.shape[1] = n;
+  return v;
+}
+
+class FlashForwardVsOracle : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashForwardVsOracle, MeetsTheLowPrecisionRule) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase c = GetParam();
+  const HostTensor q = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 21);
+  const HostTensor k = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 22);
+  const HostTensor v = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 23);
+  const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
+                                 c.k_run.offset + c.k_run.stride * c.seq_k);
+  AttentionParams params;
+  params.mask = parse_mask(c.mask, total).value();
+  std::vector<int64_t> qp(c.seq_q), kp(c.seq_k);
+  for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
+  for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
+  AttentionParams host_params = params;
+  host_params.q_positions = qp.data();
+  host_params.k_positions = kp.data();
+
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v);
+  auto o_acc = device_zeros(DType::kF32, {1, c.seq_q, c.heads, c.head_dim});
+  auto lse = device_zeros(DType::kF32, {1, c.heads, c.seq_q});
+  auto o_out = device_zeros(c.dtype, {1, c.seq_q, c.heads, c.head_dim});
+  ASSERT_TRUE(gq.ok() && gk.ok() && gv.ok() && o_acc.ok() && lse.ok() && o_out.ok());
+  if (c.split_keys) {
+    const int64_t half = c.seq_k / 2 + 3;
+    FlashPositions first{c.q_run, c.k_run}, second{c.q_run, {c.k_run.offset + c.k_run.stride * half, c.k_run.stride}};
+    Status s = flash_attention_forward(gq->view, key_rows(gk->view, 0, half), key_rows(gv->view, 0, half),
+                                       params, first, o_acc->view, lse->view, false, TensorView{});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    s = flash_attention_forward(gq->view, key_rows(gk->view, half, c.seq_k - half),
+                                key_rows(gv->view, half, c.seq_k - half), params, second, o_acc->view,
+                                lse->view, true, o_out->view);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  } else {
+    const Status s = flash_attention_forward(gq->view, gk->view, gv->view, params, {c.q_run, c.k_run},
+                                             o_acc->view, lse->view, false, o_out->view);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), TensorView{}, host_params);
+  ASSERT_TRUE(oracle.ok());
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, nullptr, host_params, c.dtype);
+  auto ours_o = to_host(o_out->view), ours_lse = to_host(lse->view), ours_acc = to_host(o_acc->view);
+  ASSERT_TRUE(ours_o.ok() && ours_lse.ok() && ours_acc.ok());
+  std::string why = testing::check_lowp_rule("O", cast(ours_o.value(), DType::kF64), plain.o, oracle->o, c.dtype);
+  EXPECT_TRUE(why.empty()) << why;
+  why = testing::check_lowp_rule("LSE", cast(ours_lse.value(), DType::kF64), plain.lse, oracle->lse, DType::kF32);
+  EXPECT_TRUE(why.empty()) << why;
+  // The fp32 accumulator is at least as close to the oracle as the rounded output.
+  why = testing::check_lowp_rule("O fp32", cast(ours_acc.value(), DType::kF64), plain.o, oracle->o, c.dtype);
+  EXPECT_TRUE(why.empty()) << why;
+  // Rows that see no key: O = 0 and LSE = -inf exactly.
+  for (int64_t h = 0; h < c.heads; ++h)
+    for (int64_t i = 0; i < c.seq_q; ++i)
+      if (oracle->lse.data<double>()[h * c.seq_q + i] == -INFINITY) {
+        ASSERT_EQ(ours_lse->data<float>()[h * c.seq_q + i], -INFINITY) << "row " << i;
+        for (int64_t d = 0; d < c.head_dim; ++d)
+          ASSERT_EQ(ours_acc->data<float>()[(i * c.heads + h) * c.head_dim + d], 0.f);
+      }
+}
+
+std::vector<FlashCase> flash_cases() {
+  std::vector<FlashCase> cases;
+  const PositionRun from0{0, 1};
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (int64_t d : {64, 128})
+      for (auto [h, hkv] : {std::pair{4, 4}, std::pair{4, 1}})
+        for (const char* mask : {"full", "causal", "window:70,10", "docs:5"})
+          cases.push_back({333, 333, h, hkv, d, mask, from0, from0, t, false});
+  // Continuation from a running result, and a query run after the keys (a later ring step).
+  cases.push_back({200, 300, 4, 2, 128, "causal", {150, 1}, from0, DType::kBF16, true});
+  cases.push_back({256, 256, 2, 2, 64, "full", from0, from0, DType::kBF16, true});
+  // Striped shards: rank 1 of 4 against rank 3 of 4, and zigzag-like runs.
+  cases.push_back({250, 250, 4, 2, 128, "causal", {1, 4}, {3, 4}, DType::kBF16, false});
+  cases.push_back({250, 250, 4, 2, 128, "window:40,0", {2, 4}, {0, 4}, DType::kBF16, true});
+  // Rows that see nothing: queries before every key under causal.
+  cases.push_back({100, 120, 2, 1, 64, "causal", {0, 1}, {50, 1}, DType::kBF16, false});
+  cases.push_back({4096, 4096, 2, 1, 128, "causal", from0, from0, DType::kBF16, false});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashForwardVsOracle, ::testing::ValuesIn(flash_cases()),
+                         [](const auto& info) { return flash_name(info.param); });
+
+TEST(FlashSmallKernels, DeltaAndMergeMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const HostTensor o = testing::random_tensor(DType::kF32, {2, 37, 3, 64}, 31);
+  const HostTensor dout = testing::random_tensor(DType::kF32, {2, 37, 3, 64}, 32);
+  HostTensor want(DType::kF32, {2, 3, 37});
+  ASSERT_TRUE(cpu_attention_delta(o.view(), dout.view(), want.view()).ok());
+  auto go = to_device(o), gd = to_device(dout);
+  auto delta = device_zeros(DType::kF32, {2, 3, 37});
+  ASSERT_TRUE(flash_attention_delta(go->view, gd->view, delta->view).ok());
+  EXPECT_LE(testing::max_abs_diff(to_host(delta->view).value(), want), 1e-4);
+
+  // Merge with -inf rows on either side.
+  HostTensor lse1 = testing::random_tensor(DType::kF32, {2, 3, 37}, 33);
+  HostTensor lse2 = testing::random_tensor(DType::kF32, {2, 3, 37}, 34);
+  lse1.data<float>()[0] = -INFINITY;
+  lse2.data<float>()[1] = -INFINITY;
+  lse1.data<float>()[2] = lse2.data<float>()[2] = -INFINITY;
+  HostTensor o1 = o, o2 = dout;
+  for (int d = 0; d < 64; ++d) o1.data<float>()[2 * 64 * 3 + d] = 0.f;  // row s=2, h=0 empty on both
+  auto g1 = to_device(o1), g2 = to_device(o2), gl1 = to_device(lse1), gl2 = to_device(lse2);
+  ASSERT_TRUE(flash_merge_partials(g1->view, gl1->view, g2->view, gl2->view).ok());
+  ASSERT_TRUE(merge_attention_partials(o1.view(), lse1.view(), o2.view(), lse2.view()).ok());
+  EXPECT_LE(testing::max_abs_diff(to_host(g1->view).value(), o1), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(to_host(gl1->view).value(), lse1), 1e-5);
+}
+
+TEST(FlashForward, RefusesBadInput) {
+  SKIP_WITHOUT_GPU();
+  const HostTensor q = testing::random_tensor(DType::kBF16, {1, 64, 2, 96}, 1);  // D = 96
+  auto d = to_device(q);
+  auto acc = device_zeros(DType::kF32, {1, 64, 2, 96});
+  auto lse = device_zeros(DType::kF32, {1, 2, 64});
+  Status s = flash_attention_forward(d->view, d->view, d->view, {}, {}, acc->view, lse->view, false, TensorView{});
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  const HostTensor q64 = testing::random_tensor(DType::kBF16, {1, 64, 2, 64}, 1);
+  auto d64 = to_device(q64);
+  s = flash_attention_forward(d64->view, d64->view, d64->view, {}, {}, acc->view, lse->view, false, TensorView{});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // o_acc has the wrong head dim
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+// Our own CUDA attention kernels (tensor cores through mma.sync, any sm_80+ GPU):
+//   forward  continues from a running fp32 (O, LSE) so ring steps accumulate without extra
+//            passes, and can also write the final bf16/fp16 O;
+//   delta    D = rowsum(dO * O);
+//   merge    -inf-safe merge of partial (O, LSE) pairs.
+// Positions are arithmetic runs: local row i sits at global position offset + stride * i
+// (a contiguous shard, one run of a zigzag shard, or a striped shard). Masks are the band
+// (window_left, window_right) and documents of params.mask, in those global positions; tiles
+// the mask empties are skipped whole.
+//
+// Shapes (device memory, BSHD with contiguous last dim):
+//   q: [B, S_q, H, D] bf16|fp16   k, v: [B, S_k, H_kv, D] same dtype   D in {64, 128}
+//   o_acc: [B, S_q, H, D] fp32    lse: [B, H, S_q] fp32 contiguous     o_out: like q
+#pragma once
+
+#include <cstdint>
+
+#include "seqpar/attention.hpp"
+#include "seqpar/status.hpp"
+#include "seqpar/tensor.hpp"
+
+namespace seqpar {
+
+struct PositionRun {
+  int64_t offset = 0;
+  int64_t stride = 1;  // > 0
+};
+
+struct FlashPositions {
+  PositionRun q, k;
+  // Defaults: q from 0 (or S_k - S_q for a bottom-right mask), k from 0, stride 1.
+  static FlashPositions defaults(const AttentionParams& params, int64_t seq_q, int64_t seq_k);
+};
+
+// With accumulate = false, (o_acc, lse) are overwritten; with accumulate = true they hold a
+// running normalised result (lse = -inf for none) and are updated to include these keys.
+// o_out (data == nullptr to skip) receives o_acc converted to q's dtype.
+Status flash_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const AttentionParams& params, const FlashPositions& positions,
+                               const TensorView& o_acc, const TensorView& lse, bool accumulate,
+                               const TensorView& o_out, void* stream = nullptr);
+
+// delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]; o and dout of one dtype (any of
+// bf16, fp16, fp32), delta fp32 [B, H, S].
+Status flash_attention_delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                             void* stream = nullptr);
+
+// (o, lse) <- merge((o, lse), (o_part, lse_part)), all fp32; -inf (or +inf/NaN) is "no key".
+Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                            const TensorView& lse_part, void* stream = nullptr);
+
+}  // namespace seqpar

@@ -1,0 +1,181 @@
+// Host-side checks and mask packing for our CUDA attention kernels, plus the small kernels:
+// D = rowsum(dO * O) and the -inf-safe merge of partial (O, LSE) pairs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/cuda_check.hpp"
+#include "kernels/cuda/flash_common.cuh"
+
+namespace seqpar {
+namespace cuda {
+
+Status check_device_tensor(const char* name, const TensorView& t, DType dtype,
+                           const std::vector<int64_t>& shape) {
+  bool ok = t.data && t.device.kind == DeviceKind::kCuda && t.dtype == dtype &&
+            t.ndim == int(shape.size()) && t.strides[t.ndim - 1] == 1;
+  for (int i = 0; ok && i < t.ndim; ++i) ok = t.shape[i] == shape[i];
+  std::string want = "[";
+  for (size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
+  want += std::string("] ") + dtype_name(dtype);
+  SP_CHECK_ARG(ok, std::string(name) + " must be a device tensor " + want +
+                       " with a contiguous last dim; got " + t.shape_string() +
+                       (t.device.kind == DeviceKind::kCuda ? "" : " in host memory"));
+  return Status::Ok();
+}
+
+Status check_flash_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttentionParams& params, const FlashPositions& positions,
+                          FlashProblem* prob) {
+  SP_CHECK_ARG(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, "q, k, v must be [B, S, H, D]");
+  SP_CHECK_SUPPORTED(q.dtype == DType::kBF16 || q.dtype == DType::kF16,
+                     std::string("our CUDA kernels take bf16 or fp16, not ") + dtype_name(q.dtype));
+  *prob = {q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], 0.0};
+  prob->scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(prob->head_dim));
+  SP_CHECK_SUPPORTED(prob->head_dim == 64 || prob->head_dim == 128,
+                     "our CUDA kernels take head dim 64 or 128, not " + std::to_string(prob->head_dim));
+  SP_CHECK_ARG(prob->kv_heads > 0 && prob->heads % prob->kv_heads == 0,
+               "query heads must be divisible by K/V heads");
+  SP_RETURN_IF_ERROR(check_device_tensor("q", q, q.dtype, {prob->batch, prob->seq_q, prob->heads, prob->head_dim}));
+  SP_RETURN_IF_ERROR(check_device_tensor("k", k, q.dtype, {prob->batch, prob->seq_k, prob->kv_heads, prob->head_dim}));
+  SP_RETURN_IF_ERROR(check_device_tensor("v", v, q.dtype, {prob->batch, prob->seq_k, prob->kv_heads, prob->head_dim}));
+  for (const TensorView* t : {&q, &k, &v}) {
+    bool aligned = reinterpret_cast<uintptr_t>(t->data) % 16 == 0;
+    for (int i = 0; i < 3; ++i) aligned = aligned && t->strides[i] % 8 == 0;
+    SP_CHECK_ARG(aligned, "q, k, v need 16-byte aligned rows (pointer and strides multiples of 8 elements)");
+  }
+  SP_CHECK_ARG(prob->seq_q < INT32_MAX && prob->seq_k < INT32_MAX && prob->batch < 65536 && prob->heads < 65536,
+               "sequence lengths must stay below 2^31 and batch, heads below 65536");
+  SP_CHECK_SUPPORTED(!params.q_positions && !params.k_positions,
+                     "our CUDA kernels take positions as runs (FlashPositions), not per-row arrays");
+  SP_CHECK_ARG(positions.q.stride > 0 && positions.k.stride > 0, "position strides must be positive");
+  SP_CHECK_SUPPORTED(params.mask.doc_offsets.size() <= size_t(kMaxDocuments) + 1,
+                     "our CUDA kernels take at most " + std::to_string(kMaxDocuments) + " documents");
+  return params.mask.validate(0);
+}
+
+StatusOr<MaskRuns> make_mask_runs(const AttentionParams& params, const FlashPositions& positions,
+                                  void* /*stream*/) {
+  MaskRuns m{};
+  m.q_offset = positions.q.offset;
+  m.q_stride = positions.q.stride;
+  m.k_offset = positions.k.offset;
+  m.k_stride = positions.k.stride;
+  m.window_left = params.mask.window_left;
+  m.window_right = params.mask.window_right;
+  m.num_docs = params.mask.has_documents() ? int(params.mask.doc_offsets.size()) - 1 : 0;
+  for (size_t i = 0; i < params.mask.doc_offsets.size(); ++i) m.doc_offsets[i] = params.mask.doc_offsets[i];
+  return m;
+}
+
+namespace {
+
+template <class In>
+__device__ float load_float(const In* p) {
+  if constexpr (std::is_same_v<In, float>) return *p;
+  else if constexpr (std::is_same_v<In, __nv_bfloat16>) return __bfloat162float(*p);
+  else return __half2float(*p);
+}
+
+// One warp per (b, s, h) row.
+template <class In>
+__global__ void delta_kernel(const In* o, const In* dout, float* delta, int64_t rows, int heads,
+                             int seq, int dim, int64_t o_sb, int64_t o_ss, int64_t o_sh,
+                             int64_t d_sb, int64_t d_ss, int64_t d_sh) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int h = int(row % heads);
+  const int s = int((row / heads) % seq);
+  const int64_t b = row / (int64_t(heads) * seq);
+  const In* x = o + b * o_sb + s * o_ss + h * o_sh;
+  const In* y = dout + b * d_sb + s * d_ss + h * d_sh;
+  float acc = 0.f;
+  for (int d = lane; d < dim; d += 32) acc += load_float(x + d) * load_float(y + d);
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+  if (lane == 0) delta[(b * heads + h) * seq + s] = acc;
+}
+
+__global__ void merge_kernel(float* o, float* lse, const float* o_part, const float* lse_part,
+                             int64_t rows, int heads, int seq, int dim, int64_t o_sb, int64_t o_ss,
+                             int64_t o_sh, int64_t p_sb, int64_t p_ss, int64_t p_sh) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int h = int(row % heads);
+  const int s = int((row / heads) % seq);
+  const int64_t b = row / (int64_t(heads) * seq);
+  const int64_t li = (b * heads + h) * seq + s;
+  auto clean = [](float x) { return (x > -INFINITY && x < INFINITY) ? x : -INFINITY; };
+  const float a = clean(lse[li]), c = clean(lse_part[li]);
+  float* x = o + b * o_sb + s * o_ss + h * o_sh;
+  const float* y = o_part + b * p_sb + s * p_ss + h * p_sh;
+  float wa, wc, merged;
+  if (c == -INFINITY) {
+    wa = a == -INFINITY ? 0.f : 1.f, wc = 0.f, merged = a;
+  } else if (a == -INFINITY) {
+    wa = 0.f, wc = 1.f, merged = c;
+  } else {
+    merged = fmaxf(a, c) + log1pf(expf(-fabsf(a - c)));
+    wa = expf(a - merged), wc = expf(c - merged);
+  }
+  for (int d = lane; d < dim; d += 32) x[d] = wa * x[d] + wc * y[d];
+  __syncwarp();
+  if (lane == 0) lse[li] = merged;
+}
+
+}  // namespace
+}  // namespace cuda
+
+Status flash_attention_delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                             void* stream) {
+  SP_CHECK_ARG(o.ndim == 4, "o must be [B, S, H, D]");
+  const int64_t B = o.shape[0], S = o.shape[1], H = o.shape[2], D = o.shape[3];
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, o.dtype, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("dout", dout, o.dtype, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("delta", delta, DType::kF32, {B, H, S}));
+  SP_CHECK_ARG(delta.is_contiguous(), "delta must be contiguous");
+  SP_CHECK_SUPPORTED(o.dtype != DType::kF64, "delta takes bf16, fp16 or fp32");
+  const int64_t rows = B * S * H;
+  if (rows == 0) return Status::Ok();
+  const int threads = 256;
+  const unsigned blocks = unsigned((rows * 32 + threads - 1) / threads);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto* tag) {
+    using In = std::remove_pointer_t<decltype(tag)>;
+    cuda::delta_kernel<In><<<blocks, threads, 0, s>>>(
+        static_cast<const In*>(o.data), static_cast<const In*>(dout.data), static_cast<float*>(delta.data),
+        rows, int(H), int(S), int(D), o.strides[0], o.strides[1], o.strides[2], dout.strides[0],
+        dout.strides[1], dout.strides[2]);
+  };
+  if (o.dtype == DType::kF32) go(static_cast<float*>(nullptr));
+  else if (o.dtype == DType::kBF16) go(static_cast<__nv_bfloat16*>(nullptr));
+  else go(static_cast<__half*>(nullptr));
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                            const TensorView& lse_part, void* stream) {
+  SP_CHECK_ARG(o.ndim == 4, "o must be [B, S, H, D]");
+  const int64_t B = o.shape[0], S = o.shape[1], H = o.shape[2], D = o.shape[3];
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, DType::kF32, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_part", o_part, DType::kF32, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {B, H, S}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse_part", lse_part, DType::kF32, {B, H, S}));
+  SP_CHECK_ARG(lse.is_contiguous() && lse_part.is_contiguous(), "lse tensors must be contiguous");
+  const int64_t rows = B * S * H;
+  if (rows == 0) return Status::Ok();
+  const int threads = 256;
+  cuda::merge_kernel<<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
+                       static_cast<cudaStream_t>(stream)>>>(
+      static_cast<float*>(o.data), static_cast<float*>(lse.data), static_cast<const float*>(o_part.data),
+      static_cast<const float*>(lse_part.data), rows, int(H), int(S), int(D), o.strides[0],
+      o.strides[1], o.strides[2], o_part.strides[0], o_part.strides[1], o_part.strides[2]);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace seqpar

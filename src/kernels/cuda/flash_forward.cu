@@ -1,0 +1,281 @@
+// Our flash-attention forward on tensor cores (see include/seqpar/flash_cuda.hpp): one CTA of
+// 4 warps takes 64 query rows of one head (16 per warp); K/V tiles of 64 keys stream through
+// double-buffered shared memory (cp.async); scores, the online softmax and the output
+// accumulator stay in registers; P goes from the score accumulators straight into the A
+// operand of the P*V product. Each query row has an interval [lo, hi] of visible key
+// positions (band and document), so whole tiles outside every row's interval are skipped and
+// tiles inside every row's interval run unmasked.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "core/cuda_check.hpp"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/mma_utils.cuh"
+#include "seqpar/flash_cuda.hpp"
+
+namespace seqpar {
+namespace cuda {
+namespace {
+
+constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
+
+struct ForwardParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  float* o_acc;
+  float* lse;
+  void* o_out;
+  int64_t q_strides[3], k_strides[3], v_strides[3], o_strides[3], out_strides[3];  // b, s, h
+  int batch, heads, group, seq_q, seq_k;
+  float scale_log2;
+  MaskRuns mask;
+  bool accumulate;
+};
+
+template <class Elem, int kDim>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p) {
+  using T = ElemTraits<Elem>;
+  constexpr int kChunks = kDim / 8;      // 16-byte chunks per row
+  constexpr int kDimTiles = kDim / 8;    // n-tiles of the output
+  constexpr int kKeySteps = kBlockN / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* q_smem = reinterpret_cast<Elem*>(smem_raw);
+  Elem* k_smem = q_smem + kBlockM * kDim;   // [2][kBlockN * kDim]
+  Elem* v_smem = k_smem + 2 * kBlockN * kDim;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int q0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
+  const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2];
+  const Elem* k_base = static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2];
+  const Elem* v_base = static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2];
+
+  // Visible key interval of this thread's two rows, and the CTA-wide extremes.
+  const int row_in_tile[2] = {warp * 16 + g, warp * 16 + g + 8};
+  RowInterval rows[2];
+  for (int r = 0; r < 2; ++r) rows[r] = row_interval(p.mask, q0 + row_in_tile[r], p.seq_q);
+  __shared__ TileBounds bounds_smem[kWarps];
+  const TileBounds cta = cta_bounds<kWarps>(rows, bounds_smem);
+
+  // Key rows to visit: those whose positions can fall in some row's interval.
+  int key_begin = 0, key_end = 0;
+  visible_key_range(p.mask, cta, p.seq_k, &key_begin, &key_end);
+  const int tile_begin = key_begin / kBlockN;
+  const int tile_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : tile_begin;
+
+  auto load_rows = [&](Elem* dst, const Elem* src, int64_t row_stride, int row0, int rows_total,
+                       int tile_rows) {
+    for (int c = tid; c < tile_rows * kChunks; c += kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const bool valid = row0 + row < rows_total;
+      const Elem* from = src + (valid ? int64_t(row0 + row) * row_stride + chunk * 8 : 0);
+      cp_async_16(dst + swizzled<kDim>(row, chunk), from, valid);
+    }
+  };
+  load_rows(q_smem, q_base, p.q_strides[1], q0, p.seq_q, kBlockM);
+  if (tile_begin < tile_end) {
+    load_rows(k_smem, k_base, p.k_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
+    load_rows(v_smem, v_base, p.v_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
+  }
+  cp_async_commit();
+
+  // Running state: m (exp2 domain), partial l (summed over the quad at the end), accumulator.
+  float m[2], l[2], acc[kDimTiles][4];
+  for (int r = 0; r < 2; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+  }
+  for (int j = 0; j < kDimTiles; ++j)
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  if (p.accumulate) {
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + row_in_tile[r];
+      if (row >= p.seq_q) continue;
+      const float prev = p.lse[(int64_t(b) * p.heads + h) * p.seq_q + row];
+      if (!(prev > -INFINITY && prev < INFINITY)) continue;  // empty so far
+      m[r] = prev * 1.4426950408889634f;
+      l[r] = t4 == 0 ? 1.f : 0.f;  // the earlier mass counts once per row
+      const float* o_row = p.o_acc + b * p.o_strides[0] + int64_t(row) * p.o_strides[1] + h * p.o_strides[2];
+      for (int j = 0; j < kDimTiles; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(o_row + j * 8 + 2 * t4);
+        acc[j][2 * r] = x.x;
+        acc[j][2 * r + 1] = x.y;
+      }
+    }
+  }
+
+  uint32_t q_frag[kDim / 16][4];
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int ks = 0; ks < kDim / 16; ++ks)
+    ldmatrix_x4(q_frag[ks], q_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int buf = (tile - tile_begin) & 1;
+    Elem* k_tile = k_smem + buf * kBlockN * kDim;
+    Elem* v_tile = v_smem + buf * kBlockN * kDim;
+    if (tile + 1 < tile_end) {  // prefetch the next tile into the other buffer
+      load_rows(k_smem + (buf ^ 1) * kBlockN * kDim, k_base, p.k_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
+      load_rows(v_smem + (buf ^ 1) * kBlockN * kDim, v_base, p.v_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+    float s[kBlockN / 8][4];
+    for (int j = 0; j < kBlockN / 8; ++j)
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    for (int ks = 0; ks < kDim / 16; ++ks)
+      for (int jp = 0; jp < kBlockN / 16; ++jp) {
+        uint32_t kb[4];
+        const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
+        ldmatrix_x4(kb, k_tile + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+        mma_16816<Elem>(s[2 * jp], q_frag[ks], kb[0], kb[1]);
+        mma_16816<Elem>(s[2 * jp + 1], q_frag[ks], kb[2], kb[3]);
+      }
+
+    const int key0 = tile * kBlockN;
+    const int valid_keys = min(kBlockN, p.seq_k - key0);
+    const bool full = valid_keys == kBlockN && tile_fully_visible(p.mask, cta, key0, kBlockN);
+    for (int j = 0; j < kBlockN / 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
+        float x = s[j][e] * p.scale_log2;
+        if (!full) {
+          const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
+          if (col >= valid_keys || kp < rows[r].lo || kp > rows[r].hi) x = -INFINITY;
+        }
+        s[j][e] = x;
+      }
+
+    // Online softmax, row by row (each row lives in one quad of lanes).
+    for (int r = 0; r < 2; ++r) {
+      float row_max = -INFINITY;
+      for (int j = 0; j < kBlockN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
+      const float m_new = fmaxf(m[r], row_max);
+      if (m_new == -INFINITY) {  // nothing visible in this row yet
+        for (int j = 0; j < kBlockN / 8; ++j) s[j][2 * r] = s[j][2 * r + 1] = 0.f;
+        continue;
+      }
+      const float alpha = exp2f(m[r] - m_new);  // 0 when m was -inf
+      float row_sum = 0.f;
+      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[j][e] = exp2f(s[j][e] - m_new);
+          row_sum += s[j][e];
+        }
+      l[r] = l[r] * alpha + row_sum;
+      m[r] = m_new;
+      for (int j = 0; j < kDimTiles; ++j) {
+        acc[j][2 * r] *= alpha;
+        acc[j][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V, with P re-packed from the score accumulators as the A operand.
+    for (int ks = 0; ks < kKeySteps; ++ks) {
+      const uint32_t pa[4] = {T::pack(s[2 * ks][0], s[2 * ks][1]), T::pack(s[2 * ks][2], s[2 * ks][3]),
+                              T::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                              T::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      for (int dp = 0; dp < kDimTiles / 2; ++dp) {
+        uint32_t vb[4];
+        const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        ldmatrix_x4_trans(vb, v_tile + swizzled<kDim>(key, dp * 2 + lane / 16));
+        mma_16816<Elem>(acc[2 * dp], pa, vb[0], vb[1]);
+        mma_16816<Elem>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // this buffer is refilled two tiles from now
+  }
+
+  // Normalise and write fp32 O, LSE, and optionally O in the input dtype.
+  for (int r = 0; r < 2; ++r) {
+    const int row = q0 + row_in_tile[r];
+    float total = l[r];
+    total += __shfl_xor_sync(0xffffffff, total, 1);
+    total += __shfl_xor_sync(0xffffffff, total, 2);
+    if (row >= p.seq_q) continue;
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    float* o_row = p.o_acc + b * p.o_strides[0] + int64_t(row) * p.o_strides[1] + h * p.o_strides[2];
+    Elem* out_row = p.o_out ? static_cast<Elem*>(p.o_out) + b * p.out_strides[0] +
+                                  int64_t(row) * p.out_strides[1] + h * p.out_strides[2]
+                            : nullptr;
+    for (int j = 0; j < kDimTiles; ++j) {
+      const float x = acc[j][2 * r] * inv, y = acc[j][2 * r + 1] * inv;
+      *reinterpret_cast<float2*>(o_row + j * 8 + 2 * t4) = make_float2(x, y);
+      if (out_row) *reinterpret_cast<uint32_t*>(out_row + j * 8 + 2 * t4) = T::pack(x, y);
+    }
+    if (t4 == 0)
+      p.lse[(int64_t(b) * p.heads + h) * p.seq_q + row] =
+          total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+template <class Elem, int kDim>
+Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  const size_t smem = size_t(kBlockM + 4 * kBlockN) * kDim * sizeof(Elem);
+  auto kernel = forward_kernel<Elem, kDim>;
+  SP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid((p.seq_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace cuda
+
+FlashPositions FlashPositions::defaults(const AttentionParams& params, int64_t seq_q, int64_t seq_k) {
+  FlashPositions pos;
+  pos.q.offset = params.mask.align == MaskAlign::kBottomRight ? seq_k - seq_q : 0;
+  return pos;
+}
+
+Status flash_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const AttentionParams& params, const FlashPositions& positions,
+                               const TensorView& o_acc, const TensorView& lse, bool accumulate,
+                               const TensorView& o_out, void* stream) {
+  cuda::FlashProblem prob;
+  SP_RETURN_IF_ERROR(cuda::check_flash_inputs(q, k, v, params, positions, &prob));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_acc", o_acc, DType::kF32, {prob.batch, prob.seq_q, prob.heads, prob.head_dim}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {prob.batch, prob.heads, prob.seq_q}));
+  SP_CHECK_ARG(lse.is_contiguous(), "lse must be contiguous");
+  if (o_out.data)
+    SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_out", o_out, q.dtype, {prob.batch, prob.seq_q, prob.heads, prob.head_dim}));
+  if (prob.seq_q == 0) return Status::Ok();
+  cuda::ForwardParams p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o_acc = static_cast<float*>(o_acc.data);
+  p.lse = static_cast<float*>(lse.data);
+  p.o_out = o_out.data;
+  for (int i = 0; i < 3; ++i) {
+    p.q_strides[i] = q.strides[i];
+    p.k_strides[i] = k.strides[i];
+    p.v_strides[i] = v.strides[i];
+    p.o_strides[i] = o_acc.strides[i];
+    p.out_strides[i] = o_out.data ? o_out.strides[i] : 0;
+  }
+  p.batch = int(prob.batch);
+  p.heads = int(prob.heads);
+  p.group = int(prob.heads / prob.kv_heads);
+  p.seq_q = int(prob.seq_q);
+  p.seq_k = int(prob.seq_k);
+  p.scale_log2 = float(prob.scale * 1.4426950408889634);
+  p.accumulate = accumulate;
+  SP_ASSIGN_OR_RETURN(p.mask, cuda::make_mask_runs(params, positions, stream));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const bool bf16 = q.dtype == DType::kBF16;
+  if (prob.head_dim == 64)
+    return bf16 ? cuda::launch_forward<__nv_bfloat16, 64>(p, s) : cuda::launch_forward<__half, 64>(p, s);
+  return bf16 ? cuda::launch_forward<__nv_bfloat16, 128>(p, s) : cuda::launch_forward<__half, 128>(p, s);
+}
+
+}  // namespace seqpar
