@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_option("--seqs", seqs, "sequence lengths")->delimiter(',');
   app.add_option("--masks", masks, "causal and/or full")->delimiter(',');
-  app.add_option("--backends", backends, "cudnn and/or flash (ours; forward only so far)")->delimiter(',');
+  app.add_option("--backends", backends, "cudnn and/or flash (ours)")->delimiter(',');
   app.add_option("--heads", heads, "heads")->check(CLI::PositiveNumber);
   app.add_option("--head-dim", head_dim, "head dimension")->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print one JSON object per measurement");
@@ -86,7 +86,10 @@ int main(int argc, char** argv) {
     auto dk = seqpar::device_zeros(DType::kBF16, shape), dv = seqpar::device_zeros(DType::kBF16, shape);
     auto lse = seqpar::device_zeros(DType::kF32, {1, heads, S});
     auto o_acc = seqpar::device_zeros(DType::kF32, shape);
-    if (!o_acc.ok()) return 1;
+    auto delta = seqpar::device_zeros(DType::kF32, {1, heads, S});
+    auto g_dq = seqpar::device_zeros(DType::kF32, shape), g_dk = seqpar::device_zeros(DType::kF32, shape);
+    auto g_dv = seqpar::device_zeros(DType::kF32, shape);
+    if (!(o_acc.ok() && delta.ok() && g_dq.ok() && g_dk.ok() && g_dv.ok())) return 1;
     if (!(q.ok() && k.ok() && v.ok() && o.ok() && dout.ok() && dq.ok() && dk.ok() && dv.ok() && lse.ok())) {
       std::fprintf(stderr, "out of device memory at S=%ld\n", long(S));
       return 1;
@@ -109,14 +112,23 @@ int main(int argc, char** argv) {
       auto fwd_bwd = [&] {
         seqpar::Status s = fwd();
         if (!s.ok()) return s;
+        if (ours) {  // D from the fp32 output, then the backward adding into zeroed fp32 grads
+          s = seqpar::flash_attention_delta(o->view, dout->view, delta->view);
+          for (auto* g : {&g_dq, &g_dk, &g_dv})
+            if (s.ok() && cudaMemsetAsync(g->value().view.data, 0, n * sizeof(float)) != cudaSuccess)
+              s = seqpar::Status(seqpar::StatusCode::kInternal, "cudaMemsetAsync failed");
+          if (!s.ok()) return s;
+          return seqpar::flash_attention_backward(q->view, k->view, v->view, dout->view, lse->view,
+                                                  delta->view, params, {}, g_dq->view, g_dk->view,
+                                                  g_dv->view);
+        }
         return seqpar::cudnn_attention_backward(q->view, k->view, v->view, o->view, dout->view,
                                                 lse->view, params, dq->view, dk->view, dv->view);
       };
       const int iters = S > 65536 ? 3 : 10, warmup = 2;
       bool ok = true;
       const double tf = median_seconds(fwd, warmup, iters, &ok);
-      // Our backward is not written yet: fwd+bwd is reported for cuDNN only.
-      const double tfb = ours ? 0.0 : median_seconds(fwd_bwd, warmup, iters, &ok);
+      const double tfb = median_seconds(fwd_bwd, warmup, iters, &ok);
       if (!ok) ++failures;
       const double flops = 4.0 * S * double(S) * heads * head_dim * (mask_name == "causal" ? 0.5 : 1.0);
       std::printf("%-8s %-7s %8ld %10.2f %10.1f %14.2f %12.1f\n", backend.c_str(), mask_name.c_str(), long(S),

@@ -235,6 +235,79 @@ std::vector<FlashCase> flash_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, FlashForwardVsOracle, ::testing::ValuesIn(flash_cases()),
                          [](const auto& info) { return flash_name(info.param); });
 
+// ---- our flash backward --------------------------------------------------------------------
+
+TensorView rows_of(const TensorView& t, int64_t from, int64_t n) { return key_rows(t, from, n); }
+
+class FlashBackwardVsOracle : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashBackwardVsOracle, MeetsTheLowPrecisionRule) {
+  SKIP_WITHOUT_GPU();
+  const FlashCase c = GetParam();
+  const HostTensor q = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 41);
+  const HostTensor k = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 42);
+  const HostTensor v = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 43);
+  const HostTensor dout = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 44);
+  const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
+                                 c.k_run.offset + c.k_run.stride * c.seq_k);
+  AttentionParams params;
+  params.mask = parse_mask(c.mask, total).value();
+  std::vector<int64_t> qp(c.seq_q), kp(c.seq_k);
+  for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
+  for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
+  AttentionParams host_params = params;
+  host_params.q_positions = qp.data();
+  host_params.k_positions = kp.data();
+
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v), gdo = to_device(dout);
+  auto o_acc = device_zeros(DType::kF32, {1, c.seq_q, c.heads, c.head_dim});
+  auto lse = device_zeros(DType::kF32, {1, c.heads, c.seq_q});
+  auto delta = device_zeros(DType::kF32, {1, c.heads, c.seq_q});
+  auto dq = device_zeros(DType::kF32, {1, c.seq_q, c.heads, c.head_dim});
+  auto dk = device_zeros(DType::kF32, {1, c.seq_k, c.kv_heads, c.head_dim});
+  auto dv = device_zeros(DType::kF32, {1, c.seq_k, c.kv_heads, c.head_dim});
+  ASSERT_TRUE(gq.ok() && gk.ok() && gv.ok() && gdo.ok() && o_acc.ok() && lse.ok() && delta.ok() &&
+              dq.ok() && dk.ok() && dv.ok());
+  const FlashPositions runs{c.q_run, c.k_run};
+  Status s = flash_attention_forward(gq->view, gk->view, gv->view, params, runs, o_acc->view,
+                                     lse->view, false, TensorView{});
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  // D from the fp32 output, as the distributed schedules have it.
+  auto dout_f32 = to_device(cast(dout, DType::kF32));
+  ASSERT_TRUE(flash_attention_delta(o_acc->view, dout_f32->view, delta->view).ok());
+  if (c.split_keys) {  // two key ranges, each adding into the same dQ
+    const int64_t half = c.seq_k / 2 + 5;
+    const FlashPositions second{c.q_run, {c.k_run.offset + c.k_run.stride * half, c.k_run.stride}};
+    for (auto [from, n, pos] : {std::tuple{int64_t(0), half, runs}, std::tuple{half, c.seq_k - half, second}}) {
+      s = flash_attention_backward(gq->view, rows_of(gk->view, from, n), rows_of(gv->view, from, n),
+                                   gdo->view, lse->view, delta->view, params, pos, dq->view,
+                                   rows_of(dk->view, from, n), rows_of(dv->view, from, n));
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+  } else {
+    s = flash_attention_backward(gq->view, gk->view, gv->view, gdo->view, lse->view, delta->view,
+                                 params, runs, dq->view, dk->view, dv->view);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), dout.view(), host_params);
+  ASSERT_TRUE(oracle.ok());
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, &dout, host_params, c.dtype);
+  const std::pair<const char*, std::pair<const TensorView*, std::pair<const HostTensor*, const HostTensor*>>>
+      grads[] = {{"dQ", {&dq->view, {&plain.dq, &oracle->dq}}},
+                 {"dK", {&dk->view, {&plain.dk, &oracle->dk}}},
+                 {"dV", {&dv->view, {&plain.dv, &oracle->dv}}}};
+  for (const auto& [what, views] : grads) {
+    auto ours = to_host(*views.first);
+    ASSERT_TRUE(ours.ok());
+    const std::string why = testing::check_lowp_rule(what, cast(ours.value(), DType::kF64),
+                                                     *views.second.first, *views.second.second, c.dtype);
+    EXPECT_TRUE(why.empty()) << why;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashBackwardVsOracle, ::testing::ValuesIn(flash_cases()),
+                         [](const auto& info) { return flash_name(info.param); });
+
 TEST(FlashSmallKernels, DeltaAndMergeMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   const HostTensor o = testing::random_tensor(DType::kF32, {2, 37, 3, 64}, 31);

@@ -1,6 +1,8 @@
 // Our own CUDA attention kernels (tensor cores through mma.sync, any sm_80+ GPU):
 //   forward  continues from a running fp32 (O, LSE) so ring steps accumulate without extra
 //            passes, and can also write the final bf16/fp16 O;
+//   backward takes the global LSE and D directly (BurstAttention's backward needs this;
+//            cuDNN cannot take D) and adds into fp32 dQ, dK, dV;
 //   delta    D = rowsum(dO * O);
 //   merge    -inf-safe merge of partial (O, LSE) pairs.
 // Positions are arithmetic runs: local row i sits at global position offset + stride * i
@@ -39,6 +41,15 @@ Status flash_attention_forward(const TensorView& q, const TensorView& k, const T
                                const AttentionParams& params, const FlashPositions& positions,
                                const TensorView& o_acc, const TensorView& lse, bool accumulate,
                                const TensorView& o_out, void* stream = nullptr);
+
+// Backward against a given (global) lse and delta = rowsum(dO * O): *adds* into fp32 dq
+// [B, S_q, H, D], dk and dv [B, S_k, H_kv, D] (dq through atomics, so its summation order,
+// and the last bits, vary from run to run).
+Status flash_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& dout, const TensorView& lse,
+                                const TensorView& delta, const AttentionParams& params,
+                                const FlashPositions& positions, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, void* stream = nullptr);
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]; o and dout of one dtype (any of
 // bf16, fp16, fp32), delta fp32 [B, H, S].

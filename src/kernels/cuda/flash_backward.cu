@@ -1,0 +1,289 @@
+// Our flash-attention backward on tensor cores, against a given (global) LSE and
+// D = rowsum(dO * O), adding into fp32 dQ, dK, dV. One CTA of 4 warps owns 64 keys of one K/V
+// head and keeps their dK, dV in registers (16 keys per warp) while it walks the query heads
+// of its GQA group and the query blocks that can see these keys:
+//   S = Q K^T and dP = dO V^T      (warps split the 64 query rows)
+//   P = exp(S - LSE), dS = P (dP - D), staged in shared memory as [query][key]
+//   dV += P^T dO, dK += dS^T Q     (warps split the 64 keys; ldmatrix.trans reads P^T, dS^T)
+//   dQ += dS K                     (dS straight from registers; fp32 atomics into global)
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "core/cuda_check.hpp"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/mma_utils.cuh"
+#include "seqpar/flash_cuda.hpp"
+
+namespace seqpar {
+namespace cuda {
+namespace {
+
+constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
+
+struct BackwardParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;
+  const float* lse;
+  const float* delta;
+  float* dq;
+  float* dk;
+  float* dv;
+  int64_t q_strides[3], k_strides[3], v_strides[3], do_strides[3], dq_strides[3], dk_strides[3],
+      dv_strides[3];
+  int batch, heads, kv_heads, group, seq_q, seq_k;
+  float scale, scale_log2;
+  MaskRuns mask;
+};
+
+template <class Elem, int kDim>
+__global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams p) {
+  using T = ElemTraits<Elem>;
+  constexpr int kChunks = kDim / 8;
+  constexpr int kDimTiles = kDim / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* k_smem = reinterpret_cast<Elem*>(smem_raw);  // [kBlockN][kDim]
+  Elem* v_smem = k_smem + kBlockN * kDim;
+  Elem* q_smem = v_smem + kBlockN * kDim;            // [kBlockM][kDim]
+  Elem* do_smem = q_smem + kBlockM * kDim;
+  Elem* p_smem = do_smem + kBlockM * kDim;           // [kBlockM][kBlockN]
+  Elem* ds_smem = p_smem + kBlockM * kBlockN;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int key0 = blockIdx.x * kBlockN, kvh = blockIdx.y, b = blockIdx.z;
+  const int valid_keys = min(kBlockN, p.seq_k - key0);
+  const int64_t kp_first = p.mask.k_offset + p.mask.k_stride * int64_t(key0);
+  const int64_t kp_last = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + valid_keys - 1);
+
+  auto load_rows = [&](Elem* dst, const Elem* src, int64_t row_stride, int row0, int rows_total) {
+    for (int c = tid; c < 64 * kChunks; c += kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const bool valid = row0 + row < rows_total;
+      cp_async_16(dst + swizzled<kDim>(row, chunk),
+                  src + (valid ? int64_t(row0 + row) * row_stride + chunk * 8 : 0), valid);
+    }
+  };
+  load_rows(k_smem, static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2], p.k_strides[1], key0, p.seq_k);
+  load_rows(v_smem, static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2], p.v_strides[1], key0, p.seq_k);
+  cp_async_commit();
+
+  float dk_acc[kDimTiles][4], dv_acc[kDimTiles][4];
+  for (int j = 0; j < kDimTiles; ++j)
+    for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
+
+  const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
+  for (int hh = 0; hh < p.group; ++hh) {
+    const int h = kvh * p.group + hh;
+    const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2];
+    const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2];
+    for (int qb = 0; qb < q_blocks; ++qb) {
+      const int q0 = qb * kBlockM;
+      RowInterval rows[2];
+      bool sees = false, sees_all = true;
+      for (int r = 0; r < 2; ++r) {
+        rows[r] = row_interval(p.mask, q0 + warp * 16 + g + 8 * r, p.seq_q);
+        if (rows[r].valid) {
+          sees = sees || (rows[r].lo <= kp_last && rows[r].hi >= kp_first);
+          sees_all = sees_all && rows[r].lo <= kp_first && rows[r].hi >= kp_last;
+        }
+      }
+      if (!__syncthreads_or(sees)) continue;  // no row of this block sees these keys
+      const bool full = __syncthreads_and(sees_all) && valid_keys == kBlockN;
+
+      load_rows(q_smem, q_base, p.q_strides[1], q0, p.seq_q);
+      load_rows(do_smem, do_base, p.do_strides[1], q0, p.seq_q);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // S and dP for this warp's 16 query rows.
+      float s[kBlockN / 8][4], dp[kBlockN / 8][4];
+      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+      for (int ks = 0; ks < kDim / 16; ++ks) {
+        uint32_t qa[4], da[4];
+        ldmatrix_x4(qa, q_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+        ldmatrix_x4(da, do_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+        for (int jp = 0; jp < kBlockN / 16; ++jp) {
+          const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
+          uint32_t kb[4], vb[4];
+          ldmatrix_x4(kb, k_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+          ldmatrix_x4(vb, v_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+          mma_16816<Elem>(s[2 * jp], qa, kb[0], kb[1]);
+          mma_16816<Elem>(s[2 * jp + 1], qa, kb[2], kb[3]);
+          mma_16816<Elem>(dp[2 * jp], da, vb[0], vb[1]);
+          mma_16816<Elem>(dp[2 * jp + 1], da, vb[2], vb[3]);
+        }
+      }
+      // P = exp2(S scale log2e - LSE log2e) (0 outside the mask), dS = P (dP - D).
+      float lse2[2], delta_row[2];
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + warp * 16 + g + 8 * r;
+        const bool ok = row < p.seq_q;
+        const int64_t li = (int64_t(b) * p.heads + h) * p.seq_q + row;
+        lse2[r] = ok ? p.lse[li] * 1.4426950408889634f : -INFINITY;
+        delta_row[r] = ok ? p.delta[li] : 0.f;
+      }
+      uint32_t ds_frag[kBlockN / 16][4];
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
+          bool visible = lse2[r] > -INFINITY;
+          if (!full) {
+            const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
+            visible = visible && col < valid_keys && kp >= rows[r].lo && kp <= rows[r].hi;
+          }
+          const float prob = visible ? exp2f(s[j][e] * p.scale_log2 - lse2[r]) : 0.f;
+          s[j][e] = prob;
+          dp[j][e] = prob * (dp[j][e] - delta_row[r]);
+        }
+        // Stage P and dS as [query][key] for the transposed products.
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + g + 8 * r;
+          const int at = swizzled<kBlockN>(row, j) + 2 * t4;
+          *reinterpret_cast<uint32_t*>(p_smem + at) = T::pack(s[j][2 * r], s[j][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(ds_smem + at) = T::pack(dp[j][2 * r], dp[j][2 * r + 1]);
+        }
+      }
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        ds_frag[ks][0] = T::pack(dp[2 * ks][0], dp[2 * ks][1]);
+        ds_frag[ks][1] = T::pack(dp[2 * ks][2], dp[2 * ks][3]);
+        ds_frag[ks][2] = T::pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
+        ds_frag[ks][3] = T::pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
+      }
+      __syncthreads();
+
+      // dV += P^T dO and dK += dS^T Q for this warp's 16 keys.
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const int i = lane / 8;
+        const int row = kk * 16 + (i / 2) * 8 + (lane % 8);
+        const int chunk = warp * 2 + (i % 2);
+        uint32_t pa[4], dsa[4];
+        ldmatrix_x4_trans(pa, p_smem + swizzled<kBlockN>(row, chunk));
+        ldmatrix_x4_trans(dsa, ds_smem + swizzled<kBlockN>(row, chunk));
+        for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
+          const int qrow = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          uint32_t ob[4], qb4[4];
+          ldmatrix_x4_trans(ob, do_smem + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
+          ldmatrix_x4_trans(qb4, q_smem + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
+          mma_16816<Elem>(dv_acc[2 * dpair], pa, ob[0], ob[1]);
+          mma_16816<Elem>(dv_acc[2 * dpair + 1], pa, ob[2], ob[3]);
+          mma_16816<Elem>(dk_acc[2 * dpair], dsa, qb4[0], qb4[1]);
+          mma_16816<Elem>(dk_acc[2 * dpair + 1], dsa, qb4[2], qb4[3]);
+        }
+      }
+
+      // dQ += scale * dS K for this warp's 16 query rows, added into global fp32.
+      for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
+        float dq[2][4] = {};
+        for (int ks = 0; ks < kBlockN / 16; ++ks) {
+          const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, dpair * 2 + lane / 16));
+          mma_16816<Elem>(dq[0], ds_frag[ks], kb[0], kb[1]);
+          mma_16816<Elem>(dq[1], ds_frag[ks], kb[2], kb[3]);
+        }
+        for (int r = 0; r < 2; ++r) {
+          const int row = q0 + warp * 16 + g + 8 * r;
+          if (row >= p.seq_q) continue;
+          float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
+          for (int half = 0; half < 2; ++half) {
+            const int col = dpair * 16 + half * 8 + 2 * t4;
+            atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
+            atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
+          }
+        }
+      }
+      __syncthreads();  // q, dO, P, dS tiles are refilled next block
+    }
+  }
+
+  // dK, dV rows of this CTA belong to it alone: read-add-write.
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + warp * 16 + g + 8 * r;
+    if (key >= p.seq_k) continue;
+    float* dk_row = p.dk + b * p.dk_strides[0] + int64_t(key) * p.dk_strides[1] + kvh * p.dk_strides[2];
+    float* dv_row = p.dv + b * p.dv_strides[0] + int64_t(key) * p.dv_strides[1] + kvh * p.dv_strides[2];
+    for (int j = 0; j < kDimTiles; ++j) {
+      float2* k2 = reinterpret_cast<float2*>(dk_row + j * 8 + 2 * t4);
+      float2* v2 = reinterpret_cast<float2*>(dv_row + j * 8 + 2 * t4);
+      const float2 ko = *k2, vo = *v2;
+      *k2 = make_float2(ko.x + p.scale * dk_acc[j][2 * r], ko.y + p.scale * dk_acc[j][2 * r + 1]);
+      *v2 = make_float2(vo.x + dv_acc[j][2 * r], vo.y + dv_acc[j][2 * r + 1]);
+    }
+  }
+}
+
+template <class Elem, int kDim>
+Status launch_backward(const BackwardParams& p, cudaStream_t stream) {
+  const size_t smem = (size_t(2 * kBlockN + 2 * kBlockM) * kDim + 2 * kBlockM * kBlockN) * sizeof(Elem);
+  auto kernel = backward_kernel<Elem, kDim>;
+  SP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid((p.seq_k + kBlockN - 1) / kBlockN, p.kv_heads, p.batch);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace cuda
+
+Status flash_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& dout, const TensorView& lse,
+                                const TensorView& delta, const AttentionParams& params,
+                                const FlashPositions& positions, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, void* stream) {
+  cuda::FlashProblem prob;
+  SP_RETURN_IF_ERROR(cuda::check_flash_inputs(q, k, v, params, positions, &prob));
+  const int64_t B = prob.batch, Sq = prob.seq_q, Sk = prob.seq_k, H = prob.heads,
+                Hkv = prob.kv_heads, D = prob.head_dim;
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("dout", dout, q.dtype, {B, Sq, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {B, H, Sq}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("delta", delta, DType::kF32, {B, H, Sq}));
+  SP_CHECK_ARG(lse.is_contiguous() && delta.is_contiguous(), "lse and delta must be contiguous");
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("dq", dq, DType::kF32, {B, Sq, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("dk", dk, DType::kF32, {B, Sk, Hkv, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("dv", dv, DType::kF32, {B, Sk, Hkv, D}));
+  bool aligned = reinterpret_cast<uintptr_t>(dout.data) % 16 == 0;
+  for (int i = 0; i < 3; ++i) aligned = aligned && dout.strides[i] % 8 == 0;
+  SP_CHECK_ARG(aligned, "dout needs 16-byte aligned rows");
+  if (Sq == 0 || Sk == 0) return Status::Ok();
+  cuda::BackwardParams p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.dout = dout.data;
+  p.lse = static_cast<const float*>(lse.data);
+  p.delta = static_cast<const float*>(delta.data);
+  p.dq = static_cast<float*>(dq.data);
+  p.dk = static_cast<float*>(dk.data);
+  p.dv = static_cast<float*>(dv.data);
+  for (int i = 0; i < 3; ++i) {
+    p.q_strides[i] = q.strides[i];
+    p.k_strides[i] = k.strides[i];
+    p.v_strides[i] = v.strides[i];
+    p.do_strides[i] = dout.strides[i];
+    p.dq_strides[i] = dq.strides[i];
+    p.dk_strides[i] = dk.strides[i];
+    p.dv_strides[i] = dv.strides[i];
+  }
+  p.batch = int(B);
+  p.heads = int(H);
+  p.kv_heads = int(Hkv);
+  p.group = int(H / Hkv);
+  p.seq_q = int(Sq);
+  p.seq_k = int(Sk);
+  p.scale = float(prob.scale);
+  p.scale_log2 = float(prob.scale * 1.4426950408889634);
+  SP_ASSIGN_OR_RETURN(p.mask, cuda::make_mask_runs(params, positions, stream));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const bool bf16 = q.dtype == DType::kBF16;
+  if (D == 64)
+    return bf16 ? cuda::launch_backward<__nv_bfloat16, 64>(p, s) : cuda::launch_backward<__half, 64>(p, s);
+  return bf16 ? cuda::launch_backward<__nv_bfloat16, 128>(p, s) : cuda::launch_backward<__half, 128>(p, s);
+}
+
+}  // namespace seqpar
