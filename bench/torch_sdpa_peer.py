@@ -28,9 +28,13 @@ def main():
     ap.add_argument("--masks", default="causal,full")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--backends", default="flash,cudnn", help="flash and/or cudnn")
     args = ap.parse_args()
     h, d = args.heads, args.dim
+    chosen = args.backends.split(",")
     for backend_name, backend in [("torch_flash", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)]:
+        if backend_name.removeprefix("torch_") not in chosen:
+            continue
         for s in [int(x) for x in args.seqs.split(",")]:
             for mask in args.masks.split(","):
                 causal = mask == "causal"

@@ -51,11 +51,11 @@ __device__ __forceinline__ RowInterval row_interval(const MaskRuns& m, int row, 
   return {lo, hi, true};
 }
 
-// Reduces the two rows each thread holds over the whole CTA (all threads must call).
-template <int kWarps>
-__device__ __forceinline__ TileBounds cta_bounds(const RowInterval (&rows)[2], TileBounds* smem) {
+// Reduces the rows each thread holds over the whole CTA (all threads must call).
+template <int kWarps, int kRows>
+__device__ __forceinline__ TileBounds cta_bounds(const RowInterval (&rows)[kRows], TileBounds* smem) {
   TileBounds t{LLONG_MAX / 4, LLONG_MIN / 4, LLONG_MIN / 4, LLONG_MAX / 4, 0};
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < kRows; ++r)
     if (rows[r].valid) {
       t.min_lo = min(t.min_lo, rows[r].lo);
       t.max_hi = max(t.max_hi, rows[r].hi);

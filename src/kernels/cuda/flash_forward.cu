@@ -1,5 +1,6 @@
 // Our flash-attention forward on tensor cores (see include/seqpar/flash_cuda.hpp): one CTA of
-// 4 warps takes 64 query rows of one head (16 per warp); K/V tiles of 64 keys stream through
+// 4 warps takes 128 query rows of one head (32 per warp, two m-tiles sharing each K/V
+// fragment); K/V tiles of 64 keys stream through
 // double-buffered shared memory (cp.async); scores, the online softmax and the output
 // accumulator stay in registers; P goes from the score accumulators straight into the A
 // operand of the P*V product. Each query row has an interval [lo, hi] of visible key
@@ -19,7 +20,13 @@ namespace seqpar {
 namespace cuda {
 namespace {
 
-constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+// Keys per tile: 64 at D = 64; 32 at D = 128 so scores and the 32 x 128 accumulator of each
+// warp fit in registers.
+template <int kDim>
+constexpr int kBlockNFor = kDim >= 128 ? 32 : 64;
+constexpr int kMTiles = 2;                      // 16-row m-tiles per warp: each K/V fragment
+constexpr int kBlockM = 16 * kMTiles * kWarps;  // read from shared memory feeds two mmas
 
 struct ForwardParams {
   const void* q;
@@ -38,9 +45,11 @@ struct ForwardParams {
 template <class Elem, int kDim>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p) {
   using T = ElemTraits<Elem>;
+  constexpr int kBlockN = kBlockNFor<kDim>;
   constexpr int kChunks = kDim / 8;      // 16-byte chunks per row
   constexpr int kDimTiles = kDim / 8;    // n-tiles of the output
   constexpr int kKeySteps = kBlockN / 16;
+  constexpr int kRows = 2 * kMTiles;     // rows each thread holds
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* q_smem = reinterpret_cast<Elem*>(smem_raw);
   Elem* k_smem = q_smem + kBlockM * kDim;   // [2][kBlockN * kDim]
@@ -53,12 +62,15 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   const Elem* k_base = static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2];
   const Elem* v_base = static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2];
 
-  // Visible key interval of this thread's two rows, and the CTA-wide extremes.
-  const int row_in_tile[2] = {warp * 16 + g, warp * 16 + g + 8};
-  RowInterval rows[2];
-  for (int r = 0; r < 2; ++r) rows[r] = row_interval(p.mask, q0 + row_in_tile[r], p.seq_q);
+  // Row x = 2 mt + r of this thread: m-tile mt, upper (r = 0) or lower (r = 1) half.
+  auto tile_row = [&](int x) { return warp * 16 * kMTiles + (x / 2) * 16 + g + 8 * (x % 2); };
   __shared__ TileBounds bounds_smem[kWarps];
-  const TileBounds cta = cta_bounds<kWarps>(rows, bounds_smem);
+  TileBounds cta;
+  {  // row intervals are recomputed where a partial tile needs them: registers are scarce
+    RowInterval rows[kRows];
+    for (int x = 0; x < kRows; ++x) rows[x] = row_interval(p.mask, q0 + tile_row(x), p.seq_q);
+    cta = cta_bounds<kWarps, kRows>(rows, bounds_smem);
+  }
 
   // Key rows to visit: those whose positions can fall in some row's interval.
   int key_begin = 0, key_end = 0;
@@ -83,35 +95,30 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   cp_async_commit();
 
   // Running state: m (exp2 domain), partial l (summed over the quad at the end), accumulator.
-  float m[2], l[2], acc[kDimTiles][4];
-  for (int r = 0; r < 2; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.f;
+  float m[kRows], l[kRows], acc[kMTiles][kDimTiles][4];
+  for (int x = 0; x < kRows; ++x) {
+    m[x] = -INFINITY;
+    l[x] = 0.f;
   }
-  for (int j = 0; j < kDimTiles; ++j)
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  for (int mt = 0; mt < kMTiles; ++mt)
+    for (int j = 0; j < kDimTiles; ++j)
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
   if (p.accumulate) {
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + row_in_tile[r];
+    for (int x = 0; x < kRows; ++x) {
+      const int row = q0 + tile_row(x);
       if (row >= p.seq_q) continue;
       const float prev = p.lse[(int64_t(b) * p.heads + h) * p.seq_q + row];
       if (!(prev > -INFINITY && prev < INFINITY)) continue;  // empty so far
-      m[r] = prev * 1.4426950408889634f;
-      l[r] = t4 == 0 ? 1.f : 0.f;  // the earlier mass counts once per row
+      m[x] = prev * 1.4426950408889634f;
+      l[x] = t4 == 0 ? 1.f : 0.f;  // the earlier mass counts once per row
       const float* o_row = p.o_acc + b * p.o_strides[0] + int64_t(row) * p.o_strides[1] + h * p.o_strides[2];
       for (int j = 0; j < kDimTiles; ++j) {
-        const float2 x = *reinterpret_cast<const float2*>(o_row + j * 8 + 2 * t4);
-        acc[j][2 * r] = x.x;
-        acc[j][2 * r + 1] = x.y;
+        const float2 o2 = *reinterpret_cast<const float2*>(o_row + j * 8 + 2 * t4);
+        acc[x / 2][j][2 * (x % 2)] = o2.x;
+        acc[x / 2][j][2 * (x % 2) + 1] = o2.y;
       }
     }
   }
-
-  uint32_t q_frag[kDim / 16][4];
-  cp_async_wait<0>();
-  __syncthreads();
-  for (int ks = 0; ks < kDim / 16; ++ks)
-    ldmatrix_x4(q_frag[ks], q_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int buf = (tile - tile_begin) & 1;
@@ -125,79 +132,103 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     cp_async_wait<1>();
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
-    float s[kBlockN / 8][4];
-    for (int j = 0; j < kBlockN / 8; ++j)
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-    for (int ks = 0; ks < kDim / 16; ++ks)
+    // S = Q K^T for this warp's rows and the tile's 64 keys; one K fragment, kMTiles mmas.
+    float s[kMTiles][kBlockN / 8][4];
+    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      uint32_t qa[kMTiles][4];
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ldmatrix_x4(qa[mt], q_smem + swizzled<kDim>(warp * 16 * kMTiles + mt * 16 + (lane % 16), ks * 2 + lane / 16));
       for (int jp = 0; jp < kBlockN / 16; ++jp) {
         uint32_t kb[4];
         const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
         ldmatrix_x4(kb, k_tile + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
-        mma_16816<Elem>(s[2 * jp], q_frag[ks], kb[0], kb[1]);
-        mma_16816<Elem>(s[2 * jp + 1], q_frag[ks], kb[2], kb[3]);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Elem>(s[mt][2 * jp], qa[mt], kb[0], kb[1]);
+          mma_16816<Elem>(s[mt][2 * jp + 1], qa[mt], kb[2], kb[3]);
+        }
       }
+    }
 
     const int key0 = tile * kBlockN;
     const int valid_keys = min(kBlockN, p.seq_k - key0);
     const bool full = valid_keys == kBlockN && tile_fully_visible(p.mask, cta, key0, kBlockN);
-    for (int j = 0; j < kBlockN / 8; ++j)
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
-        float x = s[j][e] * p.scale_log2;
-        if (!full) {
-          const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
-          if (col >= valid_keys || kp < rows[r].lo || kp > rows[r].hi) x = -INFINITY;
-        }
-        s[j][e] = x;
-      }
-
-    // Online softmax, row by row (each row lives in one quad of lanes).
-    for (int r = 0; r < 2; ++r) {
-      float row_max = -INFINITY;
-      for (int j = 0; j < kBlockN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
-      const float m_new = fmaxf(m[r], row_max);
-      if (m_new == -INFINITY) {  // nothing visible in this row yet
-        for (int j = 0; j < kBlockN / 8; ++j) s[j][2 * r] = s[j][2 * r + 1] = 0.f;
-        continue;
-      }
-      const float alpha = exp2f(m[r] - m_new);  // 0 when m was -inf
-      float row_sum = 0.f;
-      for (int j = 0; j < kBlockN / 8; ++j)
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[j][e] = exp2f(s[j][e] - m_new);
-          row_sum += s[j][e];
-        }
-      l[r] = l[r] * alpha + row_sum;
-      m[r] = m_new;
-      for (int j = 0; j < kDimTiles; ++j) {
-        acc[j][2 * r] *= alpha;
-        acc[j][2 * r + 1] *= alpha;
+    if (full) {
+      for (int mt = 0; mt < kMTiles; ++mt)
+        for (int j = 0; j < kBlockN / 8; ++j)
+          for (int e = 0; e < 4; ++e) s[mt][j][e] *= p.scale_log2;
+    } else {
+      for (int x = 0; x < kRows; ++x) {
+        const RowInterval row = row_interval(p.mask, q0 + tile_row(x), p.seq_q);
+        const int mt = x / 2, e0 = 2 * (x % 2);
+        for (int j = 0; j < kBlockN / 8; ++j)
+          for (int e = e0; e < e0 + 2; ++e) {
+            const int col = j * 8 + 2 * t4 + (e % 2);
+            const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
+            const bool visible = col < valid_keys && kp >= row.lo && kp <= row.hi;
+            s[mt][j][e] = visible ? s[mt][j][e] * p.scale_log2 : -INFINITY;
+          }
       }
     }
 
-    // O += P V, with P re-packed from the score accumulators as the A operand.
+    // Online softmax, row by row (each row lives in one quad of lanes).
+    for (int x = 0; x < kRows; ++x) {
+      const int mt = x / 2, e0 = 2 * (x % 2);
+      float row_max = -INFINITY;
+      for (int j = 0; j < kBlockN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
+      const float m_new = fmaxf(m[x], row_max);
+      if (m_new == -INFINITY) {  // nothing visible in this row yet
+        for (int j = 0; j < kBlockN / 8; ++j) s[mt][j][e0] = s[mt][j][e0 + 1] = 0.f;
+        continue;
+      }
+      const float alpha = exp2f(m[x] - m_new);  // 0 when m was -inf
+      float row_sum = 0.f;
+      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int e = e0; e < e0 + 2; ++e) {
+          s[mt][j][e] = exp2f(s[mt][j][e] - m_new);
+          row_sum += s[mt][j][e];
+        }
+      l[x] = l[x] * alpha + row_sum;
+      m[x] = m_new;
+      for (int j = 0; j < kDimTiles; ++j) {
+        acc[mt][j][e0] *= alpha;
+        acc[mt][j][e0 + 1] *= alpha;
+      }
+    }
+
+    // O += P V, with P re-packed from the score accumulators as the A operand; one V
+    // fragment, kMTiles mmas.
     for (int ks = 0; ks < kKeySteps; ++ks) {
-      const uint32_t pa[4] = {T::pack(s[2 * ks][0], s[2 * ks][1]), T::pack(s[2 * ks][2], s[2 * ks][3]),
-                              T::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                              T::pack(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      uint32_t pa[kMTiles][4];
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = T::pack(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+        pa[mt][1] = T::pack(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+        pa[mt][2] = T::pack(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+        pa[mt][3] = T::pack(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+      }
       for (int dp = 0; dp < kDimTiles / 2; ++dp) {
         uint32_t vb[4];
         const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
         ldmatrix_x4_trans(vb, v_tile + swizzled<kDim>(key, dp * 2 + lane / 16));
-        mma_16816<Elem>(acc[2 * dp], pa, vb[0], vb[1]);
-        mma_16816<Elem>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<Elem>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma_16816<Elem>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // this buffer is refilled two tiles from now
   }
+  cp_async_wait<0>();  // nothing may be in flight when the CTA ends (Q only, with no tiles)
 
   // Normalise and write fp32 O, LSE, and optionally O in the input dtype.
-  for (int r = 0; r < 2; ++r) {
-    const int row = q0 + row_in_tile[r];
-    float total = l[r];
+  for (int x = 0; x < kRows; ++x) {
+    const int mt = x / 2, e0 = 2 * (x % 2);
+    const int row = q0 + tile_row(x);
+    float total = l[x];
     total += __shfl_xor_sync(0xffffffff, total, 1);
     total += __shfl_xor_sync(0xffffffff, total, 2);
     if (row >= p.seq_q) continue;
@@ -207,19 +238,19 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
                                   int64_t(row) * p.out_strides[1] + h * p.out_strides[2]
                             : nullptr;
     for (int j = 0; j < kDimTiles; ++j) {
-      const float x = acc[j][2 * r] * inv, y = acc[j][2 * r + 1] * inv;
-      *reinterpret_cast<float2*>(o_row + j * 8 + 2 * t4) = make_float2(x, y);
-      if (out_row) *reinterpret_cast<uint32_t*>(out_row + j * 8 + 2 * t4) = T::pack(x, y);
+      const float a = acc[mt][j][e0] * inv, c = acc[mt][j][e0 + 1] * inv;
+      *reinterpret_cast<float2*>(o_row + j * 8 + 2 * t4) = make_float2(a, c);
+      if (out_row) *reinterpret_cast<uint32_t*>(out_row + j * 8 + 2 * t4) = T::pack(a, c);
     }
     if (t4 == 0)
       p.lse[(int64_t(b) * p.heads + h) * p.seq_q + row] =
-          total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+          total > 0.f ? (m[x] + log2f(total)) * 0.6931471805599453f : -INFINITY;
   }
 }
 
 template <class Elem, int kDim>
 Status launch_forward(const ForwardParams& p, cudaStream_t stream) {
-  const size_t smem = size_t(kBlockM + 4 * kBlockN) * kDim * sizeof(Elem);
+  const size_t smem = size_t(kBlockM + 4 * kBlockNFor<kDim>) * kDim * sizeof(Elem);
   auto kernel = forward_kernel<Elem, kDim>;
   SP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid((p.seq_q + kBlockM - 1) / kBlockM, p.heads, p.batch);
