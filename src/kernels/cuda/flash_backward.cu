@@ -46,9 +46,9 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* k_smem = reinterpret_cast<Elem*>(smem_raw);  // [kBlockN][kDim]
   Elem* v_smem = k_smem + kBlockN * kDim;
-  Elem* q_smem = v_smem + kBlockN * kDim;            // [kBlockM][kDim]
-  Elem* do_smem = q_smem + kBlockM * kDim;
-  Elem* p_smem = do_smem + kBlockM * kDim;           // [kBlockM][kBlockN]
+  Elem* q_smem = v_smem + kBlockN * kDim;            // [2][kBlockM][kDim], double-buffered
+  Elem* do_smem = q_smem + 2 * kBlockM * kDim;
+  Elem* p_smem = do_smem + 2 * kBlockM * kDim;       // [kBlockM][kBlockN]
   Elem* ds_smem = p_smem + kBlockM * kBlockN;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -74,132 +74,156 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   for (int j = 0; j < kDimTiles; ++j)
     for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
 
+  // Walk the (query head, query block) pairs that see these keys, prefetching the next pair's
+  // Q and dO into the other buffer while the current one is computed.
   const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
-  for (int hh = 0; hh < p.group; ++hh) {
+  auto visible = [&](int qb, bool* full) {  // uniform over the CTA
+    bool sees = false, sees_all = true;
+    for (int r = 0; r < 2; ++r) {
+      const RowInterval row = row_interval(p.mask, qb * kBlockM + warp * 16 + g + 8 * r, p.seq_q);
+      if (row.valid) {
+        sees = sees || (row.lo <= kp_last && row.hi >= kp_first);
+        sees_all = sees_all && row.lo <= kp_first && row.hi >= kp_last;
+      }
+    }
+    const bool any = __syncthreads_or(sees);
+    *full = __syncthreads_and(sees_all) && valid_keys == kBlockN;
+    return any;
+  };
+  auto advance = [&](int* hh, int* qb, bool* full) {
+    do {
+      if (++*qb == q_blocks) *qb = 0, ++*hh;
+    } while (*hh < p.group && !visible(*qb, full));
+  };
+  auto load_q_block = [&](int hh, int qb, int buf) {
     const int h = kvh * p.group + hh;
-    const Elem* q_base = static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2];
-    const Elem* do_base = static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2];
-    for (int qb = 0; qb < q_blocks; ++qb) {
-      const int q0 = qb * kBlockM;
-      RowInterval rows[2];
-      bool sees = false, sees_all = true;
+    load_rows(q_smem + buf * kBlockM * kDim,
+              static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2], p.q_strides[1],
+              qb * kBlockM, p.seq_q);
+    load_rows(do_smem + buf * kBlockM * kDim,
+              static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2],
+              p.do_strides[1], qb * kBlockM, p.seq_q);
+  };
+  int cur_hh = 0, cur_qb = -1, buf = 0;
+  bool full = false;
+  advance(&cur_hh, &cur_qb, &full);
+  if (cur_hh < p.group) load_q_block(cur_hh, cur_qb, 0);
+  cp_async_commit();
+  while (cur_hh < p.group) {
+    int next_hh = cur_hh, next_qb = cur_qb;
+    bool next_full = false;
+    advance(&next_hh, &next_qb, &next_full);
+    if (next_hh < p.group) load_q_block(next_hh, next_qb, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the prefetch just issued has landed
+    __syncthreads();
+    const int h = kvh * p.group + cur_hh, q0 = cur_qb * kBlockM;
+    Elem* const q_tile = q_smem + buf * kBlockM * kDim;
+    Elem* const do_tile = do_smem + buf * kBlockM * kDim;
+    RowInterval rows[2];
+    for (int r = 0; r < 2; ++r) rows[r] = row_interval(p.mask, q0 + warp * 16 + g + 8 * r, p.seq_q);
+    // S and dP for this warp's 16 query rows.
+    float s[kBlockN / 8][4], dp[kBlockN / 8][4];
+    for (int j = 0; j < kBlockN / 8; ++j)
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+    for (int ks = 0; ks < kDim / 16; ++ks) {
+      uint32_t qa[4], da[4];
+      ldmatrix_x4(qa, q_tile + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+      ldmatrix_x4(da, do_tile + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
+      for (int jp = 0; jp < kBlockN / 16; ++jp) {
+        const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
+        uint32_t kb[4], vb[4];
+        ldmatrix_x4(kb, k_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+        ldmatrix_x4(vb, v_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+        mma_16816<Elem>(s[2 * jp], qa, kb[0], kb[1]);
+        mma_16816<Elem>(s[2 * jp + 1], qa, kb[2], kb[3]);
+        mma_16816<Elem>(dp[2 * jp], da, vb[0], vb[1]);
+        mma_16816<Elem>(dp[2 * jp + 1], da, vb[2], vb[3]);
+      }
+    }
+    // P = exp2(S scale log2e - LSE log2e) (0 outside the mask), dS = P (dP - D).
+    float lse2[2], delta_row[2];
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + 8 * r;
+      const bool ok = row < p.seq_q;
+      const int64_t li = (int64_t(b) * p.heads + h) * p.seq_q + row;
+      lse2[r] = ok ? p.lse[li] * 1.4426950408889634f : -INFINITY;
+      delta_row[r] = ok ? p.delta[li] : 0.f;
+    }
+    uint32_t ds_frag[kBlockN / 16][4];
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
+        bool visible = lse2[r] > -INFINITY;
+        if (!full) {
+          const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
+          visible = visible && col < valid_keys && kp >= rows[r].lo && kp <= rows[r].hi;
+        }
+        const float prob = visible ? exp2f(s[j][e] * p.scale_log2 - lse2[r]) : 0.f;
+        s[j][e] = prob;
+        dp[j][e] = prob * (dp[j][e] - delta_row[r]);
+      }
+      // Stage P and dS as [query][key] for the transposed products.
       for (int r = 0; r < 2; ++r) {
-        rows[r] = row_interval(p.mask, q0 + warp * 16 + g + 8 * r, p.seq_q);
-        if (rows[r].valid) {
-          sees = sees || (rows[r].lo <= kp_last && rows[r].hi >= kp_first);
-          sees_all = sees_all && rows[r].lo <= kp_first && rows[r].hi >= kp_last;
-        }
+        const int row = warp * 16 + g + 8 * r;
+        const int at = swizzled<kBlockN>(row, j) + 2 * t4;
+        *reinterpret_cast<uint32_t*>(p_smem + at) = T::pack(s[j][2 * r], s[j][2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(ds_smem + at) = T::pack(dp[j][2 * r], dp[j][2 * r + 1]);
       }
-      if (!__syncthreads_or(sees)) continue;  // no row of this block sees these keys
-      const bool full = __syncthreads_and(sees_all) && valid_keys == kBlockN;
+    }
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      ds_frag[ks][0] = T::pack(dp[2 * ks][0], dp[2 * ks][1]);
+      ds_frag[ks][1] = T::pack(dp[2 * ks][2], dp[2 * ks][3]);
+      ds_frag[ks][2] = T::pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
+      ds_frag[ks][3] = T::pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
+    }
+    __syncthreads();
 
-      load_rows(q_smem, q_base, p.q_strides[1], q0, p.seq_q);
-      load_rows(do_smem, do_base, p.do_strides[1], q0, p.seq_q);
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
-
-      // S and dP for this warp's 16 query rows.
-      float s[kBlockN / 8][4], dp[kBlockN / 8][4];
-      for (int j = 0; j < kBlockN / 8; ++j)
-        for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-      for (int ks = 0; ks < kDim / 16; ++ks) {
-        uint32_t qa[4], da[4];
-        ldmatrix_x4(qa, q_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
-        ldmatrix_x4(da, do_smem + swizzled<kDim>(warp * 16 + (lane % 16), ks * 2 + lane / 16));
-        for (int jp = 0; jp < kBlockN / 16; ++jp) {
-          const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
-          uint32_t kb[4], vb[4];
-          ldmatrix_x4(kb, k_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
-          ldmatrix_x4(vb, v_smem + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
-          mma_16816<Elem>(s[2 * jp], qa, kb[0], kb[1]);
-          mma_16816<Elem>(s[2 * jp + 1], qa, kb[2], kb[3]);
-          mma_16816<Elem>(dp[2 * jp], da, vb[0], vb[1]);
-          mma_16816<Elem>(dp[2 * jp + 1], da, vb[2], vb[3]);
-        }
+    // dV += P^T dO and dK += dS^T Q for this warp's 16 keys.
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const int i = lane / 8;
+      const int row = kk * 16 + (i / 2) * 8 + (lane % 8);
+      const int chunk = warp * 2 + (i % 2);
+      uint32_t pa[4], dsa[4];
+      ldmatrix_x4_trans(pa, p_smem + swizzled<kBlockN>(row, chunk));
+      ldmatrix_x4_trans(dsa, ds_smem + swizzled<kBlockN>(row, chunk));
+      for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
+        const int qrow = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        uint32_t ob[4], qb4[4];
+        ldmatrix_x4_trans(ob, do_tile + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
+        ldmatrix_x4_trans(qb4, q_tile + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
+        mma_16816<Elem>(dv_acc[2 * dpair], pa, ob[0], ob[1]);
+        mma_16816<Elem>(dv_acc[2 * dpair + 1], pa, ob[2], ob[3]);
+        mma_16816<Elem>(dk_acc[2 * dpair], dsa, qb4[0], qb4[1]);
+        mma_16816<Elem>(dk_acc[2 * dpair + 1], dsa, qb4[2], qb4[3]);
       }
-      // P = exp2(S scale log2e - LSE log2e) (0 outside the mask), dS = P (dP - D).
-      float lse2[2], delta_row[2];
+    }
+
+    // dQ += scale * dS K for this warp's 16 query rows, added into global fp32.
+    for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
+      float dq[2][4] = {};
+      for (int ks = 0; ks < kBlockN / 16; ++ks) {
+        const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        uint32_t kb[4];
+        ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, dpair * 2 + lane / 16));
+        mma_16816<Elem>(dq[0], ds_frag[ks], kb[0], kb[1]);
+        mma_16816<Elem>(dq[1], ds_frag[ks], kb[2], kb[3]);
+      }
       for (int r = 0; r < 2; ++r) {
         const int row = q0 + warp * 16 + g + 8 * r;
-        const bool ok = row < p.seq_q;
-        const int64_t li = (int64_t(b) * p.heads + h) * p.seq_q + row;
-        lse2[r] = ok ? p.lse[li] * 1.4426950408889634f : -INFINITY;
-        delta_row[r] = ok ? p.delta[li] : 0.f;
-      }
-      uint32_t ds_frag[kBlockN / 16][4];
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
-          bool visible = lse2[r] > -INFINITY;
-          if (!full) {
-            const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
-            visible = visible && col < valid_keys && kp >= rows[r].lo && kp <= rows[r].hi;
-          }
-          const float prob = visible ? exp2f(s[j][e] * p.scale_log2 - lse2[r]) : 0.f;
-          s[j][e] = prob;
-          dp[j][e] = prob * (dp[j][e] - delta_row[r]);
-        }
-        // Stage P and dS as [query][key] for the transposed products.
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp * 16 + g + 8 * r;
-          const int at = swizzled<kBlockN>(row, j) + 2 * t4;
-          *reinterpret_cast<uint32_t*>(p_smem + at) = T::pack(s[j][2 * r], s[j][2 * r + 1]);
-          *reinterpret_cast<uint32_t*>(ds_smem + at) = T::pack(dp[j][2 * r], dp[j][2 * r + 1]);
+        if (row >= p.seq_q) continue;
+        float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
+        for (int half = 0; half < 2; ++half) {
+          const int col = dpair * 16 + half * 8 + 2 * t4;
+          atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
+          atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
         }
       }
-      for (int ks = 0; ks < kBlockN / 16; ++ks) {
-        ds_frag[ks][0] = T::pack(dp[2 * ks][0], dp[2 * ks][1]);
-        ds_frag[ks][1] = T::pack(dp[2 * ks][2], dp[2 * ks][3]);
-        ds_frag[ks][2] = T::pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
-        ds_frag[ks][3] = T::pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
-      }
-      __syncthreads();
-
-      // dV += P^T dO and dK += dS^T Q for this warp's 16 keys.
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const int i = lane / 8;
-        const int row = kk * 16 + (i / 2) * 8 + (lane % 8);
-        const int chunk = warp * 2 + (i % 2);
-        uint32_t pa[4], dsa[4];
-        ldmatrix_x4_trans(pa, p_smem + swizzled<kBlockN>(row, chunk));
-        ldmatrix_x4_trans(dsa, ds_smem + swizzled<kBlockN>(row, chunk));
-        for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
-          const int qrow = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-          uint32_t ob[4], qb4[4];
-          ldmatrix_x4_trans(ob, do_smem + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
-          ldmatrix_x4_trans(qb4, q_smem + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
-          mma_16816<Elem>(dv_acc[2 * dpair], pa, ob[0], ob[1]);
-          mma_16816<Elem>(dv_acc[2 * dpair + 1], pa, ob[2], ob[3]);
-          mma_16816<Elem>(dk_acc[2 * dpair], dsa, qb4[0], qb4[1]);
-          mma_16816<Elem>(dk_acc[2 * dpair + 1], dsa, qb4[2], qb4[3]);
-        }
-      }
-
-      // dQ += scale * dS K for this warp's 16 query rows, added into global fp32.
-      for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
-        float dq[2][4] = {};
-        for (int ks = 0; ks < kBlockN / 16; ++ks) {
-          const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-          uint32_t kb[4];
-          ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, dpair * 2 + lane / 16));
-          mma_16816<Elem>(dq[0], ds_frag[ks], kb[0], kb[1]);
-          mma_16816<Elem>(dq[1], ds_frag[ks], kb[2], kb[3]);
-        }
-        for (int r = 0; r < 2; ++r) {
-          const int row = q0 + warp * 16 + g + 8 * r;
-          if (row >= p.seq_q) continue;
-          float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
-          for (int half = 0; half < 2; ++half) {
-            const int col = dpair * 16 + half * 8 + 2 * t4;
-            atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
-            atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
-          }
-        }
-      }
-      __syncthreads();  // q, dO, P, dS tiles are refilled next block
     }
+    __syncthreads();  // the next pair writes P and dS, and two pairs on, this Q/dO buffer
+    cur_hh = next_hh, cur_qb = next_qb, full = next_full, buf ^= 1;
   }
+  cp_async_wait<0>();
 
   // dK, dV rows of this CTA belong to it alone: read-add-write.
   for (int r = 0; r < 2; ++r) {
@@ -219,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
 
 template <class Elem, int kDim>
 Status launch_backward(const BackwardParams& p, cudaStream_t stream) {
-  const size_t smem = (size_t(2 * kBlockN + 2 * kBlockM) * kDim + 2 * kBlockM * kBlockN) * sizeof(Elem);
+  const size_t smem = (size_t(2 * kBlockN + 4 * kBlockM) * kDim + 2 * kBlockM * kBlockN) * sizeof(Elem);
   auto kernel = backward_kernel<Elem, kDim>;
   SP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid((p.seq_k + kBlockN - 1) / kBlockN, p.kv_heads, p.batch);
