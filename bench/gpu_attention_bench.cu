@@ -112,12 +112,12 @@ int main(int argc, char** argv) {
       auto fwd_bwd = [&] {
         seqpar::Status s = fwd();
         if (!s.ok()) return s;
-        if (ours) {  // D from the fp32 output, then the backward adding into zeroed fp32 grads
-          s = seqpar::flash_attention_delta(o->view, dout->view, delta->view);
+        if (ours) {  // D from the output, then the backward adding into zeroed fp32 grads
+          const seqpar::Status d = seqpar::flash_attention_delta(o->view, dout->view, delta->view);
+          if (!d.ok()) return d;
           for (auto* g : {&g_dq, &g_dk, &g_dv})
-            if (s.ok() && cudaMemsetAsync(g->value().view.data, 0, n * sizeof(float)) != cudaSuccess)
-              s = seqpar::Status(seqpar::StatusCode::kInternal, "cudaMemsetAsync failed");
-          if (!s.ok()) return s;
+            if (cudaMemsetAsync(g->value().view.data, 0, n * sizeof(float)) != cudaSuccess)
+              return seqpar::Status(seqpar::StatusCode::kInternal, "cudaMemsetAsync failed");
           return seqpar::flash_attention_backward(q->view, k->view, v->view, dout->view, lse->view,
                                                   delta->view, params, {}, g_dq->view, g_dk->view,
                                                   g_dv->view);

@@ -229,6 +229,8 @@ std::vector<FlashCase> flash_cases() {
   // Rows that see nothing: queries before every key under causal.
   cases.push_back({100, 120, 2, 1, 64, "causal", {0, 1}, {50, 1}, DType::kBF16, false});
   cases.push_back({4096, 4096, 2, 1, 128, "causal", from0, from0, DType::kBF16, false});
+  cases.push_back({500, 500, 8, 1, 128, "causal", from0, from0, DType::kBF16, false});  // GQA 8:1
+  cases.push_back({500, 500, 8, 1, 64, "window:30,30", from0, from0, DType::kF16, true});
   return cases;
 }
 
@@ -332,6 +334,68 @@ TEST(FlashSmallKernels, DeltaAndMergeMatchTheCpu) {
   ASSERT_TRUE(merge_attention_partials(o1.view(), lse1.view(), o2.view(), lse2.view()).ok());
   EXPECT_LE(testing::max_abs_diff(to_host(g1->view).value(), o1), 1e-5);
   EXPECT_LE(testing::max_abs_diff(to_host(gl1->view).value(), lse1), 1e-5);
+}
+
+TEST(FlashSmallKernels, CastRoundTrips) {
+  SKIP_WITHOUT_GPU();
+  const HostTensor x = testing::random_tensor(DType::kF32, {3, 50, 2, 64}, 51);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    auto src = to_device(x);
+    auto low = device_zeros(t, {3, 50, 2, 64});
+    auto back = device_zeros(DType::kF32, {3, 50, 2, 64});
+    ASSERT_TRUE(flash_cast(src->view, low->view).ok());
+    ASSERT_TRUE(flash_cast(low->view, back->view).ok());
+    // Exactly the CPU's round-to-nearest-even conversion.
+    EXPECT_EQ(testing::max_abs_diff(to_host(back->view).value(), cast(cast(x, t), DType::kF32)), 0.0);
+  }
+}
+
+// S = 32K: O, LSE and dQ of sampled query rows against the oracle under the bf16 rule (the
+// plain baseline computes just those rows; dK and dV would need every row of it).
+TEST(LongSequence, CudnnAndOursAt32K) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 32768, H = 2, Hkv = 1, D = 128;
+  const HostTensor q = testing::random_tensor(DType::kBF16, {1, S, H, D}, 61);
+  const HostTensor k = testing::random_tensor(DType::kBF16, {1, S, Hkv, D}, 62);
+  const HostTensor v = testing::random_tensor(DType::kBF16, {1, S, Hkv, D}, 63);
+  const HostTensor dout = testing::random_tensor(DType::kBF16, {1, S, H, D}, 64);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  std::vector<int64_t> rows{0, 1, 777, 4095, 4096, 16383, 20000, 32766, 32767};
+  ReferenceRows ref_rows;
+  ref_rows.query_rows = rows;
+  ref_rows.key_rows = {0};
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), dout.view(), params, ref_rows);
+  ASSERT_TRUE(oracle.ok());
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, &dout, params, DType::kBF16, rows);
+
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v), gdo = to_device(dout);
+  auto o = device_zeros(DType::kBF16, {1, S, H, D});
+  auto lse = device_zeros(DType::kF32, {1, H, S});
+  auto dq = device_zeros(DType::kBF16, {1, S, H, D}), dk = device_zeros(DType::kBF16, {1, S, Hkv, D});
+  auto dv = device_zeros(DType::kBF16, {1, S, Hkv, D});
+  ASSERT_TRUE(cudnn_attention_forward(gq->view, gk->view, gv->view, params, o->view, lse->view).ok());
+  ASSERT_TRUE(cudnn_attention_backward(gq->view, gk->view, gv->view, o->view, gdo->view, lse->view, params,
+                                       dq->view, dk->view, dv->view).ok());
+  auto check = [&](const char* who, const HostTensor& o_h, const HostTensor& lse_h, const HostTensor& dq_h) {
+    std::string why = testing::check_lowp_rule_rows("O", cast(o_h, DType::kF64), plain.o, oracle->o, DType::kBF16, 1, rows);
+    EXPECT_TRUE(why.empty()) << who << ": " << why;
+    why = testing::check_lowp_rule_rows("LSE", cast(lse_h, DType::kF64), plain.lse, oracle->lse, DType::kF32, 2, rows);
+    EXPECT_TRUE(why.empty()) << who << ": " << why;
+    why = testing::check_lowp_rule_rows("dQ", cast(dq_h, DType::kF64), plain.dq, oracle->dq, DType::kBF16, 1, rows);
+    EXPECT_TRUE(why.empty()) << who << ": " << why;
+  };
+  check("cudnn", to_host(o->view).value(), to_host(lse->view).value(), to_host(dq->view).value());
+
+  auto o_acc = device_zeros(DType::kF32, {1, S, H, D});
+  auto delta = device_zeros(DType::kF32, {1, H, S});
+  auto dq32 = device_zeros(DType::kF32, {1, S, H, D}), dk32 = device_zeros(DType::kF32, {1, S, Hkv, D});
+  auto dv32 = device_zeros(DType::kF32, {1, S, Hkv, D});
+  ASSERT_TRUE(flash_attention_forward(gq->view, gk->view, gv->view, params, {}, o_acc->view, lse->view, false, o->view).ok());
+  ASSERT_TRUE(flash_attention_delta(o->view, gdo->view, delta->view).ok());
+  ASSERT_TRUE(flash_attention_backward(gq->view, gk->view, gv->view, gdo->view, lse->view, delta->view, params, {},
+                                       dq32->view, dk32->view, dv32->view).ok());
+  check("ours", to_host(o->view).value(), to_host(lse->view).value(), to_host(dq32->view).value());
 }
 
 TEST(FlashForward, RefusesBadInput) {

@@ -62,7 +62,7 @@ double round_to(double x, DType t) {
 
 ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                                      const HostTensor* dout, const AttentionParams& params,
-                                     DType t) {
+                                     DType t, const std::vector<int64_t>& query_rows) {
   const HostTensor Q = cast(q, DType::kF64), K = cast(k, DType::kF64), V = cast(v, DType::kF64);
   const int64_t B = q.view().shape[0], Sq = q.view().shape[1], H = q.view().shape[2],
                 D = q.view().shape[3], Sk = k.view().shape[1], Hkv = k.view().shape[2], G = H / Hkv;
@@ -77,10 +77,14 @@ ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, c
                     HostTensor(DType::kF64, {B, Sk, Hkv, D})};
   std::vector<float> dk_acc(B * Sk * Hkv * D, 0.f), dv_acc(B * Sk * Hkv * D, 0.f);
   const HostTensor dO = dout ? cast(*dout, DType::kF64) : HostTensor();
+  std::vector<int64_t> all_rows;
+  if (query_rows.empty())
+    for (int64_t i = 0; i < Sq; ++i) all_rows.push_back(i);
+  const std::vector<int64_t>& chosen = query_rows.empty() ? all_rows : query_rows;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / G;
-      for (int64_t i = 0; i < Sq; ++i) {
+      for (int64_t i : chosen) {
         std::vector<float> s(Sk, -INFINITY), p(Sk, 0.f);
         float m = -INFINITY;
         for (int64_t j = 0; j < Sk; ++j) {
@@ -134,11 +138,36 @@ ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, c
   return r;
 }
 
+double max_abs_diff_rows(const HostTensor& a, const HostTensor& b, int seq_dim,
+                         const std::vector<int64_t>& rows) {
+  const HostTensor x = cast(a, DType::kF64), y = cast(b, DType::kF64);
+  const TensorView& v = x.view();
+  std::vector<char> chosen(v.shape[seq_dim], rows.empty() ? 1 : 0);
+  for (int64_t r : rows) chosen[r] = 1;
+  double worst = 0;
+  for (int64_t e = 0; e < x.numel(); ++e) {
+    if (!chosen[(e / v.strides[seq_dim]) % v.shape[seq_dim]]) continue;
+    const double u = x.data<double>()[e], w = y.data<double>()[e];
+    if (u == w) continue;
+    const double d = std::abs(u - w);
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
 std::string check_lowp_rule(const char* what, const HostTensor& ours, const HostTensor& plain,
                             const HostTensor& oracle, DType rounding) {
-  const double err = max_abs_diff(ours, oracle), plain_err = max_abs_diff(plain, oracle);
+  return check_lowp_rule_rows(what, ours, plain, oracle, rounding, 0, {});
+}
+
+std::string check_lowp_rule_rows(const char* what, const HostTensor& ours, const HostTensor& plain,
+                                 const HostTensor& oracle, DType rounding, int seq_dim,
+                                 const std::vector<int64_t>& rows) {
+  const double err = max_abs_diff_rows(ours, oracle, seq_dim, rows);
+  const double plain_err = max_abs_diff_rows(plain, oracle, seq_dim, rows);
   const HostTensor rounded = cast(cast(oracle, rounding), DType::kF64);
-  const double floor = max_abs_diff(rounded, oracle);
+  const double floor = max_abs_diff_rows(rounded, oracle, seq_dim, rows);
   const double bound = 2 * plain_err + floor;
   if (err <= bound) return {};
   std::ostringstream out;

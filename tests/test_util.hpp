@@ -26,13 +26,22 @@ namespace seqpar::testing {
 // rule): inputs in `dtype`, products accumulated in fp32 and rounded to `dtype` (scores S,
 // probabilities P, dP, dS and every output), softmax statistics in fp32. Returns o, lse (fp32),
 // dq, dk, dv converted to fp64. dout may be empty to skip the backward.
+// With query_rows, only those rows of o, lse, dq are computed (dk, dv then hold partial sums
+// and must not be compared).
 ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                                      const HostTensor* dout, const AttentionParams& params,
-                                     DType dtype);
+                                     DType dtype, const std::vector<int64_t>& query_rows = {});
+// max |a - b| over the given rows (dim `seq_dim`) of two tensors of one shape.
+double max_abs_diff_rows(const HostTensor& a, const HostTensor& b, int seq_dim,
+                         const std::vector<int64_t>& rows);
 
 // The bf16 rule: max|ours - oracle| <= 2 * max|plain - oracle| + max|round(oracle) - oracle|.
 // Returns an explanation when it fails, empty when it holds.
 std::string check_lowp_rule(const char* what, const HostTensor& ours, const HostTensor& plain,
                             const HostTensor& oracle, DType rounding);
+// The same rule on a subset of rows along seq_dim.
+std::string check_lowp_rule_rows(const char* what, const HostTensor& ours, const HostTensor& plain,
+                                 const HostTensor& oracle, DType rounding, int seq_dim,
+                                 const std::vector<int64_t>& rows);
 
 }  // namespace seqpar::testing

@@ -4,6 +4,7 @@
 //   backward takes the global LSE and D directly (BurstAttention's backward needs this;
 //            cuDNN cannot take D) and adds into fp32 dQ, dK, dV;
 //   delta    D = rowsum(dO * O);
+//   cast     fp32 <-> bf16/fp16;
 //   merge    -inf-safe merge of partial (O, LSE) pairs.
 // Positions are arithmetic runs: local row i sits at global position offset + stride * i
 // (a contiguous shard, one run of a zigzag shard, or a striped shard). Masks are the band
@@ -55,6 +56,10 @@ Status flash_attention_backward(const TensorView& q, const TensorView& k, const 
 // bf16, fp16, fp32), delta fp32 [B, H, S].
 Status flash_attention_delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
                              void* stream = nullptr);
+
+// Element-wise dtype conversion between device tensors of one shape (fp32, bf16, fp16; any
+// strides with a contiguous last dim), e.g. the fp32 gradients to the model's bf16.
+Status flash_cast(const TensorView& src, const TensorView& dst, void* stream = nullptr);
 
 // (o, lse) <- merge((o, lse), (o_part, lse_part)), all fp32; -inf (or +inf/NaN) is "no key".
 Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -126,8 +127,64 @@ __global__ void merge_kernel(float* o, float* lse, const float* o_part, const fl
   if (lane == 0) lse[li] = merged;
 }
 
+template <class Out>
+__device__ Out store_as(float x) {
+  if constexpr (std::is_same_v<Out, float>) return x;
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
+
+// One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on both sides).
+template <class In, class Out>
+__global__ void cast_kernel(const In* src, Out* dst, int64_t n, int64_t d1, int64_t d2, int64_t d3,
+                            int64_t s0, int64_t s1, int64_t s2, int64_t t0, int64_t t1, int64_t t2) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i3 = e % d3, i2 = (e / d3) % d2, i1 = (e / (d3 * d2)) % d1, i0 = e / (d3 * d2 * d1);
+    dst[i0 * t0 + i1 * t1 + i2 * t2 + i3] = store_as<Out>(load_float(src + i0 * s0 + i1 * s1 + i2 * s2 + i3));
+  }
+}
+
 }  // namespace
 }  // namespace cuda
+
+Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
+  SP_CHECK_ARG(src.ndim >= 1 && src.ndim <= 4 && src.same_shape(dst),
+               "cast needs two views of one shape (up to 4 dims); got " + src.shape_string() +
+                   " and " + dst.shape_string());
+  SP_CHECK_ARG(src.device.kind == DeviceKind::kCuda && dst.device.kind == DeviceKind::kCuda,
+               "cast takes device tensors");
+  SP_CHECK_ARG(src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1,
+               "cast needs a contiguous last dim");
+  SP_CHECK_SUPPORTED(src.dtype != DType::kF64 && dst.dtype != DType::kF64, "cast takes fp32, bf16, fp16");
+  // View as 4-D: pad leading dims with size 1.
+  int64_t shape[4] = {1, 1, 1, 1}, ss[4] = {0, 0, 0, 1}, ts[4] = {0, 0, 0, 1};
+  for (int i = 0; i < src.ndim; ++i) {
+    shape[4 - src.ndim + i] = src.shape[i];
+    ss[4 - src.ndim + i] = src.strides[i];
+    ts[4 - src.ndim + i] = dst.strides[i];
+  }
+  const int64_t n = src.numel();
+  if (n == 0) return Status::Ok();
+  const auto s = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+  auto go = [&](auto* in_tag, auto* out_tag) {
+    using In = std::remove_pointer_t<decltype(in_tag)>;
+    using Out = std::remove_pointer_t<decltype(out_tag)>;
+    cuda::cast_kernel<In, Out><<<blocks, 256, 0, s>>>(static_cast<const In*>(src.data), static_cast<Out*>(dst.data),
+                                                      n, shape[1], shape[2], shape[3], ss[0], ss[1], ss[2],
+                                                      ts[0], ts[1], ts[2]);
+  };
+  auto with_out = [&](auto* in_tag) {
+    if (dst.dtype == DType::kF32) go(in_tag, static_cast<float*>(nullptr));
+    else if (dst.dtype == DType::kBF16) go(in_tag, static_cast<__nv_bfloat16*>(nullptr));
+    else go(in_tag, static_cast<__half*>(nullptr));
+  };
+  if (src.dtype == DType::kF32) with_out(static_cast<float*>(nullptr));
+  else if (src.dtype == DType::kBF16) with_out(static_cast<__nv_bfloat16*>(nullptr));
+  else with_out(static_cast<__half*>(nullptr));
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
 
 Status flash_attention_delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
                              void* stream) {
