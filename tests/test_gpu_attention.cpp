@@ -151,24 +151,37 @@ TensorView key_rows(const TensorView& t, int64_t from, int64_t n) {
   return v;
 }
 
+// Inputs of a flash case on the host, its mask, and the same problem with explicit positions
+// for the oracle (which takes per-row positions where our kernels take runs).
+struct FlashSetup {
+  HostTensor q, k, v, dout;
+  AttentionParams params, host_params;
+  std::vector<int64_t> qp, kp;
+  FlashSetup(const FlashCase& c, uint64_t seed)
+      : q(testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, seed)),
+        k(testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, seed + 1)),
+        v(testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, seed + 2)),
+        dout(testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, seed + 3)),
+        qp(c.seq_q), kp(c.seq_k) {
+    const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
+                                   c.k_run.offset + c.k_run.stride * c.seq_k);
+    params.mask = parse_mask(c.mask, total).value();
+    for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
+    for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
+    host_params = params;
+    host_params.q_positions = qp.data();
+    host_params.k_positions = kp.data();
+  }
+};
+
 class FlashForwardVsOracle : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashForwardVsOracle, MeetsTheLowPrecisionRule) {
   SKIP_WITHOUT_GPU();
   const FlashCase c = GetParam();
-  const HostTensor q = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 21);
-  const HostTensor k = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 22);
-  const HostTensor v = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 23);
-  const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
-                                 c.k_run.offset + c.k_run.stride * c.seq_k);
-  AttentionParams params;
-  params.mask = parse_mask(c.mask, total).value();
-  std::vector<int64_t> qp(c.seq_q), kp(c.seq_k);
-  for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
-  for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
-  AttentionParams host_params = params;
-  host_params.q_positions = qp.data();
-  host_params.k_positions = kp.data();
+  const FlashSetup setup(c, 21);
+  const HostTensor &q = setup.q, &k = setup.k, &v = setup.v;
+  const AttentionParams &params = setup.params, &host_params = setup.host_params;
 
   auto gq = to_device(q), gk = to_device(k), gv = to_device(v);
   auto o_acc = device_zeros(DType::kF32, {1, c.seq_q, c.heads, c.head_dim});
@@ -246,20 +259,9 @@ class FlashBackwardVsOracle : public ::testing::TestWithParam<FlashCase> {};
 TEST_P(FlashBackwardVsOracle, MeetsTheLowPrecisionRule) {
   SKIP_WITHOUT_GPU();
   const FlashCase c = GetParam();
-  const HostTensor q = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 41);
-  const HostTensor k = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 42);
-  const HostTensor v = testing::random_tensor(c.dtype, {1, c.seq_k, c.kv_heads, c.head_dim}, 43);
-  const HostTensor dout = testing::random_tensor(c.dtype, {1, c.seq_q, c.heads, c.head_dim}, 44);
-  const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
-                                 c.k_run.offset + c.k_run.stride * c.seq_k);
-  AttentionParams params;
-  params.mask = parse_mask(c.mask, total).value();
-  std::vector<int64_t> qp(c.seq_q), kp(c.seq_k);
-  for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
-  for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
-  AttentionParams host_params = params;
-  host_params.q_positions = qp.data();
-  host_params.k_positions = kp.data();
+  const FlashSetup setup(c, 41);
+  const HostTensor &q = setup.q, &k = setup.k, &v = setup.v, &dout = setup.dout;
+  const AttentionParams &params = setup.params, &host_params = setup.host_params;
 
   auto gq = to_device(q), gk = to_device(k), gv = to_device(v), gdo = to_device(dout);
   auto o_acc = device_zeros(DType::kF32, {1, c.seq_q, c.heads, c.head_dim});

@@ -73,6 +73,14 @@ StatusOr<MaskRuns> make_mask_runs(const AttentionParams& params, const FlashPosi
 
 namespace {
 
+// Calls fn with a null pointer of the C++ element type of `dtype` (fp32, bf16 or fp16).
+template <class Fn>
+void with_elem_type(DType dtype, Fn&& fn) {
+  if (dtype == DType::kF32) fn(static_cast<float*>(nullptr));
+  else if (dtype == DType::kBF16) fn(static_cast<__nv_bfloat16*>(nullptr));
+  else fn(static_cast<__half*>(nullptr));
+}
+
 template <class In>
 __device__ float load_float(const In* p) {
   if constexpr (std::is_same_v<In, float>) return *p;
@@ -174,14 +182,9 @@ Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
                                                       n, shape[1], shape[2], shape[3], ss[0], ss[1], ss[2],
                                                       ts[0], ts[1], ts[2]);
   };
-  auto with_out = [&](auto* in_tag) {
-    if (dst.dtype == DType::kF32) go(in_tag, static_cast<float*>(nullptr));
-    else if (dst.dtype == DType::kBF16) go(in_tag, static_cast<__nv_bfloat16*>(nullptr));
-    else go(in_tag, static_cast<__half*>(nullptr));
-  };
-  if (src.dtype == DType::kF32) with_out(static_cast<float*>(nullptr));
-  else if (src.dtype == DType::kBF16) with_out(static_cast<__nv_bfloat16*>(nullptr));
-  else with_out(static_cast<__half*>(nullptr));
+  cuda::with_elem_type(src.dtype, [&](auto* in_tag) {
+    cuda::with_elem_type(dst.dtype, [&](auto* out_tag) { go(in_tag, out_tag); });
+  });
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -207,9 +210,7 @@ Status flash_attention_delta(const TensorView& o, const TensorView& dout, const 
         rows, int(H), int(S), int(D), o.strides[0], o.strides[1], o.strides[2], dout.strides[0],
         dout.strides[1], dout.strides[2]);
   };
-  if (o.dtype == DType::kF32) go(static_cast<float*>(nullptr));
-  else if (o.dtype == DType::kBF16) go(static_cast<__nv_bfloat16*>(nullptr));
-  else go(static_cast<__half*>(nullptr));
+  cuda::with_elem_type(o.dtype, go);
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

@@ -137,6 +137,15 @@ std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const c
   return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(bhsd_dims(t)).set_stride(bhsd_strides(t)));
 }
 
+// A graph with bf16/fp16 I/O and fp32 intermediates and compute.
+std::shared_ptr<fe::graph::Graph> new_graph(DType io) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe_dtype(io))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
 Status build(DeviceContext& ctx, fe::graph::Graph& graph) {
   SP_FE_CHECK(graph.validate());
   SP_FE_CHECK(graph.build_operation_graph(ctx.handle));
@@ -188,10 +197,7 @@ Status cudnn_attention_forward(const TensorView& q, const TensorView& k, const T
   const std::string key = key_of("fwd", {&q, &k, &v, &o}, params, scale);
   auto& graph = ctx->graphs[key];
   if (!graph) {
-    auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe_dtype(q.dtype))
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto g = new_graph(q.dtype);
     auto Q = input(*g, "Q", kQ, q), K = input(*g, "K", kK, k), V = input(*g, "V", kV, v);
     auto attrs = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(float(scale));
     apply_mask(params.mask, attrs);
@@ -225,10 +231,7 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   const std::string key = key_of("bwd", {&q, &k, &v, &o, &dout, &dq, &dk, &dv}, params, scale);
   auto& graph = ctx->graphs[key];
   if (!graph) {
-    auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe_dtype(q.dtype))
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
+    auto g = new_graph(q.dtype);
     auto Q = input(*g, "Q", kQ, q), K = input(*g, "K", kK, k), V = input(*g, "V", kV, v);
     auto O = input(*g, "O", kO, o), dO = input(*g, "dO", kDout, dout);
     auto Stats = g->tensor(fe::graph::Tensor_attributes().set_name("Stats").set_uid(kStats)
