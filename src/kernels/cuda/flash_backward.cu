@@ -215,8 +215,13 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
         float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
         for (int half = 0; half < 2; ++half) {
           const int col = dpair * 16 + half * 8 + 2 * t4;
+#if __CUDA_ARCH__ >= 900  // one vector atomic for the adjacent pair
+          atomicAdd(reinterpret_cast<float2*>(dq_row + col),
+                    make_float2(p.scale * dq[half][2 * r], p.scale * dq[half][2 * r + 1]));
+#else
           atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
           atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
+#endif
         }
       }
     }
