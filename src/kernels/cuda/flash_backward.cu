@@ -35,7 +35,6 @@ struct BackwardParams {
       dv_strides[3];
   int batch, heads, kv_heads, group, seq_q, seq_k;
   float scale, scale_log2;
-  bool dq_vec4;  // dq rows 16-byte aligned: 4-wide atomics (sm_90)
   MaskRuns mask;
 };
 
@@ -210,32 +209,19 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
         mma_16816<Elem>(dq[0], ds_frag[ks], kb[0], kb[1]);
         mma_16816<Elem>(dq[1], ds_frag[ks], kb[2], kb[3]);
       }
-      for (int half = 0; half < 2; ++half) {
-        const int col = dpair * 16 + half * 8 + 2 * t4;
-        const float a0 = p.scale * dq[half][0], a1 = p.scale * dq[half][1];
-        const float a2 = p.scale * dq[half][2], a3 = p.scale * dq[half][3];
-#if __CUDA_ARCH__ >= 900
-        if (p.dq_vec4) {
-          // Quad neighbours swap halves so each lane owns 4 contiguous columns of one row:
-          // even lanes row g (cols 2t..2t+3), odd lanes row g + 8 (cols 2t-2..2t+1).
-          const bool even = (t4 % 2) == 0;
-          const float s0 = __shfl_xor_sync(0xffffffff, even ? a2 : a0, 1);
-          const float s1 = __shfl_xor_sync(0xffffffff, even ? a3 : a1, 1);
-          const int row = q0 + warp * 16 + g + (even ? 0 : 8);
-          if (row < p.seq_q) {
-            float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
-            atomicAdd(reinterpret_cast<float4*>(dq_row + (even ? col : col - 2)),
-                      even ? make_float4(a0, a1, s0, s1) : make_float4(s0, s1, a2, a3));
-          }
-          continue;
-        }
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + warp * 16 + g + 8 * r;
+        if (row >= p.seq_q) continue;
+        float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
+        for (int half = 0; half < 2; ++half) {
+          const int col = dpair * 16 + half * 8 + 2 * t4;
+#if __CUDA_ARCH__ >= 900  // one vector atomic for the adjacent pair
+          atomicAdd(reinterpret_cast<float2*>(dq_row + col),
+                    make_float2(p.scale * dq[half][2 * r], p.scale * dq[half][2 * r + 1]));
+#else
+          atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
+          atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
 #endif
-        for (int r = 0; r < 2; ++r) {
-          const int row = q0 + warp * 16 + g + 8 * r;
-          if (row >= p.seq_q) continue;
-          float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
-          atomicAdd(dq_row + col, r ? a2 : a0);
-          atomicAdd(dq_row + col + 1, r ? a3 : a1);
         }
       }
     }
@@ -320,8 +306,6 @@ Status flash_attention_backward(const TensorView& q, const TensorView& k, const 
   p.seq_q = int(Sq);
   p.seq_k = int(Sk);
   p.scale = float(prob.scale);
-  p.dq_vec4 = reinterpret_cast<uintptr_t>(dq.data) % 16 == 0 && dq.strides[0] % 4 == 0 &&
-              dq.strides[1] % 4 == 0 && dq.strides[2] % 4 == 0;
   p.scale_log2 = float(prob.scale * 1.4426950408889634);
   SP_ASSIGN_OR_RETURN(p.mask, cuda::make_mask_runs(params, positions, stream));
   const auto s = static_cast<cudaStream_t>(stream);
