@@ -7,7 +7,9 @@
 //   cast     fp32 <-> bf16/fp16;
 //   merge    -inf-safe merge of partial (O, LSE) pairs.
 // Positions are arithmetic runs: local row i sits at global position offset + stride * i
-// (a contiguous shard, one run of a zigzag shard, or a striped shard). Masks are the band
+// (a contiguous shard, one run of a zigzag shard, or a striped shard). The runs alone place
+// the rows: params.mask.align is not read here; FlashPositions::defaults turns a top-left or
+// bottom-right alignment into runs. Masks are the band
 // (window_left, window_right) and documents of params.mask, in those global positions; tiles
 // the mask empties are skipped whole.
 //

@@ -307,7 +307,7 @@ Status flash_attention_backward(const TensorView& q, const TensorView& k, const 
   p.seq_k = int(Sk);
   p.scale = float(prob.scale);
   p.scale_log2 = float(prob.scale * 1.4426950408889634);
-  SP_ASSIGN_OR_RETURN(p.mask, cuda::make_mask_runs(params, positions, stream));
+  p.mask = cuda::make_mask_runs(params, positions);
   const auto s = static_cast<cudaStream_t>(stream);
   const bool bf16 = q.dtype == DType::kBF16;
   if (D == 64)

@@ -57,8 +57,7 @@ Status check_flash_inputs(const TensorView& q, const TensorView& k, const Tensor
   return params.mask.validate(0);
 }
 
-StatusOr<MaskRuns> make_mask_runs(const AttentionParams& params, const FlashPositions& positions,
-                                  void* /*stream*/) {
+MaskRuns make_mask_runs(const AttentionParams& params, const FlashPositions& positions) {
   MaskRuns m{};
   m.q_offset = positions.q.offset;
   m.q_stride = positions.q.stride;

@@ -121,7 +121,6 @@ Status check_device_tensor(const char* name, const TensorView& t, DType dtype,
 Status check_flash_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionParams& params, const FlashPositions& positions,
                           FlashProblem* prob);
-StatusOr<MaskRuns> make_mask_runs(const AttentionParams& params, const FlashPositions& positions,
-                                  void* stream);
+MaskRuns make_mask_runs(const AttentionParams& params, const FlashPositions& positions);
 
 }  // namespace seqpar::cuda

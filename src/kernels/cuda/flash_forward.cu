@@ -301,7 +301,7 @@ Status flash_attention_forward(const TensorView& q, const TensorView& k, const T
   p.seq_k = int(prob.seq_k);
   p.scale_log2 = float(prob.scale * 1.4426950408889634);
   p.accumulate = accumulate;
-  SP_ASSIGN_OR_RETURN(p.mask, cuda::make_mask_runs(params, positions, stream));
+  p.mask = cuda::make_mask_runs(params, positions);
   const auto s = static_cast<cudaStream_t>(stream);
   const bool bf16 = q.dtype == DType::kBF16;
   if (prob.head_dim == 64)
