@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "npy.hpp"
+#include "seqpar/burst.hpp"
 #include "seqpar/ring.hpp"
 
 namespace seqpar::app {
@@ -178,7 +179,15 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   AttentionParams params;
   params.mask = job.mask;
 
-  if (me == 0) progress("running " + o.algo + " forward on " + std::to_string(P) + " ranks");
+  // ring and burst share the forward (K/V travel); they differ in the backward.
+  BackwardSchedule schedule = o.algo == "burst" ? BackwardSchedule::kBurst : BackwardSchedule::kRing;
+  if (o.algo == "auto") schedule = choose_backward(layout, B, H, Hkv, D, t, t);
+  if (me == 0) {
+    progress("running the forward on " + std::to_string(P) + " ranks");
+    if (o.algo == "auto")
+      progress(std::string("auto chose the ") + backward_schedule_name(schedule) +
+               " backward (fewer bytes for H=" + std::to_string(H) + ", H_kv=" + std::to_string(Hkv) + ")");
+  }
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   RingStats fwd_stats;
@@ -188,9 +197,10 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   SP_RETURN_IF_ERROR(comm.barrier());
   if (me == 0) progress("running backward");
   t0 = Clock::now();
-  SP_RETURN_IF_ERROR(ring_attention_backward(comm, layout, params, q.view(), k.view(), v.view(),
-                                             out.view(), lse.view(), dout.view(), dq.view(),
-                                             dk.view(), dv.view()));
+  const auto backward = schedule == BackwardSchedule::kRing ? ring_attention_backward
+                                                            : burst_attention_backward;
+  SP_RETURN_IF_ERROR(backward(comm, layout, params, q.view(), k.view(), v.view(), out.view(),
+                              lse.view(), dout.view(), dq.view(), dk.view(), dv.view(), nullptr));
   times[1] = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // Everything below is bookkeeping, counted apart from the algorithm's traffic.
@@ -247,7 +257,9 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
   bool bytes_ok = true;
   for (int r = 0; r < P; ++r) {
-    const TrafficBytes want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
+    TrafficBytes want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
+    if (schedule == BackwardSchedule::kBurst)
+      want.backward = burst_backward_expected_bytes(layout, r, B, H, D, t, t);
     sent_fwd.push_back(per_rank[4 * r]);
     sent_bwd.push_back(per_rank[4 * r + 1]);
     want_fwd.push_back(want.forward);
@@ -269,8 +281,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     progress("wrote q, k, v, dO, O, LSE, dQ, dK, dV (global token order) to " + o.dump_dir);
   }
 
-  std::printf("seqpar attn: %s, %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per rank)\n",
-              o.algo.c_str(), o.layout.c_str(), job.mask.describe().c_str(), P,
+  std::printf("seqpar attn: %s (%s backward), %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per rank)\n",
+              o.algo.c_str(), backward_schedule_name(schedule), o.layout.c_str(), job.mask.describe().c_str(), P,
               job.comm_backend.c_str(), job.threads_per_rank, job.threads_per_rank > 1 ? "s" : "");
   std::printf("problem: B=%ld S=%ld H=%ld H_kv=%ld D=%ld %s\n", long(B), long(o.seq), long(H),
               long(Hkv), long(D), dtype_name(t));
@@ -301,6 +313,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["algo"] = o.algo;
+    j["backward_schedule"] = backward_schedule_name(schedule);
     j["layout"] = o.layout;
     j["mask"] = job.mask.describe();
     j["ranks"] = P;
@@ -338,8 +351,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
 StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi) {
   Job job;
   job.opt = opt;
-  SP_CHECK_ARG(opt.algo == "ring", "unknown or unavailable algorithm '" + opt.algo +
-                                       "' (available: ring)");
+  SP_CHECK_ARG(opt.algo == "ring" || opt.algo == "burst" || opt.algo == "auto",
+               "unknown or unavailable algorithm '" + opt.algo + "' (available: ring, burst, auto)");
   SP_CHECK_SUPPORTED(opt.device == "cpu",
                      "device '" + opt.device + "' is not available in this build (available: cpu)");
   SP_ASSIGN_OR_RETURN(job.dtype, parse_dtype(opt.dtype));
@@ -421,7 +434,10 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
       "oracle. Ranks are threads of this process, or MPI processes when started by mpirun.\n"
       "Exit code: 0 when the check passes and measured bytes equal the formula, 1 when not, "
       "2 for bad arguments.");
-  cmd->add_option("--algo", o.algo, "distributed algorithm: ring")->capture_default_str();
+  cmd->add_option("--algo", o.algo,
+                  "ring (K/V and dK/dV travel), burst (BurstAttention: Q, dO, D, LSE and dQ travel "
+                  "in the backward), auto (the backward that moves fewer bytes)")
+      ->capture_default_str();
   cmd->add_option("--layout", o.layout, "sequence layout: contiguous, zigzag, striped")
       ->capture_default_str();
   cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N (causal inside N documents)")

@@ -54,6 +54,23 @@ TEST(Cli, Fp64MatchesOracleTightly) {
   for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << g;
 }
 
+TEST(Cli, BurstAndAutoReportTheirBackward) {
+  Result r = run_tool("attn --algo burst --seq 200 --heads 4 --head-dim 16 --ranks 3 --dtype fp64 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_EQ(j["backward_schedule"], "burst");
+  EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
+  EXPECT_LE(j["max_abs_err"]["dq"].get<double>(), 1e-10);
+  // MHA: auto picks Burst; GQA 8:1: auto picks the ring, and says so.
+  r = run_tool("attn --algo auto --seq 200 --heads 8 --head-dim 16 --ranks 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["backward_schedule"], "burst");
+  r = run_tool("attn --algo auto --seq 200 --heads 8 --kv-heads 1 --head-dim 16 --ranks 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["backward_schedule"], "ring");
+  EXPECT_NE(r.output.find("auto chose the ring backward"), std::string::npos) << r.output;
+}
+
 TEST(Cli, SampledCheckOnLargerProblem) {
   const Result r = run_tool("attn --seq 2048 --heads 2 --head-dim 64 --ranks 2 --check sampled "
                             "--sample-rows 16 --json");
@@ -85,7 +102,7 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --heads 6 --kv-heads 4", "divisible"},
       {"attn --mask triangle", "unknown mask"},
       {"attn --layout diagonal", "unknown layout"},
-      {"attn --algo magic", "available: ring"},
+      {"attn --algo magic", "available: ring, burst, auto"},
       {"attn --dtype bf16", "fp32 or fp64"},
       {"attn --seq 5 --ranks 4 --layout zigzag", "at least 8 tokens"},
       {"attn --seq -3", "positive"},

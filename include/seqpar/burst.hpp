@@ -1,0 +1,41 @@
+// BurstAttention (../shared/papers/000_*): exact attention with the sequence split over P ranks.
+// Its forward is the ring forward (K/V travel; see ring.hpp). Its backward keeps K, V, dK, dV
+// at home and circulates the query side instead: Q, dO, D = rowsum(dO * O) and LSE travel one
+// step ahead (P - 1 hops), while the accumulating dQ travels one round behind and takes one
+// more hop home (P hops). This is the corrected schedule of the report: the printed
+// Algorithm 4 sends dQ before adding the step's contribution and loses dQ updates (a test keeps
+// that regression). With MHA this moves about half the bytes of the ring backward; with GQA the
+// ring's K/V rotation can move less: choose_backward picks by the bytes.
+//
+// Local shapes on rank r as in ring.hpp. The CPU path computes in fp32 or fp64.
+#pragma once
+
+#include <string>
+
+#include "seqpar/ring.hpp"
+
+namespace seqpar {
+
+// Writes (overwrites) dq, dk, dv; o and lse are the forward's results.
+Status burst_attention_backward(Communicator& comm, const Layout& layout,
+                                const AttentionParams& params, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& o,
+                                const TensorView& lse, const TensorView& dout,
+                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                RingStats* stats = nullptr);
+
+// Bytes rank `rank` sends in the Burst backward, from the schedule's definition:
+//   sum over its P-1 sends of the query shard it holds: (2 B S_j H D + 2 B H S_j) e
+//   plus one dQ accumulator send per shard (P sends): sum_j B S_j H D e_acc     (0 for P = 1)
+int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t batch,
+                                      int64_t heads, int64_t head_dim, DType dtype,
+                                      DType accumulator_dtype);
+
+enum class BackwardSchedule { kRing, kBurst };
+const char* backward_schedule_name(BackwardSchedule schedule);
+// The schedule whose backward moves fewer bytes on the busiest rank (ties go to Burst).
+BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, DType dtype,
+                                 DType accumulator_dtype);
+
+}  // namespace seqpar
