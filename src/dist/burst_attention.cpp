@@ -12,6 +12,7 @@ namespace seqpar {
 namespace {
 
 using dist::add_into;
+using dist::check_backward_args;
 using dist::check_ring_args;
 using dist::copy_bshd;
 using dist::pair_visible;
@@ -55,16 +56,11 @@ Status burst_attention_backward(Communicator& comm, const Layout& layout,
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                 RingStats* stats) {
   cpu::AttentionDims dims;
-  SP_RETURN_IF_ERROR(check_ring_args(comm, layout, params, q, k, v, &dims));
+  SP_RETURN_IF_ERROR(
+      check_backward_args(comm, layout, params, q, k, v, o, lse, dout, dq, dk, dv, &dims));
   const DType t = q.dtype;
   const int64_t B = dims.batch, S = dims.seq_q, H = dims.heads, Hkv = dims.kv_heads,
                 D = dims.head_dim;
-  SP_RETURN_IF_ERROR(cpu::validate_like("o", o, t, B, S, H, D));
-  SP_RETURN_IF_ERROR(cpu::validate_like("lse", lse, t, B, H, S));
-  SP_RETURN_IF_ERROR(cpu::validate_like("dout", dout, t, B, S, H, D));
-  SP_RETURN_IF_ERROR(cpu::validate_like("dq", dq, t, B, S, H, D));
-  SP_RETURN_IF_ERROR(cpu::validate_like("dk", dk, t, B, S, Hkv, D));
-  SP_RETURN_IF_ERROR(cpu::validate_like("dv", dv, t, B, S, Hkv, D));
   const int P = comm.size(), me = comm.rank();
   const PhaseScope phase(comm, Phase::kBackward);
   RingStats local_stats;

@@ -73,6 +73,25 @@ inline Status check_ring_args(const Communicator& comm, const Layout& layout,
   return params.mask.validate(layout.seq_len());
 }
 
+// check_ring_args plus the backward's tensors: o, dout, dq like q; lse [B, H, S]; dk, dv like k.
+inline Status check_backward_args(const Communicator& comm, const Layout& layout,
+                                  const AttentionParams& params, const TensorView& q,
+                                  const TensorView& k, const TensorView& v, const TensorView& o,
+                                  const TensorView& lse, const TensorView& dout,
+                                  const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv, cpu::AttentionDims* dims) {
+  SP_RETURN_IF_ERROR(check_ring_args(comm, layout, params, q, k, v, dims));
+  const DType t = q.dtype;
+  const int64_t B = dims->batch, S = dims->seq_q, H = dims->heads, Hkv = dims->kv_heads,
+                D = dims->head_dim;
+  SP_RETURN_IF_ERROR(cpu::validate_like("o", o, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("lse", lse, t, B, H, S));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dout", dout, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dq", dq, t, B, S, H, D));
+  SP_RETURN_IF_ERROR(cpu::validate_like("dk", dk, t, B, S, Hkv, D));
+  return cpu::validate_like("dv", dv, t, B, S, Hkv, D);
+}
+
 // Whether any (query, key) pair of these two shards is visible under the mask.
 inline bool pair_visible(const AttentionParams& params, const std::vector<int64_t>& q_pos,
                   const std::vector<int64_t>& k_pos) {
