@@ -400,6 +400,32 @@ TEST(LongSequence, CudnnAndOursAt32K) {
   check("ours", to_host(o->view).value(), to_host(lse->view).value(), to_host(dq32->view).value());
 }
 
+// FlashPositions::defaults turns a bottom-right mask alignment (S_q < S_k, the KV-cache
+// convention) into position runs; the result matches the oracle's bottom-right mask.
+TEST(FlashForward, DefaultPositionsFollowTheAlignment) {
+  SKIP_WITHOUT_GPU();
+  const HostTensor q = testing::random_tensor(DType::kBF16, {1, 100, 2, 64}, 71);
+  const HostTensor k = testing::random_tensor(DType::kBF16, {1, 300, 2, 64}, 72);
+  const HostTensor v = testing::random_tensor(DType::kBF16, {1, 300, 2, 64}, 73);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  params.mask.align = MaskAlign::kBottomRight;
+  const FlashPositions pos = FlashPositions::defaults(params, 100, 300);
+  EXPECT_EQ(pos.q.offset, 200);
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v);
+  auto acc = device_zeros(DType::kF32, {1, 100, 2, 64});
+  auto lse = device_zeros(DType::kF32, {1, 2, 100});
+  auto out = device_zeros(DType::kBF16, {1, 100, 2, 64});
+  ASSERT_TRUE(flash_attention_forward(gq->view, gk->view, gv->view, params, pos, acc->view, lse->view,
+                                      false, out->view).ok());
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), TensorView{}, params);
+  ASSERT_TRUE(oracle.ok());
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, nullptr, params, DType::kBF16);
+  const std::string why = testing::check_lowp_rule("O", cast(to_host(out->view).value(), DType::kF64),
+                                                   plain.o, oracle->o, DType::kBF16);
+  EXPECT_TRUE(why.empty()) << why;
+}
+
 TEST(FlashForward, RefusesBadInput) {
   SKIP_WITHOUT_GPU();
   const HostTensor q = testing::random_tensor(DType::kBF16, {1, 64, 2, 96}, 1);  // D = 96

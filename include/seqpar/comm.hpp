@@ -27,7 +27,6 @@ const char* phase_name(Phase phase);
 struct CommCounters {
   std::array<int64_t, kNumPhases> bytes_sent{};
   std::array<int64_t, kNumPhases> bytes_received{};
-  std::array<int64_t, kNumPhases> messages_sent{};
   int64_t sent(Phase p) const { return bytes_sent[static_cast<int>(p)]; }
   int64_t received(Phase p) const { return bytes_received[static_cast<int>(p)]; }
 };

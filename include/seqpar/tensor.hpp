@@ -70,7 +70,6 @@ class HostTensor {
   }
   int64_t numel() const { return view_.numel(); }
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(view_.dtype); }
-  void fill_zero();
 
  private:
   std::vector<uint64_t> storage_;  // uint64 keeps every dtype aligned

@@ -79,6 +79,5 @@ HostTensor& HostTensor::operator=(const HostTensor& other) {
   return *this;
 }
 
-void HostTensor::fill_zero() { std::fill(storage_.begin(), storage_.end(), 0); }
 
 }  // namespace seqpar

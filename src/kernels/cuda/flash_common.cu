@@ -87,17 +87,25 @@ __device__ float load_float(const In* p) {
   else return __half2float(*p);
 }
 
+// The (b, s, h) row this warp handles: one warp per row, rows ordered b, s, h.
+struct RowIndex {
+  int64_t row, b;
+  int s, h;
+};
+__device__ RowIndex warp_row(int heads, int seq) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  return {row, row / (int64_t(heads) * seq), int((row / heads) % seq), int(row % heads)};
+}
+
 // One warp per (b, s, h) row.
 template <class In>
 __global__ void delta_kernel(const In* o, const In* dout, float* delta, int64_t rows, int heads,
                              int seq, int dim, int64_t o_sb, int64_t o_ss, int64_t o_sh,
                              int64_t d_sb, int64_t d_ss, int64_t d_sh) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int h = int(row % heads);
-  const int s = int((row / heads) % seq);
-  const int64_t b = row / (int64_t(heads) * seq);
+  const RowIndex at = warp_row(heads, seq);
+  if (at.row >= rows) return;
+  const int lane = threadIdx.x % 32, h = at.h, s = at.s;
+  const int64_t b = at.b;
   const In* x = o + b * o_sb + s * o_ss + h * o_sh;
   const In* y = dout + b * d_sb + s * d_ss + h * d_sh;
   float acc = 0.f;
@@ -109,12 +117,10 @@ __global__ void delta_kernel(const In* o, const In* dout, float* delta, int64_t 
 __global__ void merge_kernel(float* o, float* lse, const float* o_part, const float* lse_part,
                              int64_t rows, int heads, int seq, int dim, int64_t o_sb, int64_t o_ss,
                              int64_t o_sh, int64_t p_sb, int64_t p_ss, int64_t p_sh) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int h = int(row % heads);
-  const int s = int((row / heads) % seq);
-  const int64_t b = row / (int64_t(heads) * seq);
+  const RowIndex at = warp_row(heads, seq);
+  if (at.row >= rows) return;
+  const int lane = threadIdx.x % 32, h = at.h, s = at.s;
+  const int64_t b = at.b;
   const int64_t li = (b * heads + h) * seq + s;
   auto clean = [](float x) { return (x > -INFINITY && x < INFINITY) ? x : -INFINITY; };
   const float a = clean(lse[li]), c = clean(lse_part[li]);
