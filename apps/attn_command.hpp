@@ -13,7 +13,7 @@ struct AttnOptions {
   std::string algo = "ring";
   std::string layout = "zigzag";
   std::string mask = "causal";
-  std::string dtype = "fp32";
+  std::string dtype;  // empty: fp32 on cpu, bf16 on cuda
   std::string device = "cpu";
   std::string check = "auto";  // auto | full | sampled | none
   int64_t seq = 4096;
@@ -24,6 +24,7 @@ struct AttnOptions {
   int ranks = 4;
   int threads_per_rank = 0;  // 0: cores / ranks
   int64_t sample_rows = 64;
+  int head_groups = 0;  // cuda: 0 = automatic
   uint64_t seed = 1234;
   bool json = false;
   std::string dump_dir;

@@ -24,18 +24,26 @@ Status burst_attention_backward(Communicator& comm, const Layout& layout,
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                 RingStats* stats = nullptr);
 
+// What travels with Q and dO. CPU ranks send D = rowsum(dO * O) and LSE in the compute
+// dtype; GPU ranks send O (bf16) and LSE (fp32), since cuDNN's backward recomputes D from O
+// and cannot take D.
+enum class BurstPack { kDeltaLse, kOutputLse };
+
 // Bytes rank `rank` sends in the Burst backward, from the schedule's definition:
-//   sum over its P-1 sends of the query shard it holds: (2 B S_j H D + 2 B H S_j) e
+//   sum over its P-1 sends of the query shard it holds:
+//     kDeltaLse:  (2 B S_j H D + 2 B H S_j) e
+//     kOutputLse: 3 B S_j H D e + 4 B H S_j
 //   plus one dQ accumulator send per shard (P sends): sum_j B S_j H D e_acc     (0 for P = 1)
 int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t batch,
                                       int64_t heads, int64_t head_dim, DType dtype,
-                                      DType accumulator_dtype);
+                                      DType accumulator_dtype,
+                                      BurstPack pack = BurstPack::kDeltaLse);
 
 enum class BackwardSchedule { kRing, kBurst };
 const char* backward_schedule_name(BackwardSchedule schedule);
 // The schedule whose backward moves fewer bytes on the busiest rank (ties go to Burst).
 BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, DType dtype,
-                                 DType accumulator_dtype);
+                                 DType accumulator_dtype, BurstPack pack = BurstPack::kDeltaLse);
 
 }  // namespace seqpar

@@ -50,6 +50,12 @@ class PendingExchange {
  public:
   virtual ~PendingExchange() = default;
   [[nodiscard]] virtual Status wait() = 0;
+  // Makes later work queued on the CUDA stream `stream` wait for this batch. Stream-ordered
+  // backends (NCCL) do this without blocking the host; the others complete it first.
+  [[nodiscard]] virtual Status wait_on_stream(void* stream) {
+    (void)stream;
+    return wait();
+  }
 };
 
 class Communicator {
@@ -86,6 +92,18 @@ class Communicator {
   // this rank cannot go on, so the others exit with an error instead of waiting forever.
   virtual void abort(const std::string& reason) = 0;
 
+  // ---- device buffers ----
+  // Stream-ordered backends (NCCL) start a batch after the work already queued on the stream
+  // given to set_stream(), on a stream of their own. Host-driven backends (local, mpi) start
+  // it at once: the caller synchronises its stream before posting device buffers.
+  virtual bool stream_ordered() const { return false; }
+  void set_stream(void* stream) { stream_ = stream; }
+  void* stream() const { return stream_; }
+  // Blocks the host until the work queued on `stream` is done. Stream-ordered backends keep
+  // watching for a failed or stalled peer meanwhile (the timeout counts from the last
+  // progress) and abort instead of hanging.
+  [[nodiscard]] virtual Status synchronize(void* stream);
+
   void set_phase(Phase phase) { phase_ = phase; }
   Phase phase() const { return phase_; }
   const CommCounters& counters() const { return counters_; }
@@ -104,6 +122,7 @@ class Communicator {
 
   Phase phase_ = Phase::kOther;
   CommCounters counters_;
+  void* stream_ = nullptr;
 };
 
 // Sets the phase for a scope and restores the previous one.

@@ -63,7 +63,14 @@ Status flash_attention_delta(const TensorView& o, const TensorView& dout, const 
 // strides with a contiguous last dim), e.g. the fp32 gradients to the model's bf16.
 Status flash_cast(const TensorView& src, const TensorView& dst, void* stream = nullptr);
 
-// (o, lse) <- merge((o, lse), (o_part, lse_part)), all fp32; -inf (or +inf/NaN) is "no key".
+// dst (fp32) += src (fp32, bf16 or fp16), views of one shape (contiguous last dim).
+Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream = nullptr);
+
+// Sets every element of a contiguous fp32 device tensor (e.g. LSE to -inf).
+Status flash_fill(const TensorView& dst, float value, void* stream = nullptr);
+
+// (o, lse) <- merge((o, lse), (o_part, lse_part)); o and both LSEs fp32 (any strides with a
+// contiguous last dim), o_part fp32, bf16 or fp16; -inf (or +inf/NaN) is "no key".
 Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
                             const TensorView& lse_part, void* stream = nullptr);
 

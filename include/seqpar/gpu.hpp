@@ -14,6 +14,22 @@ namespace seqpar {
 // Number of usable CUDA devices (0 when built without CUDA or when none is present).
 int cuda_device_count();
 
+// Blocks until the work queued on `stream` is done (no-op without CUDA).
+Status stream_synchronize(void* stream);
+// Copies bytes between any two of host and device memory (plain memcpy without CUDA).
+Status copy_bytes(void* dst, const void* src, size_t bytes);
+// Whether `p` points into device memory.
+bool is_device_pointer(const void* p);
+
+// Bytes held by DeviceBuffers on one device now and at most since the last reset (so a
+// benchmark can report the peak workspace of an algorithm).
+struct DeviceMemoryStats {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+DeviceMemoryStats device_memory_stats(int device);
+void reset_device_memory_peak(int device);
+
 // Device memory owned by this object (cudaMalloc / cudaFree on the current device).
 class DeviceBuffer {
  public:
@@ -31,8 +47,11 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
 
  private:
+  void release();
+
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  int device_ = 0;
 };
 
 // A device copy of a host tensor, with a contiguous view of it.

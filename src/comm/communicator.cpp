@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "seqpar/comm.hpp"
+#include "seqpar/gpu.hpp"
 
 namespace seqpar {
 namespace {
@@ -151,6 +152,8 @@ Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp 
   std::memcpy(data, padded.data(), count * es);
   return Status::Ok();
 }
+
+Status Communicator::synchronize(void* stream) { return stream_synchronize(stream); }
 
 Status Communicator::barrier() {
   std::vector<char> token(size(), 0);

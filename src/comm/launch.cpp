@@ -2,6 +2,7 @@
 #include <cstdlib>
 
 #include "seqpar/comm.hpp"
+#include "seqpar/nccl_comm.hpp"
 
 namespace seqpar {
 
@@ -9,6 +10,11 @@ bool launched_by_mpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(var)) return true;
   return false;
+}
+
+bool launched_by_torchrun() {
+  return std::getenv("RANK") && std::getenv("WORLD_SIZE") && std::getenv("MASTER_ADDR") &&
+         std::getenv("MASTER_PORT");
 }
 
 #ifndef SEQPAR_HAVE_MPI

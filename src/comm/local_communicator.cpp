@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "seqpar/comm.hpp"
+#include "seqpar/gpu.hpp"
 
 namespace seqpar {
 
@@ -110,11 +111,17 @@ class LocalWorld {
       slot->copying = true;
       const void* src = slot->data;
       lock.unlock();
-      if (recvs[i].bytes) std::memcpy(recvs[i].data, src, recvs[i].bytes);
+      // copy_bytes also moves device buffers (ranks that share a GPU, or one GPU each).
+      const Status copied = recvs[i].bytes ? copy_bytes(recvs[i].data, src, recvs[i].bytes)
+                                           : Status::Ok();
       lock.lock();
       slot->copying = false;
       slot->consumed = true;
       cv_.notify_all();
+      if (!copied.ok()) {
+        abort_locked(copied.message());
+        return copied;
+      }
     }
     return Status::Ok();
   }

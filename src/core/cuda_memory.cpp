@@ -2,11 +2,63 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <atomic>
 
 #include "core/cuda_check.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {
+
+namespace {
+constexpr int kMaxTrackedDevices = 64;
+struct MemoryCounters {
+  std::atomic<int64_t> current{0}, peak{0};
+};
+std::array<MemoryCounters, kMaxTrackedDevices> g_memory;
+
+void track(int device, int64_t delta) {
+  if (device < 0 || device >= kMaxTrackedDevices) return;
+  MemoryCounters& m = g_memory[device];
+  const int64_t now = m.current.fetch_add(delta) + delta;
+  int64_t peak = m.peak.load();
+  while (now > peak && !m.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+DeviceMemoryStats device_memory_stats(int device) {
+  if (device < 0 || device >= kMaxTrackedDevices) return {};
+  return {g_memory[device].current.load(), g_memory[device].peak.load()};
+}
+void reset_device_memory_peak(int device) {
+  if (device >= 0 && device < kMaxTrackedDevices)
+    g_memory[device].peak.store(g_memory[device].current.load());
+}
+
+Status stream_synchronize(void* stream) {
+  SP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return Status::Ok();
+}
+
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+Status copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (!is_device_pointer(dst) && !is_device_pointer(src)) {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  SP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return Status::Ok();
+}
 
 int cuda_device_count() {
   int n = 0;
@@ -17,19 +69,25 @@ int cuda_device_count() {
   return n;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) (void)cudaFree(data_);
+void DeviceBuffer::release() {
+  if (!data_) return;
+  (void)cudaFree(data_);
+  track(device_, -static_cast<int64_t>(bytes_));
+  data_ = nullptr;
+  bytes_ = 0;
 }
+DeviceBuffer::~DeviceBuffer() { release(); }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_) {
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
   other.data_ = nullptr;
   other.bytes_ = 0;
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_) (void)cudaFree(data_);
+    release();
     data_ = other.data_;
     bytes_ = other.bytes_;
+    device_ = other.device_;
     other.data_ = nullptr;
     other.bytes_ = 0;
   }
@@ -44,11 +102,11 @@ StatusOr<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
 
 Status DeviceBuffer::reserve(size_t bytes) {
   if (bytes <= bytes_) return Status::Ok();
-  if (data_) SP_CUDA_CHECK(cudaFree(data_));
-  data_ = nullptr;
-  bytes_ = 0;
+  release();
+  SP_CUDA_CHECK(cudaGetDevice(&device_));
   SP_CUDA_CHECK(cudaMalloc(&data_, bytes));
   bytes_ = bytes;
+  track(device_, static_cast<int64_t>(bytes));
   return Status::Ok();
 }
 

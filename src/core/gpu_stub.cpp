@@ -1,5 +1,7 @@
 // GPU entry points for builds without CUDA: no devices, and clear refusals.
 #ifndef SEQPAR_HAVE_CUDA
+#include <cstring>
+
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {
@@ -11,6 +13,15 @@ Status no_cuda() {
 }  // namespace
 
 int cuda_device_count() { return 0; }
+Status stream_synchronize(void*) { return Status::Ok(); }
+Status copy_bytes(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+bool is_device_pointer(const void*) { return false; }
+DeviceMemoryStats device_memory_stats(int) { return {}; }
+void reset_device_memory_peak(int) {}
+void DeviceBuffer::release() {}
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept = default;
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept = default;

@@ -152,12 +152,15 @@ Status burst_attention_backward(Communicator& comm, const Layout& layout,
 
 int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t batch,
                                       int64_t heads, int64_t head_dim, DType dtype,
-                                      DType accumulator_dtype) {
+                                      DType accumulator_dtype, BurstPack pack) {
   const int P = layout.ranks();
   int64_t bytes = 0;
   for (int step = 0; step < P - 1; ++step) {
     const int64_t rows = layout.local_len(wrap(rank - step, P));
-    bytes += (2 * batch * rows * heads * head_dim + 2 * batch * heads * rows) * dtype_size(dtype);
+    const int64_t tensor = batch * rows * heads * head_dim, row_stat = batch * heads * rows;
+    bytes += pack == BurstPack::kDeltaLse
+                 ? (2 * tensor + 2 * row_stat) * dtype_size(dtype)
+                 : 3 * tensor * dtype_size(dtype) + row_stat * dtype_size(DType::kF32);
   }
   if (P > 1)
     for (int shard = 0; shard < P; ++shard)
@@ -171,13 +174,13 @@ const char* backward_schedule_name(BackwardSchedule schedule) {
 
 BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, DType dtype,
-                                 DType accumulator_dtype) {
+                                 DType accumulator_dtype, BurstPack pack) {
   int64_t ring = 0, burst = 0;
   for (int r = 0; r < layout.ranks(); ++r) {
     ring = std::max(ring, ring_expected_bytes(layout, r, batch, kv_heads, head_dim, dtype,
                                               accumulator_dtype).backward);
     burst = std::max(burst, burst_backward_expected_bytes(layout, r, batch, heads, head_dim, dtype,
-                                                          accumulator_dtype));
+                                                          accumulator_dtype, pack));
   }
   return burst <= ring ? BackwardSchedule::kBurst : BackwardSchedule::kRing;
 }

@@ -80,6 +80,13 @@ void with_elem_type(DType dtype, Fn&& fn) {
   else fn(static_cast<__half*>(nullptr));
 }
 
+template <class Out>
+__device__ Out store_as_float(float x) {
+  if constexpr (std::is_same_v<Out, float>) return x;
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
+
 template <class In>
 __device__ float load_float(const In* p) {
   if constexpr (std::is_same_v<In, float>) return *p;
@@ -114,18 +121,20 @@ __global__ void delta_kernel(const In* o, const In* dout, float* delta, int64_t 
   if (lane == 0) delta[(b * heads + h) * seq + s] = acc;
 }
 
-__global__ void merge_kernel(float* o, float* lse, const float* o_part, const float* lse_part,
+template <class Part>
+__global__ void merge_kernel(float* o, float* lse, const Part* o_part, const float* lse_part,
                              int64_t rows, int heads, int seq, int dim, int64_t o_sb, int64_t o_ss,
-                             int64_t o_sh, int64_t p_sb, int64_t p_ss, int64_t p_sh) {
+                             int64_t o_sh, int64_t p_sb, int64_t p_ss, int64_t p_sh, int64_t l_sb,
+                             int64_t l_sh, int64_t lp_sb, int64_t lp_sh) {
   const RowIndex at = warp_row(heads, seq);
   if (at.row >= rows) return;
   const int lane = threadIdx.x % 32, h = at.h, s = at.s;
   const int64_t b = at.b;
-  const int64_t li = (b * heads + h) * seq + s;
+  const int64_t li = b * l_sb + h * l_sh + s, lpi = b * lp_sb + h * lp_sh + s;
   auto clean = [](float x) { return (x > -INFINITY && x < INFINITY) ? x : -INFINITY; };
-  const float a = clean(lse[li]), c = clean(lse_part[li]);
+  const float a = clean(lse[li]), c = clean(lse_part[lpi]);
   float* x = o + b * o_sb + s * o_ss + h * o_sh;
-  const float* y = o_part + b * p_sb + s * p_ss + h * p_sh;
+  const Part* y = o_part + b * p_sb + s * p_ss + h * p_sh;
   float wa, wc, merged;
   if (c == -INFINITY) {
     wa = a == -INFINITY ? 0.f : 1.f, wc = 0.f, merged = a;
@@ -135,32 +144,46 @@ __global__ void merge_kernel(float* o, float* lse, const float* o_part, const fl
     merged = fmaxf(a, c) + log1pf(expf(-fabsf(a - c)));
     wa = expf(a - merged), wc = expf(c - merged);
   }
-  for (int d = lane; d < dim; d += 32) x[d] = wa * x[d] + wc * y[d];
+  for (int d = lane; d < dim; d += 32) x[d] = wa * x[d] + wc * load_float(y + d);
   __syncwarp();
   if (lane == 0) lse[li] = merged;
 }
 
-template <class Out>
-__device__ Out store_as(float x) {
-  if constexpr (std::is_same_v<Out, float>) return x;
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
+// dst[e] (+)= src[e] over contiguous buffers; In -> Out through float.
+template <class In, class Out, bool Accumulate>
+__global__ void flat_cast_kernel(const In* src, Out* dst, int64_t n) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    float x = load_float(src + e);
+    if constexpr (Accumulate) x += load_float(dst + e);
+    dst[e] = store_as_float<Out>(x);
+  }
+}
+
+__global__ void fill_kernel(float* dst, int64_t n, float value) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    dst[e] = value;
 }
 
 // One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on both sides).
-template <class In, class Out>
+template <class In, class Out, bool Accumulate>
 __global__ void cast_kernel(const In* src, Out* dst, int64_t n, int64_t d1, int64_t d2, int64_t d3,
                             int64_t s0, int64_t s1, int64_t s2, int64_t t0, int64_t t1, int64_t t2) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i3 = e % d3, i2 = (e / d3) % d2, i1 = (e / (d3 * d2)) % d1, i0 = e / (d3 * d2 * d1);
-    dst[i0 * t0 + i1 * t1 + i2 * t2 + i3] = store_as<Out>(load_float(src + i0 * s0 + i1 * s1 + i2 * s2 + i3));
+    Out* out = dst + i0 * t0 + i1 * t1 + i2 * t2 + i3;
+    float x = load_float(src + i0 * s0 + i1 * s1 + i2 * s2 + i3);
+    if constexpr (Accumulate) x += load_float(out);
+    *out = store_as_float<Out>(x);
   }
 }
 
 }  // namespace
 }  // namespace cuda
 
-Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
+namespace {
+
+template <bool Accumulate>
+Status cast_or_add(const TensorView& src, const TensorView& dst, void* stream) {
   SP_CHECK_ARG(src.ndim >= 1 && src.ndim <= 4 && src.same_shape(dst),
                "cast needs two views of one shape (up to 4 dims); got " + src.shape_string() +
                    " and " + dst.shape_string());
@@ -169,6 +192,11 @@ Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
   SP_CHECK_ARG(src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1,
                "cast needs a contiguous last dim");
   SP_CHECK_SUPPORTED(src.dtype != DType::kF64 && dst.dtype != DType::kF64, "cast takes fp32, bf16, fp16");
+  const int64_t n = src.numel();
+  if (n == 0) return Status::Ok();
+  const auto s = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+  const bool flat = src.is_contiguous() && dst.is_contiguous();
   // View as 4-D: pad leading dims with size 1.
   int64_t shape[4] = {1, 1, 1, 1}, ss[4] = {0, 0, 0, 1}, ts[4] = {0, 0, 0, 1};
   for (int i = 0; i < src.ndim; ++i) {
@@ -176,20 +204,42 @@ Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
     ss[4 - src.ndim + i] = src.strides[i];
     ts[4 - src.ndim + i] = dst.strides[i];
   }
-  const int64_t n = src.numel();
-  if (n == 0) return Status::Ok();
-  const auto s = static_cast<cudaStream_t>(stream);
-  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
   auto go = [&](auto* in_tag, auto* out_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     using Out = std::remove_pointer_t<decltype(out_tag)>;
-    cuda::cast_kernel<In, Out><<<blocks, 256, 0, s>>>(static_cast<const In*>(src.data), static_cast<Out*>(dst.data),
-                                                      n, shape[1], shape[2], shape[3], ss[0], ss[1], ss[2],
-                                                      ts[0], ts[1], ts[2]);
+    const In* in = static_cast<const In*>(src.data);
+    Out* out = static_cast<Out*>(dst.data);
+    if (flat)
+      cuda::flat_cast_kernel<In, Out, Accumulate><<<blocks, 256, 0, s>>>(in, out, n);
+    else
+      cuda::cast_kernel<In, Out, Accumulate><<<blocks, 256, 0, s>>>(
+          in, out, n, shape[1], shape[2], shape[3], ss[0], ss[1], ss[2], ts[0], ts[1], ts[2]);
   };
   cuda::with_elem_type(src.dtype, [&](auto* in_tag) {
     cuda::with_elem_type(dst.dtype, [&](auto* out_tag) { go(in_tag, out_tag); });
   });
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
+  return cast_or_add<false>(src, dst, stream);
+}
+
+Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream) {
+  SP_CHECK_ARG(dst.dtype == DType::kF32, "accumulate adds into fp32, not " + dst.shape_string());
+  return cast_or_add<true>(src, dst, stream);
+}
+
+Status flash_fill(const TensorView& dst, float value, void* stream) {
+  SP_CHECK_ARG(dst.dtype == DType::kF32 && dst.is_contiguous() && dst.device.kind == DeviceKind::kCuda,
+               "fill takes a contiguous fp32 device tensor; got " + dst.shape_string());
+  const int64_t n = dst.numel();
+  if (n == 0) return Status::Ok();
+  cuda::fill_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0,
+                      static_cast<cudaStream_t>(stream)>>>(static_cast<float*>(dst.data), n, value);
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -224,19 +274,25 @@ Status flash_merge_partials(const TensorView& o, const TensorView& lse, const Te
                             const TensorView& lse_part, void* stream) {
   SP_CHECK_ARG(o.ndim == 4, "o must be [B, S, H, D]");
   const int64_t B = o.shape[0], S = o.shape[1], H = o.shape[2], D = o.shape[3];
+  SP_CHECK_SUPPORTED(o_part.dtype != DType::kF64, "o_part must be fp32, bf16 or fp16");
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, DType::kF32, {B, S, H, D}));
-  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_part", o_part, DType::kF32, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_part", o_part, o_part.dtype, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {B, H, S}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse_part", lse_part, DType::kF32, {B, H, S}));
-  SP_CHECK_ARG(lse.is_contiguous() && lse_part.is_contiguous(), "lse tensors must be contiguous");
   const int64_t rows = B * S * H;
   if (rows == 0) return Status::Ok();
   const int threads = 256;
-  cuda::merge_kernel<<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(
-      static_cast<float*>(o.data), static_cast<float*>(lse.data), static_cast<const float*>(o_part.data),
-      static_cast<const float*>(lse_part.data), rows, int(H), int(S), int(D), o.strides[0],
-      o.strides[1], o.strides[2], o_part.strides[0], o_part.strides[1], o_part.strides[2]);
+  auto go = [&](auto* tag) {
+    using Part = std::remove_pointer_t<decltype(tag)>;
+    cuda::merge_kernel<Part><<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
+                               static_cast<cudaStream_t>(stream)>>>(
+        static_cast<float*>(o.data), static_cast<float*>(lse.data),
+        static_cast<const Part*>(o_part.data), static_cast<const float*>(lse_part.data), rows,
+        int(H), int(S), int(D), o.strides[0], o.strides[1], o.strides[2], o_part.strides[0],
+        o_part.strides[1], o_part.strides[2], lse.strides[0], lse.strides[1],
+        lse_part.strides[0], lse_part.strides[1]);
+  };
+  cuda::with_elem_type(o_part.dtype, go);
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

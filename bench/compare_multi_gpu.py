@@ -1,0 +1,186 @@
+"""Joins the JSON lines of seqpar's multi-GPU benchmark ("kind":"seqpar_ring", one line per
+S and algo: ring | burst | auto) with those of its PyTorch peer, bench/torch_cp_peer.py
+("kind":"torch_cp"), run on the same GPUs, and prints a Markdown table: one row per
+(GPUs, S, algo) with our forward + backward time and TFLOP/s per GPU, how many times faster
+than PyTorch context parallel we are (PyTorch's time / ours, > 1 means seqpar is faster),
+our TFLOP/s per GPU as a fraction of our single-GPU kernel at the same tokens per GPU,
+both peak extra memories and their ratio (ours / PyTorch's). Below it, the longest S that
+each of our algos and PyTorch ran, and the ratio of our best longest to PyTorch's longest.
+Cells without data show "-"; failed runs show "OOM" when the error mentions memory,
+"skip" when the run was skipped for time, "err" otherwise. Lines that are not JSON objects
+are ignored.
+Usage: python3 bench/compare_multi_gpu.py ours.jsonl peer.jsonl"""
+import json
+import sys
+
+ALGO_ORDER = {"ring": 0, "burst": 1, "auto": 2}
+
+
+def load(path, kind):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and r.get("kind") == kind and isinstance(r.get("seq"), (int, float)):
+                rows.append(r)
+    return rows
+
+
+def ok(r):
+    return r is not None and "error" not in r
+
+
+def num(r, key):
+    """r[key] as a float when r ran and has it, else None."""
+    if not ok(r):
+        return None
+    v = r.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def failed(r):
+    """The cell text for a failed run, or None when r ran (or is absent)."""
+    if r is None or "error" not in r:
+        return None
+    e = str(r["error"]).lower()
+    if "memory" in e:
+        return "OOM"
+    if e.startswith("skipped"):
+        return "skip"
+    return "err"
+
+
+def cell(r, key, fmt):
+    f = failed(r)
+    if f:
+        return f
+    v = num(r, key)
+    return "-" if v is None else fmt.format(v)
+
+
+def ratio(a, b, fmt):
+    return "-" if a is None or b is None or b == 0 else fmt.format(a / b)
+
+
+def prefer(old, new):
+    """Of two lines for the same key, keep a successful one, the later one among equals."""
+    if old is None or ok(new) or not ok(old):
+        return new
+    return old
+
+
+def fmt_seq(s):
+    s = int(s)
+    for unit, n in (("M", 1 << 20), ("K", 1 << 10)):
+        if s >= n and s % n == 0:
+            return f"{s // n}{unit}"
+    return str(s)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    ours_rows = load(sys.argv[1], "seqpar_ring")
+    peer_rows = load(sys.argv[2], "torch_cp")
+
+    # The GPU count of a line; a peer error line may lack it, so fall back on the only count seen.
+    counts = sorted({int(r["gpus"]) for r in ours_rows + peer_rows if isinstance(r.get("gpus"), int)})
+    default_gpus = counts[0] if len(counts) == 1 else None
+
+    def gpus_of(r):
+        g = r.get("gpus")
+        return int(g) if isinstance(g, int) else default_gpus
+
+    ours = {}
+    for r in ours_rows:
+        key = (gpus_of(r), int(r["seq"]), str(r.get("algo", "?")))
+        ours[key] = prefer(ours.get(key), r)
+    # Peer: one line per (gpus, seq); a cudnn line wins over other backends, then prefer().
+    peer = {}
+    for r in peer_rows:
+        key = (gpus_of(r), int(r["seq"]))
+        old = peer.get(key)
+        if old is None:
+            peer[key] = r
+            continue
+        old_cudnn, new_cudnn = old.get("backend", "cudnn") == "cudnn", r.get("backend", "cudnn") == "cudnn"
+        peer[key] = prefer(old, r) if old_cudnn == new_cudnn else (r if new_cudnn else old)
+    backends = sorted({str(r.get("backend")) for r in peer.values() if r.get("backend")})
+
+    keys = set(ours)
+    for g, s in peer:  # S that only PyTorch ran still gets a row
+        if not any(k[0] == g and k[1] == s for k in ours):
+            keys.add((g, s, None))
+
+    def order(k):
+        return (k[0] if k[0] is not None else -1, k[1],
+                ALGO_ORDER.get(k[2], 9) if k[2] is not None else 10, k[2] or "")
+
+    print(f"PyTorch peer: context parallel, backend {', '.join(backends) or '-'}")
+    print()
+    print("| GPUs | S | tokens/GPU | algo | fwd+bwd ms | TFLOP/s/GPU | x faster | of 1-GPU kernel | peak extra GiB "
+          "| torch fwd+bwd ms | torch TFLOP/s/GPU | torch peak extra GiB | memory ours/torch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for k in sorted(keys, key=order):
+        g, s, algo = k
+        o = ours.get(k) if algo is not None else None
+        p = peer.get((g, s))
+        tokens = None
+        for r in (o, p):
+            if r is not None and isinstance(r.get("tokens_per_gpu"), (int, float)):
+                tokens = int(r["tokens_per_gpu"])
+                break
+        if tokens is None and g:
+            tokens = s // g
+        if algo is None:
+            label = "-"
+        elif algo == "auto" and o is not None and o.get("backward"):
+            label = f"auto ({o['backward']})"
+        else:
+            label = algo
+        o_ms, p_ms = num(o, "fwdbwd_ms"), num(p, "fwdbwd_ms")
+        o_tf, single = num(o, "fwdbwd_tflops_per_gpu"), num(o, "single_gpu_tflops")
+        o_mem, p_mem = num(o, "peak_extra_GiB"), num(p, "peak_extra_GiB")
+        faster = ratio(p_ms, o_ms, "{:.2f}x")
+        of_single = ratio(o_tf, single, "{:.0%}") if o_tf is not None and single else "-"
+        mem = ratio(o_mem, p_mem, "{:.0%}")
+        print(f"| {g if g is not None else '-'} | {fmt_seq(s)} | {tokens if tokens is not None else '-'} | {label} "
+              f"| {cell(o, 'fwdbwd_ms', '{:.1f}') if o is not None else '-'} "
+              f"| {cell(o, 'fwdbwd_tflops_per_gpu', '{:.1f}') if o is not None else '-'} "
+              f"| {faster} | {of_single} "
+              f"| {cell(o, 'peak_extra_GiB', '{:.2f}') if o is not None else '-'} "
+              f"| {cell(p, 'fwdbwd_ms', '{:.1f}') if p is not None else '-'} "
+              f"| {cell(p, 'fwdbwd_tflops_per_gpu', '{:.1f}') if p is not None else '-'} "
+              f"| {cell(p, 'peak_extra_GiB', '{:.2f}') if p is not None else '-'} "
+              f"| {mem} |")
+
+    # Longest S run successfully, per GPU count.
+    print()
+    gpu_counts = sorted({k[0] for k in keys}, key=lambda x: -1 if x is None else x)
+    for g in gpu_counts:
+        head = f"{g} GPUs" if g is not None else "unknown GPU count"
+        longest = {}
+        for (kg, s, algo), r in ours.items():
+            if kg == g and ok(r):
+                longest[algo] = max(longest.get(algo, 0), s)
+        torch_longest = max((s for (kg, s), r in peer.items() if kg == g and ok(r)), default=0)
+        parts = [f"seqpar {a}: {fmt_seq(v)}" for a, v in sorted(longest.items(), key=lambda x: ALGO_ORDER.get(x[0], 9))]
+        for a in sorted({k[2] for k in ours if k[0] == g} - set(longest), key=lambda x: ALGO_ORDER.get(x, 9)):
+            parts.append(f"seqpar {a}: none")
+        parts.append(f"torch: {fmt_seq(torch_longest) if torch_longest else 'none'}")
+        best = max(longest.values(), default=0)
+        if best and torch_longest:
+            verdict = f"our best longest / torch's longest = {best / torch_longest:.2f}x"
+        else:
+            verdict = "our best longest / torch's longest = -"
+        print(f"Longest S run ({head}): " + ", ".join(parts) + f". {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+// Multi-GPU benchmark of the ring-style schedules: one process, a thread per GPU, NCCL between
+// them. For each total length S: causal bf16 forward + backward with the ring, Burst and auto
+// backwards; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
+// buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
+// kernel's throughput at S / P tokens (the scaling reference). One JSON line per run; the
+// PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py joins the two.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "seqpar/cudnn_attention.hpp"
+#include "seqpar/gpu.hpp"
+#include "seqpar/gpu_ring.hpp"
+#include "seqpar/nccl_comm.hpp"
+
+namespace seqpar {
+namespace {
+
+__global__ void fill_uniform(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    x[i] = __float2bfloat16(float(z >> 40) * 0x1.0p-24f * 2.f - 1.f);
+  }
+}
+
+struct Options {
+  std::vector<int64_t> seqs{16384, 65536, 131072, 262144, 524288, 1048576, 2097152};
+  std::vector<std::string> algos{"ring", "burst", "auto"};
+  int gpus = 0;
+  int64_t heads = 32, head_dim = 128;
+  int64_t single_max = 262144;  // single-GPU reference up to this many tokens per GPU
+  int64_t big_from = 1048576;   // from here: auto only, one untimed-warm-up-free run
+};
+
+struct Tensor {
+  DeviceBuffer buffer;
+  TensorView view;
+};
+
+StatusOr<Tensor> device_tensor(DType t, std::vector<int64_t> shape, uint64_t seed, cudaStream_t s) {
+  Tensor out;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  SP_ASSIGN_OR_RETURN(out.buffer, DeviceBuffer::allocate(n * dtype_size(t)));
+  out.view.data = out.buffer.data();
+  out.view.dtype = t;
+  out.view.device = Device{DeviceKind::kCuda, 0};
+  cudaGetDevice(&out.view.device.index);
+  out.view.ndim = int(shape.size());
+  int64_t stride = 1;
+  for (int i = out.view.ndim - 1; i >= 0; --i) out.view.shape[i] = shape[i], out.view.strides[i] = stride, stride *= shape[i];
+  if (seed && t == DType::kBF16)
+    fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out.buffer.data()), n, seed);
+  else if (cudaMemsetAsync(out.buffer.data(), 0, n * dtype_size(t), s) != cudaSuccess)
+    return SP_STATUS(StatusCode::kInternal, "memset failed");
+  return std::move(out);
+}
+
+double causal_flops(int64_t S, int64_t H, int64_t D, bool backward) {
+  return 4.0 * double(S) * double(S) * H * D * 0.5 * (backward ? 3.5 : 1.0);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Our single-GPU cuDNN kernel, causal fwd+bwd TFLOP/s at S tokens (the scaling reference).
+StatusOr<double> single_gpu_tflops(int64_t S, int64_t H, int64_t D, cudaStream_t s) {
+  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, S, H, D}, 11, s));
+  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, S, H, D}, 12, s));
+  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, S, H, D}, 13, s));
+  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, S, H, D}, 14, s));
+  SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
+  AttentionParams p;
+  p.mask = MaskSpec::causal();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<double> ms;
+  for (int it = 0; it < 4; ++it) {
+    cudaEventRecord(a, s);
+    SP_RETURN_IF_ERROR(cudnn_attention_forward(q.view, k.view, v.view, p, o.view, lse.view, s));
+    SP_RETURN_IF_ERROR(cudnn_attention_backward(q.view, k.view, v.view, o.view, dout.view, lse.view, p,
+                                                dq.view, dk.view, dv.view, s));
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    if (it > 0) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return causal_flops(S, H, D, true) / (median(ms) * 1e-3) / 1e12;
+}
+
+// One (S, algo) run on this rank; fills `line` on rank 0.
+Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::string& algo,
+               cudaStream_t s, nlohmann::ordered_json* line) {
+  const int P = comm.size(), me = comm.rank();
+  const int64_t H = opt.heads, D = opt.head_dim;
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(LayoutKind::kZigzag, S, P));
+  const int64_t n = layout.local_len(me);
+  int device = 0;
+  cudaGetDevice(&device);
+  BackwardSchedule schedule =
+      algo == "ring" ? BackwardSchedule::kRing
+      : algo == "burst" ? BackwardSchedule::kBurst
+                        : choose_backward(layout, 1, H, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse);
+  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
+  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
+  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
+  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
+  cudaStreamSynchronize(s);
+  const int64_t base = device_memory_stats(device).current;
+  reset_device_memory_peak(device);
+  {
+    SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, n}, 0, s));
+    SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    AttentionParams params;
+    params.mask = MaskSpec::causal();
+    GpuRingContext ctx;
+    const bool big = S >= opt.big_from;
+    const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
+    cudaEvent_t e0, e1, e2;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventCreate(&e2);
+    std::vector<double> fwd_ms, total_ms;
+    for (int it = 0; it < warm + iters; ++it) {
+      SP_RETURN_IF_ERROR(comm.barrier());
+      cudaEventRecord(e0, s);
+      SP_RETURN_IF_ERROR(gpu_ring_attention_forward(comm, layout, params, q.view, k.view, v.view, o.view,
+                                                    lse.view, ctx, s));
+      cudaEventRecord(e1, s);
+      SP_RETURN_IF_ERROR(gpu_attention_backward(comm, layout, params, schedule, q.view, k.view, v.view,
+                                                o.view, lse.view, dout.view, dq.view, dk.view, dv.view,
+                                                ctx, s));
+      cudaEventRecord(e2, s);
+      SP_RETURN_IF_ERROR(comm.synchronize(s));
+      float f = 0, t = 0;
+      cudaEventElapsedTime(&f, e0, e1);
+      cudaEventElapsedTime(&t, e0, e2);
+      if (it >= warm) fwd_ms.push_back(f), total_ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaEventDestroy(e2);
+    double stats[3] = {median(fwd_ms), median(total_ms),
+                       double(device_memory_stats(device).peak - base) / double(1ll << 30)};
+    SP_RETURN_IF_ERROR(comm.all_reduce(stats, 3, DType::kF64, ReduceOp::kMax));
+    (*line)["kind"] = "seqpar_ring";
+    (*line)["algo"] = algo;
+    (*line)["backward"] = backward_schedule_name(schedule);
+    (*line)["gpus"] = P;
+    (*line)["seq"] = S;
+    (*line)["tokens_per_gpu"] = S / P;
+    (*line)["heads"] = H;
+    (*line)["head_dim"] = D;
+    (*line)["head_groups"] = ctx.counters.head_groups;
+    (*line)["iters"] = iters;
+    (*line)["fwd_ms"] = stats[0];
+    (*line)["fwdbwd_ms"] = stats[1];
+    (*line)["fwd_tflops_per_gpu"] = causal_flops(S, H, D, false) / (stats[0] * 1e-3) / 1e12 / P;
+    (*line)["fwdbwd_tflops_per_gpu"] = causal_flops(S, H, D, true) / (stats[1] * 1e-3) / 1e12 / P;
+    (*line)["peak_extra_GiB"] = stats[2];
+  }
+  return Status::Ok();
+}
+
+Status bench_rank(Communicator& comm, const Options& opt) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int64_t S : opt.seqs) {
+    double single = 0;
+    const int64_t per_gpu = S / comm.size();
+    if (comm.rank() == 0 && per_gpu <= opt.single_max) {
+      auto t = single_gpu_tflops(per_gpu, opt.heads, opt.head_dim, s);
+      single = t.ok() ? t.value() : 0;
+    }
+    SP_RETURN_IF_ERROR(comm.barrier());
+    for (const std::string& algo : opt.algos) {
+      if (S >= opt.big_from && algo != "auto") continue;
+      nlohmann::ordered_json line;
+      const Status st = run_one(comm, opt, S, algo, s, &line);
+      if (comm.rank() != 0) {
+        SP_RETURN_IF_ERROR(st);
+        continue;
+      }
+      if (!st.ok()) {
+        line = {{"kind", "seqpar_ring"}, {"algo", algo}, {"gpus", comm.size()}, {"seq", S},
+                {"tokens_per_gpu", per_gpu}, {"error", st.message().substr(0, 300)}};
+        std::printf("%s\n", line.dump().c_str());
+        std::fflush(stdout);
+        return st;  // a failed collective run leaves the ranks out of step: stop here
+      }
+      if (single > 0) {
+        line["single_gpu_tflops"] = single;
+        line["fraction_of_single_gpu"] = line["fwdbwd_tflops_per_gpu"].get<double>() / single;
+      }
+      std::printf("%s\n", line.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  cudaStreamDestroy(s);
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace seqpar
+
+int main(int argc, char** argv) {
+  using namespace seqpar;
+  CLI::App app{"Multi-GPU ring/Burst attention benchmark (causal bf16, zigzag, B = 1); JSON lines"};
+  Options opt;
+  app.add_option("--seqs", opt.seqs, "total sequence lengths")->delimiter(',')->capture_default_str();
+  app.add_option("--algos", opt.algos, "ring, burst, auto")->delimiter(',')->capture_default_str();
+  app.add_option("--gpus", opt.gpus, "GPUs (default: all visible)");
+  app.add_option("--heads", opt.heads, "heads (K/V heads too)")->capture_default_str();
+  app.add_option("--head-dim", opt.head_dim, "head dim")->capture_default_str();
+  app.add_option("--single-max", opt.single_max, "single-GPU reference up to this many tokens per GPU")
+      ->capture_default_str();
+  app.add_option("--big-from", opt.big_from, "from this S on: auto only, one run, no warm-up")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const int gpus = opt.gpus > 0 ? opt.gpus : cuda_device_count();
+  if (gpus < 1) {
+    std::fprintf(stderr, "bench_gpu_ring: no CUDA GPU\n");
+    return 2;
+  }
+  const Status s = run_nccl_local_ranks(gpus, [&](Communicator& comm) { return bench_rank(comm, opt); });
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench_gpu_ring: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+// Ring attention and BurstAttention on GPU ranks: the schedules of ring.hpp and burst.hpp,
+// run by one executor over device memory.
+//   - Transfers are double-buffered and overlap compute: with a stream-ordered communicator
+//     (NCCL) every exchange runs on the communicator's stream after the compute that filled
+//     its buffers, and the compute stream waits for it only where it reads the data; with a
+//     host-driven one (local threads sharing or splitting GPUs) the host orders them.
+//   - Accumulators are fp32: the running (O, LSE) of the forward, dQ and the travelling
+//     dK/dV (ring) or dQ (Burst) of the backward. K/V are never gathered.
+//   - Local steps: each (query shard, K/V shard) pair is planned once (block_plan.hpp) into
+//     dense cuDNN calls whose partial (O, LSE) are merged, or, for masks cuDNN cannot take
+//     (windows with a left bound, documents), run by our own kernels over position runs.
+//   - Memory: heads are processed in groups so the workspace stays under a limit; every
+//     buffer is allocated once per shape and reused (GpuRingContext).
+//
+// Local shapes on rank r (device memory, bf16 or fp16, S_r = layout.local_len(r)):
+//   q, o, dout, dq: [B, S_r, H, D]   k, v, dk, dv: [B, S_r, H_kv, D]   lse: [B, H, S_r] fp32
+// Work is queued on `stream`; the functions return once it is queued and the communicator's
+// synchronize(stream) (or a stream sync) waits for it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "seqpar/burst.hpp"
+#include "seqpar/ring.hpp"
+
+namespace seqpar {
+
+struct GpuRingOptions {
+  int head_groups = 0;                        // 0: the fewest groups whose workspace fits
+  int64_t workspace_limit_bytes = 2LL << 30;  // for head_groups = 0
+  bool use_cudnn = true;                      // false: our own kernels for every step
+};
+
+// Per-rank state reused across calls: device buffers (grown, never shrunk), the block plans
+// of each shard pair, and a side stream that finishes a head group's results while the next
+// group computes.
+class GpuRingContext {
+ public:
+  explicit GpuRingContext(GpuRingOptions options = {});
+  ~GpuRingContext();
+  GpuRingContext(const GpuRingContext&) = delete;
+  GpuRingContext& operator=(const GpuRingContext&) = delete;
+
+  const GpuRingOptions& options() const { return options_; }
+
+  // Head groups of the last call, and how many local calls went to cuDNN / our kernels.
+  struct Counters {
+    int head_groups = 1;
+    int64_t cudnn_calls = 0, own_kernel_calls = 0;
+  };
+  Counters counters;
+
+  struct Impl;  // buffers, plans, streams (src/dist/gpu_ring.cpp)
+  Impl& impl() { return *impl_; }
+
+ private:
+  GpuRingOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
+                                  const AttentionParams& params, const TensorView& q,
+                                  const TensorView& k, const TensorView& v, const TensorView& o,
+                                  const TensorView& lse, GpuRingContext& ctx, void* stream,
+                                  RingStats* stats = nullptr);
+
+// Writes dq, dk, dv (the inputs' dtype) with the ring or the Burst backward.
+Status gpu_attention_backward(Communicator& comm, const Layout& layout,
+                              const AttentionParams& params, BackwardSchedule schedule,
+                              const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& o, const TensorView& lse, const TensorView& dout,
+                              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              GpuRingContext& ctx, void* stream, RingStats* stats = nullptr);
+
+// Bytes rank `rank` sends on GPU ranks (K/V and the packs in `dtype`, accumulators in fp32).
+TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule schedule,
+                                int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                DType dtype);
+
+}  // namespace seqpar

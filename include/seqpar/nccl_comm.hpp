@@ -1,0 +1,43 @@
+// The NCCL communicator: the Communicator interface over NCCL point-to-point, one GPU per
+// rank. Batches run on the communicator's own CUDA stream, ordered after the work queued on
+// the stream given to set_stream(), so a schedule overlaps transfers with compute without
+// blocking the host (PendingExchange::wait_on_stream). Host buffers (the collectives' small
+// bookkeeping) are staged through device memory.
+//
+// Three ways to start, all on the same class:
+//   run_nccl_local_ranks   one process drives every local GPU, one thread per GPU;
+//   make_nccl_communicator_mpi  under mpirun: MPI hands out the NCCL unique id;
+//   make_nccl_communicator_env  under torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+//       MASTER_ADDR, MASTER_PORT): rank 0 serves the id over TCP on MASTER_PORT + 1
+//       (torchrun's own store holds MASTER_PORT); SEQPAR_BOOTSTRAP_PORT overrides the port.
+//
+// Failure: communicators are non-blocking NCCL communicators, and every host wait polls with
+// a deadline (SEQPAR_COMM_TIMEOUT_S, default 300 s, counted from the last progress) and NCCL's
+// asynchronous error. A dead or stalled peer, or abort() from another thread, makes the rank
+// abort its communicator (ncclCommAbort) and return kCommError instead of hanging.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "seqpar/comm.hpp"
+
+namespace seqpar {
+
+// Whether this build has the NCCL communicator.
+bool nccl_available();
+
+// True when torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set.
+bool launched_by_torchrun();
+
+// Runs fn(comm) on `num_gpus` threads, thread r on GPU r with the current device set; returns
+// the first non-ok Status (the root cause rather than the aborts it caused). A rank that fails
+// aborts the others.
+Status run_nccl_local_ranks(int num_gpus, const std::function<Status(Communicator&)>& fn);
+
+// One rank per process; the GPU is the node-local rank modulo the visible GPUs.
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi();
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env();
+
+}  // namespace seqpar

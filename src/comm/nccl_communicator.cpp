@@ -1,0 +1,461 @@
+// The NCCL communicator (see include/seqpar/nccl_comm.hpp): non-blocking NCCL communicators,
+// batches on a stream of their own, host waits that poll with a progress deadline, and the
+// three bootstraps (threads, MPI, torchrun's environment over a small TCP exchange).
+#include <arpa/inet.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/cuda_check.hpp"
+#include "seqpar/gpu.hpp"
+#include "seqpar/nccl_comm.hpp"
+
+namespace seqpar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds comm_timeout() {
+  const char* env = std::getenv("SEQPAR_COMM_TIMEOUT_S");
+  const double s = env ? std::atof(env) : 300.0;
+  return std::chrono::milliseconds(static_cast<int64_t>((s > 0 ? s : 300.0) * 1000));
+}
+
+Status nccl_status(ncclResult_t r, const char* what) {
+  return SP_STATUS(StatusCode::kCommError,
+                   std::string(what) + " failed: " + ncclGetErrorString(r));
+}
+
+#define SP_NCCL_CHECK(expr)                                                         \
+  do {                                                                              \
+    const ncclResult_t sp_nccl_r_ = (expr);                                         \
+    if (sp_nccl_r_ != ncclSuccess && sp_nccl_r_ != ncclInProgress)                  \
+      return nccl_status(sp_nccl_r_, #expr);                                        \
+  } while (0)
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+class NcclCommunicator;
+
+// A batch in flight: an event recorded on the communicator's stream after its operations.
+class NcclPending final : public PendingExchange {
+ public:
+  NcclPending(NcclCommunicator* comm, cudaEvent_t done) : comm_(comm), done_(done) {}
+  ~NcclPending() override { (void)cudaEventDestroy(done_); }
+  Status wait() override;
+  Status wait_on_stream(void* stream) override {
+    SP_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0));
+    return Status::Ok();
+  }
+
+ private:
+  NcclCommunicator* comm_;
+  cudaEvent_t done_;
+};
+
+class DoneExchange final : public PendingExchange {
+ public:
+  Status wait() override { return Status::Ok(); }
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Creates rank `rank` of `size` on `device` (made current) from a shared unique id.
+  static StatusOr<std::unique_ptr<NcclCommunicator>> create(const ncclUniqueId& id, int rank,
+                                                            int size, int device) {
+    SP_CUDA_CHECK(cudaSetDevice(device));
+    std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(rank, size, device));
+    ncclConfig_t config = nonblocking_config();
+    SP_NCCL_CHECK(ncclCommInitRankConfig(&c->comm_, size, id, rank, &config));
+    SP_RETURN_IF_ERROR(c->settle("NCCL initialisation"));
+    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking));
+    return c;
+  }
+
+  ~NcclCommunicator() override {
+    (void)cudaSetDevice(device_);
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : inflight_) (void)cudaEventDestroy(e);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    if (comm_) {
+      if (aborted_) (void)ncclCommAbort(comm_);
+      else (void)ncclCommDestroy(comm_);
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "nccl"; }
+  bool stream_ordered() const override { return true; }
+
+  StatusOr<std::unique_ptr<Communicator>> split(int color, int key) override {
+    SP_RETURN_IF_ERROR(check_alive());
+    std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(0, 0, device_));
+    ncclConfig_t config = nonblocking_config();
+    SP_NCCL_CHECK(ncclCommSplit(comm_, color, key, &c->comm_, &config));
+    SP_RETURN_IF_ERROR(settle("ncclCommSplit"));
+    SP_RETURN_IF_ERROR(c->settle("ncclCommSplit"));
+    SP_NCCL_CHECK(ncclCommUserRank(c->comm_, &c->rank_));
+    SP_NCCL_CHECK(ncclCommCount(c->comm_, &c->size_));
+    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking));
+    return std::unique_ptr<Communicator>(std::move(c));
+  }
+
+  // Safe from any thread: the owning thread acts on the flag at its next wait or post.
+  void abort(const std::string& reason) override {
+    std::lock_guard lock(abort_mu_);
+    if (!abort_requested_) abort_reason_ = reason;
+    abort_requested_ = true;
+  }
+
+  Status synchronize(void* stream) override {
+    SP_CUDA_CHECK(cudaSetDevice(device_));
+    cudaEvent_t done;
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    Status s = Status::Ok();
+    if (cudaEventRecord(done, static_cast<cudaStream_t>(stream)) != cudaSuccess)
+      s = SP_STATUS(StatusCode::kInternal, "cudaEventRecord failed");
+    if (s.ok()) s = wait_event(done, "the GPU work of this rank");
+    (void)cudaEventDestroy(done);
+    return s;
+  }
+
+  // Polls `done` until it completes; fails on abort, NCCL errors, or no progress in time.
+  Status wait_event(cudaEvent_t done, const std::string& what) {
+    auto deadline = Clock::now() + comm_timeout();
+    for (int spins = 0;; ++spins) {
+      SP_RETURN_IF_ERROR(check_alive());
+      const cudaError_t q = cudaEventQuery(done);
+      if (q == cudaSuccess) {
+        retire_completed();
+        return Status::Ok();
+      }
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return fail(std::string("CUDA error while waiting for ") + what + ": " + cudaGetErrorString(q));
+      }
+      ncclResult_t async = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        return fail(std::string("NCCL error while waiting for ") + what + ": " + ncclGetErrorString(async));
+      if (retire_completed()) deadline = Clock::now() + comm_timeout();
+      if (Clock::now() > deadline)
+        return fail("timed out waiting for " + what + " on rank " + std::to_string(rank_) +
+                    " (a peer failed or stalled; SEQPAR_COMM_TIMEOUT_S sets the limit)");
+      if (spins < 1000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ protected:
+  StatusOr<std::unique_ptr<PendingExchange>> post(std::span<const SendSpec> sends,
+                                                  std::span<const RecvSpec> recvs) override {
+    SP_RETURN_IF_ERROR(check_alive());
+    SP_CUDA_CHECK(cudaSetDevice(device_));
+    bool on_host = false;
+    for (const SendSpec& s : sends) on_host = on_host || (s.bytes && !is_device_pointer(s.data));
+    for (const RecvSpec& r : recvs) on_host = on_host || (r.bytes && !is_device_pointer(r.data));
+    if (on_host) return post_staged(sends, recvs);
+    if (Communicator::stream()) {  // start after the work already queued on the caller's stream
+      cudaEvent_t ready;
+      SP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+      SP_CUDA_CHECK(cudaEventRecord(ready, static_cast<cudaStream_t>(Communicator::stream())));
+      SP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+      SP_CUDA_CHECK(cudaEventDestroy(ready));
+    }
+    SP_RETURN_IF_ERROR(enqueue(sends, recvs));
+    cudaEvent_t done, watched;
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&watched, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventRecord(done, stream_));
+    SP_CUDA_CHECK(cudaEventRecord(watched, stream_));
+    inflight_.push_back(watched);  // progress marker for the deadline
+    return std::unique_ptr<PendingExchange>(new NcclPending(this, done));
+  }
+  bool overlaps() const override { return true; }
+
+ private:
+  NcclCommunicator(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
+
+  Status enqueue(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
+    SP_NCCL_CHECK(ncclGroupStart());
+    for (const SendSpec& s : sends)
+      if (s.bytes) SP_NCCL_CHECK(ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm_, stream_));
+    for (const RecvSpec& r : recvs)
+      if (r.bytes) SP_NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclUint8, r.peer, comm_, stream_));
+    SP_NCCL_CHECK(ncclGroupEnd());
+    return settle("ncclGroupEnd");
+  }
+
+  // Host buffers: copy into device staging, run the batch, copy back; complete on return.
+  StatusOr<std::unique_ptr<PendingExchange>> post_staged(std::span<const SendSpec> sends,
+                                                         std::span<const RecvSpec> recvs) {
+    size_t total = 0;
+    std::vector<size_t> offsets;
+    for (const SendSpec& s : sends) offsets.push_back(total), total += (s.bytes + 255) / 256 * 256;
+    for (const RecvSpec& r : recvs) offsets.push_back(total), total += (r.bytes + 255) / 256 * 256;
+    SP_RETURN_IF_ERROR(staging_.reserve(std::max<size_t>(total, 1)));
+    char* base = static_cast<char*>(staging_.data());
+    std::vector<SendSpec> dsends;
+    std::vector<RecvSpec> drecvs;
+    size_t i = 0;
+    for (const SendSpec& s : sends) {
+      SP_CUDA_CHECK(cudaMemcpyAsync(base + offsets[i], s.data, s.bytes, cudaMemcpyDefault, stream_));
+      dsends.push_back({s.peer, base + offsets[i++], s.bytes});
+    }
+    for (const RecvSpec& r : recvs) drecvs.push_back({r.peer, base + offsets[i++], r.bytes});
+    SP_RETURN_IF_ERROR(enqueue(dsends, drecvs));
+    i = sends.size();
+    for (const RecvSpec& r : recvs)
+      SP_CUDA_CHECK(cudaMemcpyAsync(r.data, base + offsets[i++], r.bytes, cudaMemcpyDefault, stream_));
+    SP_RETURN_IF_ERROR(synchronize(stream_));
+    return std::unique_ptr<PendingExchange>(new DoneExchange());
+  }
+
+  // Non-blocking NCCL calls may return "in progress": poll until they settle.
+  Status settle(const std::string& what) {
+    const auto deadline = Clock::now() + comm_timeout();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      SP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state == ncclSuccess) return Status::Ok();
+      if (state != ncclInProgress) return fail(what + ": " + ncclGetErrorString(state));
+      if (abort_requested_.load() || Clock::now() > deadline)
+        return fail(what + " did not complete" +
+                    (abort_requested_.load() ? ": " + abort_reason() : std::string(" in time")));
+      std::this_thread::yield();
+    }
+  }
+
+  // Drops progress markers that completed; true if any did.
+  bool retire_completed() {
+    bool progressed = false;
+    while (!inflight_.empty() && cudaEventQuery(inflight_.front()) == cudaSuccess) {
+      (void)cudaEventDestroy(inflight_.front());
+      inflight_.pop_front();
+      progressed = true;
+    }
+    return progressed;
+  }
+
+  std::string abort_reason() {
+    std::lock_guard lock(abort_mu_);
+    return abort_reason_;
+  }
+
+  Status check_alive() {
+    if (aborted_) return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());
+    if (abort_requested_.load()) return fail(abort_reason());
+    return Status::Ok();
+  }
+
+  // Aborts this rank's communicator (so its kernels stop waiting) and reports why.
+  Status fail(const std::string& why) {
+    abort(why);
+    if (!aborted_ && comm_) {
+      aborted_ = true;
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_, size_, device_;
+  DeviceBuffer staging_;
+  std::deque<cudaEvent_t> inflight_;
+  bool aborted_ = false;
+  std::atomic<bool> abort_requested_{false};
+  std::mutex abort_mu_;
+  std::string abort_reason_;
+};
+
+Status NcclPending::wait() { return comm_->wait_event(done_, "a transfer"); }
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+StatusOr<int> local_device(int local_rank) {
+  const int n = cuda_device_count();
+  SP_CHECK_SUPPORTED(n > 0, "the NCCL communicator needs a CUDA GPU; none is visible");
+  return local_rank % n;
+}
+
+// ---- torchrun bootstrap: rank 0 sends the unique id to every other rank over TCP ----------
+
+Status send_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    SP_CHECK_ARG(w > 0, std::string("bootstrap send failed: ") + std::strerror(errno));
+    p += w, n -= size_t(w);
+  }
+  return Status::Ok();
+}
+
+Status serve_unique_id(const ncclUniqueId& id, int port, int clients) {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  SP_CHECK_ARG(fd >= 0, std::string("bootstrap socket: ") + std::strerror(errno));
+  const int one = 1, zero = 0;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_any;
+  addr.sin6_port = htons(static_cast<uint16_t>(port));
+  Status s = Status::Ok();
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, clients) != 0)
+    s = SP_STATUS(StatusCode::kCommError, "bootstrap: cannot listen on port " + std::to_string(port) +
+                                              ": " + std::strerror(errno) + " (set SEQPAR_BOOTSTRAP_PORT)");
+  const auto deadline = Clock::now() + comm_timeout();
+  for (int served = 0; s.ok() && served < clients;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) {
+      if (Clock::now() > deadline)
+        s = SP_STATUS(StatusCode::kCommError, "bootstrap: only " + std::to_string(served) + " of " +
+                                                  std::to_string(clients) + " ranks connected in time");
+      continue;
+    }
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) continue;
+    s = send_all(c, &id, sizeof(id));
+    ::close(c);
+    ++served;
+  }
+  ::close(fd);
+  return s;
+}
+
+Status fetch_unique_id(const std::string& host, int port, ncclUniqueId* id) {
+  const auto deadline = Clock::now() + comm_timeout();
+  for (;;) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) == 0) {
+      for (addrinfo* a = res; a; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          size_t got = 0;
+          while (got < sizeof(*id)) {
+            const ssize_t r = ::recv(fd, reinterpret_cast<char*>(id) + got, sizeof(*id) - got, 0);
+            if (r <= 0) break;
+            got += size_t(r);
+          }
+          ::close(fd);
+          if (got == sizeof(*id)) {
+            ::freeaddrinfo(res);
+            return Status::Ok();
+          }
+        } else {
+          ::close(fd);
+        }
+      }
+      ::freeaddrinfo(res);
+    }
+    SP_CHECK_ARG(Clock::now() < deadline, "bootstrap: could not reach rank 0 at " + host + ":" +
+                                              std::to_string(port) + " in time");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+
+Status run_nccl_local_ranks(int num_gpus, const std::function<Status(Communicator&)>& fn) {
+  SP_CHECK_ARG(num_gpus >= 1, "need at least one GPU");
+  const int visible = cuda_device_count();
+  SP_CHECK_ARG(num_gpus <= visible, "asked for " + std::to_string(num_gpus) + " GPUs but " +
+                                        std::to_string(visible) + " are visible");
+  ncclUniqueId id;
+  SP_NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<Status> results(num_gpus);
+  std::vector<NcclCommunicator*> live(num_gpus, nullptr);
+  std::mutex mu;
+  auto abort_all = [&](int from, const std::string& why) {
+    std::lock_guard lock(mu);
+    for (int r = 0; r < num_gpus; ++r)
+      if (r != from && live[r]) live[r]->abort("rank " + std::to_string(from) + " failed: " + why);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < num_gpus; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = NcclCommunicator::create(id, r, num_gpus, r);
+      if (!comm.ok()) {
+        results[r] = comm.status();
+        abort_all(r, results[r].message());
+        return;
+      }
+      {
+        std::lock_guard lock(mu);
+        live[r] = comm.value().get();
+      }
+      results[r] = fn(*comm.value());
+      if (!results[r].ok()) abort_all(r, results[r].message());
+      {
+        std::lock_guard lock(mu);
+        live[r] = nullptr;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : results)
+    if (!s.ok() && s.message().find("communicator aborted") == std::string::npos) return s;
+  for (const Status& s : results)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi() {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> mpi, make_mpi_world_communicator());
+  const int rank = mpi->rank(), size = mpi->size();
+  ncclUniqueId id{};
+  if (rank == 0) SP_NCCL_CHECK(ncclGetUniqueId(&id));
+  std::vector<ncclUniqueId> all(size);
+  SP_RETURN_IF_ERROR(mpi->all_gather(&id, all.data(), sizeof(id)));
+  SP_ASSIGN_OR_RETURN(const int device, local_device(env_int("OMPI_COMM_WORLD_LOCAL_RANK",
+                                                             env_int("MPI_LOCALRANKID", rank))));
+  SP_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::create(all[0], rank, size, device));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() {
+  SP_CHECK_ARG(launched_by_torchrun(), "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT must be set");
+  const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
+  SP_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
+               "RANK " + std::to_string(rank) + " is out of range for WORLD_SIZE " + std::to_string(size));
+  const int port = env_int("SEQPAR_BOOTSTRAP_PORT", env_int("MASTER_PORT", 29500) + 1);
+  ncclUniqueId id{};
+  if (rank == 0) {
+    SP_NCCL_CHECK(ncclGetUniqueId(&id));
+    SP_RETURN_IF_ERROR(serve_unique_id(id, port, size - 1));
+  } else {
+    SP_RETURN_IF_ERROR(fetch_unique_id(std::getenv("MASTER_ADDR"), port, &id));
+  }
+  SP_ASSIGN_OR_RETURN(const int device, local_device(env_int("LOCAL_RANK", rank)));
+  SP_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::create(id, rank, size, device));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace seqpar

@@ -1,0 +1,183 @@
+// Ring attention and BurstAttention on GPU ranks against the CPU fp64 oracle with the bf16
+// rule: P in {1, 2, 3, 4} ranks sharing one GPU (threads, the local communicator moving
+// device buffers), every layout, causal/full/window/document masks, GQA, split head groups,
+// and both backwards; and the NCCL communicator on two GPUs when the machine has them.
+// Skipped without a GPU (CI).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cctype>
+#include <mutex>
+
+#include "seqpar/gpu.hpp"
+#include "seqpar/gpu_ring.hpp"
+#include "seqpar/nccl_comm.hpp"
+#include "test_util.hpp"
+
+namespace seqpar {
+namespace {
+
+using testing::cast;
+
+struct Case {
+  int ranks;
+  LayoutKind layout;
+  std::string mask;
+  BackwardSchedule schedule;
+  int64_t seq, heads, kv_heads, head_dim;
+  int head_groups;  // 0: auto
+  bool nccl;
+};
+
+std::string name(const Case& c) {
+  std::string mask = c.mask;
+  for (char& ch : mask)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return std::string(c.nccl ? "nccl" : "local") + "_P" + std::to_string(c.ranks) + "_" +
+         layout_name(c.layout) + "_" + mask + "_" + backward_schedule_name(c.schedule) + "_S" +
+         std::to_string(c.seq) + "_H" + std::to_string(c.heads) + "_Hkv" + std::to_string(c.kv_heads) +
+         "_D" + std::to_string(c.head_dim) + "_G" + std::to_string(c.head_groups);
+}
+
+struct Globals {
+  HostTensor o, lse, dq, dk, dv;
+};
+
+// Runs forward + backward on every rank and scatters each rank's results into global tensors.
+Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                const HostTensor& dout, const AttentionParams& params, Globals* out) {
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(c.layout, c.seq, c.ranks));
+  const DType t = q.view().dtype;
+  out->o = HostTensor(t, {1, c.seq, c.heads, c.head_dim});
+  out->lse = HostTensor(DType::kF32, {1, c.heads, c.seq});
+  out->dq = HostTensor(t, {1, c.seq, c.heads, c.head_dim});
+  out->dk = HostTensor(t, {1, c.seq, c.kv_heads, c.head_dim});
+  out->dv = HostTensor(t, {1, c.seq, c.kv_heads, c.head_dim});
+  auto rank_fn = [&](Communicator& comm) -> Status {
+    const int r = comm.rank();
+    const int64_t n = layout.local_len(r);
+    auto local = [&](const HostTensor& g, int64_t heads) -> StatusOr<DeviceTensor> {
+      HostTensor shard(t, {1, n, heads, c.head_dim});
+      SP_RETURN_IF_ERROR(layout.shard(g.view(), 1, r, shard.view()));
+      return to_device(shard);
+    };
+    SP_ASSIGN_OR_RETURN(DeviceTensor lq, local(q, c.heads));
+    SP_ASSIGN_OR_RETURN(DeviceTensor lk, local(k, c.kv_heads));
+    SP_ASSIGN_OR_RETURN(DeviceTensor lv, local(v, c.kv_heads));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldo, local(dout, c.heads));
+    SP_ASSIGN_OR_RETURN(DeviceTensor lo, device_zeros(t, {1, n, c.heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor llse, device_zeros(DType::kF32, {1, c.heads, n}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldq, device_zeros(t, {1, n, c.heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldk, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
+    GpuRingOptions options;
+    options.head_groups = c.head_groups;
+    GpuRingContext ctx(options);
+    cudaStream_t stream;
+    if (cudaStreamCreate(&stream) != cudaSuccess) return SP_STATUS(StatusCode::kInternal, "stream");
+    Status s = gpu_ring_attention_forward(comm, layout, params, lq.view, lk.view, lv.view, lo.view,
+                                          llse.view, ctx, stream);
+    if (s.ok())
+      s = gpu_attention_backward(comm, layout, params, c.schedule, lq.view, lk.view, lv.view, lo.view,
+                                 llse.view, ldo.view, ldq.view, ldk.view, ldv.view, ctx, stream);
+    if (s.ok()) s = comm.synchronize(stream);
+    (void)cudaStreamDestroy(stream);
+    SP_RETURN_IF_ERROR(s);
+    const std::pair<const DeviceTensor*, HostTensor*> results[] = {
+        {&lo, &out->o}, {&llse, &out->lse}, {&ldq, &out->dq}, {&ldk, &out->dk}, {&ldv, &out->dv}};
+    for (const auto& [dev, global] : results) {
+      SP_ASSIGN_OR_RETURN(HostTensor h, to_host(dev->view));
+      SP_RETURN_IF_ERROR(layout.unshard(h.view(), dev->view.ndim == 3 ? 2 : 1, r, global->view()));
+    }
+    return Status::Ok();
+  };
+  return c.nccl ? run_nccl_local_ranks(c.ranks, rank_fn) : run_local_ranks(c.ranks, rank_fn);
+}
+
+class GpuRingVsOracle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuRingVsOracle, MeetsTheLowPrecisionRule) {
+  const Case c = GetParam();
+  if (cuda_device_count() < (c.nccl ? c.ranks : 1)) GTEST_SKIP() << "needs more CUDA devices";
+  SCOPED_TRACE(name(c));
+  const DType t = DType::kBF16;
+  const HostTensor q = testing::random_tensor(t, {1, c.seq, c.heads, c.head_dim}, 21);
+  const HostTensor k = testing::random_tensor(t, {1, c.seq, c.kv_heads, c.head_dim}, 22);
+  const HostTensor v = testing::random_tensor(t, {1, c.seq, c.kv_heads, c.head_dim}, 23);
+  const HostTensor dout = testing::random_tensor(t, {1, c.seq, c.heads, c.head_dim}, 24);
+  AttentionParams params;
+  params.mask = parse_mask(c.mask, c.seq).value();
+  Globals ours;
+  const Status s = run_case(c, q, k, v, dout, params, &ours);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
+  ASSERT_TRUE(oracle.ok());
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, &dout, params, t);
+  const std::tuple<const char*, const HostTensor*, const HostTensor*, const HostTensor*, DType> checks[] = {
+      {"O", &ours.o, &plain.o, &oracle->o, t},       {"LSE", &ours.lse, &plain.lse, &oracle->lse, DType::kF32},
+      {"dQ", &ours.dq, &plain.dq, &oracle->dq, t},   {"dK", &ours.dk, &plain.dk, &oracle->dk, t},
+      {"dV", &ours.dv, &plain.dv, &oracle->dv, t}};
+  for (const auto& [what, got, base, ref, rounding] : checks) {
+    const std::string why = testing::check_lowp_rule(what, cast(*got, DType::kF64), *base, *ref, rounding);
+    EXPECT_TRUE(why.empty()) << why;
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  const auto ring = BackwardSchedule::kRing, burst = BackwardSchedule::kBurst;
+  for (int P : {1, 2, 3, 4})
+    for (LayoutKind layout : {LayoutKind::kContiguous, LayoutKind::kZigzag, LayoutKind::kStriped})
+      for (BackwardSchedule schedule : {ring, burst})
+        all.push_back({P, layout, "causal", schedule, 1000, 4, 2, 128, 0, false});
+  for (const char* mask : {"full", "window:100,0", "docs:3"})
+    for (BackwardSchedule schedule : {ring, burst})
+      all.push_back({3, LayoutKind::kZigzag, mask, schedule, 777, 4, 4, 64, 0, false});
+  // Split head groups (GQA 8:2 in two groups of 4:1), and MQA.
+  all.push_back({4, LayoutKind::kZigzag, "causal", ring, 1536, 8, 2, 128, 2, false});
+  all.push_back({4, LayoutKind::kZigzag, "causal", burst, 1536, 8, 2, 128, 2, false});
+  all.push_back({2, LayoutKind::kStriped, "causal", burst, 1001, 8, 1, 64, 0, false});
+  // NCCL, one GPU per rank (needs two GPUs).
+  for (BackwardSchedule schedule : {ring, burst}) {
+    all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2048, 8, 8, 128, 0, true});
+    all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2050, 8, 2, 128, 2, true});
+    all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 0, true});
+  }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuRingVsOracle, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name(info.param); });
+
+// A rank that fails makes the others return an error instead of waiting for it.
+TEST(NcclCommunicator, FailingRankAbortsTheOthers) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Status s = run_nccl_local_ranks(2, [](Communicator& comm) -> Status {
+    if (comm.rank() == 1) return SP_STATUS(StatusCode::kInternal, "rank 1 gives up");
+    auto buf = DeviceBuffer::allocate(1 << 20);
+    if (!buf.ok()) return buf.status();
+    auto other = DeviceBuffer::allocate(1 << 20);
+    if (!other.ok()) return other.status();
+    const SendSpec send{1, buf->data(), 1 << 20};
+    const RecvSpec recv{1, other->data(), 1 << 20};
+    return comm.exchange({&send, 1}, {&recv, 1});  // rank 1 never posts
+  });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1 gives up"), std::string::npos) << s.message();
+}
+
+TEST(NcclCommunicator, HostCollectives) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Status s = run_nccl_local_ranks(2, [](Communicator& comm) -> Status {
+    double x[2] = {1.0 + comm.rank(), 10.0 * comm.rank()};
+    SP_RETURN_IF_ERROR(comm.all_reduce(x, 2, DType::kF64, ReduceOp::kSum));
+    SP_CHECK_ARG(x[0] == 3.0 && x[1] == 10.0, "all_reduce gave " + std::to_string(x[0]));
+    return comm.barrier();
+  });
+  EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+}  // namespace
+}  // namespace seqpar
