@@ -38,7 +38,8 @@ struct Options {
   int gpus = 0;
   int64_t heads = 32, head_dim = 128;
   int64_t single_max = 262144;  // single-GPU reference up to this many tokens per GPU
-  int64_t big_from = 1048576;   // from here: auto only, one untimed-warm-up-free run
+  int64_t big_from = 1048576;   // from here: auto only, one run without warm-up
+  std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
 };
 
 struct Tensor {
@@ -109,7 +110,7 @@ StatusOr<double> single_gpu_tflops(int64_t S, int64_t H, int64_t D, cudaStream_t
 
 // One (S, algo) run on this rank; fills `line` on rank 0.
 Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::string& algo,
-               cudaStream_t s, nlohmann::ordered_json* line) {
+               int head_groups, cudaStream_t s, nlohmann::ordered_json* line) {
   const int P = comm.size(), me = comm.rank();
   const int64_t H = opt.heads, D = opt.head_dim;
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(LayoutKind::kZigzag, S, P));
@@ -135,7 +136,9 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     AttentionParams params;
     params.mask = MaskSpec::causal();
-    GpuRingContext ctx;
+    GpuRingOptions ring_options;
+    ring_options.head_groups = head_groups;
+    GpuRingContext ctx(ring_options);
     const bool big = S >= opt.big_from;
     const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
     cudaEvent_t e0, e1, e2;
@@ -195,10 +198,12 @@ Status bench_rank(Communicator& comm, const Options& opt) {
       single = t.ok() ? t.value() : 0;
     }
     SP_RETURN_IF_ERROR(comm.barrier());
-    for (const std::string& algo : opt.algos) {
+    for (const std::string& algo : opt.algos)
+    for (int groups : opt.head_groups) {
       if (S >= opt.big_from && algo != "auto") continue;
+      if (groups > opt.heads || (groups > 0 && opt.heads % groups != 0)) continue;
       nlohmann::ordered_json line;
-      const Status st = run_one(comm, opt, S, algo, s, &line);
+      const Status st = run_one(comm, opt, S, algo, groups, s, &line);
       if (comm.rank() != 0) {
         SP_RETURN_IF_ERROR(st);
         continue;
@@ -236,6 +241,8 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", opt.head_dim, "head dim")->capture_default_str();
   app.add_option("--single-max", opt.single_max, "single-GPU reference up to this many tokens per GPU")
       ->capture_default_str();
+  app.add_option("--head-groups", opt.head_groups, "head groups to try (0: automatic)")
+      ->delimiter(',')->capture_default_str();
   app.add_option("--big-from", opt.big_from, "from this S on: auto only, one run, no warm-up")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -56,9 +56,10 @@ for stage in $stages; do
     multi)
       gpus=$(nvidia-smi -L | wc -l)
       export SEQPAR_COMM_TIMEOUT_S=120
-      ./build-gpu/bench_gpu_ring --seqs "${MULTI_SEQS:-16384,65536,131072,262144,524288,1048576,2097152}" 2>&1 | tee "$out/multi_ours.jsonl"
+      ./build-gpu/bench_gpu_ring --seqs "${MULTI_SEQS:-16384,65536,131072,262144,524288,1048576,2097152}" \
+        ${BENCH_ARGS:-} 2>&1 | tee -a "$out/multi_ours.jsonl"
       torchrun --standalone --nproc_per_node="$gpus" bench/torch_cp_peer.py \
-        --seqs "${PEER_SEQS:-16384,65536,131072,262144,524288,1048576}" 2>&1 | tee "$out/multi_peer.jsonl"
+        --seqs "${PEER_SEQS:-16384,65536,131072,262144,524288,1048576}" ${PEER_ARGS:-} 2>&1 | tee -a "$out/multi_peer.jsonl"
       python3 bench/compare_multi_gpu.py "$out/multi_ours.jsonl" "$out/multi_peer.jsonl" | tee "$out/multi_compare.md" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

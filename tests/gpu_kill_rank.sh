@@ -24,6 +24,14 @@ done
 grep -q "stalling" "$logs/rank1.log" || { echo "rank 1 never stalled"; cat "$logs"/*.log; kill -9 "${pids[@]}"; exit 1; }
 kill -9 "${pids[1]}"
 start=$(date +%s)
+# Watchdog: rank 0 gets 90 s (the 20 s communicator timeout plus margin) to exit.
+while kill -0 "${pids[0]}" 2>/dev/null && [ $(( $(date +%s) - start )) -lt 90 ]; do sleep 0.2; done
+if kill -0 "${pids[0]}" 2>/dev/null; then
+  echo "FAIL: rank 0 still running 90 s after rank 1 was killed"
+  cat "$logs/rank0.log"
+  kill -9 "${pids[0]}"
+  exit 1
+fi
 wait "${pids[0]}"
 rc=$?
 elapsed=$(( $(date +%s) - start ))

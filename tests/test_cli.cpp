@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "seqpar/gpu.hpp"
+
 namespace {
 
 struct Result {
@@ -107,7 +109,9 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --seq 5 --ranks 4 --layout zigzag", "at least 8 tokens"},
       {"attn --seq -3", "positive"},
       {"attn --ranks 0", "between 1 and 1024"},
-      {"attn --device cuda", "not available"},
+      {"attn --device tpu", "unknown device"},
+      {"attn --dtype bf16", "needs --device cuda"},
+      {"attn --device cuda --dtype fp64 --ranks 1", seqpar::cuda_device_count() ? "bf16 or fp16" : "no CUDA GPU"},
   };
   for (const auto& [args, expected] : cases) {
     const Result r = run_tool(args);

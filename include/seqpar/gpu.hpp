@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "seqpar/status.hpp"
 #include "seqpar/tensor.hpp"
@@ -20,6 +22,11 @@ Status stream_synchronize(void* stream);
 Status copy_bytes(void* dst, const void* src, size_t bytes);
 // Whether `p` points into device memory.
 bool is_device_pointer(const void* p);
+
+// After a communicator abort that could not stop its kernels: DeviceBuffers stop freeing
+// (cudaFree would wait for those kernels forever); the process is expected to exit.
+void abandon_device();
+bool device_abandoned();
 
 // Bytes held by DeviceBuffers on one device now and at most since the last reset (so a
 // benchmark can report the peak workspace of an algorithm).
@@ -41,7 +48,8 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   static StatusOr<DeviceBuffer> allocate(size_t bytes);
-  // Grows (never shrinks) to at least `bytes`; contents are not kept.
+  // Grows (never shrinks) to at least `bytes`; contents are not kept. The outgrown block is
+  // freed with the buffer (no device-wide sync in the middle of a schedule).
   Status reserve(size_t bytes);
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
@@ -52,6 +60,7 @@ class DeviceBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   int device_ = 0;
+  std::vector<std::pair<void*, size_t>> retired_;  // outgrown blocks, freed with the buffer
 };
 
 // A device copy of a host tensor, with a contiguous view of it.

@@ -29,7 +29,7 @@ namespace seqpar {
 
 struct GpuRingOptions {
   int head_groups = 0;                        // 0: the fewest groups whose workspace fits
-  int64_t workspace_limit_bytes = 2LL << 30;  // for head_groups = 0
+  int64_t workspace_limit_bytes = 1LL << 30;  // for head_groups = 0
   bool use_cudnn = true;                      // false: our own kernels for every step
 };
 

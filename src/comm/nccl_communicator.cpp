@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -89,8 +91,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    if (device_abandoned()) return;  // a stuck kernel would block every call below
     (void)cudaSetDevice(device_);
-    if (stream_) (void)cudaStreamSynchronize(stream_);
+    if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : inflight_) (void)cudaEventDestroy(e);
     if (stream_) (void)cudaStreamDestroy(stream_);
     if (comm_) {
@@ -265,12 +268,23 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  // Aborts this rank's communicator (so its kernels stop waiting) and reports why.
+  // Aborts this rank's communicator (so its kernels stop waiting) and reports why. With a
+  // dead peer the abort itself may not return: after a grace period the device is given up
+  // (no more frees or syncs in this process) so the caller can still report and exit.
   Status fail(const std::string& why) {
     abort(why);
     if (!aborted_ && comm_) {
       aborted_ = true;
-      (void)ncclCommAbort(comm_);
+      auto done = std::make_shared<std::promise<void>>();
+      std::future<void> finished = done->get_future();
+      std::thread([comm = comm_, done] {
+        (void)ncclCommAbort(comm);
+        done->set_value();
+      }).detach();
+      if (finished.wait_for(std::chrono::seconds(15)) != std::future_status::ready) {
+        std::fprintf(stderr, "seqpar: rank %d: ncclCommAbort did not return; abandoning the GPU\n", rank_);
+        abandon_device();
+      }
       comm_ = nullptr;
     }
     return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());

@@ -17,6 +17,7 @@ struct MemoryCounters {
   std::atomic<int64_t> current{0}, peak{0};
 };
 std::array<MemoryCounters, kMaxTrackedDevices> g_memory;
+std::atomic<bool> g_abandoned{false};
 
 void track(int device, int64_t delta) {
   if (device < 0 || device >= kMaxTrackedDevices) return;
@@ -27,6 +28,9 @@ void track(int device, int64_t delta) {
   }
 }
 }  // namespace
+
+void abandon_device() { g_abandoned = true; }
+bool device_abandoned() { return g_abandoned.load(); }
 
 DeviceMemoryStats device_memory_stats(int device) {
   if (device < 0 || device >= kMaxTrackedDevices) return {};
@@ -71,16 +75,22 @@ int cuda_device_count() {
 
 void DeviceBuffer::release() {
   if (!data_) return;
-  (void)cudaFree(data_);
-  track(device_, -static_cast<int64_t>(bytes_));
+  retired_.push_back({data_, bytes_});
+  for (const auto& [ptr, bytes] : retired_) {
+    if (!device_abandoned()) (void)cudaFree(ptr);
+    track(device_, -static_cast<int64_t>(bytes));
+  }
+  retired_.clear();
   data_ = nullptr;
   bytes_ = 0;
 }
 DeviceBuffer::~DeviceBuffer() { release(); }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_),
+      retired_(std::move(other.retired_)) {
   other.data_ = nullptr;
   other.bytes_ = 0;
+  other.retired_.clear();
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -88,8 +98,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     data_ = other.data_;
     bytes_ = other.bytes_;
     device_ = other.device_;
+    retired_ = std::move(other.retired_);
     other.data_ = nullptr;
     other.bytes_ = 0;
+    other.retired_.clear();
   }
   return *this;
 }
@@ -102,7 +114,11 @@ StatusOr<DeviceBuffer> DeviceBuffer::allocate(size_t bytes) {
 
 Status DeviceBuffer::reserve(size_t bytes) {
   if (bytes <= bytes_) return Status::Ok();
-  release();
+  // The old block is freed with the buffer, not now: cudaFree waits for the whole device, and
+  // a buffer may grow while a transfer is in flight (or stuck on a dead peer).
+  if (data_) retired_.push_back({data_, bytes_});
+  data_ = nullptr;
+  bytes_ = 0;
   SP_CUDA_CHECK(cudaGetDevice(&device_));
   SP_CUDA_CHECK(cudaMalloc(&data_, bytes));
   bytes_ = bytes;

@@ -19,6 +19,8 @@ Status copy_bytes(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 bool is_device_pointer(const void*) { return false; }
+void abandon_device() {}
+bool device_abandoned() { return false; }
 DeviceMemoryStats device_memory_stats(int) { return {}; }
 void reset_device_memory_peak(int) {}
 void DeviceBuffer::release() {}

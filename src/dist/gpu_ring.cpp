@@ -47,6 +47,19 @@ struct GpuRingContext::Impl {
     return Status::Ok();
   }
 
+  // Sizes the per-call scratch of a phase for its largest call up front, so no buffer grows
+  // (and no block is retired) in the middle of a schedule. Buffers are named by role and
+  // shared between the forward and the backwards: the workspace peak is the larger phase's.
+  Status presize(int64_t B, int64_t rows, int64_t heads, int64_t kv_heads, int64_t D, DType t) {
+    const size_t stats = B * heads * rows * sizeof(float);
+    for (const char* name : {"lse_part", "lse_rows", "delta_rows", "delta"})
+      SP_RETURN_IF_ERROR(buffers[name].reserve(stats));
+    SP_RETURN_IF_ERROR(buffers["part_q"].reserve(B * rows * heads * D * dtype_size(t)));
+    for (const char* name : {"part_k", "part_v"})
+      SP_RETURN_IF_ERROR(buffers[name].reserve(B * rows * kv_heads * D * dtype_size(t)));
+    return Status::Ok();
+  }
+
   // A contiguous device view of `shape` in the buffer called `name` (grown as needed).
   StatusOr<TensorView> buffer(const std::string& name, DType dtype, std::vector<int64_t> shape) {
     int64_t n = 1;
@@ -208,7 +221,7 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
   SP_CHECK_SUPPORTED(plan.dense, "internal: a planned pair needs positions");
   for (const BlockCall& c : plan.calls) {
     const int64_t nq = c.q_end - c.q_begin;
-    SP_ASSIGN_OR_RETURN(TensorView o_part, I.buffer("o_part", q.dtype, {B, nq, H, D}));
+    SP_ASSIGN_OR_RETURN(TensorView o_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
     SP_ASSIGN_OR_RETURN(TensorView lse_part, I.buffer("lse_part", DType::kF32, {B, H, nq}));
     SP_RETURN_IF_ERROR(cudnn_attention_forward(
         rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
@@ -260,9 +273,9 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
     if (nq != n) {
           SP_ASSIGN_OR_RETURN(lse_c, stat_rows(I, "lse_rows", lse, c.q_begin, c.q_end, s));
         }
-    SP_ASSIGN_OR_RETURN(TensorView dq_part, I.buffer("dq_part", q.dtype, {B, nq, H, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dk_part, I.buffer("dk_part", q.dtype, {B, nk, Hkv, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dv_part, I.buffer("dv_part", q.dtype, {B, nk, Hkv, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dq_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dk_part, I.buffer("part_k", q.dtype, {B, nk, Hkv, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dv_part, I.buffer("part_v", q.dtype, {B, nk, Hkv, D}));
     SP_RETURN_IF_ERROR(cudnn_attention_backward(
         rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
         rows_of(v, 1, c.k_begin, c.k_end), rows_of(o, 1, c.q_begin, c.q_end),
@@ -405,6 +418,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, B, max_rows, H, Hkv, D, false, BackwardSchedule::kRing));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   const bool own = use_own_kernels(ctx, q, params);
+  SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t));
   RingStats local_stats;
   int64_t cudnn_calls = 0, own_calls = 0;
 
@@ -426,7 +440,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
       SP_RETURN_IF_ERROR(flash_cast(heads_of(k, 2, g * Hkg, Hkg), home.parts[0], s));
       SP_RETURN_IF_ERROR(flash_cast(heads_of(v, 2, g * Hkg, Hkg), home.parts[1], s));
     }
-    SP_ASSIGN_OR_RETURN(TensorView o_acc, I.buffer("o_acc", DType::kF32, {B, S, Hg, D}));
+    SP_ASSIGN_OR_RETURN(TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
     SP_CUDA_CHECK(cudaMemsetAsync(o_acc.data, 0, o_acc.numel() * sizeof(float), s));
     SP_ASSIGN_OR_RETURN(TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
     SP_RETURN_IF_ERROR(flash_fill(lse_acc, -INFINITY, s));
@@ -534,7 +548,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, S}));
       SP_RETURN_IF_ERROR(flash_attention_delta(og, dog, delta, s));
     }
-    SP_ASSIGN_OR_RETURN(TensorView dq_acc, I.buffer("dq_acc", DType::kF32, {B, S, Hg, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dq_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
     SP_CUDA_CHECK(cudaMemsetAsync(dq_acc.data, 0, dq_acc.numel() * sizeof(float), s));
     {
       const Pack home = make_pack(I, kv_base[0], B, S, Hkg, D, t, 2, false);
@@ -615,12 +629,12 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
   // The travelling pack: Q, dO, O (dtype) and LSE (fp32) of one query shard.
   const size_t pack_max = pack_bytes(B, max_rows, Hg, D, t, 3, true);
   const size_t dq_max = pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false);
-  const char* dq_names[3] = {"dq_a", "dq_b", "dq_c"};
-  for (const char* name : {"pack0", "pack1"})
+  const char* dq_names[3] = {"grad_a", "grad_b", "grad_c"};
+  for (const char* name : {"kv0", "kv1"})
     SP_RETURN_IF_ERROR(I.buffer(name, DType::kF32, {int64_t((pack_max + 3) / 4)}).status());
   for (const char* name : dq_names)
     SP_RETURN_IF_ERROR(I.buffer(name, DType::kF32, {int64_t(dq_max / 4)}).status());
-  void* pack_base[2] = {I.buffers["pack0"].data(), I.buffers["pack1"].data()};
+  void* pack_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
   // As in the ring backward, with dQ instead of dK/dV; they rotate across groups.
   void* dq_part = I.buffers[dq_names[0]].data();
   void* dq_in = I.buffers[dq_names[1]].data();
@@ -636,8 +650,8 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
       SP_RETURN_IF_ERROR(flash_cast(heads_of(a.o, 2, g * Hg, Hg), home.parts[2], s));
       SP_RETURN_IF_ERROR(flash_cast(heads_of(a.lse, 1, g * Hg, Hg), home.parts[3], s));
     }
-    SP_ASSIGN_OR_RETURN(TensorView dk_acc, I.buffer("dk_acc", DType::kF32, {B, S, Hkg, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dv_acc, I.buffer("dv_acc", DType::kF32, {B, S, Hkg, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dk_acc, I.buffer("acc_k", DType::kF32, {B, S, Hkg, D}));
+    SP_ASSIGN_OR_RETURN(TensorView dv_acc, I.buffer("acc_v", DType::kF32, {B, S, Hkg, D}));
     SP_CUDA_CHECK(cudaMemsetAsync(dk_acc.data, 0, dk_acc.numel() * sizeof(float), s));
     SP_CUDA_CHECK(cudaMemsetAsync(dv_acc.data, 0, dv_acc.numel() * sizeof(float), s));
     for (int step = 0; step < P; ++step) {
@@ -725,6 +739,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, B, layout.max_local_len(), H, Hkv, D, true, schedule));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
                           B, S, H, Hkv, D, G, use_own_kernels(ctx, q, params)};
+  SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t));
   RingStats local_stats;
   int64_t calls = 0;
   const auto s = static_cast<cudaStream_t>(stream);
