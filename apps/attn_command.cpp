@@ -547,6 +547,7 @@ int run_attn(const AttnOptions& options, bool ranks_given) {
   }
   int exit_code = 1;
   const bool on_gpu = job->opt.device == "cuda";
+  if (on_gpu) nccl_exit_process_on_failure(true);
   if (under_mpi || under_torchrun) {
     auto comm = on_gpu ? (under_mpi ? make_nccl_communicator_mpi() : make_nccl_communicator_env())
                        : make_mpi_world_communicator();

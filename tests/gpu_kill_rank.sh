@@ -39,5 +39,5 @@ echo "rank 0 exited with code $rc after ${elapsed} s"
 cat "$logs/rank0.log"
 if [ "$rc" -eq 0 ]; then echo "FAIL: rank 0 reported success"; exit 1; fi
 if [ "$elapsed" -gt 90 ]; then echo "FAIL: rank 0 took ${elapsed} s (limit 90)"; exit 1; fi
-grep -q "error" "$logs/rank0.log" || { echo "FAIL: no error message from rank 0"; exit 1; }
+grep -qE "error|aborted" "$logs/rank0.log" || { echo "FAIL: no error message from rank 0"; exit 1; }
 echo "PASS"

@@ -11,10 +11,11 @@
 //       MASTER_ADDR, MASTER_PORT): rank 0 serves the id over TCP on MASTER_PORT + 1
 //       (torchrun's own store holds MASTER_PORT); SEQPAR_BOOTSTRAP_PORT overrides the port.
 //
-// Failure: communicators are non-blocking NCCL communicators, and every host wait polls with
-// a deadline (SEQPAR_COMM_TIMEOUT_S, default 300 s, counted from the last progress) and NCCL's
-// asynchronous error. A dead or stalled peer, or abort() from another thread, makes the rank
-// abort its communicator (ncclCommAbort) and return kCommError instead of hanging.
+// Failure: communicators are non-blocking NCCL communicators watched by a thread of their
+// own. When the oldest queued transfer makes no progress for SEQPAR_COMM_TIMEOUT_S (default
+// 300 s), NCCL reports an error, or abort() is called (from any thread), the watchdog aborts
+// the communicator (ncclCommAbort), which stops its kernels; the rank's calls then return
+// kCommError instead of hanging.
 #pragma once
 
 #include <functional>
@@ -27,6 +28,11 @@ namespace seqpar {
 
 // Whether this build has the NCCL communicator.
 bool nccl_available();
+
+// When on, a rank whose communicator aborted but whose own thread stays blocked (in a CUDA
+// call the abort did not release) for 10 s more ends the process with exit code 1 after
+// printing why. Off by default: a library should not end its host; the seqpar tool turns it on.
+void nccl_exit_process_on_failure(bool enable);
 
 // True when torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set.
 bool launched_by_torchrun();

@@ -76,6 +76,9 @@ class DoneExchange final : public PendingExchange {
   Status wait() override { return Status::Ok(); }
 };
 
+// Set by nccl_exit_process_on_failure (the tool turns it on).
+std::atomic<bool> g_exit_on_failure{false};
+
 class NcclCommunicator final : public Communicator {
  public:
   // Creates rank `rank` of `size` on `device` (made current) from a shared unique id.
@@ -86,20 +89,19 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = nonblocking_config();
     SP_NCCL_CHECK(ncclCommInitRankConfig(&c->comm_, size, id, rank, &config));
     SP_RETURN_IF_ERROR(c->settle("NCCL initialisation"));
-    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking));
+    SP_RETURN_IF_ERROR(c->start());
     return c;
   }
 
   ~NcclCommunicator() override {
+    stop_ = true;
+    if (watchdog_.joinable()) watchdog_.join();
     if (device_abandoned()) return;  // a stuck kernel would block every call below
     (void)cudaSetDevice(device_);
     if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
-    for (cudaEvent_t e : inflight_) (void)cudaEventDestroy(e);
+    for (const auto& w : watched_) (void)cudaEventDestroy(w);
     if (stream_) (void)cudaStreamDestroy(stream_);
-    if (comm_) {
-      if (aborted_) (void)ncclCommAbort(comm_);
-      else (void)ncclCommDestroy(comm_);
-    }
+    if (comm_ && !aborted_) (void)ncclCommDestroy(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -111,16 +113,19 @@ class NcclCommunicator final : public Communicator {
     SP_RETURN_IF_ERROR(check_alive());
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(0, 0, device_));
     ncclConfig_t config = nonblocking_config();
-    SP_NCCL_CHECK(ncclCommSplit(comm_, color, key, &c->comm_, &config));
+    {
+      std::lock_guard lock(nccl_mu_);
+      SP_NCCL_CHECK(ncclCommSplit(comm_, color, key, &c->comm_, &config));
+    }
     SP_RETURN_IF_ERROR(settle("ncclCommSplit"));
     SP_RETURN_IF_ERROR(c->settle("ncclCommSplit"));
     SP_NCCL_CHECK(ncclCommUserRank(c->comm_, &c->rank_));
     SP_NCCL_CHECK(ncclCommCount(c->comm_, &c->size_));
-    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking));
+    SP_RETURN_IF_ERROR(c->start());
     return std::unique_ptr<Communicator>(std::move(c));
   }
 
-  // Safe from any thread: the owning thread acts on the flag at its next wait or post.
+  // Safe from any thread: the watchdog aborts the NCCL communicator.
   void abort(const std::string& reason) override {
     std::lock_guard lock(abort_mu_);
     if (!abort_requested_) abort_reason_ = reason;
@@ -139,28 +144,18 @@ class NcclCommunicator final : public Communicator {
     return s;
   }
 
-  // Polls `done` until it completes; fails on abort, NCCL errors, or no progress in time.
+  // Polls `done` until it completes or the communicator aborts (the watchdog aborts it when
+  // transfers stop making progress, so this never waits forever).
   Status wait_event(cudaEvent_t done, const std::string& what) {
-    auto deadline = Clock::now() + comm_timeout();
     for (int spins = 0;; ++spins) {
       SP_RETURN_IF_ERROR(check_alive());
       const cudaError_t q = cudaEventQuery(done);
-      if (q == cudaSuccess) {
-        retire_completed();
-        return Status::Ok();
-      }
+      if (q == cudaSuccess) return Status::Ok();
       if (q != cudaErrorNotReady) {
         (void)cudaGetLastError();
-        return fail(std::string("CUDA error while waiting for ") + what + ": " + cudaGetErrorString(q));
+        abort(std::string("CUDA error while waiting for ") + what + ": " + cudaGetErrorString(q));
+        continue;
       }
-      ncclResult_t async = ncclSuccess;
-      (void)ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress)
-        return fail(std::string("NCCL error while waiting for ") + what + ": " + ncclGetErrorString(async));
-      if (retire_completed()) deadline = Clock::now() + comm_timeout();
-      if (Clock::now() > deadline)
-        return fail("timed out waiting for " + what + " on rank " + std::to_string(rank_) +
-                    " (a peer failed or stalled; SEQPAR_COMM_TIMEOUT_S sets the limit)");
       if (spins < 1000) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -183,12 +178,9 @@ class NcclCommunicator final : public Communicator {
       SP_CUDA_CHECK(cudaEventDestroy(ready));
     }
     SP_RETURN_IF_ERROR(enqueue(sends, recvs));
-    cudaEvent_t done, watched;
+    cudaEvent_t done;
     SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    SP_CUDA_CHECK(cudaEventCreateWithFlags(&watched, cudaEventDisableTiming));
     SP_CUDA_CHECK(cudaEventRecord(done, stream_));
-    SP_CUDA_CHECK(cudaEventRecord(watched, stream_));
-    inflight_.push_back(watched);  // progress marker for the deadline
     return std::unique_ptr<PendingExchange>(new NcclPending(this, done));
   }
   bool overlaps() const override { return true; }
@@ -196,14 +188,31 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclCommunicator(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
 
+  Status start() {
+    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    watchdog_ = std::thread([this] { watch(); });
+    return Status::Ok();
+  }
+
+  // Queues the batch on our stream and hands the watchdog an event that marks its end.
   Status enqueue(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
-    SP_NCCL_CHECK(ncclGroupStart());
-    for (const SendSpec& s : sends)
-      if (s.bytes) SP_NCCL_CHECK(ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm_, stream_));
-    for (const RecvSpec& r : recvs)
-      if (r.bytes) SP_NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclUint8, r.peer, comm_, stream_));
-    SP_NCCL_CHECK(ncclGroupEnd());
-    return settle("ncclGroupEnd");
+    {
+      std::lock_guard lock(nccl_mu_);
+      SP_RETURN_IF_ERROR(check_alive());
+      SP_NCCL_CHECK(ncclGroupStart());
+      for (const SendSpec& s : sends)
+        if (s.bytes) SP_NCCL_CHECK(ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm_, stream_));
+      for (const RecvSpec& r : recvs)
+        if (r.bytes) SP_NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclUint8, r.peer, comm_, stream_));
+      SP_NCCL_CHECK(ncclGroupEnd());
+    }
+    SP_RETURN_IF_ERROR(settle("ncclGroupEnd"));
+    cudaEvent_t marker;
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventRecord(marker, stream_));
+    std::lock_guard lock(watch_mu_);
+    watched_.push_back(marker);
+    return Status::Ok();
   }
 
   // Host buffers: copy into device staging, run the batch, copy back; complete on return.
@@ -236,25 +245,83 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + comm_timeout();
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      SP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      {
+        std::lock_guard lock(nccl_mu_);
+        if (aborted_) return check_alive();
+        SP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      }
       if (state == ncclSuccess) return Status::Ok();
-      if (state != ncclInProgress) return fail(what + ": " + ncclGetErrorString(state));
-      if (abort_requested_.load() || Clock::now() > deadline)
-        return fail(what + " did not complete" +
-                    (abort_requested_.load() ? ": " + abort_reason() : std::string(" in time")));
+      if (state != ncclInProgress) abort(what + ": " + ncclGetErrorString(state));
+      else if (Clock::now() > deadline) abort(what + " did not complete in time");
+      if (abort_requested_.load()) {
+        if (!watchdog_.joinable()) abort_now();  // during creation, before the watchdog runs
+        SP_RETURN_IF_ERROR(check_alive());
+      }
       std::this_thread::yield();
     }
   }
 
-  // Drops progress markers that completed; true if any did.
-  bool retire_completed() {
-    bool progressed = false;
-    while (!inflight_.empty() && cudaEventQuery(inflight_.front()) == cudaSuccess) {
-      (void)cudaEventDestroy(inflight_.front());
-      inflight_.pop_front();
-      progressed = true;
+  // The watchdog: retires finished transfers; when the oldest one makes no progress for the
+  // timeout, NCCL reports an error, or abort() was called, it aborts the communicator, which
+  // stops its kernels and so frees any thread blocked behind them.
+  void watch() {
+    (void)cudaSetDevice(device_);
+    auto last_progress = Clock::now();
+    while (!stop_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      bool stalled = false;
+      {
+        std::lock_guard lock(watch_mu_);
+        while (!watched_.empty() && cudaEventQuery(watched_.front()) == cudaSuccess) {
+          (void)cudaEventDestroy(watched_.front());
+          watched_.pop_front();
+          last_progress = Clock::now();
+        }
+        if (watched_.empty()) last_progress = Clock::now();
+        stalled = Clock::now() - last_progress > comm_timeout();
+      }
+      if (!aborted_) {
+        ncclResult_t async = ncclSuccess;
+        {
+          std::lock_guard lock(nccl_mu_);
+          if (comm_) (void)ncclCommGetAsyncError(comm_, &async);
+        }
+        if (async != ncclSuccess && async != ncclInProgress)
+          abort(std::string("NCCL error: ") + ncclGetErrorString(async));
+        if (stalled)
+          abort("timed out waiting for a transfer on rank " + std::to_string(rank_) +
+                " (a peer failed or stalled; SEQPAR_COMM_TIMEOUT_S sets the limit)");
+        if (abort_requested_) abort_now();
+      } else if (g_exit_on_failure && !acknowledged_ && Clock::now() - aborted_at_ > std::chrono::seconds(10)) {
+        // The owning thread is blocked in a call that the abort did not release.
+        std::fprintf(stderr, "seqpar: rank %d: communicator aborted (%s); ending the process\n",
+                     rank_, abort_reason().c_str());
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
     }
-    return progressed;
+  }
+
+  // Aborts the NCCL communicator (so its kernels stop waiting). With a dead peer the abort
+  // itself may not return: after a grace period the device is given up (no more frees or
+  // syncs in this process) so the rank can still report and exit.
+  void abort_now() {
+    std::lock_guard lock(nccl_mu_);
+    if (aborted_ || !comm_) return;
+    aborted_at_ = Clock::now();
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = done->get_future();
+    std::thread([comm = comm_, done] {
+      (void)ncclCommAbort(comm);
+      done->set_value();
+    }).detach();
+    if (finished.wait_for(std::chrono::seconds(15)) != std::future_status::ready) {
+      std::fprintf(stderr, "seqpar: rank %d: ncclCommAbort did not return; abandoning the GPU\n", rank_);
+      abandon_device();
+    }
+    comm_ = nullptr;
+    aborted_ = true;
   }
 
   std::string abort_reason() {
@@ -263,45 +330,32 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status check_alive() {
-    if (aborted_) return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());
-    if (abort_requested_.load()) return fail(abort_reason());
+    if (aborted_ || abort_requested_) {
+      acknowledged_ = true;
+      return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());
+    }
     return Status::Ok();
   }
 
-  // Aborts this rank's communicator (so its kernels stop waiting) and reports why. With a
-  // dead peer the abort itself may not return: after a grace period the device is given up
-  // (no more frees or syncs in this process) so the caller can still report and exit.
-  Status fail(const std::string& why) {
-    abort(why);
-    if (!aborted_ && comm_) {
-      aborted_ = true;
-      auto done = std::make_shared<std::promise<void>>();
-      std::future<void> finished = done->get_future();
-      std::thread([comm = comm_, done] {
-        (void)ncclCommAbort(comm);
-        done->set_value();
-      }).detach();
-      if (finished.wait_for(std::chrono::seconds(15)) != std::future_status::ready) {
-        std::fprintf(stderr, "seqpar: rank %d: ncclCommAbort did not return; abandoning the GPU\n", rank_);
-        abandon_device();
-      }
-      comm_ = nullptr;
-    }
-    return SP_STATUS(StatusCode::kCommError, "communicator aborted: " + abort_reason());
-  }
-
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // guarded by nccl_mu_ against the watchdog's abort
   cudaStream_t stream_ = nullptr;
   int rank_, size_, device_;
   DeviceBuffer staging_;
-  std::deque<cudaEvent_t> inflight_;
-  bool aborted_ = false;
-  std::atomic<bool> abort_requested_{false};
-  std::mutex abort_mu_;
+  std::mutex nccl_mu_, watch_mu_, abort_mu_;
+  std::deque<cudaEvent_t> watched_;  // end markers of queued batches, oldest first
+  std::thread watchdog_;
+  std::atomic<bool> stop_{false}, aborted_{false}, abort_requested_{false}, acknowledged_{false};
+  Clock::time_point aborted_at_;
   std::string abort_reason_;
 };
 
 Status NcclPending::wait() { return comm_->wait_event(done_, "a transfer"); }
+
+}  // namespace
+
+void nccl_exit_process_on_failure(bool enable) { g_exit_on_failure = enable; }
+
+namespace {
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);

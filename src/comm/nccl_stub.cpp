@@ -12,6 +12,7 @@ Status no_nccl() {
 }  // namespace
 
 bool nccl_available() { return false; }
+void nccl_exit_process_on_failure(bool) {}
 Status run_nccl_local_ranks(int, const std::function<Status(Communicator&)>&) { return no_nccl(); }
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi() { return no_nccl(); }
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() { return no_nccl(); }
