@@ -40,6 +40,8 @@ std::string name(const Case& c) {
          "_D" + std::to_string(c.head_dim) + "_G" + std::to_string(c.head_groups);
 }
 
+void PrintTo(const Case& c, std::ostream* os) { *os << name(c); }
+
 struct Globals {
   HostTensor o, lse, dq, dk, dv;
 };
