@@ -50,6 +50,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from peer_timing import median_seconds  # noqa: E402 (bench/ is the script's folder)
+
 DEFAULT_SEQS = "16384,65536,131072,262144,524288,1048576,2097152"
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -65,19 +67,6 @@ def causal_flops(b, h, s, d):
 
 def iterations_for(s):
     return 10 if s <= 65536 else (3 if s <= 524288 else 1)
-
-
-def median_seconds(fn, iters, warmup=1):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record(); fn(); stop.record(); torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def is_oom(text):

@@ -8,18 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def median_seconds(fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record(); fn(); stop.record(); torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
+from peer_timing import median_seconds  # noqa: E402 (bench/ is the script's folder)
 
 
 def main():

@@ -48,6 +48,23 @@ TEST(Cli, AttnRunsChecksAndReportsJson) {
   for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-4) << g;
 }
 
+// On the GPU machine: every GPU a rank (NCCL), both backwards, checked against the oracle
+// with the bytes equal to the GPU formula. Skipped without a GPU.
+TEST(Cli, CudaRanksCheckAgainstTheOracle) {
+  if (seqpar::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  for (const char* algo : {"ring", "burst"}) {
+    const Result r = run_tool(std::string("attn --device cuda --algo ") + algo +
+                              " --layout zigzag --mask causal --seq 3001 --heads 8 --kv-heads 4 "
+                              "--head-dim 128 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_EQ(j["dtype"], "bf16");
+    EXPECT_EQ(j["ranks"], seqpar::cuda_device_count());
+    EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
+    EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
+  }
+}
+
 TEST(Cli, Fp64MatchesOracleTightly) {
   const Result r = run_tool("attn --layout striped --mask docs:4 --seq 123 --heads 2 --head-dim 16 "
                             "--ranks 4 --dtype fp64 --json");

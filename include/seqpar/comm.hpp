@@ -150,6 +150,10 @@ std::vector<std::unique_ptr<Communicator>> make_local_communicators(int size);
 // A rank that fails aborts the world so the others return errors instead of waiting forever.
 Status run_local_ranks(int size, const std::function<Status(Communicator&)>& fn);
 
+// The first failure among the ranks' results, preferring a root cause over the
+// "communicator aborted" errors it caused in the other ranks; Ok when all succeeded.
+Status first_root_cause(const std::vector<Status>& results);
+
 // ---- mpi --------------------------------------------------------------------------------
 
 // True when this process was started by mpirun/mpiexec (Open MPI or PMI environment).

@@ -153,6 +153,14 @@ Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp 
   return Status::Ok();
 }
 
+Status first_root_cause(const std::vector<Status>& results) {
+  for (const Status& s : results)
+    if (!s.ok() && s.message().find("communicator aborted") == std::string::npos) return s;
+  for (const Status& s : results)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
 Status Communicator::synchronize(void* stream) { return stream_synchronize(stream); }
 
 Status Communicator::barrier() {

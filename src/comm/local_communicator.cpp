@@ -238,12 +238,7 @@ Status run_local_ranks(int size, const std::function<Status(Communicator&)>& fn)
     });
   }
   for (auto& t : threads) t.join();
-  // Prefer the root cause over the "aborted" errors it caused in the other ranks.
-  for (const Status& s : results)
-    if (!s.ok() && s.message().find("communicator aborted") == std::string::npos) return s;
-  for (const Status& s : results)
-    if (!s.ok()) return s;
-  return Status::Ok();
+  return first_root_cause(results);
 }
 
 }  // namespace seqpar

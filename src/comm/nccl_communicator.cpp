@@ -488,11 +488,7 @@ Status run_nccl_local_ranks(int num_gpus, const std::function<Status(Communicato
     });
   }
   for (auto& t : threads) t.join();
-  for (const Status& s : results)
-    if (!s.ok() && s.message().find("communicator aborted") == std::string::npos) return s;
-  for (const Status& s : results)
-    if (!s.ok()) return s;
-  return Status::Ok();
+  return first_root_cause(results);
 }
 
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi() {

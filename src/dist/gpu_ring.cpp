@@ -497,6 +497,67 @@ StatusOr<TensorView> group_input(Impl& I, const char* name, const TensorView& t,
   return copy;
 }
 
+// What a ring-style backward rotates: the travelling pack (K/V, or Burst's query side) in two
+// buffers, and three fp32 accumulators (this step's part, the arriving one, the one leaving).
+// The names are shared with the forward, so the phases reuse one workspace.
+struct TravelBuffers {
+  void* pack[2];
+  void *part, *in, *out;
+};
+StatusOr<TravelBuffers> travel_buffers(Impl& I, size_t pack_bytes, size_t accumulator_bytes) {
+  TravelBuffers b{};
+  const char* packs[2] = {"kv0", "kv1"};
+  const char* accumulators[3] = {"grad_a", "grad_b", "grad_c"};
+  for (int i = 0; i < 2; ++i) {
+    SP_RETURN_IF_ERROR(I.buffers[packs[i]].reserve(pack_bytes));
+    b.pack[i] = I.buffers[packs[i]].data();
+  }
+  void** acc[3] = {&b.part, &b.in, &b.out};
+  for (int i = 0; i < 3; ++i) {
+    SP_RETURN_IF_ERROR(I.buffers[accumulators[i]].reserve(accumulator_bytes));
+    *acc[i] = I.buffers[accumulators[i]].data();
+  }
+  return b;
+}
+
+struct Span {
+  void* data;
+  size_t bytes;
+};
+
+// Posts the exchange of backward step `step`: the pack for the next step goes on ahead
+// (step < P - 1) and, from step 1, the accumulator finished last step goes on while the one of
+// the shard held now arrives. The arriving accumulator's buffer may still hold the previous
+// head group's result, being cast on the side stream: wait for that first.
+StatusOr<std::unique_ptr<PendingExchange>> post_backward_step(Communicator& comm, Impl& I, cudaStream_t s,
+                                                              int step, const Pack& cur, const Pack& next,
+                                                              Span acc_out, Span acc_in) {
+  const int P = comm.size(), me = comm.rank();
+  std::vector<SendSpec> sends;
+  std::vector<RecvSpec> recvs;
+  if (step < P - 1) {
+    sends.push_back({wrap(me + 1, P), cur.data, cur.bytes});
+    recvs.push_back({wrap(me - 1, P), next.data, next.bytes});
+  }
+  if (step >= 1) {
+    SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
+    sends.push_back({wrap(me + 1, P), acc_out.data, acc_out.bytes});
+    recvs.push_back({wrap(me - 1, P), acc_in.data, acc_in.bytes});
+  }
+  if (sends.empty()) return std::unique_ptr<PendingExchange>();
+  return start_after(comm, s, sends, recvs);
+}
+
+// The last accumulator's hop home (none for one rank).
+StatusOr<std::unique_ptr<PendingExchange>> post_final_hop(Communicator& comm, Impl& I, cudaStream_t s,
+                                                          Span acc_out, Span acc_in) {
+  const int P = comm.size(), me = comm.rank();
+  if (P == 1) return std::unique_ptr<PendingExchange>();
+  SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
+  return start_after(comm, s, {{wrap(me + 1, P), acc_out.data, acc_out.bytes}},
+                     {{wrap(me - 1, P), acc_in.data, acc_in.bytes}});
+}
+
 // The result that travelled home is cast into the caller's tensors on the side stream, so the
 // next head group starts computing at once; `home` must not be written before I.finished.
 Status finish_on_side_stream(Impl& I, PendingExchange* pending, cudaStream_t s,
@@ -524,19 +585,12 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
   const int64_t B = a.B, S = a.S, D = a.D, Hg = a.H / a.G, Hkg = a.Hkv / a.G;
   const DType t = a.q.dtype;
   const int64_t max_rows = a.layout.max_local_len();
-  const size_t kv_max = pack_bytes(B, max_rows, Hkg, D, t, 2, false);
-  const size_t grad_max = pack_bytes(B, max_rows, Hkg, D, DType::kF32, 2, false);
-  const char* grad_names[3] = {"grad_a", "grad_b", "grad_c"};
-  for (const char* name : {"kv0", "kv1"})
-    SP_RETURN_IF_ERROR(I.buffer(name, t, {int64_t(kv_max / dtype_size(t))}).status());
-  for (const char* name : grad_names)
-    SP_RETURN_IF_ERROR(I.buffer(name, DType::kF32, {int64_t(grad_max / 4)}).status());
-  void* kv_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, pack_bytes(B, max_rows, Hkg, D, t, 2, false),
+                                                     pack_bytes(B, max_rows, Hkg, D, DType::kF32, 2, false)));
+  void* kv_base[2] = {tb.pack[0], tb.pack[1]};
   // grad_part: this step's contribution; grad_in: the arriving accumulator; grad_out: the
   // accumulator finished last step, on its way to the next rank. They rotate across groups.
-  void* grad_part = I.buffers[grad_names[0]].data();
-  void* grad_in = I.buffers[grad_names[1]].data();
-  void* grad_out = I.buffers[grad_names[2]].data();
+  void *grad_part = tb.part, *grad_in = tb.in, *grad_out = tb.out;
 
   for (int g = 0; g < a.G; ++g) {
     SP_ASSIGN_OR_RETURN(const TensorView qg, group_input(I, "q_group", a.q, 2, g * Hg, Hg, a.G, s));
@@ -559,24 +613,12 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
       const Pack cur = make_pack(I, kv_base[step % 2], B, rows, Hkg, D, t, 2, false);
-      std::vector<SendSpec> sends;
-      std::vector<RecvSpec> recvs;
-      if (step < P - 1) {
-        const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hkg, D, t, 2, false);
-        sends.push_back({wrap(me + 1, P), cur.data, cur.bytes});
-        recvs.push_back({wrap(me - 1, P), next.data, next.bytes});
-      }
-      if (step >= 1) {
-        // grad_in is written from here on: the previous group's home cast must be done.
-        SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
-        const int64_t finished_rows = a.layout.local_len(wrap(held + 1, P));
-        sends.push_back({wrap(me + 1, P), grad_out, pack_bytes(B, finished_rows, Hkg, D, DType::kF32, 2, false)});
-        recvs.push_back({wrap(me - 1, P), grad_in, pack_bytes(B, rows, Hkg, D, DType::kF32, 2, false)});
-      }
-      std::unique_ptr<PendingExchange> pending;
-      if (!sends.empty()) {
-        SP_ASSIGN_OR_RETURN(pending, start_after(comm, s, sends, recvs));
-      }
+      const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hkg, D, t, 2, false);
+      SP_ASSIGN_OR_RETURN(
+          std::unique_ptr<PendingExchange> pending,
+          post_backward_step(comm, I, s, step, cur, next,
+                             {grad_out, pack_bytes(B, a.layout.local_len(wrap(held + 1, P)), Hkg, D, DType::kF32, 2, false)},
+                             {grad_in, pack_bytes(B, rows, Hkg, D, DType::kF32, 2, false)}));
       const Pack part = make_pack(I, grad_part, B, rows, Hkg, D, DType::kF32, 2, false);
       SP_RETURN_IF_ERROR(zero(part, s));
       if (I.visible(a.layout, a.params, me, held)) {
@@ -598,16 +640,12 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
     }
     SP_RETURN_IF_ERROR(flash_cast(dq_acc, heads_of(a.dq, 2, g * Hg, Hg), s));
     // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
-    void* home = grad_out;
-    std::unique_ptr<PendingExchange> pending;
-    if (P > 1) {
-      SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
-      const int64_t last_rows = a.layout.local_len(wrap(me + 1, P));
-      SP_ASSIGN_OR_RETURN(
-          pending, start_after(comm, s, {{wrap(me + 1, P), grad_out, pack_bytes(B, last_rows, Hkg, D, DType::kF32, 2, false)}},
-                               {{wrap(me - 1, P), grad_in, pack_bytes(B, S, Hkg, D, DType::kF32, 2, false)}}));
-      home = grad_in;
-    }
+    // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
+    void* home = P > 1 ? grad_in : grad_out;
+    SP_ASSIGN_OR_RETURN(
+        std::unique_ptr<PendingExchange> pending,
+        post_final_hop(comm, I, s, {grad_out, pack_bytes(B, a.layout.local_len(wrap(me + 1, P)), Hkg, D, DType::kF32, 2, false)},
+                       {grad_in, pack_bytes(B, S, Hkg, D, DType::kF32, 2, false)}));
     const Pack result = make_pack(I, home, B, S, Hkg, D, DType::kF32, 2, false);
     SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s,
                                              {{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
@@ -627,18 +665,11 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
   const DType t = a.q.dtype;
   const int64_t max_rows = a.layout.max_local_len();
   // The travelling pack: Q, dO, O (dtype) and LSE (fp32) of one query shard.
-  const size_t pack_max = pack_bytes(B, max_rows, Hg, D, t, 3, true);
-  const size_t dq_max = pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false);
-  const char* dq_names[3] = {"grad_a", "grad_b", "grad_c"};
-  for (const char* name : {"kv0", "kv1"})
-    SP_RETURN_IF_ERROR(I.buffer(name, DType::kF32, {int64_t((pack_max + 3) / 4)}).status());
-  for (const char* name : dq_names)
-    SP_RETURN_IF_ERROR(I.buffer(name, DType::kF32, {int64_t(dq_max / 4)}).status());
-  void* pack_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, pack_bytes(B, max_rows, Hg, D, t, 3, true),
+                                                     pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false)));
+  void* pack_base[2] = {tb.pack[0], tb.pack[1]};
   // As in the ring backward, with dQ instead of dK/dV; they rotate across groups.
-  void* dq_part = I.buffers[dq_names[0]].data();
-  void* dq_in = I.buffers[dq_names[1]].data();
-  void* dq_out = I.buffers[dq_names[2]].data();
+  void *dq_part = tb.part, *dq_in = tb.in, *dq_out = tb.out;
 
   for (int g = 0; g < a.G; ++g) {
     SP_ASSIGN_OR_RETURN(const TensorView kg, group_input(I, "k_group", a.k, 2, g * Hkg, Hkg, a.G, s));
@@ -658,23 +689,12 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
       const Pack cur = make_pack(I, pack_base[step % 2], B, rows, Hg, D, t, 3, true);
-      std::vector<SendSpec> sends;
-      std::vector<RecvSpec> recvs;
-      if (step < P - 1) {  // the query side for the next step goes on ahead
-        const Pack next = make_pack(I, pack_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hg, D, t, 3, true);
-        sends.push_back({wrap(me + 1, P), cur.data, cur.bytes});
-        recvs.push_back({wrap(me - 1, P), next.data, next.bytes});
-      }
-      if (step >= 1) {  // dQ finished last step goes on; the dQ of the shard held now arrives
-        SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
-        const int64_t finished_rows = a.layout.local_len(wrap(held + 1, P));
-        sends.push_back({wrap(me + 1, P), dq_out, pack_bytes(B, finished_rows, Hg, D, DType::kF32, 1, false)});
-        recvs.push_back({wrap(me - 1, P), dq_in, pack_bytes(B, rows, Hg, D, DType::kF32, 1, false)});
-      }
-      std::unique_ptr<PendingExchange> pending;
-      if (!sends.empty()) {
-        SP_ASSIGN_OR_RETURN(pending, start_after(comm, s, sends, recvs));
-      }
+      const Pack next = make_pack(I, pack_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hg, D, t, 3, true);
+      SP_ASSIGN_OR_RETURN(
+          std::unique_ptr<PendingExchange> pending,
+          post_backward_step(comm, I, s, step, cur, next,
+                             {dq_out, pack_bytes(B, a.layout.local_len(wrap(held + 1, P)), Hg, D, DType::kF32, 1, false)},
+                             {dq_in, pack_bytes(B, rows, Hg, D, DType::kF32, 1, false)}));
       const TensorView part = I.device_view(dq_part, DType::kF32, {B, rows, Hg, D});
       SP_CUDA_CHECK(cudaMemsetAsync(dq_part, 0, part.numel() * sizeof(float), s));
       if (I.visible(a.layout, a.params, held, me)) {
@@ -697,16 +717,12 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     }
     SP_RETURN_IF_ERROR(flash_cast(dk_acc, heads_of(a.dk, 2, g * Hkg, Hkg), s));
     SP_RETURN_IF_ERROR(flash_cast(dv_acc, heads_of(a.dv, 2, g * Hkg, Hkg), s));
-    void* home = dq_out;
-    std::unique_ptr<PendingExchange> pending;
-    if (P > 1) {  // the last dQ (shard me+1) takes its hop home; ours arrives from me-1
-      SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
-      const int64_t last_rows = a.layout.local_len(wrap(me + 1, P));
-      SP_ASSIGN_OR_RETURN(
-          pending, start_after(comm, s, {{wrap(me + 1, P), dq_out, pack_bytes(B, last_rows, Hg, D, DType::kF32, 1, false)}},
-                               {{wrap(me - 1, P), dq_in, pack_bytes(B, S, Hg, D, DType::kF32, 1, false)}}));
-      home = dq_in;
-    }
+    // The last dQ (shard me+1) takes its hop home; ours arrives from me-1.
+    void* home = P > 1 ? dq_in : dq_out;
+    SP_ASSIGN_OR_RETURN(
+        std::unique_ptr<PendingExchange> pending,
+        post_final_hop(comm, I, s, {dq_out, pack_bytes(B, a.layout.local_len(wrap(me + 1, P)), Hg, D, DType::kF32, 1, false)},
+                       {dq_in, pack_bytes(B, S, Hg, D, DType::kF32, 1, false)}));
     SP_RETURN_IF_ERROR(finish_on_side_stream(
         I, pending.get(), s,
         {{I.device_view(home, DType::kF32, {B, S, Hg, D}), heads_of(a.dq, 2, g * Hg, Hg)}}));
