@@ -169,6 +169,22 @@ TEST(BurstBytes, ClosedFormAndChoice) {
   }
 }
 
+// GPU ranks: Q, dO, O travel in bf16 and LSE in fp32, dQ and the ring's dK/dV in fp32.
+TEST(BurstBytes, GpuPackAndChoice) {
+  for (int P : {2, 4}) {
+    const int64_t S = 128 * P, B = 1, H = 32, D = 128, n = S / P;
+    const Layout layout = Layout::create(LayoutKind::kZigzag, S, P).value();
+    EXPECT_EQ(burst_backward_expected_bytes(layout, 1, B, H, D, DType::kBF16, DType::kF32,
+                                            BurstPack::kOutputLse),
+              (P - 1) * (3 * B * n * H * D * 2 + B * H * n * 4) + P * B * n * H * D * 4);
+    // Per token, head and dim: Burst ~ (P-1)*6 + P*4 bytes, the ring (P-1)*4 + P*8 with MHA.
+    EXPECT_EQ(choose_backward(layout, B, H, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse),
+              BackwardSchedule::kBurst);
+    EXPECT_EQ(choose_backward(layout, B, H, H / 8, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse),
+              BackwardSchedule::kRing);
+  }
+}
+
 // Erratum (report 000, section 2.8 item 4): the printed Algorithm 4 puts (Q, dQ, dO, D, lse)
 // into the ring at the start of each iteration and adds the iteration's dQ contribution only
 // afterwards, so the next rank receives a dQ without it. Simulated literally here, dK and dV
