@@ -213,6 +213,10 @@ Status compute_cpu(Communicator& comm, const Job& job, const Layout& layout,
 // Forward + backward on GPU ranks (bf16/fp16 device tensors), results copied to the host.
 Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
                     const AttentionParams& params, BackwardSchedule schedule, RankOutputs* r) {
+#ifndef SEQPAR_HAVE_CUDA
+  (void)comm, (void)job, (void)layout, (void)params, (void)schedule, (void)r;
+  return SP_STATUS(StatusCode::kUnsupported, "seqpar was built without CUDA");
+#else
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
   const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
@@ -256,6 +260,7 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
   SP_ASSIGN_OR_RETURN(r->dk, to_host(dk.view));
   SP_ASSIGN_OR_RETURN(r->dv, to_host(dv.view));
   return Status::Ok();
+#endif
 }
 
 // The whole job on one rank; rank 0 checks, prints and returns the exit code in *exit_code.

@@ -46,4 +46,9 @@ BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t he
                                  int64_t kv_heads, int64_t head_dim, DType dtype,
                                  DType accumulator_dtype, BurstPack pack = BurstPack::kDeltaLse);
 
+// Bytes rank `rank` sends on GPU ranks (K/V and the packs in `dtype`, accumulators in fp32).
+TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule schedule,
+                                int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                DType dtype);
+
 }  // namespace seqpar

@@ -74,9 +74,4 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               GpuRingContext& ctx, void* stream, RingStats* stats = nullptr);
 
-// Bytes rank `rank` sends on GPU ranks (K/V and the packs in `dtype`, accumulators in fp32).
-TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule schedule,
-                                int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                DType dtype);
-
 }  // namespace seqpar

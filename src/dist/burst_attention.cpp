@@ -185,4 +185,14 @@ BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t he
   return burst <= ring ? BackwardSchedule::kBurst : BackwardSchedule::kRing;
 }
 
+TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule schedule,
+                                int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                DType dtype) {
+  TrafficBytes bytes = ring_expected_bytes(layout, rank, batch, kv_heads, head_dim, dtype, DType::kF32);
+  if (schedule == BackwardSchedule::kBurst)
+    bytes.backward = burst_backward_expected_bytes(layout, rank, batch, heads, head_dim, dtype,
+                                                   DType::kF32, BurstPack::kOutputLse);
+  return bytes;
+}
+
 }  // namespace seqpar
