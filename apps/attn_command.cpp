@@ -14,6 +14,10 @@
 #include <random>
 #include <thread>
 
+#ifdef SEQPAR_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "npy.hpp"
 #include "seqpar/burst.hpp"
 #include "seqpar/gpu.hpp"
@@ -234,11 +238,20 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
   GpuRingOptions options;
   options.head_groups = o.head_groups;
   GpuRingContext ctx(options);
+  cudaStream_t stream = nullptr;  // a stream of our own, ordered only by explicit events
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return SP_STATUS(StatusCode::kInternal, "cannot create a CUDA stream");
+  struct StreamOwner {
+    cudaStream_t s;
+    ~StreamOwner() {
+      if (!device_abandoned()) (void)cudaStreamDestroy(s);
+    }
+  } owner{stream};
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   SP_RETURN_IF_ERROR(gpu_ring_attention_forward(comm, layout, params, q.view, k.view, v.view, out.view,
-                                                lse.view, ctx, nullptr, &r->fwd_stats));
-  SP_RETURN_IF_ERROR(comm.synchronize(nullptr));
+                                                lse.view, ctx, stream, &r->fwd_stats));
+  SP_RETURN_IF_ERROR(comm.synchronize(stream));
   r->times[0] = std::chrono::duration<double>(Clock::now() - t0).count();
   SP_RETURN_IF_ERROR(comm.barrier());
   if (me == 0) progress("running backward");
@@ -250,8 +263,8 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
   t0 = Clock::now();
   SP_RETURN_IF_ERROR(gpu_attention_backward(comm, layout, params, schedule, q.view, k.view, v.view,
                                             out.view, lse.view, dout.view, dq.view, dk.view, dv.view,
-                                            ctx, nullptr));
-  SP_RETURN_IF_ERROR(comm.synchronize(nullptr));
+                                            ctx, stream));
+  SP_RETURN_IF_ERROR(comm.synchronize(stream));
   r->times[1] = std::chrono::duration<double>(Clock::now() - t0).count();
   r->head_groups = ctx.counters.head_groups;
   SP_ASSIGN_OR_RETURN(r->out, to_host(out.view));

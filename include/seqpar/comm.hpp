@@ -97,7 +97,11 @@ class Communicator {
   // given to set_stream(), on a stream of their own. Host-driven backends (local, mpi) start
   // it at once: the caller synchronises its stream before posting device buffers.
   virtual bool stream_ordered() const { return false; }
-  void set_stream(void* stream) { stream_ = stream; }
+  // The ordering stream for the next batches (nullptr is the legacy default stream, a valid
+  // stream); clear_stream() makes batches start at once again.
+  void set_stream(void* stream) { stream_ = stream, has_stream_ = true; }
+  void clear_stream() { stream_ = nullptr, has_stream_ = false; }
+  bool has_stream() const { return has_stream_; }
   void* stream() const { return stream_; }
   // Blocks the host until the work queued on `stream` is done. Stream-ordered backends keep
   // watching for a failed or stalled peer meanwhile (the timeout counts from the last
@@ -123,6 +127,7 @@ class Communicator {
   Phase phase_ = Phase::kOther;
   CommCounters counters_;
   void* stream_ = nullptr;
+  bool has_stream_ = false;
 };
 
 // Sets the phase for a scope and restores the previous one.

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -82,20 +83,28 @@ std::atomic<bool> g_exit_on_failure{false};
 class NcclCommunicator final : public Communicator {
  public:
   // Creates rank `rank` of `size` on `device` (made current) from a shared unique id.
-  static StatusOr<std::unique_ptr<NcclCommunicator>> create(const ncclUniqueId& id, int rank,
-                                                            int size, int device) {
+  // `created` sees the object before its (collective) initialisation, so another thread can
+  // abort() a rank still waiting for peers that failed.
+  static StatusOr<std::unique_ptr<NcclCommunicator>> create(
+      const ncclUniqueId& id, int rank, int size, int device,
+      const std::function<void(NcclCommunicator*)>& created = nullptr) {
     SP_CUDA_CHECK(cudaSetDevice(device));
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(rank, size, device));
-    ncclConfig_t config = nonblocking_config();
-    SP_NCCL_CHECK(ncclCommInitRankConfig(&c->comm_, size, id, rank, &config));
-    SP_RETURN_IF_ERROR(c->settle("NCCL initialisation"));
-    SP_RETURN_IF_ERROR(c->start());
+    if (created) created(c.get());
+    const Status s = c->init(id);
+    if (!s.ok()) {
+      if (created) created(nullptr);  // unregistered before it is destroyed
+      return s;
+    }
     return c;
   }
 
   ~NcclCommunicator() override {
+    // Drain while the watchdog still guards against a dead peer; then act on a late abort.
+    if (stream_ && !device_abandoned()) (void)synchronize(stream_);
     stop_ = true;
     if (watchdog_.joinable()) watchdog_.join();
+    if (abort_requested_ && !aborted_) abort_now();
     if (device_abandoned()) return;  // a stuck kernel would block every call below
     (void)cudaSetDevice(device_);
     if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
@@ -170,7 +179,7 @@ class NcclCommunicator final : public Communicator {
     for (const SendSpec& s : sends) on_host = on_host || (s.bytes && !is_device_pointer(s.data));
     for (const RecvSpec& r : recvs) on_host = on_host || (r.bytes && !is_device_pointer(r.data));
     if (on_host) return post_staged(sends, recvs);
-    if (Communicator::stream()) {  // start after the work already queued on the caller's stream
+    if (Communicator::has_stream()) {  // start after the work already queued on the caller's stream
       cudaEvent_t ready;
       SP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
       SP_CUDA_CHECK(cudaEventRecord(ready, static_cast<cudaStream_t>(Communicator::stream())));
@@ -188,6 +197,13 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclCommunicator(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
 
+  Status init(const ncclUniqueId& id) {
+    ncclConfig_t config = nonblocking_config();
+    SP_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    SP_RETURN_IF_ERROR(settle("NCCL initialisation"));
+    return start();
+  }
+
   Status start() {
     SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     watchdog_ = std::thread([this] { watch(); });
@@ -200,11 +216,16 @@ class NcclCommunicator final : public Communicator {
       std::lock_guard lock(nccl_mu_);
       SP_RETURN_IF_ERROR(check_alive());
       SP_NCCL_CHECK(ncclGroupStart());
-      for (const SendSpec& s : sends)
-        if (s.bytes) SP_NCCL_CHECK(ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm_, stream_));
-      for (const RecvSpec& r : recvs)
-        if (r.bytes) SP_NCCL_CHECK(ncclRecv(r.data, r.bytes, ncclUint8, r.peer, comm_, stream_));
-      SP_NCCL_CHECK(ncclGroupEnd());
+      ncclResult_t r = ncclSuccess;
+      for (const SendSpec& snd : sends)
+        if (snd.bytes && (r == ncclSuccess || r == ncclInProgress))
+          r = ncclSend(snd.data, snd.bytes, ncclUint8, snd.peer, comm_, stream_);
+      for (const RecvSpec& rcv : recvs)
+        if (rcv.bytes && (r == ncclSuccess || r == ncclInProgress))
+          r = ncclRecv(rcv.data, rcv.bytes, ncclUint8, rcv.peer, comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();  // always closed, even after a failed call
+      SP_NCCL_CHECK(r);
+      SP_NCCL_CHECK(end);
     }
     SP_RETURN_IF_ERROR(settle("ncclGroupEnd"));
     cudaEvent_t marker;
@@ -269,7 +290,7 @@ class NcclCommunicator final : public Communicator {
     auto last_progress = Clock::now();
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      bool stalled = false;
+      bool stalled = false, busy = false;
       {
         std::lock_guard lock(watch_mu_);
         while (!watched_.empty() && cudaEventQuery(watched_.front()) == cudaSuccess) {
@@ -278,6 +299,7 @@ class NcclCommunicator final : public Communicator {
           last_progress = Clock::now();
         }
         if (watched_.empty()) last_progress = Clock::now();
+        busy = !watched_.empty();
         stalled = Clock::now() - last_progress > comm_timeout();
       }
       if (!aborted_) {
@@ -286,13 +308,19 @@ class NcclCommunicator final : public Communicator {
           std::lock_guard lock(nccl_mu_);
           if (comm_) (void)ncclCommGetAsyncError(comm_, &async);
         }
-        if (async != ncclSuccess && async != ncclInProgress)
+        // An error with nothing in flight (a peer that finished and left) waits for the next
+        // batch, which fails on it; only work in flight is aborted.
+        if (busy && async != ncclSuccess && async != ncclInProgress)
           abort(std::string("NCCL error: ") + ncclGetErrorString(async));
         if (stalled)
           abort("timed out waiting for a transfer on rank " + std::to_string(rank_) +
                 " (a peer failed or stalled; SEQPAR_COMM_TIMEOUT_S sets the limit)");
-        if (abort_requested_) abort_now();
-      } else if (g_exit_on_failure && !acknowledged_ && Clock::now() - aborted_at_ > std::chrono::seconds(10)) {
+        if (abort_requested_) {
+          aborted_busy_ = busy;
+          abort_now();
+        }
+      } else if (g_exit_on_failure && aborted_busy_ && !acknowledged_ &&
+                 Clock::now() - aborted_at_ > std::chrono::seconds(10)) {
         // The owning thread is blocked in a call that the abort did not release.
         std::fprintf(stderr, "seqpar: rank %d: communicator aborted (%s); ending the process\n",
                      rank_, abort_reason().c_str());
@@ -345,6 +373,7 @@ class NcclCommunicator final : public Communicator {
   std::deque<cudaEvent_t> watched_;  // end markers of queued batches, oldest first
   std::thread watchdog_;
   std::atomic<bool> stop_{false}, aborted_{false}, abort_requested_{false}, acknowledged_{false};
+  bool aborted_busy_ = false;  // the watchdog aborted with transfers in flight
   Clock::time_point aborted_at_;
   std::string abort_reason_;
 };
@@ -381,17 +410,32 @@ Status send_all(int fd, const void* data, size_t n) {
 }
 
 Status serve_unique_id(const ncclUniqueId& id, int port, int clients) {
-  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
-  SP_CHECK_ARG(fd >= 0, std::string("bootstrap socket: ") + std::strerror(errno));
+  // Dual-stack IPv6 where the host has it, else IPv4.
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
   const int one = 1, zero = 0;
-  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-  sockaddr_in6 addr{};
-  addr.sin6_family = AF_INET6;
-  addr.sin6_addr = in6addr_any;
-  addr.sin6_port = htons(static_cast<uint16_t>(port));
+  sockaddr_in6 addr6{};
+  addr6.sin6_family = AF_INET6;
+  addr6.sin6_addr = in6addr_any;
+  addr6.sin6_port = htons(static_cast<uint16_t>(port));
+  sockaddr_in addr4{};
+  addr4.sin_family = AF_INET;
+  addr4.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr4.sin_port = htons(static_cast<uint16_t>(port));
+  bool bound = false;
+  if (fd >= 0) {
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr6), sizeof(addr6)) == 0;
+    if (!bound) ::close(fd);
+  }
+  if (!bound) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    SP_CHECK_ARG(fd >= 0, std::string("bootstrap socket: ") + std::strerror(errno));
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr4), sizeof(addr4)) == 0;
+  }
   Status s = Status::Ok();
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, clients) != 0)
+  if (!bound || ::listen(fd, clients) != 0)
     s = SP_STATUS(StatusCode::kCommError, "bootstrap: cannot listen on port " + std::to_string(port) +
                                               ": " + std::strerror(errno) + " (set SEQPAR_BOOTSTRAP_PORT)");
   const auto deadline = Clock::now() + comm_timeout();
@@ -461,30 +505,33 @@ Status run_nccl_local_ranks(int num_gpus, const std::function<Status(Communicato
   std::vector<Status> results(num_gpus);
   std::vector<NcclCommunicator*> live(num_gpus, nullptr);
   std::mutex mu;
-  auto abort_all = [&](int from, const std::string& why) {
+  std::string failure;  // sticky: ranks that register after a failure abort at once
+  auto fail_all = [&](int from, const std::string& why) {
     std::lock_guard lock(mu);
-    for (int r = 0; r < num_gpus; ++r)
-      if (r != from && live[r]) live[r]->abort("rank " + std::to_string(from) + " failed: " + why);
+    if (failure.empty()) failure = "rank " + std::to_string(from) + " failed: " + why;
+    for (NcclCommunicator* c : live)
+      if (c) c->abort(failure);
+  };
+  auto enter = [&](int r, NcclCommunicator* c) {
+    std::lock_guard lock(mu);
+    live[r] = c;
+    if (c && !failure.empty()) c->abort(failure);
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < num_gpus; ++r) {
     threads.emplace_back([&, r] {
-      auto comm = NcclCommunicator::create(id, r, num_gpus, r);
+      auto comm = NcclCommunicator::create(id, r, num_gpus, r, [&](NcclCommunicator* c) { enter(r, c); });
       if (!comm.ok()) {
+        enter(r, nullptr);
         results[r] = comm.status();
-        abort_all(r, results[r].message());
+        fail_all(r, results[r].message());
         return;
       }
-      {
-        std::lock_guard lock(mu);
-        live[r] = comm.value().get();
-      }
       results[r] = fn(*comm.value());
-      if (!results[r].ok()) abort_all(r, results[r].message());
-      {
-        std::lock_guard lock(mu);
-        live[r] = nullptr;
-      }
+      // A failed rank aborts every communicator, its own too: its queued batches will never be
+      // matched, and its destructor must not wait for them.
+      if (!results[r].ok()) fail_all(r, results[r].message());
+      enter(r, nullptr);
     });
   }
   for (auto& t : threads) t.join();

@@ -46,21 +46,35 @@ Status stream_synchronize(void* stream) {
   return Status::Ok();
 }
 
-bool is_device_pointer(const void* p) {
+namespace {
+// The device holding `p`, or -1 for host memory.
+int device_of(const void* p) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return -1;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device : -1;
 }
+}  // namespace
+
+bool is_device_pointer(const void* p) { return device_of(p) >= 0; }
 
 Status copy_bytes(void* dst, const void* src, size_t bytes) {
-  if (!is_device_pointer(dst) && !is_device_pointer(src)) {
+  const int dst_device = device_of(dst), src_device = device_of(src);
+  if (dst_device < 0 && src_device < 0) {
     std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
-  SP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // A plain cudaMemcpy between device buffers may return before the copy lands: copy on a
+  // stream of our own, on the device that holds the data, and wait for it.
+  SP_CUDA_CHECK(cudaSetDevice(dst_device >= 0 ? dst_device : src_device));
+  cudaStream_t stream;
+  SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  (void)cudaStreamDestroy(stream);
+  SP_CUDA_CHECK(err);
   return Status::Ok();
 }
 

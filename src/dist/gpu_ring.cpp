@@ -334,7 +334,9 @@ StatusOr<std::unique_ptr<PendingExchange>> start_after(Communicator& comm, cudaS
                                                        const std::vector<RecvSpec>& recvs) {
   if (!comm.stream_ordered()) SP_RETURN_IF_ERROR(stream_synchronize(s));
   comm.set_stream(s);
-  return comm.start_exchange(sends, recvs);
+  auto pending = comm.start_exchange(sends, recvs);
+  comm.clear_stream();  // the caller's stream may not outlive this call
+  return pending;
 }
 
 // Bytes of workspace per head group count, for choosing the group count.
@@ -578,9 +580,18 @@ Status finish_on_side_stream(Impl& I, PendingExchange* pending, cudaStream_t s,
   return Status::Ok();
 }
 
+// Makes `s` wait for the side stream's casts however the backward returns (an early error
+// must not leave casts into the caller's tensors running unordered).
+struct JoinSideStream {
+  Impl& I;
+  cudaStream_t s;
+  ~JoinSideStream() { (void)cudaStreamWaitEvent(s, I.finished, 0); }
+};
+
 Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs& a, cudaStream_t s,
                      RingStats* stats, int64_t* calls) {
   Impl& I = ctx.impl();
+  const JoinSideStream join{I, s};
   const int P = comm.size(), me = comm.rank();
   const int64_t B = a.B, S = a.S, D = a.D, Hg = a.H / a.G, Hkg = a.Hkv / a.G;
   const DType t = a.q.dtype;
@@ -653,13 +664,13 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
     // grad_in (holding the result) and grad_out (being sent home) are written again only
     // from step 1 of the next group, after its wait for I.finished; grad_part is free.
   }
-  SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
   return Status::Ok();
 }
 
 Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs& a,
                       cudaStream_t s, RingStats* stats, int64_t* calls) {
   Impl& I = ctx.impl();
+  const JoinSideStream join{I, s};
   const int P = comm.size(), me = comm.rank();
   const int64_t B = a.B, S = a.S, D = a.D, Hg = a.H / a.G, Hkg = a.Hkv / a.G;
   const DType t = a.q.dtype;
@@ -727,7 +738,6 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
         I, pending.get(), s,
         {{I.device_view(home, DType::kF32, {B, S, Hg, D}), heads_of(a.dq, 2, g * Hg, Hg)}}));
   }
-  SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
   return Status::Ok();
 }
 
