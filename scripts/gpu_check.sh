@@ -5,10 +5,11 @@
 #   bench   single-GPU kernels and the PyTorch SDPA peer
 #   multi   multi-GPU ring/Burst benchmark and the PyTorch context-parallel peer, same run
 #           (MULTI_SEQS and PEER_SEQS choose the lengths)
-# Usage: bash scripts/gpu_check.sh [tests] [bench] [multi]   (no stage: all three)
+# Usage: bash scripts/gpu_check.sh [tests] [bench] [multi]   (no stage, or all: all three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stages="${*:-tests bench multi}"
+stages="${*:-all}"
+[ "$stages" = all ] && stages="tests bench multi"
 out="${OUT:-gpu_out}"
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
