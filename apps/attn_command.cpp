@@ -247,6 +247,9 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
       if (!device_abandoned()) (void)cudaStreamDestroy(s);
     }
   } owner{stream};
+  // The uploads and zeroing above ran on the legacy stream, which ours does not wait for.
+  if (cudaDeviceSynchronize() != cudaSuccess)
+    return SP_STATUS(StatusCode::kInternal, "CUDA error while preparing the inputs");
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   SP_RETURN_IF_ERROR(gpu_ring_attention_forward(comm, layout, params, q.view, k.view, v.view, out.view,

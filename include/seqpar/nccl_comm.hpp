@@ -13,9 +13,10 @@
 //
 // Failure: communicators are non-blocking NCCL communicators watched by a thread of their
 // own. When the oldest queued transfer makes no progress for SEQPAR_COMM_TIMEOUT_S (default
-// 300 s), NCCL reports an error, or abort() is called (from any thread), the watchdog aborts
-// the communicator (ncclCommAbort), which stops its kernels; the rank's calls then return
-// kCommError instead of hanging.
+// 300 s), NCCL reports an error while transfers are in flight (an error with nothing in
+// flight fails the next batch, or aborts at destruction), or abort() is called (from any
+// thread), the watchdog aborts the communicator (ncclCommAbort), which stops its kernels; the
+// rank's calls then return kCommError instead of hanging.
 #pragma once
 
 #include <functional>

@@ -105,6 +105,11 @@ class NcclCommunicator final : public Communicator {
     stop_ = true;
     if (watchdog_.joinable()) watchdog_.join();
     if (abort_requested_ && !aborted_) abort_now();
+    if (comm_ && !aborted_) {  // an error seen while idle: a communicator in error is aborted
+      ncclResult_t async = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) abort_now();
+    }
     if (device_abandoned()) return;  // a stuck kernel would block every call below
     (void)cudaSetDevice(device_);
     if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
@@ -315,11 +320,8 @@ class NcclCommunicator final : public Communicator {
         if (stalled)
           abort("timed out waiting for a transfer on rank " + std::to_string(rank_) +
                 " (a peer failed or stalled; SEQPAR_COMM_TIMEOUT_S sets the limit)");
-        if (abort_requested_) {
-          aborted_busy_ = busy;
-          abort_now();
-        }
-      } else if (g_exit_on_failure && aborted_busy_ && !acknowledged_ &&
+        if (abort_requested_) abort_now();
+      } else if (g_exit_on_failure && !acknowledged_ &&
                  Clock::now() - aborted_at_ > std::chrono::seconds(10)) {
         // The owning thread is blocked in a call that the abort did not release.
         std::fprintf(stderr, "seqpar: rank %d: communicator aborted (%s); ending the process\n",
@@ -373,7 +375,6 @@ class NcclCommunicator final : public Communicator {
   std::deque<cudaEvent_t> watched_;  // end markers of queued batches, oldest first
   std::thread watchdog_;
   std::atomic<bool> stop_{false}, aborted_{false}, abort_requested_{false}, acknowledged_{false};
-  bool aborted_busy_ = false;  // the watchdog aborted with transfers in flight
   Clock::time_point aborted_at_;
   std::string abort_reason_;
 };

@@ -68,12 +68,17 @@ Status copy_bytes(void* dst, const void* src, size_t bytes) {
   }
   // A plain cudaMemcpy between device buffers may return before the copy lands: copy on a
   // stream of our own, on the device that holds the data, and wait for it.
+  int caller_device = 0;
+  SP_CUDA_CHECK(cudaGetDevice(&caller_device));
   SP_CUDA_CHECK(cudaSetDevice(dst_device >= 0 ? dst_device : src_device));
   cudaStream_t stream;
-  SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  (void)cudaStreamDestroy(stream);
+  cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
+  }
+  SP_CUDA_CHECK(cudaSetDevice(caller_device));  // the caller's current device is unchanged
   SP_CUDA_CHECK(err);
   return Status::Ok();
 }
