@@ -176,6 +176,16 @@ TEST(NcclCommunicator, HostCollectives) {
     double x[2] = {1.0 + comm.rank(), 10.0 * comm.rank()};
     SP_RETURN_IF_ERROR(comm.all_reduce(x, 2, DType::kF64, ReduceOp::kSum));
     SP_CHECK_ARG(x[0] == 3.0 && x[1] == 10.0, "all_reduce gave " + std::to_string(x[0]));
+    // Splits are cached per (color, key): both views talk through one NCCL communicator.
+    for (int again = 0; again < 2; ++again) {
+      SP_ASSIGN_OR_RETURN(auto alone, comm.split(comm.rank(), 0));
+      SP_CHECK_ARG(alone->size() == 1 && alone->rank() == 0, "a split of one rank");
+      SP_ASSIGN_OR_RETURN(auto both, comm.split(0, -comm.rank()));
+      SP_CHECK_ARG(both->size() == 2 && both->rank() == 1 - comm.rank(), "keys order the split");
+      double y = 1.0;
+      SP_RETURN_IF_ERROR(both->all_reduce(&y, 1, DType::kF64, ReduceOp::kSum));
+      SP_CHECK_ARG(y == 2.0 && both->counters().sent(Phase::kOther) > 0, "all_reduce on the split");
+    }
     return comm.barrier();
   });
   EXPECT_TRUE(s.ok()) << s.to_string();

@@ -18,6 +18,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -123,9 +124,20 @@ class NcclCommunicator final : public Communicator {
   std::string backend_name() const override { return "nccl"; }
   bool stream_ordered() const override { return true; }
 
+  // Sub-communicators are built once per (color, key) and cached: a later split with the same
+  // arguments (collective, like the first) hands out a view of the same NCCL communicator,
+  // with byte counters of its own.
   StatusOr<std::unique_ptr<Communicator>> split(int color, int key) override {
     SP_RETURN_IF_ERROR(check_alive());
-    std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(0, 0, device_));
+    auto& cached = splits_[{color, key}];
+    if (!cached) {
+      SP_ASSIGN_OR_RETURN(cached, build_split(color, key));
+    }
+    return view_of(cached);
+  }
+
+  StatusOr<std::shared_ptr<NcclCommunicator>> build_split(int color, int key) {
+    std::shared_ptr<NcclCommunicator> c(new NcclCommunicator(0, 0, device_));
     ncclConfig_t config = nonblocking_config();
     {
       std::lock_guard lock(nccl_mu_);
@@ -136,7 +148,7 @@ class NcclCommunicator final : public Communicator {
     SP_NCCL_CHECK(ncclCommUserRank(c->comm_, &c->rank_));
     SP_NCCL_CHECK(ncclCommCount(c->comm_, &c->size_));
     SP_RETURN_IF_ERROR(c->start());
-    return std::unique_ptr<Communicator>(std::move(c));
+    return c;
   }
 
   // Safe from any thread: the watchdog aborts the NCCL communicator.
@@ -367,6 +379,10 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
+  friend class NcclView;
+  static std::unique_ptr<Communicator> view_of(std::shared_ptr<NcclCommunicator> c);
+
+  std::map<std::pair<int, int>, std::shared_ptr<NcclCommunicator>> splits_;  // by (color, key)
   ncclComm_t comm_ = nullptr;  // guarded by nccl_mu_ against the watchdog's abort
   cudaStream_t stream_ = nullptr;
   int rank_, size_, device_;
@@ -380,6 +396,38 @@ class NcclCommunicator final : public Communicator {
 };
 
 Status NcclPending::wait() { return comm_->wait_event(done_, "a transfer"); }
+
+// A cached sub-communicator as handed out by split(): forwards to the shared communicator and
+// keeps its own byte counters and ordering stream.
+class NcclView final : public Communicator {
+ public:
+  explicit NcclView(std::shared_ptr<NcclCommunicator> c) : c_(std::move(c)) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  std::string backend_name() const override { return c_->backend_name(); }
+  bool stream_ordered() const override { return true; }
+  StatusOr<std::unique_ptr<Communicator>> split(int color, int key) override {
+    return c_->split(color, key);
+  }
+  void abort(const std::string& reason) override { c_->abort(reason); }
+  Status synchronize(void* stream) override { return c_->synchronize(stream); }
+
+ protected:
+  StatusOr<std::unique_ptr<PendingExchange>> post(std::span<const SendSpec> sends,
+                                                  std::span<const RecvSpec> recvs) override {
+    if (has_stream()) c_->set_stream(stream());
+    else c_->clear_stream();
+    return c_->post(sends, recvs);
+  }
+  bool overlaps() const override { return true; }
+
+ private:
+  std::shared_ptr<NcclCommunicator> c_;
+};
+
+std::unique_ptr<Communicator> NcclCommunicator::view_of(std::shared_ptr<NcclCommunicator> c) {
+  return std::make_unique<NcclView>(std::move(c));
+}
 
 }  // namespace
 
