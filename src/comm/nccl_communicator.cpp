@@ -115,6 +115,7 @@ class NcclCommunicator final : public Communicator {
     (void)cudaSetDevice(device_);
     if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
     for (const auto& w : watched_) (void)cudaEventDestroy(w);
+    if (ready_) (void)cudaEventDestroy(ready_);
     if (stream_) (void)cudaStreamDestroy(stream_);
     if (comm_ && !aborted_) (void)ncclCommDestroy(comm_);
   }
@@ -197,11 +198,9 @@ class NcclCommunicator final : public Communicator {
     for (const RecvSpec& r : recvs) on_host = on_host || (r.bytes && !is_device_pointer(r.data));
     if (on_host) return post_staged(sends, recvs);
     if (Communicator::has_stream()) {  // start after the work already queued on the caller's stream
-      cudaEvent_t ready;
-      SP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-      SP_CUDA_CHECK(cudaEventRecord(ready, static_cast<cudaStream_t>(Communicator::stream())));
-      SP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-      SP_CUDA_CHECK(cudaEventDestroy(ready));
+      // One reused event: the wait takes the event's state at the time it is queued.
+      SP_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(Communicator::stream())));
+      SP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     }
     SP_RETURN_IF_ERROR(enqueue(sends, recvs));
     cudaEvent_t done;
@@ -223,6 +222,7 @@ class NcclCommunicator final : public Communicator {
 
   Status start() {
     SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watch(); });
     return Status::Ok();
   }
@@ -385,6 +385,7 @@ class NcclCommunicator final : public Communicator {
   std::map<std::pair<int, int>, std::shared_ptr<NcclCommunicator>> splits_;  // by (color, key)
   ncclComm_t comm_ = nullptr;  // guarded by nccl_mu_ against the watchdog's abort
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // orders a batch after the caller's stream
   int rank_, size_, device_;
   DeviceBuffer staging_;
   std::mutex nccl_mu_, watch_mu_, abort_mu_;

@@ -29,6 +29,7 @@ struct GpuRingContext::Impl {
   std::string plan_key;  // layout and mask the cached plans belong to
   std::map<std::pair<int, int>, BlockPlan> plans;
   std::map<std::pair<int, int>, bool> visible_pairs;
+  std::map<int, std::vector<PositionRunSpan>> runs;  // arithmetic runs of each rank's positions
   cudaStream_t finish_stream = nullptr;  // casts a group's travelled result home
   cudaEvent_t finished = nullptr;        // recorded on finish_stream after those casts
   int device = 0;
@@ -89,7 +90,13 @@ struct GpuRingContext::Impl {
                       ':' + std::to_string(layout.ranks()) + ':' + std::to_string(mask.window_left) +
                       ',' + std::to_string(mask.window_right);
     for (int64_t d : mask.doc_offsets) key += ',' + std::to_string(d);
-    if (key != plan_key) plans.clear(), visible_pairs.clear(), plan_key = key;
+    if (key != plan_key) plans.clear(), visible_pairs.clear(), runs.clear(), plan_key = key;
+  }
+
+  const std::vector<PositionRunSpan>& position_runs(const Layout& layout, int rank) {
+    auto it = runs.find(rank);
+    if (it == runs.end()) it = runs.emplace(rank, arithmetic_runs(layout.positions(rank))).first;
+    return it->second;
   }
 
   bool visible(const Layout& layout, const AttentionParams& params, int q_rank, int k_rank) {
@@ -133,13 +140,6 @@ TensorView rows_of(TensorView t, int dim, int64_t begin, int64_t end) {
 TensorView heads_of(const TensorView& t, int dim, int64_t first, int64_t count) {
   return rows_of(t, dim, first, first + count);
 }
-
-// What one head group works on.
-struct Group {
-  int64_t batch, seq, heads, kv_heads, head_dim;  // heads and kv_heads of this group
-  DType dtype;
-  int64_t q_first, kv_first;  // first query / K/V head of the group
-};
 
 // The local work of one (query shard, K/V shard) pair.
 struct Pair {
@@ -199,9 +199,9 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
                      const TensorView& lse_acc, cudaStream_t s, int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
   if (pair.own_kernels) {
-    AttentionParams p = pair.params;
-    for (const PositionRunSpan& qr : arithmetic_runs(pair.layout.positions(pair.q_rank)))
-      for (const PositionRunSpan& kr : arithmetic_runs(pair.layout.positions(pair.k_rank))) {
+    I.use_problem(pair.layout, pair.params.mask);
+    for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
+      for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
         const bool whole = qr.begin == 0 && qr.end == n;
         TensorView lse_v = lse_acc;
         if (!whole) {
@@ -209,7 +209,7 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
         }
         SP_RETURN_IF_ERROR(flash_attention_forward(
             rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
-            rows_of(v, 1, kr.begin, kr.end), p, run_positions(qr, kr),
+            rows_of(v, 1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
             rows_of(o_acc, 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
         if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(lse_acc, 2, qr.begin, qr.end), s));
         ++*calls;
@@ -247,8 +247,9 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
                       int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1], Hkv = k.shape[2];
   if (pair.own_kernels) {
-    for (const PositionRunSpan& qr : arithmetic_runs(pair.layout.positions(pair.q_rank)))
-      for (const PositionRunSpan& kr : arithmetic_runs(pair.layout.positions(pair.k_rank))) {
+    I.use_problem(pair.layout, pair.params.mask);
+    for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
+      for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
         const bool whole = qr.begin == 0 && qr.end == n;
         TensorView lse_v = lse, delta_v = delta;
         if (!whole) {
@@ -271,8 +272,8 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
     const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
     TensorView lse_c = lse;
     if (nq != n) {
-          SP_ASSIGN_OR_RETURN(lse_c, stat_rows(I, "lse_rows", lse, c.q_begin, c.q_end, s));
-        }
+      SP_ASSIGN_OR_RETURN(lse_c, stat_rows(I, "lse_rows", lse, c.q_begin, c.q_end, s));
+    }
     SP_ASSIGN_OR_RETURN(TensorView dq_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
     SP_ASSIGN_OR_RETURN(TensorView dk_part, I.buffer("part_k", q.dtype, {B, nk, Hkv, D}));
     SP_ASSIGN_OR_RETURN(TensorView dv_part, I.buffer("part_v", q.dtype, {B, nk, Hkv, D}));
@@ -325,6 +326,26 @@ size_t pack_bytes(int64_t B, int64_t rows, int64_t heads, int64_t D, DType t, in
 Status zero(const Pack& p, cudaStream_t s) {
   SP_CUDA_CHECK(cudaMemsetAsync(p.data, 0, p.bytes, s));
   return Status::Ok();
+}
+
+// Copies heads [first, first + count) of a caller's view into buffer `name` when the heads are
+// split, or returns the view itself.
+StatusOr<TensorView> group_input(Impl& I, const char* name, const TensorView& t, int dim,
+                                 int64_t first, int64_t count, int G, cudaStream_t s) {
+  TensorView slice = heads_of(t, dim, first, count);
+  if (G == 1 && slice.is_contiguous()) return slice;
+  std::vector<int64_t> shape(slice.shape.begin(), slice.shape.begin() + slice.ndim);
+  SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer(name, slice.dtype, shape));
+  SP_RETURN_IF_ERROR(flash_cast(slice, copy, s));
+  return copy;
+}
+
+// Fills the K/V pack at `base` with K/V heads [first, first + count) of the caller's k and v.
+Status load_kv_home(const Impl& I, void* base, const TensorView& k, const TensorView& v,
+                    int64_t first, int64_t count, cudaStream_t s) {
+  const Pack home = make_pack(I, base, k.shape[0], k.shape[1], count, k.shape[3], k.dtype, 2, false);
+  SP_RETURN_IF_ERROR(flash_cast(heads_of(k, 2, first, count), home.parts[0], s));
+  return flash_cast(heads_of(v, 2, first, count), home.parts[1], s);
 }
 
 // Starts an exchange after the work queued on `s` (host-driven communicators need the stream
@@ -425,23 +446,13 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   int64_t cudnn_calls = 0, own_calls = 0;
 
   const size_t kv_max = pack_bytes(B, max_rows, Hkg, D, t, 2, false);
+  for (const char* name : {"kv0", "kv1"}) SP_RETURN_IF_ERROR(I.buffers[name].reserve(kv_max));
+  void* kv_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
   for (int g = 0; g < G; ++g) {
     // Group inputs: contiguous copies when the heads are split (so every call sees a small,
     // dense tensor), the caller's views otherwise.
-    TensorView qg = heads_of(q, 2, g * Hg, Hg);
-    if (G > 1) {
-      SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer("q_group", t, {B, S, Hg, D}));
-      SP_RETURN_IF_ERROR(flash_cast(qg, copy, s));
-      qg = copy;
-    }
-    SP_RETURN_IF_ERROR(I.buffer("kv0", t, {int64_t(kv_max / dtype_size(t))}).status());
-    SP_RETURN_IF_ERROR(I.buffer("kv1", t, {int64_t(kv_max / dtype_size(t))}).status());
-    void* kv_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
-    {
-      const Pack home = make_pack(I, kv_base[0], B, S, Hkg, D, t, 2, false);
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(k, 2, g * Hkg, Hkg), home.parts[0], s));
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(v, 2, g * Hkg, Hkg), home.parts[1], s));
-    }
+    SP_ASSIGN_OR_RETURN(const TensorView qg, group_input(I, "q_group", q, 2, g * Hg, Hg, G, s));
+    SP_RETURN_IF_ERROR(load_kv_home(I, kv_base[0], k, v, g * Hkg, Hkg, s));
     SP_ASSIGN_OR_RETURN(TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
     SP_CUDA_CHECK(cudaMemsetAsync(o_acc.data, 0, o_acc.numel() * sizeof(float), s));
     SP_ASSIGN_OR_RETURN(TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
@@ -486,18 +497,6 @@ struct BackwardArgs {
   int G;
   bool own;
 };
-
-// Copies heads [first, first + count) of a caller's view into buffer `name` when the heads are
-// split, or returns the view itself.
-StatusOr<TensorView> group_input(Impl& I, const char* name, const TensorView& t, int dim,
-                                 int64_t first, int64_t count, int G, cudaStream_t s) {
-  TensorView slice = heads_of(t, dim, first, count);
-  if (G == 1 && slice.is_contiguous()) return slice;
-  std::vector<int64_t> shape(slice.shape.begin(), slice.shape.begin() + slice.ndim);
-  SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer(name, slice.dtype, shape));
-  SP_RETURN_IF_ERROR(flash_cast(slice, copy, s));
-  return copy;
-}
 
 // What a ring-style backward rotates: the travelling pack (K/V, or Burst's query side) in two
 // buffers, and three fp32 accumulators (this step's part, the arriving one, the one leaving).
@@ -615,11 +614,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
     }
     SP_ASSIGN_OR_RETURN(TensorView dq_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
     SP_CUDA_CHECK(cudaMemsetAsync(dq_acc.data, 0, dq_acc.numel() * sizeof(float), s));
-    {
-      const Pack home = make_pack(I, kv_base[0], B, S, Hkg, D, t, 2, false);
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.k, 2, g * Hkg, Hkg), home.parts[0], s));
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.v, 2, g * Hkg, Hkg), home.parts[1], s));
-    }
+    SP_RETURN_IF_ERROR(load_kv_home(I, kv_base[0], a.k, a.v, g * Hkg, Hkg, s));
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
