@@ -627,7 +627,8 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
                                         "processes under mpirun or torchrun), NCCL between them")
       ->capture_default_str();
   cmd->add_option("--head-groups", o.head_groups, "cuda: process the heads in this many groups "
-                                                  "(less workspace); default: fewest that fit 1 GiB");
+                                                  "(less workspace); default: the fewest whose workspace fits in six q "
+                                                  "shards and 16 GiB");
   cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: "
                                                             "cores / ranks)");
   cmd->add_option("--check", o.check, "auto | full | sampled | none (auto samples rows when the "

@@ -40,6 +40,7 @@ struct Options {
   int64_t single_max = 262144;  // single-GPU reference up to this many tokens per GPU
   int64_t big_from = 1048576;   // from here: auto only, one run without warm-up
   std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
+  int64_t probe_tokens = 0;         // > 0: run the communication probes at this many tokens first
 };
 
 struct Tensor {
@@ -106,6 +107,79 @@ StatusOr<double> single_gpu_tflops(int64_t S, int64_t H, int64_t D, cudaStream_t
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return causal_flops(S, H, D, true) / (median(ms) * 1e-3) / 1e12;
+}
+
+// Diagnostics for the small sizes: the ring exchange's bandwidth per direction, and how much a
+// concurrent exchange slows a cuDNN causal fwd+bwd at `tokens` tokens (32 heads) on each GPU.
+Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_t s) {
+  const int P = comm.size(), me = comm.rank();
+  cudaStream_t side;
+  cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  const auto elapsed = [&](cudaStream_t on, auto&& work) -> StatusOr<double> {
+    std::vector<double> ms;
+    for (int it = 0; it < 6; ++it) {
+      SP_RETURN_IF_ERROR(comm.barrier());
+      cudaEventRecord(a, on);
+      SP_RETURN_IF_ERROR(work());
+      cudaEventRecord(b, on);
+      SP_RETURN_IF_ERROR(comm.synchronize(on));
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      if (it > 0) ms.push_back(t);
+    }
+    return median(ms);
+  };
+  const int64_t max_bytes = 256ll << 20;
+  SP_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::allocate(max_bytes));
+  SP_ASSIGN_OR_RETURN(DeviceBuffer recv, DeviceBuffer::allocate(max_bytes));
+  const auto exchange = [&](int64_t bytes, cudaStream_t on) -> Status {
+    const SendSpec sp{(me + 1) % P, send.data(), size_t(bytes)};
+    const RecvSpec rp{(me + P - 1) % P, recv.data(), size_t(bytes)};
+    comm.set_stream(on);
+    auto pending = comm.start_exchange({&sp, 1}, {&rp, 1});
+    comm.clear_stream();
+    if (!pending.ok()) return pending.status();
+    return pending.value() ? pending.value()->wait_on_stream(on) : Status::Ok();
+  };
+  for (int64_t mib : {32, 64, 128, 256}) {
+    SP_ASSIGN_OR_RETURN(double ms, elapsed(s, [&] { return exchange(mib << 20, s); }));
+    if (me == 0)
+      std::printf("{\"kind\":\"seqpar_comm_probe\",\"gpus\":%d,\"mib\":%lld,\"ms\":%.4f,\"GBps_per_direction\":%.1f}\n",
+                  P, (long long)mib, ms, double(mib << 20) / (ms * 1e-3) / 1e9);
+  }
+  const int64_t H = opt.heads, D = opt.head_dim, S = tokens;
+  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, S, H, D}, 11, s));
+  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, S, H, D}, 12, s));
+  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, S, H, D}, 13, s));
+  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, S, H, D}, 14, s));
+  SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+  SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
+  AttentionParams p;
+  p.mask = MaskSpec::causal();
+  const auto attention = [&]() -> Status {
+    SP_RETURN_IF_ERROR(cudnn_attention_forward(q.view, k.view, v.view, p, o.view, lse.view, s));
+    return cudnn_attention_backward(q.view, k.view, v.view, o.view, dout.view, lse.view, p, dq.view,
+                                    dk.view, dv.view, s);
+  };
+  SP_ASSIGN_OR_RETURN(double alone, elapsed(s, attention));
+  const int64_t bytes = 2 * S * H * D * 2;  // a K/V shard
+  SP_ASSIGN_OR_RETURN(double with_comm, elapsed(s, [&]() -> Status {
+    SP_RETURN_IF_ERROR(exchange(std::min(bytes, max_bytes), side));
+    return attention();
+  }));
+  if (me == 0)
+    std::printf("{\"kind\":\"seqpar_overlap_probe\",\"tokens\":%lld,\"cudnn_fwdbwd_ms\":%.4f,\"with_exchange_ms\":%.4f,\"exchange_mib\":%lld}\n",
+                (long long)S, alone, with_comm, (long long)(std::min(bytes, max_bytes) >> 20));
+  std::fflush(stdout);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return comm.synchronize(side);
 }
 
 // One (S, algo) run on this rank; fills `line` on rank 0.
@@ -190,6 +264,7 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
 Status bench_rank(Communicator& comm, const Options& opt) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (opt.probe_tokens > 0) SP_RETURN_IF_ERROR(probe(comm, opt, opt.probe_tokens, s));
   for (int64_t S : opt.seqs) {
     double single = 0;
     const int64_t per_gpu = S / comm.size();
@@ -245,6 +320,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')->capture_default_str();
   app.add_option("--big-from", opt.big_from, "from this S on: auto only, one run, no warm-up")
       ->capture_default_str();
+  app.add_option("--probe", opt.probe_tokens,
+                 "first measure the exchange bandwidth and a cuDNN fwd+bwd at this many tokens alone "
+                 "and beside an exchange");
   CLI11_PARSE(app, argc, argv);
   const int gpus = opt.gpus > 0 ? opt.gpus : cuda_device_count();
   if (gpus < 1) {

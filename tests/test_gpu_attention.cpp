@@ -332,10 +332,17 @@ TEST(FlashSmallKernels, DeltaAndMergeMatchTheCpu) {
   HostTensor o1 = o, o2 = dout;
   for (int d = 0; d < 64; ++d) o1.data<float>()[2 * 64 * 3 + d] = 0.f;  // row s=2, h=0 empty on both
   auto g1 = to_device(o1), g2 = to_device(o2), gl1 = to_device(lse1), gl2 = to_device(lse2);
+  // Into separate bf16 outputs first (the inputs stay as they were), then in place.
+  auto o_out = device_zeros(DType::kBF16, {2, 37, 3, 64});
+  auto lse_out = device_zeros(DType::kF32, {2, 3, 37});
+  ASSERT_TRUE(flash_merge_partials_into(g1->view, gl1->view, g2->view, gl2->view, o_out->view, lse_out->view).ok());
+  EXPECT_EQ(testing::max_abs_diff(to_host(g1->view).value(), o1), 0.0);
   ASSERT_TRUE(flash_merge_partials(g1->view, gl1->view, g2->view, gl2->view).ok());
   ASSERT_TRUE(merge_attention_partials(o1.view(), lse1.view(), o2.view(), lse2.view()).ok());
   EXPECT_LE(testing::max_abs_diff(to_host(g1->view).value(), o1), 1e-5);
   EXPECT_LE(testing::max_abs_diff(to_host(gl1->view).value(), lse1), 1e-5);
+  EXPECT_EQ(testing::max_abs_diff(cast(to_host(o_out->view).value(), DType::kF32), cast(cast(to_host(g1->view).value(), DType::kBF16), DType::kF32)), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(to_host(lse_out->view).value(), to_host(gl1->view).value()), 0.0);
 }
 
 TEST(FlashSmallKernels, CastRoundTrips) {
@@ -349,6 +356,42 @@ TEST(FlashSmallKernels, CastRoundTrips) {
     ASSERT_TRUE(flash_cast(low->view, back->view).ok());
     // Exactly the CPU's round-to-nearest-even conversion.
     EXPECT_EQ(testing::max_abs_diff(to_host(back->view).value(), cast(cast(x, t), DType::kF32)), 0.0);
+  }
+}
+
+// accumulate (dst += src) and add_cast (dst = src + acc) on strided head slices, both with the
+// 8-wide path (D = 64) and the per-element one (D = 12), against the same sums on the CPU.
+TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t D : {64, 12}) {
+    const HostTensor part = testing::random_tensor(DType::kBF16, {2, 33, 4, D}, 71);
+    const HostTensor acc = testing::random_tensor(DType::kF32, {2, 33, 2, D}, 72);
+    auto g_part = to_device(part), g_acc = to_device(acc);
+    auto out = device_zeros(DType::kBF16, {2, 33, 4, D});
+    TensorView part_heads = g_part->view, out_heads = out->view;  // heads 1 and 2 of 4
+    for (TensorView* v : {&part_heads, &out_heads}) {
+      v->data = static_cast<char*>(v->data) + D * 2;
+      v->shape[2] = 2;
+    }
+    ASSERT_TRUE(flash_add_cast(part_heads, g_acc->view, out_heads).ok());
+    ASSERT_TRUE(flash_accumulate(part_heads, g_acc->view).ok());
+    const HostTensor got_out = to_host(out->view).value(), got_acc = to_host(g_acc->view).value();
+    double out_err = 0, acc_err = 0;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < 33; ++i)
+        for (int64_t h = 0; h < 4; ++h)
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t e = ((b * 33 + i) * 4 + h) * D + d;
+            const bool inside = h == 1 || h == 2;
+            const float p = bf16_to_float(part.data<bf16_t>()[e]);
+            const float a = inside ? acc.data<float>()[((b * 33 + i) * 2 + h - 1) * D + d] : 0.f;
+            const float want_out = inside ? bf16_to_float(float_to_bf16(p + a)) : 0.f;
+            out_err = std::max(out_err, double(std::abs(bf16_to_float(got_out.data<bf16_t>()[e]) - want_out)));
+            if (inside)
+              acc_err = std::max(acc_err, double(std::abs(got_acc.data<float>()[((b * 33 + i) * 2 + h - 1) * D + d] - (p + a))));
+          }
+    EXPECT_EQ(out_err, 0.0) << "D=" << D;
+    EXPECT_EQ(acc_err, 0.0) << "D=" << D;
   }
 }
 

@@ -181,7 +181,9 @@ TEST(NcclCommunicator, HostCollectives) {
       SP_ASSIGN_OR_RETURN(auto alone, comm.split(comm.rank(), 0));
       SP_CHECK_ARG(alone->size() == 1 && alone->rank() == 0, "a split of one rank");
       SP_ASSIGN_OR_RETURN(auto both, comm.split(0, -comm.rank()));
-      SP_CHECK_ARG(both->size() == 2 && both->rank() == 1 - comm.rank(), "keys order the split");
+      SP_CHECK_ARG(both->size() == 2 && both->rank() == 1 - comm.rank(),
+                   "keys order the split: rank " + std::to_string(comm.rank()) + " became " +
+                       std::to_string(both->rank()) + " of " + std::to_string(both->size()));
       double y = 1.0;
       SP_RETURN_IF_ERROR(both->all_reduce(&y, 1, DType::kF64, ReduceOp::kSum));
       SP_CHECK_ARG(y == 2.0 && both->counters().sent(Phase::kOther) > 0, "all_reduce on the split");

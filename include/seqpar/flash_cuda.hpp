@@ -66,6 +66,11 @@ Status flash_cast(const TensorView& src, const TensorView& dst, void* stream = n
 // dst (fp32) += src (fp32, bf16 or fp16), views of one shape (contiguous last dim).
 Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream = nullptr);
 
+// dst (fp32, bf16 or fp16) = src (fp32, bf16 or fp16) + acc (fp32), views of one shape: the
+// last contribution added and the result cast in one pass.
+Status flash_add_cast(const TensorView& src, const TensorView& acc, const TensorView& dst,
+                      void* stream = nullptr);
+
 // Sets every element of a contiguous fp32 device tensor (e.g. LSE to -inf).
 Status flash_fill(const TensorView& dst, float value, void* stream = nullptr);
 
@@ -73,5 +78,10 @@ Status flash_fill(const TensorView& dst, float value, void* stream = nullptr);
 // contiguous last dim), o_part fp32, bf16 or fp16; -inf (or +inf/NaN) is "no key".
 Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
                             const TensorView& lse_part, void* stream = nullptr);
+// (o_out, lse_out) <- merge((o, lse), (o_part, lse_part)) with o and lse only read: the last
+// merge of a ring step written straight into the result (o_out fp32, bf16 or fp16).
+Status flash_merge_partials_into(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                                 const TensorView& lse_part, const TensorView& o_out,
+                                 const TensorView& lse_out, void* stream = nullptr);
 
 }  // namespace seqpar

@@ -28,8 +28,12 @@
 namespace seqpar {
 
 struct GpuRingOptions {
-  int head_groups = 0;                        // 0: the fewest groups whose workspace fits
-  int64_t workspace_limit_bytes = 1LL << 30;  // for head_groups = 0
+  // 0: the fewest head groups whose workspace fits under both limits below. Six q shards keep
+  // the peak extra memory near a third of PyTorch context parallel's; more groups cost speed.
+  int head_groups = 0;
+  double workspace_limit_shards = 6.0;         // in units of this rank's q shard (bf16 bytes),
+  int64_t workspace_floor_bytes = 256LL << 20;  // but never split a smaller workspace,
+  int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
   bool use_cudnn = true;                      // false: our own kernels for every step
 };
 

@@ -18,6 +18,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -125,24 +126,37 @@ class NcclCommunicator final : public Communicator {
   std::string backend_name() const override { return "nccl"; }
   bool stream_ordered() const override { return true; }
 
-  // Sub-communicators are built once per (color, key) and cached: a later split with the same
-  // arguments (collective, like the first) hands out a view of the same NCCL communicator,
-  // with byte counters of its own.
+  // Sub-communicators are cached by every rank's (color, key): the same collective split
+  // hands out a view of the same NCCL communicator, with byte counters of its own. The key
+  // must be the whole job's arguments, which every rank sees alike, so that all ranks find
+  // the split cached or all build it (one rank's own (color, key) may repeat in another split).
   StatusOr<std::unique_ptr<Communicator>> split(int color, int key) override {
     SP_RETURN_IF_ERROR(check_alive());
-    auto& cached = splits_[{color, key}];
+    std::vector<int> all(2 * static_cast<size_t>(size_));
+    const int mine[2] = {color, key};
+    SP_RETURN_IF_ERROR(all_gather(mine, all.data(), sizeof(mine)));
+    auto& cached = splits_[all];
     if (!cached) {
-      SP_ASSIGN_OR_RETURN(cached, build_split(color, key));
+      SP_ASSIGN_OR_RETURN(cached, build_split(all));
     }
     return view_of(cached);
   }
 
-  StatusOr<std::shared_ptr<NcclCommunicator>> build_split(int color, int key) {
+  // NCCL mis-orders negative keys, so NCCL gets this rank's place in the (key, rank) order of
+  // its color, which is never negative.
+  StatusOr<std::shared_ptr<NcclCommunicator>> build_split(const std::vector<int>& all) {
+    const int color = all[2 * rank_], key = all[2 * rank_ + 1];
+    int place = 0;
+    for (int r = 0; r < size_; ++r) {
+      const bool same_color = all[2 * r] == color;
+      const int other_key = all[2 * r + 1];
+      if (same_color && (other_key < key || (other_key == key && r < rank_))) ++place;
+    }
     std::shared_ptr<NcclCommunicator> c(new NcclCommunicator(0, 0, device_));
     ncclConfig_t config = nonblocking_config();
     {
       std::lock_guard lock(nccl_mu_);
-      SP_NCCL_CHECK(ncclCommSplit(comm_, color, key, &c->comm_, &config));
+      SP_NCCL_CHECK(ncclCommSplit(comm_, color, place, &c->comm_, &config));
     }
     SP_RETURN_IF_ERROR(settle("ncclCommSplit"));
     SP_RETURN_IF_ERROR(c->settle("ncclCommSplit"));
@@ -382,7 +396,7 @@ class NcclCommunicator final : public Communicator {
   friend class NcclView;
   static std::unique_ptr<Communicator> view_of(std::shared_ptr<NcclCommunicator> c);
 
-  std::map<std::pair<int, int>, std::shared_ptr<NcclCommunicator>> splits_;  // by (color, key)
+  std::map<std::vector<int>, std::shared_ptr<NcclCommunicator>> splits_;  // by all ranks' (color, key)
   ncclComm_t comm_ = nullptr;  // guarded by nccl_mu_ against the watchdog's abort
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // orders a batch after the caller's stream

@@ -193,25 +193,130 @@ FlashPositions run_positions(const PositionRunSpan& q, const PositionRunSpan& k)
   return p;
 }
 
-// Folds K/V shard `k, v` into the running (o_acc [B, n, Hg, D] fp32, lse_acc [B, Hg, n] fp32).
-Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
-                     const TensorView& k, const TensorView& v, const TensorView& o_acc,
-                     const TensorView& lse_acc, cudaStream_t s, int64_t* calls) {
+// The running fp32 results of one head group take the cuDNN calls' low-precision parts lazily,
+// to save passes over memory (they cost most at small shards): the first part that covers
+// every row is cast in, with no zeroing first, and the latest part is held back, so the pass
+// that casts the result out (or adds it into a travelling accumulator) adds it on the way.
+// Parts live in buffers the next call reuses: flush() before a call writes them.
+class Running {
+ public:
+  // acc: the fp32 result [B, n, H, D]; lse (merges only): its fp32 [B, H, n] log-sum-exp.
+  Running(const TensorView& acc, const TensorView& lse = TensorView{}) : acc_(acc), lse_(lse) {}
+
+  const TensorView& acc() const { return acc_; }
+  const TensorView& lse() const { return lse_; }
+
+  // Holds `part` (and `part_lse` for merges), the contribution to rows [begin, end).
+  void hold(const TensorView& part, const TensorView& part_lse, int64_t begin, int64_t end) {
+    pending_ = {part, part_lse, begin, end, true};
+  }
+
+  Status flush(cudaStream_t s) {
+    if (!pending_.held) return Status::Ok();
+    const Pending p = pending_;
+    pending_.held = false;
+    if (!ready_ && covers_all(p)) {
+      ready_ = true;
+      return assign(p.part, p.part_lse, acc_, lse_, s);
+    }
+    SP_RETURN_IF_ERROR(materialize(s));
+    return combine(p, acc_, lse_, s);
+  }
+
+  // Makes acc (and lse) hold the whole result, zero (-inf) where nothing was added.
+  Status materialize(cudaStream_t s) {
+    SP_RETURN_IF_ERROR(flush(s));
+    if (ready_) return Status::Ok();
+    ready_ = true;
+    SP_CUDA_CHECK(cudaMemsetAsync(acc_.data, 0, acc_.numel() * sizeof(float), s));
+    return merging() ? flash_fill(lse_, -INFINITY, s) : Status::Ok();
+  }
+
+  // out (any float dtype, and lse_out for merges) = the result.
+  Status finish_into(const TensorView& out, const TensorView& lse_out, cudaStream_t s) {
+    const Pending p = pending_;
+    if (!p.held || (!ready_ && !covers_all(p))) {
+      SP_RETURN_IF_ERROR(materialize(s));
+      return assign(acc_, lse_, out, lse_out, s);
+    }
+    pending_.held = false;
+    if (!ready_) return assign(p.part, p.part_lse, out, lse_out, s);
+    // Rows the held part reaches are combined on the way out; the rest are cast.
+    SP_RETURN_IF_ERROR(combine(p, out, lse_out, s));
+    const int64_t n = acc_.shape[1];
+    for (const auto& [b, e] : {std::pair{int64_t(0), p.begin}, std::pair{p.end, n}})
+      if (b < e) SP_RETURN_IF_ERROR(assign(rows(acc_, b, e), stat_rows(lse_, b, e), rows(out, b, e),
+                                           stat_rows(lse_out, b, e), s));
+    return Status::Ok();
+  }
+
+  // target (fp32, shaped like acc) += the result (sums only).
+  Status add_into(const TensorView& target, cudaStream_t s) {
+    if (ready_) SP_RETURN_IF_ERROR(flash_accumulate(acc_, target, s));
+    if (pending_.held)
+      SP_RETURN_IF_ERROR(flash_accumulate(pending_.part, rows(target, pending_.begin, pending_.end), s));
+    pending_.held = false;
+    ready_ = false;
+    return Status::Ok();
+  }
+
+ private:
+  struct Pending {
+    TensorView part, part_lse;
+    int64_t begin = 0, end = 0;
+    bool held = false;
+  };
+  bool merging() const { return lse_.data != nullptr; }
+  bool covers_all(const Pending& p) const { return p.begin == 0 && p.end == acc_.shape[1]; }
+  static TensorView rows(TensorView t, int64_t b, int64_t e) {
+    t.data = static_cast<char*>(t.data) + b * t.strides[1] * int64_t(dtype_size(t.dtype));
+    t.shape[1] = e - b;
+    return t;
+  }
+  TensorView stat_rows(TensorView t, int64_t b, int64_t e) const {
+    if (!merging()) return t;
+    t.data = static_cast<char*>(t.data) + b * t.strides[2] * int64_t(dtype_size(t.dtype));
+    t.shape[2] = e - b;
+    return t;
+  }
+  // to (, to_lse) = from (, from_lse), cast.
+  Status assign(const TensorView& from, const TensorView& from_lse, const TensorView& to,
+                const TensorView& to_lse, cudaStream_t s) const {
+    SP_RETURN_IF_ERROR(flash_cast(from, to, s));
+    return merging() ? flash_cast(from_lse, to_lse, s) : Status::Ok();
+  }
+  // to (, to_lse) = acc (, lse) combined with the held part over its rows.
+  Status combine(const Pending& p, const TensorView& to, const TensorView& to_lse, cudaStream_t s) const {
+    const TensorView a = rows(acc_, p.begin, p.end), t = rows(to, p.begin, p.end);
+    if (!merging()) return flash_add_cast(p.part, a, t, s);
+    return flash_merge_partials_into(a, stat_rows(lse_, p.begin, p.end), p.part, p.part_lse, t,
+                                     stat_rows(to_lse, p.begin, p.end), s);
+  }
+
+  TensorView acc_, lse_;
+  Pending pending_;
+  bool ready_ = false;  // acc (and lse) hold the result so far
+};
+
+// Folds K/V shard `k, v` into the running output `out` (acc [B, n, Hg, D], lse [B, Hg, n]).
+Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const TensorView& k,
+                     const TensorView& v, Running& out, cudaStream_t s, int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
-  if (pair.own_kernels) {
+  if (pair.own_kernels) {  // our forward continues from the running fp32 result itself
+    SP_RETURN_IF_ERROR(out.materialize(s));
     I.use_problem(pair.layout, pair.params.mask);
     for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
       for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
         const bool whole = qr.begin == 0 && qr.end == n;
-        TensorView lse_v = lse_acc;
+        TensorView lse_v = out.lse();
         if (!whole) {
-          SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", lse_acc, qr.begin, qr.end, s));
+          SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", out.lse(), qr.begin, qr.end, s));
         }
         SP_RETURN_IF_ERROR(flash_attention_forward(
             rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
             rows_of(v, 1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
-            rows_of(o_acc, 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
-        if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(lse_acc, 2, qr.begin, qr.end), s));
+            rows_of(out.acc(), 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
+        if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(out.lse(), 2, qr.begin, qr.end), s));
         ++*calls;
       }
     return Status::Ok();
@@ -221,14 +326,13 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
   SP_CHECK_SUPPORTED(plan.dense, "internal: a planned pair needs positions");
   for (const BlockCall& c : plan.calls) {
     const int64_t nq = c.q_end - c.q_begin;
+    SP_RETURN_IF_ERROR(out.flush(s));  // the held part's buffer is about to be rewritten
     SP_ASSIGN_OR_RETURN(TensorView o_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
     SP_ASSIGN_OR_RETURN(TensorView lse_part, I.buffer("lse_part", DType::kF32, {B, H, nq}));
     SP_RETURN_IF_ERROR(cudnn_attention_forward(
         rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
         rows_of(v, 1, c.k_begin, c.k_end), dense_params(pair.params, c.causal), o_part, lse_part, s));
-    SP_RETURN_IF_ERROR(flash_merge_partials(rows_of(o_acc, 1, c.q_begin, c.q_end),
-                                            rows_of(lse_acc, 2, c.q_begin, c.q_end), o_part,
-                                            lse_part, s));
+    out.hold(o_part, lse_part, c.q_begin, c.q_end);
     ++*calls;
   }
   return Status::Ok();
@@ -238,15 +342,15 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q,
 #endif
 }
 
-// Adds this pair's gradients into dq_acc [B, n, Hg, D] and dk_acc, dv_acc [B, m, Hkg, D]
-// (fp32). lse, delta: [B, Hg, n] fp32 (delta only read by our own kernels).
+// Adds this pair's gradients into the running fp32 dq [B, n, Hg, D] and dk, dv [B, m, Hkg, D].
+// lse, delta: [B, Hg, n] fp32 (delta only read by our own kernels).
 Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& o, const TensorView& dout,
-                      const TensorView& lse, const TensorView& delta, const TensorView& dq_acc,
-                      const TensorView& dk_acc, const TensorView& dv_acc, cudaStream_t s,
-                      int64_t* calls) {
+                      const TensorView& lse, const TensorView& delta, Running& dq, Running& dk,
+                      Running& dv, cudaStream_t s, int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1], Hkv = k.shape[2];
-  if (pair.own_kernels) {
+  if (pair.own_kernels) {  // our backward adds into the fp32 results itself
+    for (Running* r : {&dq, &dk, &dv}) SP_RETURN_IF_ERROR(r->materialize(s));
     I.use_problem(pair.layout, pair.params.mask);
     for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
       for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
@@ -259,8 +363,8 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
         SP_RETURN_IF_ERROR(flash_attention_backward(
             rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
             rows_of(v, 1, kr.begin, kr.end), rows_of(dout, 1, qr.begin, qr.end), lse_v, delta_v,
-            pair.params, run_positions(qr, kr), rows_of(dq_acc, 1, qr.begin, qr.end),
-            rows_of(dk_acc, 1, kr.begin, kr.end), rows_of(dv_acc, 1, kr.begin, kr.end), s));
+            pair.params, run_positions(qr, kr), rows_of(dq.acc(), 1, qr.begin, qr.end),
+            rows_of(dk.acc(), 1, kr.begin, kr.end), rows_of(dv.acc(), 1, kr.begin, kr.end), s));
         ++*calls;
       }
     return Status::Ok();
@@ -274,6 +378,7 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
     if (nq != n) {
       SP_ASSIGN_OR_RETURN(lse_c, stat_rows(I, "lse_rows", lse, c.q_begin, c.q_end, s));
     }
+    for (Running* r : {&dq, &dk, &dv}) SP_RETURN_IF_ERROR(r->flush(s));
     SP_ASSIGN_OR_RETURN(TensorView dq_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
     SP_ASSIGN_OR_RETURN(TensorView dk_part, I.buffer("part_k", q.dtype, {B, nk, Hkv, D}));
     SP_ASSIGN_OR_RETURN(TensorView dv_part, I.buffer("part_v", q.dtype, {B, nk, Hkv, D}));
@@ -282,70 +387,79 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
         rows_of(v, 1, c.k_begin, c.k_end), rows_of(o, 1, c.q_begin, c.q_end),
         rows_of(dout, 1, c.q_begin, c.q_end), lse_c, dense_params(pair.params, c.causal), dq_part,
         dk_part, dv_part, s));
-    SP_RETURN_IF_ERROR(flash_accumulate(dq_part, rows_of(dq_acc, 1, c.q_begin, c.q_end), s));
-    SP_RETURN_IF_ERROR(flash_accumulate(dk_part, rows_of(dk_acc, 1, c.k_begin, c.k_end), s));
-    SP_RETURN_IF_ERROR(flash_accumulate(dv_part, rows_of(dv_acc, 1, c.k_begin, c.k_end), s));
+    dq.hold(dq_part, TensorView{}, c.q_begin, c.q_end);
+    dk.hold(dk_part, TensorView{}, c.k_begin, c.k_end);
+    dv.hold(dv_part, TensorView{}, c.k_begin, c.k_end);
     ++*calls;
   }
   return Status::Ok();
 #else
-  (void)I;
-  (void)o;
+  (void)I, (void)o, (void)B, (void)H, (void)D, (void)Hkv;
   return SP_STATUS(StatusCode::kUnsupported, "built without cuDNN");
 #endif
 }
 
-// Two or more equal-shaped parts laid out one after another for `rows` rows, so that one
-// message carries them all: parts[i] = [B, rows, heads, D] (or stats [B, heads, rows]).
+// What travels in one step: parts [B, rows, heads, D] (and stats [B, heads, rows]), one
+// message each. Received packs lay their parts out one after another in a buffer.
 struct Pack {
   std::vector<TensorView> parts;
-  void* data = nullptr;
-  size_t bytes = 0;
 };
 Pack make_pack(const Impl& I, void* base, int64_t B, int64_t rows, int64_t heads, int64_t D,
                DType t, int tensors, bool with_stats) {
   Pack p;
-  p.data = base;
   char* at = static_cast<char*>(base);
   for (int i = 0; i < tensors; ++i) {
     p.parts.push_back(I.device_view(at, t, {B, rows, heads, D}));
     at += B * rows * heads * D * dtype_size(t);
   }
-  if (with_stats) {
-    p.parts.push_back(I.device_view(at, DType::kF32, {B, heads, rows}));
-    at += B * heads * rows * sizeof(float);
-  }
-  p.bytes = static_cast<size_t>(at - static_cast<char*>(base));
+  if (with_stats) p.parts.push_back(I.device_view(at, DType::kF32, {B, heads, rows}));
   return p;
 }
 size_t pack_bytes(int64_t B, int64_t rows, int64_t heads, int64_t D, DType t, int tensors,
                   bool with_stats) {
   return B * rows * heads * D * dtype_size(t) * tensors + (with_stats ? B * heads * rows * 4 : 0);
 }
-
-Status zero(const Pack& p, cudaStream_t s) {
-  SP_CUDA_CHECK(cudaMemsetAsync(p.data, 0, p.bytes, s));
-  return Status::Ok();
+size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
+void add_sends(const Pack& p, int peer, std::vector<SendSpec>* sends) {
+  for (const TensorView& t : p.parts) sends->push_back({peer, t.data, view_bytes(t)});
+}
+void add_recvs(const Pack& p, int peer, std::vector<RecvSpec>* recvs) {
+  for (const TensorView& t : p.parts) recvs->push_back({peer, t.data, view_bytes(t)});
 }
 
-// Copies heads [first, first + count) of a caller's view into buffer `name` when the heads are
-// split, or returns the view itself.
-StatusOr<TensorView> group_input(Impl& I, const char* name, const TensorView& t, int dim,
-                                 int64_t first, int64_t count, int G, cudaStream_t s) {
-  TensorView slice = heads_of(t, dim, first, count);
-  if (G == 1 && slice.is_contiguous()) return slice;
-  std::vector<int64_t> shape(slice.shape.begin(), slice.shape.begin() + slice.ndim);
-  SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer(name, slice.dtype, shape));
+// Whether a head group's home pack must be copied: slices that are not contiguous (the heads
+// are split) cannot be sent as they are.
+bool home_needs_copies(const std::vector<TensorView>& slices) {
+  return std::any_of(slices.begin(), slices.end(), [](const TensorView& t) { return !t.is_contiguous(); });
+}
+
+// The home pack of one head group: each slice of the caller's tensors as it is where it is
+// contiguous (sent with no copy), else copied to its place in the pack laid out at `base`.
+StatusOr<Pack> home_pack(const Impl& I, void* base, const std::vector<TensorView>& slices, cudaStream_t s) {
+  Pack p;
+  char* at = static_cast<char*>(base);
+  for (const TensorView& t : slices) {
+    if (t.is_contiguous()) {
+      p.parts.push_back(t);
+    } else {
+      p.parts.push_back(I.device_view(at, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim)));
+      SP_RETURN_IF_ERROR(flash_cast(t, p.parts.back(), s));
+    }
+    at += view_bytes(t);
+  }
+  return p;
+}
+
+// Heads [first, first + count) of the caller's [B, H, S] LSE, copied into a buffer when the
+// slice is not contiguous (cuDNN wants it dense; [B, S, H, D] slices go to the calls as
+// strided views).
+StatusOr<TensorView> group_stats(Impl& I, const TensorView& lse, int64_t first, int64_t count,
+                                 cudaStream_t s) {
+  const TensorView slice = heads_of(lse, 1, first, count);
+  if (slice.is_contiguous()) return slice;
+  SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer("lse_group", DType::kF32, {slice.shape[0], count, slice.shape[2]}));
   SP_RETURN_IF_ERROR(flash_cast(slice, copy, s));
   return copy;
-}
-
-// Fills the K/V pack at `base` with K/V heads [first, first + count) of the caller's k and v.
-Status load_kv_home(const Impl& I, void* base, const TensorView& k, const TensorView& v,
-                    int64_t first, int64_t count, cudaStream_t s) {
-  const Pack home = make_pack(I, base, k.shape[0], k.shape[1], count, k.shape[3], k.dtype, 2, false);
-  SP_RETURN_IF_ERROR(flash_cast(heads_of(k, 2, first, count), home.parts[0], s));
-  return flash_cast(heads_of(v, 2, first, count), home.parts[1], s);
 }
 
 // Starts an exchange after the work queued on `s` (host-driven communicators need the stream
@@ -360,25 +474,38 @@ StatusOr<std::unique_ptr<PendingExchange>> start_after(Communicator& comm, cudaS
   return pending;
 }
 
-// Bytes of workspace per head group count, for choosing the group count.
-int64_t workspace_estimate(int64_t B, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
-                           bool backward, BackwardSchedule schedule) {
-  const int64_t uq = B * rows * H * D * 2, uk = B * rows * Hkv * D * 2;  // bf16 shard sizes
-  if (!backward) return 4 * uq + 4 * uk;
-  return schedule == BackwardSchedule::kRing ? 6 * uq + 18 * uk : 13 * uq + 8 * uk;
+// Bytes of workspace a backward's buffers take with G head groups on P ranks (u_q, u_k: one
+// rank's q and k shards in bf16). They also cover the forward's (fp32 O, a cuDNN part, the
+// received K/V), which shares their names. Home-pack copies exist only for split heads or
+// more than two ranks; cuDNN's own backward workspace (an fp32 dQ) is counted too.
+int64_t workspace_estimate(int64_t B, int64_t rows, int64_t H, int64_t Hkv, int64_t D, int G, int P,
+                           BackwardSchedule schedule) {
+  const int64_t uq = B * rows * H * D * 2, uk = B * rows * Hkv * D * 2;
+  const bool home_copies = G > 1 || P > 2, ring = P > 1;
+  int64_t bytes = 0;
+  if (schedule == BackwardSchedule::kBurst)  // query packs, three fp32 dQ, fp32 dK/dV, parts
+    bytes = (ring ? 3 * uq : 0) + (home_copies ? 3 * uq : 0) + 6 * uq + 4 * uk + (uq + 2 * uk) + 2 * uq;
+  else  // K/V packs, three fp32 dK/dV pairs, fp32 dQ, parts
+    bytes = (ring ? 2 * uk : 0) + (home_copies ? 2 * uk : 0) + 12 * uk + 2 * uq + (uq + 2 * uk) + 2 * uq;
+  return bytes / G;
 }
 
-StatusOr<int> head_groups(GpuRingContext& ctx, int64_t B, int64_t rows, int64_t H, int64_t Hkv,
-                          int64_t D, bool backward, BackwardSchedule schedule) {
-  const int requested = ctx.options().head_groups;
-  if (requested > 0) {
-    SP_CHECK_ARG(Hkv % requested == 0, "head groups (" + std::to_string(requested) +
-                                           ") must divide the K/V heads (" + std::to_string(Hkv) + ")");
-    return requested;
+// The fewest head groups whose workspace fits under both limits (GpuRingOptions): fewer groups
+// run faster (each cuDNN call sees more heads), more groups hold less memory.
+StatusOr<int> head_groups(GpuRingContext& ctx, int P, int64_t B, int64_t rows, int64_t H, int64_t Hkv,
+                          int64_t D, BackwardSchedule schedule) {
+  const GpuRingOptions& o = ctx.options();
+  if (o.head_groups > 0) {
+    SP_CHECK_ARG(Hkv % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
+                                               ") must divide the K/V heads (" + std::to_string(Hkv) + ")");
+    return o.head_groups;
   }
-  const int64_t need = workspace_estimate(B, rows, H, Hkv, D, backward, schedule);
+  const double shard = double(B * rows * H * D * 2);
+  const double limit = std::min(double(o.workspace_limit_bytes),
+                                std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
   for (int g = 1; g <= Hkv; ++g)
-    if (Hkv % g == 0 && need / g <= ctx.options().workspace_limit_bytes) return g;
+    if (Hkv % g == 0 && double(workspace_estimate(B, rows, H, Hkv, D, g, P, schedule)) <= limit)
+      return g;
   return static_cast<int>(Hkv);
 }
 
@@ -438,47 +565,54 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   const int P = comm.size(), me = comm.rank();
   const PhaseScope phase(comm, Phase::kForward);
   const int64_t max_rows = layout.max_local_len();
-  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, B, max_rows, H, Hkv, D, false, BackwardSchedule::kRing));
+  // The forward takes the group count of the backward that auto would pick (the backward needs
+  // more workspace): the phases share their buffers, so the peak is one phase's, not both.
+  const BackwardSchedule likely = choose_backward(layout, B, H, Hkv, D, t, DType::kF32, BurstPack::kOutputLse);
+  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, P, B, max_rows, H, Hkv, D, likely));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   const bool own = use_own_kernels(ctx, q, params);
   SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t));
   RingStats local_stats;
   int64_t cudnn_calls = 0, own_calls = 0;
 
+  // K/V of one group: the home pack, then the shards received in turn into kv1, kv0, kv1, ...
+  // kv0 holds the home pack's copies when the heads are split; one group's own K/V is sent
+  // as it is.
+  const auto kv_slices = [&](int g) { return std::vector{heads_of(k, 2, g * Hkg, Hkg), heads_of(v, 2, g * Hkg, Hkg)}; };
   const size_t kv_max = pack_bytes(B, max_rows, Hkg, D, t, 2, false);
-  for (const char* name : {"kv0", "kv1"}) SP_RETURN_IF_ERROR(I.buffers[name].reserve(kv_max));
+  if (P > 1) SP_RETURN_IF_ERROR(I.buffers["kv1"].reserve(kv_max));
+  if (P > 2 || home_needs_copies(kv_slices(0))) SP_RETURN_IF_ERROR(I.buffers["kv0"].reserve(kv_max));
   void* kv_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
   for (int g = 0; g < G; ++g) {
-    // Group inputs: contiguous copies when the heads are split (so every call sees a small,
-    // dense tensor), the caller's views otherwise.
-    SP_ASSIGN_OR_RETURN(const TensorView qg, group_input(I, "q_group", q, 2, g * Hg, Hg, G, s));
-    SP_RETURN_IF_ERROR(load_kv_home(I, kv_base[0], k, v, g * Hkg, Hkg, s));
-    SP_ASSIGN_OR_RETURN(TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
-    SP_CUDA_CHECK(cudaMemsetAsync(o_acc.data, 0, o_acc.numel() * sizeof(float), s));
-    SP_ASSIGN_OR_RETURN(TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
-    SP_RETURN_IF_ERROR(flash_fill(lse_acc, -INFINITY, s));
+    const TensorView qg = heads_of(q, 2, g * Hg, Hg);
+    SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, kv_base[0], kv_slices(g), s));
+    SP_ASSIGN_OR_RETURN(const TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
+    SP_ASSIGN_OR_RETURN(const TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
+    Running out(o_acc, lse_acc);
 
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
-      const Pack cur = make_pack(I, kv_base[step % 2], B, layout.local_len(held), Hkg, D, t, 2, false);
+      const Pack cur = step == 0 ? home : make_pack(I, kv_base[step % 2], B, layout.local_len(held), Hkg, D, t, 2, false);
       std::unique_ptr<PendingExchange> pending;
       if (step < P - 1) {
         const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, layout.local_len(incoming), Hkg, D, t, 2, false);
-        SP_ASSIGN_OR_RETURN(pending, start_after(comm, s, {{wrap(me + 1, P), cur.data, cur.bytes}},
-                                                 {{wrap(me - 1, P), next.data, next.bytes}}));
+        std::vector<SendSpec> sends;
+        std::vector<RecvSpec> recvs;
+        add_sends(cur, wrap(me + 1, P), &sends);
+        add_recvs(next, wrap(me - 1, P), &recvs);
+        SP_ASSIGN_OR_RETURN(pending, start_after(comm, s, sends, recvs));
       }
       if (I.visible(layout, params, me, held)) {
         const Pair pair{layout, params, me, held, own};
-        SP_RETURN_IF_ERROR(block_forward(I, pair, qg, cur.parts[0], cur.parts[1], o_acc, lse_acc,
-                                         s, own ? &own_calls : &cudnn_calls));
+        SP_RETURN_IF_ERROR(block_forward(I, pair, qg, cur.parts[0], cur.parts[1], out, s,
+                                         own ? &own_calls : &cudnn_calls));
         if (g == 0) ++local_stats.pairs_computed;
       } else if (g == 0) {
         ++local_stats.pairs_skipped;
       }
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
     }
-    SP_RETURN_IF_ERROR(flash_cast(o_acc, heads_of(o, 2, g * Hg, Hg), s));
-    SP_RETURN_IF_ERROR(flash_cast(lse_acc, heads_of(lse, 1, g * Hg, Hg), s));
+    SP_RETURN_IF_ERROR(out.finish_into(heads_of(o, 2, g * Hg, Hg), heads_of(lse, 1, g * Hg, Hg), s));
   }
   ctx.counters.head_groups = G;
   ctx.counters.cudnn_calls += cudnn_calls;
@@ -500,17 +634,20 @@ struct BackwardArgs {
 
 // What a ring-style backward rotates: the travelling pack (K/V, or Burst's query side) in two
 // buffers, and three fp32 accumulators (this step's part, the arriving one, the one leaving).
-// The names are shared with the forward, so the phases reuse one workspace.
+// The names are shared with the forward, so the phases reuse one workspace. pack[0] holds the
+// home pack's copies, so it is only needed for split heads or more than two ranks.
 struct TravelBuffers {
   void* pack[2];
   void *part, *in, *out;
 };
-StatusOr<TravelBuffers> travel_buffers(Impl& I, size_t pack_bytes, size_t accumulator_bytes) {
+StatusOr<TravelBuffers> travel_buffers(Impl& I, int P, bool home_copies, size_t pack_bytes,
+                                       size_t accumulator_bytes, const char* first_accumulator) {
   TravelBuffers b{};
   const char* packs[2] = {"kv0", "kv1"};
-  const char* accumulators[3] = {"grad_a", "grad_b", "grad_c"};
+  const char* accumulators[3] = {first_accumulator, "grad_b", "grad_c"};
+  const bool needed[2] = {P > 2 || home_copies, P > 1};
   for (int i = 0; i < 2; ++i) {
-    SP_RETURN_IF_ERROR(I.buffers[packs[i]].reserve(pack_bytes));
+    if (needed[i]) SP_RETURN_IF_ERROR(I.buffers[packs[i]].reserve(pack_bytes));
     b.pack[i] = I.buffers[packs[i]].data();
   }
   void** acc[3] = {&b.part, &b.in, &b.out};
@@ -537,8 +674,8 @@ StatusOr<std::unique_ptr<PendingExchange>> post_backward_step(Communicator& comm
   std::vector<SendSpec> sends;
   std::vector<RecvSpec> recvs;
   if (step < P - 1) {
-    sends.push_back({wrap(me + 1, P), cur.data, cur.bytes});
-    recvs.push_back({wrap(me - 1, P), next.data, next.bytes});
+    add_sends(cur, wrap(me + 1, P), &sends);
+    add_recvs(next, wrap(me - 1, P), &recvs);
   }
   if (step >= 1) {
     SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
@@ -595,64 +732,67 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
   const int64_t B = a.B, S = a.S, D = a.D, Hg = a.H / a.G, Hkg = a.Hkv / a.G;
   const DType t = a.q.dtype;
   const int64_t max_rows = a.layout.max_local_len();
-  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, pack_bytes(B, max_rows, Hkg, D, t, 2, false),
-                                                     pack_bytes(B, max_rows, Hkg, D, DType::kF32, 2, false)));
+  const auto kv_slices = [&](int g) { return std::vector{heads_of(a.k, 2, g * Hkg, Hkg), heads_of(a.v, 2, g * Hkg, Hkg)}; };
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(kv_slices(0)),
+                                                     pack_bytes(B, max_rows, Hkg, D, t, 2, false),
+                                                     pack_bytes(B, max_rows, Hkg, D, DType::kF32, 2, false),
+                                                     "grad_a"));
   void* kv_base[2] = {tb.pack[0], tb.pack[1]};
   // grad_part: this step's contribution; grad_in: the arriving accumulator; grad_out: the
   // accumulator finished last step, on its way to the next rank. They rotate across groups.
   void *grad_part = tb.part, *grad_in = tb.in, *grad_out = tb.out;
+  const auto grads = [&](void* base, int64_t rows) { return make_pack(I, base, B, rows, Hkg, D, DType::kF32, 2, false); };
+  const auto grad_bytes = [&](int64_t rows) { return pack_bytes(B, rows, Hkg, D, DType::kF32, 2, false); };
 
   for (int g = 0; g < a.G; ++g) {
-    SP_ASSIGN_OR_RETURN(const TensorView qg, group_input(I, "q_group", a.q, 2, g * Hg, Hg, a.G, s));
-    SP_ASSIGN_OR_RETURN(const TensorView og, group_input(I, "o_group", a.o, 2, g * Hg, Hg, a.G, s));
-    SP_ASSIGN_OR_RETURN(const TensorView dog, group_input(I, "do_group", a.dout, 2, g * Hg, Hg, a.G, s));
-    SP_ASSIGN_OR_RETURN(const TensorView lseg, group_input(I, "lse_group", a.lse, 1, g * Hg, Hg, a.G, s));
+    const TensorView qg = heads_of(a.q, 2, g * Hg, Hg), og = heads_of(a.o, 2, g * Hg, Hg);
+    const TensorView dog = heads_of(a.dout, 2, g * Hg, Hg);
+    SP_ASSIGN_OR_RETURN(const TensorView lseg, group_stats(I, a.lse, g * Hg, Hg, s));
     TensorView delta;
     if (a.own) {
       SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, S}));
       SP_RETURN_IF_ERROR(flash_attention_delta(og, dog, delta, s));
     }
-    SP_ASSIGN_OR_RETURN(TensorView dq_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
-    SP_CUDA_CHECK(cudaMemsetAsync(dq_acc.data, 0, dq_acc.numel() * sizeof(float), s));
-    SP_RETURN_IF_ERROR(load_kv_home(I, kv_base[0], a.k, a.v, g * Hkg, Hkg, s));
+    SP_ASSIGN_OR_RETURN(const TensorView dq_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
+    Running dq(dq_acc);
+    SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, kv_base[0], kv_slices(g), s));
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
-      const Pack cur = make_pack(I, kv_base[step % 2], B, rows, Hkg, D, t, 2, false);
+      const Pack cur = step == 0 ? home : make_pack(I, kv_base[step % 2], B, rows, Hkg, D, t, 2, false);
       const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hkg, D, t, 2, false);
-      SP_ASSIGN_OR_RETURN(
-          std::unique_ptr<PendingExchange> pending,
-          post_backward_step(comm, I, s, step, cur, next,
-                             {grad_out, pack_bytes(B, a.layout.local_len(wrap(held + 1, P)), Hkg, D, DType::kF32, 2, false)},
-                             {grad_in, pack_bytes(B, rows, Hkg, D, DType::kF32, 2, false)}));
-      const Pack part = make_pack(I, grad_part, B, rows, Hkg, D, DType::kF32, 2, false);
-      SP_RETURN_IF_ERROR(zero(part, s));
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                          post_backward_step(comm, I, s, step, cur, next,
+                                             {grad_out, grad_bytes(a.layout.local_len(wrap(held + 1, P)))},
+                                             {grad_in, grad_bytes(rows)}));
+      const Pack part = grads(grad_part, rows);
+      Running dk(part.parts[0]), dv(part.parts[1]);
       if (I.visible(a.layout, a.params, me, held)) {
         const Pair pair{a.layout, a.params, me, held, a.own};
         SP_RETURN_IF_ERROR(block_backward(I, pair, qg, cur.parts[0], cur.parts[1], og, dog, lseg, delta,
-                                          dq_acc, part.parts[0], part.parts[1], s, calls));
+                                          dq, dk, dv, s, calls));
         if (g == 0) ++stats->pairs_computed;
       } else if (g == 0) {
         ++stats->pairs_skipped;
       }
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
-      if (step >= 1) {
-        const Pack in = make_pack(I, grad_in, B, rows, Hkg, D, DType::kF32, 2, false);
-        const int64_t n = int64_t(in.bytes / 4);
-        SP_RETURN_IF_ERROR(flash_accumulate(I.device_view(grad_in, DType::kF32, {n}),
-                                            I.device_view(grad_part, DType::kF32, {n}), s));
+      if (step == 0) {  // the first accumulator of this shard: this step's part, made whole
+        for (Running* r : {&dk, &dv}) SP_RETURN_IF_ERROR(r->materialize(s));
+        std::swap(grad_out, grad_part);
+      } else {  // the arriving accumulator takes this step's part and goes on
+        const Pack in = grads(grad_in, rows);
+        SP_RETURN_IF_ERROR(dk.add_into(in.parts[0], s));
+        SP_RETURN_IF_ERROR(dv.add_into(in.parts[1], s));
+        std::swap(grad_out, grad_in);
       }
-      std::swap(grad_out, grad_part);
     }
-    SP_RETURN_IF_ERROR(flash_cast(dq_acc, heads_of(a.dq, 2, g * Hg, Hg), s));
+    SP_RETURN_IF_ERROR(dq.finish_into(heads_of(a.dq, 2, g * Hg, Hg), TensorView{}, s));
     // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
-    // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
-    void* home = P > 1 ? grad_in : grad_out;
-    SP_ASSIGN_OR_RETURN(
-        std::unique_ptr<PendingExchange> pending,
-        post_final_hop(comm, I, s, {grad_out, pack_bytes(B, a.layout.local_len(wrap(me + 1, P)), Hkg, D, DType::kF32, 2, false)},
-                       {grad_in, pack_bytes(B, S, Hkg, D, DType::kF32, 2, false)}));
-    const Pack result = make_pack(I, home, B, S, Hkg, D, DType::kF32, 2, false);
+    void* home_result = P > 1 ? grad_in : grad_out;
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                        post_final_hop(comm, I, s, {grad_out, grad_bytes(a.layout.local_len(wrap(me + 1, P)))},
+                                       {grad_in, grad_bytes(S)}));
+    const Pack result = grads(home_result, S);
     SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s,
                                              {{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
                                               {result.parts[1], heads_of(a.dv, 2, g * Hkg, Hkg)}}));
@@ -671,38 +811,36 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
   const DType t = a.q.dtype;
   const int64_t max_rows = a.layout.max_local_len();
   // The travelling pack: Q, dO, O (dtype) and LSE (fp32) of one query shard.
-  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, pack_bytes(B, max_rows, Hg, D, t, 3, true),
-                                                     pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false)));
+  const auto query_slices = [&](int g) {
+    return std::vector{heads_of(a.q, 2, g * Hg, Hg), heads_of(a.dout, 2, g * Hg, Hg),
+                       heads_of(a.o, 2, g * Hg, Hg), heads_of(a.lse, 1, g * Hg, Hg)};
+  };
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(query_slices(0)),
+                                                     pack_bytes(B, max_rows, Hg, D, t, 3, true),
+                                                     pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false),
+                                                     "acc_q"));  // the forward's fp32 O: same size
   void* pack_base[2] = {tb.pack[0], tb.pack[1]};
   // As in the ring backward, with dQ instead of dK/dV; they rotate across groups.
   void *dq_part = tb.part, *dq_in = tb.in, *dq_out = tb.out;
+  const auto dq_view = [&](void* base, int64_t rows) { return I.device_view(base, DType::kF32, {B, rows, Hg, D}); };
+  const auto dq_bytes = [&](int64_t rows) { return pack_bytes(B, rows, Hg, D, DType::kF32, 1, false); };
 
   for (int g = 0; g < a.G; ++g) {
-    SP_ASSIGN_OR_RETURN(const TensorView kg, group_input(I, "k_group", a.k, 2, g * Hkg, Hkg, a.G, s));
-    SP_ASSIGN_OR_RETURN(const TensorView vg, group_input(I, "v_group", a.v, 2, g * Hkg, Hkg, a.G, s));
-    {
-      const Pack home = make_pack(I, pack_base[0], B, S, Hg, D, t, 3, true);
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.q, 2, g * Hg, Hg), home.parts[0], s));
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.dout, 2, g * Hg, Hg), home.parts[1], s));
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.o, 2, g * Hg, Hg), home.parts[2], s));
-      SP_RETURN_IF_ERROR(flash_cast(heads_of(a.lse, 1, g * Hg, Hg), home.parts[3], s));
-    }
-    SP_ASSIGN_OR_RETURN(TensorView dk_acc, I.buffer("acc_k", DType::kF32, {B, S, Hkg, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dv_acc, I.buffer("acc_v", DType::kF32, {B, S, Hkg, D}));
-    SP_CUDA_CHECK(cudaMemsetAsync(dk_acc.data, 0, dk_acc.numel() * sizeof(float), s));
-    SP_CUDA_CHECK(cudaMemsetAsync(dv_acc.data, 0, dv_acc.numel() * sizeof(float), s));
+    const TensorView kg = heads_of(a.k, 2, g * Hkg, Hkg), vg = heads_of(a.v, 2, g * Hkg, Hkg);
+    SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, pack_base[0], query_slices(g), s));
+    SP_ASSIGN_OR_RETURN(const TensorView dk_acc, I.buffer("acc_k", DType::kF32, {B, S, Hkg, D}));
+    SP_ASSIGN_OR_RETURN(const TensorView dv_acc, I.buffer("acc_v", DType::kF32, {B, S, Hkg, D}));
+    Running dk(dk_acc), dv(dv_acc);
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
-      const Pack cur = make_pack(I, pack_base[step % 2], B, rows, Hg, D, t, 3, true);
+      const Pack cur = step == 0 ? home : make_pack(I, pack_base[step % 2], B, rows, Hg, D, t, 3, true);
       const Pack next = make_pack(I, pack_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hg, D, t, 3, true);
-      SP_ASSIGN_OR_RETURN(
-          std::unique_ptr<PendingExchange> pending,
-          post_backward_step(comm, I, s, step, cur, next,
-                             {dq_out, pack_bytes(B, a.layout.local_len(wrap(held + 1, P)), Hg, D, DType::kF32, 1, false)},
-                             {dq_in, pack_bytes(B, rows, Hg, D, DType::kF32, 1, false)}));
-      const TensorView part = I.device_view(dq_part, DType::kF32, {B, rows, Hg, D});
-      SP_CUDA_CHECK(cudaMemsetAsync(dq_part, 0, part.numel() * sizeof(float), s));
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                          post_backward_step(comm, I, s, step, cur, next,
+                                             {dq_out, dq_bytes(a.layout.local_len(wrap(held + 1, P)))},
+                                             {dq_in, dq_bytes(rows)}));
+      Running dq(dq_view(dq_part, rows));
       if (I.visible(a.layout, a.params, held, me)) {
         TensorView delta;
         if (a.own) {
@@ -711,27 +849,28 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
         }
         const Pair pair{a.layout, a.params, held, me, a.own};
         SP_RETURN_IF_ERROR(block_backward(I, pair, cur.parts[0], kg, vg, cur.parts[2], cur.parts[1],
-                                          cur.parts[3], delta, part, dk_acc, dv_acc, s, calls));
+                                          cur.parts[3], delta, dq, dk, dv, s, calls));
         if (g == 0) ++stats->pairs_computed;
       } else if (g == 0) {
         ++stats->pairs_skipped;
       }
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
-      if (step >= 1)
-        SP_RETURN_IF_ERROR(flash_accumulate(I.device_view(dq_in, DType::kF32, {B, rows, Hg, D}), part, s));
-      std::swap(dq_out, dq_part);
+      if (step == 0) {  // the first dQ accumulator of this shard: this step's part, made whole
+        SP_RETURN_IF_ERROR(dq.materialize(s));
+        std::swap(dq_out, dq_part);
+      } else {  // the arriving dQ takes this step's part and goes on
+        SP_RETURN_IF_ERROR(dq.add_into(dq_view(dq_in, rows), s));
+        std::swap(dq_out, dq_in);
+      }
     }
-    SP_RETURN_IF_ERROR(flash_cast(dk_acc, heads_of(a.dk, 2, g * Hkg, Hkg), s));
-    SP_RETURN_IF_ERROR(flash_cast(dv_acc, heads_of(a.dv, 2, g * Hkg, Hkg), s));
+    SP_RETURN_IF_ERROR(dk.finish_into(heads_of(a.dk, 2, g * Hkg, Hkg), TensorView{}, s));
+    SP_RETURN_IF_ERROR(dv.finish_into(heads_of(a.dv, 2, g * Hkg, Hkg), TensorView{}, s));
     // The last dQ (shard me+1) takes its hop home; ours arrives from me-1.
-    void* home = P > 1 ? dq_in : dq_out;
-    SP_ASSIGN_OR_RETURN(
-        std::unique_ptr<PendingExchange> pending,
-        post_final_hop(comm, I, s, {dq_out, pack_bytes(B, a.layout.local_len(wrap(me + 1, P)), Hg, D, DType::kF32, 1, false)},
-                       {dq_in, pack_bytes(B, S, Hg, D, DType::kF32, 1, false)}));
-    SP_RETURN_IF_ERROR(finish_on_side_stream(
-        I, pending.get(), s,
-        {{I.device_view(home, DType::kF32, {B, S, Hg, D}), heads_of(a.dq, 2, g * Hg, Hg)}}));
+    void* home_result = P > 1 ? dq_in : dq_out;
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                        post_final_hop(comm, I, s, {dq_out, dq_bytes(a.layout.local_len(wrap(me + 1, P)))},
+                                       {dq_in, dq_bytes(S)}));
+    SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s, {{dq_view(home_result, S), heads_of(a.dq, 2, g * Hg, Hg)}}));
   }
   return Status::Ok();
 }
@@ -757,7 +896,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   Impl& I = ctx.impl();
   SP_RETURN_IF_ERROR(I.init());
   const PhaseScope phase(comm, Phase::kBackward);
-  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, B, layout.max_local_len(), H, Hkv, D, true, schedule));
+  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
                           B, S, H, Hkv, D, G, use_own_kernels(ctx, q, params)};
   SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t));

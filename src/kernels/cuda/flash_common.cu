@@ -121,20 +121,29 @@ __global__ void delta_kernel(const In* o, const In* dout, float* delta, int64_t 
   if (lane == 0) delta[(b * heads + h) * seq + s] = acc;
 }
 
-template <class Part>
-__global__ void merge_kernel(float* o, float* lse, const Part* o_part, const float* lse_part,
-                             int64_t rows, int heads, int seq, int dim, int64_t o_sb, int64_t o_ss,
-                             int64_t o_sh, int64_t p_sb, int64_t p_ss, int64_t p_sh, int64_t l_sb,
-                             int64_t l_sh, int64_t lp_sb, int64_t lp_sh) {
+// Where the merge reads and writes: strides of o (b, s, h) and of lse (b, h).
+struct MergeStrides {
+  int64_t o_b, o_s, o_h, l_b, l_h;
+  __device__ int64_t o(int64_t b, int s, int h) const { return b * o_b + s * o_s + h * o_h; }
+  __device__ int64_t l(int64_t b, int s, int h) const { return b * l_b + h * l_h + s; }
+};
+
+// (o_out, lse_out) = merge((o, lse), (o_part, lse_part)), one warp per row; the outputs may be
+// o and lse themselves.
+template <class Part, class Out>
+__global__ void merge_kernel(const float* o, const float* lse, const Part* o_part,
+                             const float* lse_part, Out* o_out, float* lse_out, int64_t rows,
+                             int heads, int seq, int dim, MergeStrides in, MergeStrides part,
+                             MergeStrides out) {
   const RowIndex at = warp_row(heads, seq);
   if (at.row >= rows) return;
   const int lane = threadIdx.x % 32, h = at.h, s = at.s;
   const int64_t b = at.b;
-  const int64_t li = b * l_sb + h * l_sh + s, lpi = b * lp_sb + h * lp_sh + s;
   auto clean = [](float x) { return (x > -INFINITY && x < INFINITY) ? x : -INFINITY; };
-  const float a = clean(lse[li]), c = clean(lse_part[lpi]);
-  float* x = o + b * o_sb + s * o_ss + h * o_sh;
-  const Part* y = o_part + b * p_sb + s * p_ss + h * p_sh;
+  const float a = clean(lse[in.l(b, s, h)]), c = clean(lse_part[part.l(b, s, h)]);
+  const float* x = o + in.o(b, s, h);
+  const Part* y = o_part + part.o(b, s, h);
+  Out* z = o_out + out.o(b, s, h);
   float wa, wc, merged;
   if (c == -INFINITY) {
     wa = a == -INFINITY ? 0.f : 1.f, wc = 0.f, merged = a;
@@ -144,17 +153,23 @@ __global__ void merge_kernel(float* o, float* lse, const Part* o_part, const flo
     merged = fmaxf(a, c) + log1pf(expf(-fabsf(a - c)));
     wa = expf(a - merged), wc = expf(c - merged);
   }
-  for (int d = lane; d < dim; d += 32) x[d] = wa * x[d] + wc * load_float(y + d);
+  for (int d = lane; d < dim; d += 32) z[d] = store_as_float<Out>(wa * x[d] + wc * load_float(y + d));
   __syncwarp();
-  if (lane == 0) lse[li] = merged;
+  if (lane == 0) lse_out[out.l(b, s, h)] = merged;
 }
 
-// dst[e] (+)= src[e] over contiguous buffers; In -> Out through float.
-template <class In, class Out, bool Accumulate>
-__global__ void flat_cast_kernel(const In* src, Out* dst, int64_t n) {
+// The strides of the three leading dims of a 4-D view (the last one is contiguous).
+struct Strides3 {
+  int64_t s0, s1, s2;
+  __device__ int64_t at(int64_t i0, int64_t i1, int64_t i2) const { return i0 * s0 + i1 * s1 + i2 * s2; }
+};
+
+// dst[e] = src[e] (+ add[e]) over contiguous buffers; In -> Out through float, add fp32.
+template <class In, class Out, bool Add>
+__global__ void flat_cast_kernel(const In* src, const float* add, Out* dst, int64_t n) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     float x = load_float(src + e);
-    if constexpr (Accumulate) x += load_float(dst + e);
+    if constexpr (Add) x += add[e];
     dst[e] = store_as_float<Out>(x);
   }
 }
@@ -188,23 +203,22 @@ __device__ void store8(T* p, const float (&x)[8]) {
 
 // cast_kernel eight elements at a time: a [d0, d1, d2, 8 * c3] view whose strides are
 // multiples of 8 (the head slices and row ranges the GPU schedules copy).
-template <class In, class Out, bool Accumulate>
-__global__ void chunk_cast_kernel(const In* src, Out* dst, int64_t chunks, int64_t d1, int64_t d2,
-                                  int64_t c3, int64_t s0, int64_t s1, int64_t s2, int64_t t0,
-                                  int64_t t1, int64_t t2) {
+template <class In, class Out, bool Add>
+__global__ void chunk_cast_kernel(const In* src, const float* add, Out* dst, int64_t chunks,
+                                  int64_t d1, int64_t d2, int64_t c3, Strides3 s, Strides3 a,
+                                  Strides3 t) {
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = c / c3, col = (c - row * c3) * 8;
     const int64_t i2 = row % d2, r1 = row / d2, i1 = r1 % d1, i0 = r1 / d1;
     float x[8];
-    load8(src + i0 * s0 + i1 * s1 + i2 * s2 + col, x);
-    Out* out = dst + i0 * t0 + i1 * t1 + i2 * t2 + col;
-    if constexpr (Accumulate) {
+    load8(src + s.at(i0, i1, i2) + col, x);
+    if constexpr (Add) {
       float y[8];
-      load8(out, y);
+      load8(add + a.at(i0, i1, i2) + col, y);
 #pragma unroll
       for (int i = 0; i < 8; ++i) x[i] += y[i];
     }
-    store8(out, x);
+    store8(dst + t.at(i0, i1, i2) + col, x);
   }
 }
 
@@ -213,16 +227,15 @@ __global__ void fill_kernel(float* dst, int64_t n, float value) {
     dst[e] = value;
 }
 
-// One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on both sides).
-template <class In, class Out, bool Accumulate>
-__global__ void cast_kernel(const In* src, Out* dst, int64_t n, int64_t d1, int64_t d2, int64_t d3,
-                            int64_t s0, int64_t s1, int64_t s2, int64_t t0, int64_t t1, int64_t t2) {
+// One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on every side).
+template <class In, class Out, bool Add>
+__global__ void cast_kernel(const In* src, const float* add, Out* dst, int64_t n, int64_t d1,
+                            int64_t d2, int64_t d3, Strides3 s, Strides3 a, Strides3 t) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i3 = e % d3, i2 = (e / d3) % d2, i1 = (e / (d3 * d2)) % d1, i0 = e / (d3 * d2 * d1);
-    Out* out = dst + i0 * t0 + i1 * t1 + i2 * t2 + i3;
-    float x = load_float(src + i0 * s0 + i1 * s1 + i2 * s2 + i3);
-    if constexpr (Accumulate) x += load_float(out);
-    *out = store_as_float<Out>(x);
+    float x = load_float(src + s.at(i0, i1, i2) + i3);
+    if constexpr (Add) x += add[a.at(i0, i1, i2) + i3];
+    dst[t.at(i0, i1, i2) + i3] = store_as_float<Out>(x);
   }
 }
 
@@ -231,11 +244,15 @@ __global__ void cast_kernel(const In* src, Out* dst, int64_t n, int64_t d1, int6
 
 namespace {
 
-template <bool Accumulate>
-Status cast_or_add(const TensorView& src, const TensorView& dst, void* stream) {
+// dst = src (+ add, an fp32 view of the same shape, when add.data is set).
+Status cast_add(const TensorView& src, const TensorView& add, const TensorView& dst, void* stream) {
   SP_CHECK_ARG(src.ndim >= 1 && src.ndim <= 4 && src.same_shape(dst),
                "cast needs two views of one shape (up to 4 dims); got " + src.shape_string() +
                    " and " + dst.shape_string());
+  const bool adding = add.data != nullptr;
+  SP_CHECK_ARG(!adding || (add.same_shape(src) && add.dtype == DType::kF32 &&
+                           add.device.kind == DeviceKind::kCuda && add.strides[add.ndim - 1] == 1),
+               "the addend must be an fp32 device view shaped like the source; got " + add.shape_string());
   SP_CHECK_ARG(src.device.kind == DeviceKind::kCuda && dst.device.kind == DeviceKind::kCuda,
                "cast takes device tensors");
   SP_CHECK_ARG(src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1,
@@ -245,36 +262,43 @@ Status cast_or_add(const TensorView& src, const TensorView& dst, void* stream) {
   if (n == 0) return Status::Ok();
   const auto s = static_cast<cudaStream_t>(stream);
   const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
-  const bool flat = src.is_contiguous() && dst.is_contiguous();
+  const bool flat = src.is_contiguous() && dst.is_contiguous() && (!adding || add.is_contiguous());
   // View as 4-D: pad leading dims with size 1.
-  int64_t shape[4] = {1, 1, 1, 1}, ss[4] = {0, 0, 0, 1}, ts[4] = {0, 0, 0, 1};
+  int64_t shape[4] = {1, 1, 1, 1}, ss[4] = {0, 0, 0, 1}, as[4] = {0, 0, 0, 1}, ts[4] = {0, 0, 0, 1};
   for (int i = 0; i < src.ndim; ++i) {
     shape[4 - src.ndim + i] = src.shape[i];
     ss[4 - src.ndim + i] = src.strides[i];
+    as[4 - src.ndim + i] = adding ? add.strides[i] : 0;
     ts[4 - src.ndim + i] = dst.strides[i];
   }
   // Eight elements per thread when every row starts 16-byte aligned.
-  bool chunked = shape[3] % 8 == 0 && reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(dst.data) % 16 == 0;
-  for (int i = 0; i < 3; ++i) chunked = chunked && ss[i] % 8 == 0 && ts[i] % 8 == 0;
-  auto go = [&](auto* in_tag, auto* out_tag) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  bool chunked = shape[3] % 8 == 0 && aligned(src.data) && aligned(dst.data) && aligned(add.data);
+  for (int i = 0; i < 3; ++i) chunked = chunked && ss[i] % 8 == 0 && as[i] % 8 == 0 && ts[i] % 8 == 0;
+  const cuda::Strides3 s3{ss[0], ss[1], ss[2]}, a3{as[0], as[1], as[2]}, t3{ts[0], ts[1], ts[2]};
+  const float* addend = static_cast<const float*>(add.data);
+  auto go = [&](auto* in_tag, auto* out_tag, auto add_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     using Out = std::remove_pointer_t<decltype(out_tag)>;
+    constexpr bool Add = decltype(add_tag)::value;
     const In* in = static_cast<const In*>(src.data);
     Out* out = static_cast<Out*>(dst.data);
     if (chunked) {
       const int64_t chunks = n / 8;
-      cuda::chunk_cast_kernel<In, Out, Accumulate>
-          <<<unsigned(std::min<int64_t>((chunks + 255) / 256, 65535)), 256, 0, s>>>(
-              in, out, chunks, shape[1], shape[2], shape[3] / 8, ss[0], ss[1], ss[2], ts[0], ts[1], ts[2]);
-    } else if (flat)
-      cuda::flat_cast_kernel<In, Out, Accumulate><<<blocks, 256, 0, s>>>(in, out, n);
-    else
-      cuda::cast_kernel<In, Out, Accumulate><<<blocks, 256, 0, s>>>(
-          in, out, n, shape[1], shape[2], shape[3], ss[0], ss[1], ss[2], ts[0], ts[1], ts[2]);
+      cuda::chunk_cast_kernel<In, Out, Add><<<unsigned(std::min<int64_t>((chunks + 255) / 256, 65535)), 256, 0, s>>>(
+          in, addend, out, chunks, shape[1], shape[2], shape[3] / 8, s3, a3, t3);
+    } else if (flat) {
+      cuda::flat_cast_kernel<In, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n);
+    } else {
+      cuda::cast_kernel<In, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n, shape[1], shape[2],
+                                                             shape[3], s3, a3, t3);
+    }
   };
   cuda::with_elem_type(src.dtype, [&](auto* in_tag) {
-    cuda::with_elem_type(dst.dtype, [&](auto* out_tag) { go(in_tag, out_tag); });
+    cuda::with_elem_type(dst.dtype, [&](auto* out_tag) {
+      if (adding) go(in_tag, out_tag, std::true_type{});
+      else go(in_tag, out_tag, std::false_type{});
+    });
   });
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
@@ -283,12 +307,17 @@ Status cast_or_add(const TensorView& src, const TensorView& dst, void* stream) {
 }  // namespace
 
 Status flash_cast(const TensorView& src, const TensorView& dst, void* stream) {
-  return cast_or_add<false>(src, dst, stream);
+  return cast_add(src, TensorView{}, dst, stream);
 }
 
 Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream) {
   SP_CHECK_ARG(dst.dtype == DType::kF32, "accumulate adds into fp32, not " + dst.shape_string());
-  return cast_or_add<true>(src, dst, stream);
+  return cast_add(src, dst, dst, stream);
+}
+
+Status flash_add_cast(const TensorView& src, const TensorView& acc, const TensorView& dst, void* stream) {
+  SP_CHECK_ARG(acc.data != nullptr, "add_cast needs an fp32 addend");
+  return cast_add(src, acc, dst, stream);
 }
 
 Status flash_fill(const TensorView& dst, float value, void* stream) {
@@ -328,31 +357,45 @@ Status flash_attention_delta(const TensorView& o, const TensorView& dout, const 
   return Status::Ok();
 }
 
-Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
-                            const TensorView& lse_part, void* stream) {
+Status flash_merge_partials_into(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                                 const TensorView& lse_part, const TensorView& o_out,
+                                 const TensorView& lse_out, void* stream) {
   SP_CHECK_ARG(o.ndim == 4, "o must be [B, S, H, D]");
   const int64_t B = o.shape[0], S = o.shape[1], H = o.shape[2], D = o.shape[3];
-  SP_CHECK_SUPPORTED(o_part.dtype != DType::kF64, "o_part must be fp32, bf16 or fp16");
+  SP_CHECK_SUPPORTED(o_part.dtype != DType::kF64 && o_out.dtype != DType::kF64,
+                     "o_part and o_out must be fp32, bf16 or fp16");
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, DType::kF32, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_part", o_part, o_part.dtype, {B, S, H, D}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_out", o_out, o_out.dtype, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {B, H, S}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse_part", lse_part, DType::kF32, {B, H, S}));
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse_out", lse_out, DType::kF32, {B, H, S}));
   const int64_t rows = B * S * H;
   if (rows == 0) return Status::Ok();
-  const int threads = 256;
-  auto go = [&](auto* tag) {
-    using Part = std::remove_pointer_t<decltype(tag)>;
-    cuda::merge_kernel<Part><<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
-                               static_cast<cudaStream_t>(stream)>>>(
-        static_cast<float*>(o.data), static_cast<float*>(lse.data),
-        static_cast<const Part*>(o_part.data), static_cast<const float*>(lse_part.data), rows,
-        int(H), int(S), int(D), o.strides[0], o.strides[1], o.strides[2], o_part.strides[0],
-        o_part.strides[1], o_part.strides[2], lse.strides[0], lse.strides[1],
-        lse_part.strides[0], lse_part.strides[1]);
+  const auto strides = [](const TensorView& ov, const TensorView& lv) {
+    return cuda::MergeStrides{ov.strides[0], ov.strides[1], ov.strides[2], lv.strides[0], lv.strides[1]};
   };
-  cuda::with_elem_type(o_part.dtype, go);
+  const int threads = 256;
+  auto go = [&](auto* part_tag, auto* out_tag) {
+    using Part = std::remove_pointer_t<decltype(part_tag)>;
+    using Out = std::remove_pointer_t<decltype(out_tag)>;
+    cuda::merge_kernel<Part, Out><<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
+                                    static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const float*>(o.data), static_cast<const float*>(lse.data),
+        static_cast<const Part*>(o_part.data), static_cast<const float*>(lse_part.data),
+        static_cast<Out*>(o_out.data), static_cast<float*>(lse_out.data), rows, int(H), int(S),
+        int(D), strides(o, lse), strides(o_part, lse_part), strides(o_out, lse_out));
+  };
+  cuda::with_elem_type(o_part.dtype, [&](auto* part_tag) {
+    cuda::with_elem_type(o_out.dtype, [&](auto* out_tag) { go(part_tag, out_tag); });
+  });
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
+}
+
+Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                            const TensorView& lse_part, void* stream) {
+  return flash_merge_partials_into(o, lse, o_part, lse_part, o, lse, stream);
 }
 
 }  // namespace seqpar
