@@ -76,36 +76,51 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// One GPU's causal attention problem at S tokens: random inputs, zeroed outputs, and its cuDNN
+// fwd+bwd (the scaling reference and the overlap probe's compute).
+struct SingleGpuAttention {
+  Tensor q, k, v, dout, o, dq, dk, dv, lse;
+
+  static StatusOr<SingleGpuAttention> create(int64_t S, int64_t H, int64_t D, cudaStream_t s) {
+    SingleGpuAttention a;
+    int seed = 11;
+    for (Tensor* t : {&a.q, &a.k, &a.v, &a.dout}) {
+      SP_ASSIGN_OR_RETURN(*t, device_tensor(DType::kBF16, {1, S, H, D}, seed++, s));
+    }
+    for (Tensor* t : {&a.o, &a.dq, &a.dk, &a.dv}) {
+      SP_ASSIGN_OR_RETURN(*t, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
+    }
+    SP_ASSIGN_OR_RETURN(a.lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
+    return std::move(a);
+  }
+
+  Status fwd_bwd(cudaStream_t s) const {
+    AttentionParams p;
+    p.mask = MaskSpec::causal();
+    SP_RETURN_IF_ERROR(cudnn_attention_forward(q.view, k.view, v.view, p, o.view, lse.view, s));
+    return cudnn_attention_backward(q.view, k.view, v.view, o.view, dout.view, lse.view, p, dq.view,
+                                    dk.view, dv.view, s);
+  }
+};
+
 // Our single-GPU cuDNN kernel, causal fwd+bwd TFLOP/s at S tokens (the scaling reference).
 StatusOr<double> single_gpu_tflops(int64_t S, int64_t H, int64_t D, cudaStream_t s) {
-  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, S, H, D}, 11, s));
-  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, S, H, D}, 12, s));
-  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, S, H, D}, 13, s));
-  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, S, H, D}, 14, s));
-  SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
-  AttentionParams p;
-  p.mask = MaskSpec::causal();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
+  SP_ASSIGN_OR_RETURN(const SingleGpuAttention a, SingleGpuAttention::create(S, H, D, s));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
   std::vector<double> ms;
   for (int it = 0; it < 4; ++it) {
-    cudaEventRecord(a, s);
-    SP_RETURN_IF_ERROR(cudnn_attention_forward(q.view, k.view, v.view, p, o.view, lse.view, s));
-    SP_RETURN_IF_ERROR(cudnn_attention_backward(q.view, k.view, v.view, o.view, dout.view, lse.view, p,
-                                                dq.view, dk.view, dv.view, s));
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
+    cudaEventRecord(e0, s);
+    SP_RETURN_IF_ERROR(a.fwd_bwd(s));
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
     float t = 0;
-    cudaEventElapsedTime(&t, a, b);
+    cudaEventElapsedTime(&t, e0, e1);
     if (it > 0) ms.push_back(t);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   return causal_flops(S, H, D, true) / (median(ms) * 1e-3) / 1e12;
 }
 
@@ -151,22 +166,8 @@ Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_
                   P, (long long)mib, ms, double(mib << 20) / (ms * 1e-3) / 1e9);
   }
   const int64_t H = opt.heads, D = opt.head_dim, S = tokens;
-  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, S, H, D}, 11, s));
-  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, S, H, D}, 12, s));
-  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, S, H, D}, 13, s));
-  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, S, H, D}, 14, s));
-  SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
-  SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
-  AttentionParams p;
-  p.mask = MaskSpec::causal();
-  const auto attention = [&]() -> Status {
-    SP_RETURN_IF_ERROR(cudnn_attention_forward(q.view, k.view, v.view, p, o.view, lse.view, s));
-    return cudnn_attention_backward(q.view, k.view, v.view, o.view, dout.view, lse.view, p, dq.view,
-                                    dk.view, dv.view, s);
-  };
+  SP_ASSIGN_OR_RETURN(const SingleGpuAttention single, SingleGpuAttention::create(S, H, D, s));
+  const auto attention = [&] { return single.fwd_bwd(s); };
   SP_ASSIGN_OR_RETURN(double alone, elapsed(s, attention));
   const int64_t bytes = 2 * S * H * D * 2;  // a K/V shard
   SP_ASSIGN_OR_RETURN(double with_comm, elapsed(s, [&]() -> Status {
