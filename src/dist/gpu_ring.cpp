@@ -56,6 +56,8 @@ struct GpuRingContext::Impl {
     for (const char* name : {"lse_part", "lse_rows", "delta_rows", "delta"})
       SP_RETURN_IF_ERROR(buffers[name].reserve(stats));
     SP_RETURN_IF_ERROR(buffers["part_q"].reserve(B * rows * heads * D * dtype_size(t)));
+    // The fp32 O of the forward, also Burst's first dQ accumulator: sized for the longest shard.
+    SP_RETURN_IF_ERROR(buffers["acc_q"].reserve(B * rows * heads * D * sizeof(float)));
     for (const char* name : {"part_k", "part_v"})
       SP_RETURN_IF_ERROR(buffers[name].reserve(B * rows * kv_heads * D * dtype_size(t)));
     return Status::Ok();
@@ -427,10 +429,19 @@ void add_recvs(const Pack& p, int peer, std::vector<RecvSpec>* recvs) {
   for (const TensorView& t : p.parts) recvs->push_back({peer, t.data, view_bytes(t)});
 }
 
-// Whether a head group's home pack must be copied: slices that are not contiguous (the heads
-// are split) cannot be sent as they are.
-bool home_needs_copies(const std::vector<TensorView>& slices) {
-  return std::any_of(slices.begin(), slices.end(), [](const TensorView& t) { return !t.is_contiguous(); });
+// Whether a slice of the caller's tensors can go to NCCL and cuDNN as it is: contiguous, and
+// 16-byte aligned (a later head group of an LSE slice may start at any multiple of 4 bytes).
+bool usable_as_is(const TensorView& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+// Whether some head group's home pack must be copied (into pack buffer 0).
+template <class Slices>
+bool home_needs_copies(int G, const Slices& slices_of_group) {
+  for (int g = 0; g < G; ++g)
+    for (const TensorView& t : slices_of_group(g))
+      if (!usable_as_is(t)) return true;
+  return false;
 }
 
 // The home pack of one head group: each slice of the caller's tensors as it is where it is
@@ -439,7 +450,7 @@ StatusOr<Pack> home_pack(const Impl& I, void* base, const std::vector<TensorView
   Pack p;
   char* at = static_cast<char*>(base);
   for (const TensorView& t : slices) {
-    if (t.is_contiguous()) {
+    if (usable_as_is(t)) {
       p.parts.push_back(t);
     } else {
       p.parts.push_back(I.device_view(at, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim)));
@@ -456,7 +467,7 @@ StatusOr<Pack> home_pack(const Impl& I, void* base, const std::vector<TensorView
 StatusOr<TensorView> group_stats(Impl& I, const TensorView& lse, int64_t first, int64_t count,
                                  cudaStream_t s) {
   const TensorView slice = heads_of(lse, 1, first, count);
-  if (slice.is_contiguous()) return slice;
+  if (usable_as_is(slice)) return slice;
   SP_ASSIGN_OR_RETURN(TensorView copy, I.buffer("lse_group", DType::kF32, {slice.shape[0], count, slice.shape[2]}));
   SP_RETURN_IF_ERROR(flash_cast(slice, copy, s));
   return copy;
@@ -581,7 +592,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   const auto kv_slices = [&](int g) { return std::vector{heads_of(k, 2, g * Hkg, Hkg), heads_of(v, 2, g * Hkg, Hkg)}; };
   const size_t kv_max = pack_bytes(B, max_rows, Hkg, D, t, 2, false);
   if (P > 1) SP_RETURN_IF_ERROR(I.buffers["kv1"].reserve(kv_max));
-  if (P > 2 || home_needs_copies(kv_slices(0))) SP_RETURN_IF_ERROR(I.buffers["kv0"].reserve(kv_max));
+  if (P > 2 || home_needs_copies(G, kv_slices)) SP_RETURN_IF_ERROR(I.buffers["kv0"].reserve(kv_max));
   void* kv_base[2] = {I.buffers["kv0"].data(), I.buffers["kv1"].data()};
   for (int g = 0; g < G; ++g) {
     const TensorView qg = heads_of(q, 2, g * Hg, Hg);
@@ -733,7 +744,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
   const DType t = a.q.dtype;
   const int64_t max_rows = a.layout.max_local_len();
   const auto kv_slices = [&](int g) { return std::vector{heads_of(a.k, 2, g * Hkg, Hkg), heads_of(a.v, 2, g * Hkg, Hkg)}; };
-  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(kv_slices(0)),
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(a.G, kv_slices),
                                                      pack_bytes(B, max_rows, Hkg, D, t, 2, false),
                                                      pack_bytes(B, max_rows, Hkg, D, DType::kF32, 2, false),
                                                      "grad_a"));
@@ -815,7 +826,7 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     return std::vector{heads_of(a.q, 2, g * Hg, Hg), heads_of(a.dout, 2, g * Hg, Hg),
                        heads_of(a.o, 2, g * Hg, Hg), heads_of(a.lse, 1, g * Hg, Hg)};
   };
-  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(query_slices(0)),
+  SP_ASSIGN_OR_RETURN(TravelBuffers tb, travel_buffers(I, P, home_needs_copies(a.G, query_slices),
                                                      pack_bytes(B, max_rows, Hg, D, t, 3, true),
                                                      pack_bytes(B, max_rows, Hg, D, DType::kF32, 1, false),
                                                      "acc_q"));  // the forward's fp32 O: same size
