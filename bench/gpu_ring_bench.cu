@@ -41,6 +41,7 @@ struct Options {
   int64_t big_from = 1048576;   // from here: auto only, one run without warm-up
   std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
   int64_t probe_tokens = 0;         // > 0: run the communication probes at this many tokens first
+  bool trace = false;               // print each rank's step milestones of the last iteration
 };
 
 struct Tensor {
@@ -213,6 +214,7 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     params.mask = MaskSpec::causal();
     GpuRingOptions ring_options;
     ring_options.head_groups = head_groups;
+    ring_options.trace = opt.trace;
     GpuRingContext ctx(ring_options);
     const bool big = S >= opt.big_from;
     const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
@@ -236,6 +238,15 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
       cudaEventElapsedTime(&f, e0, e1);
       cudaEventElapsedTime(&t, e0, e2);
       if (it >= warm) fwd_ms.push_back(f), total_ms.push_back(t);
+      if (opt.trace) {
+        SP_ASSIGN_OR_RETURN(const auto marks, ctx.take_trace());
+        if (it + 1 == warm + iters) {
+          nlohmann::ordered_json trace = {{"kind", "seqpar_trace"}, {"algo", algo}, {"seq", S},
+                                          {"rank", me}, {"marks", marks}};
+          std::printf("%s\n", trace.dump().c_str());
+          std::fflush(stdout);
+        }
+      }
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -324,6 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--probe", opt.probe_tokens,
                  "first measure the exchange bandwidth and a cuDNN fwd+bwd at this many tokens alone "
                  "and beside an exchange");
+  app.add_flag("--trace", opt.trace, "print each rank's step milestones (ms on its stream) of the "
+                                     "last timed iteration");
   CLI11_PARSE(app, argc, argv);
   const int gpus = opt.gpus > 0 ? opt.gpus : cuda_device_count();
   if (gpus < 1) {

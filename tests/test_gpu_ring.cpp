@@ -46,6 +46,25 @@ struct Globals {
   HostTensor o, lse, dq, dk, dv;
 };
 
+// The milestones of one forward and one backward: per group, three per step and one at its
+// end (the backward: four per step, one at its end, and one when the side stream is joined),
+// in stream order.
+Status check_trace(GpuRingContext& ctx, int P) {
+  SP_ASSIGN_OR_RETURN(const auto marks, ctx.take_trace());
+  size_t fwd = 0, bwd = 0;
+  double last = 0;
+  for (const auto& [label, ms] : marks) {
+    (label.rfind("fwd g", 0) == 0 ? fwd : bwd) += 1;
+    SP_CHECK_ARG(ms >= last, "trace out of order at " + label);
+    last = ms;
+  }
+  SP_CHECK_ARG(fwd > 0 && fwd % (3 * P + 1) == 0 && bwd > 1 && (bwd - 1) % (4 * P + 1) == 0,
+               "trace has " + std::to_string(fwd) + " forward and " + std::to_string(bwd) + " backward marks");
+  SP_ASSIGN_OR_RETURN(const auto again, ctx.take_trace());
+  SP_CHECK_ARG(again.empty(), "take_trace must empty the trace");
+  return Status::Ok();
+}
+
 // Runs forward + backward on every rank and scatters each rank's results into global tensors.
 Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                 const HostTensor& dout, const AttentionParams& params, Globals* out) {
@@ -75,6 +94,7 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
     GpuRingOptions options;
     options.head_groups = c.head_groups;
+    options.trace = true;  // the milestones must not change the results (and are checked below)
     GpuRingContext ctx(options);
     cudaStream_t stream;
     if (cudaStreamCreate(&stream) != cudaSuccess) return SP_STATUS(StatusCode::kInternal, "stream");
@@ -86,6 +106,7 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     if (s.ok()) s = comm.synchronize(stream);
     (void)cudaStreamDestroy(stream);
     SP_RETURN_IF_ERROR(s);
+    SP_RETURN_IF_ERROR(check_trace(ctx, c.ranks));
     const std::pair<const DeviceTensor*, HostTensor*> results[] = {
         {&lo, &out->o}, {&llse, &out->lse}, {&ldq, &out->dq}, {&ldk, &out->dk}, {&ldv, &out->dv}};
     for (const auto& [dev, global] : results) {

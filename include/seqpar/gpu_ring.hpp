@@ -21,9 +21,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "seqpar/burst.hpp"
 #include "seqpar/ring.hpp"
+#include "seqpar/status.hpp"
 
 namespace seqpar {
 
@@ -35,6 +38,7 @@ struct GpuRingOptions {
   int64_t workspace_floor_bytes = 256LL << 20;  // but never split a smaller workspace,
   int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
   bool use_cudnn = true;                      // false: our own kernels for every step
+  bool trace = false;  // record a CUDA event at each step's milestones (GpuRingContext::take_trace)
 };
 
 // Per-rank state reused across calls: device buffers (grown, never shrunk), the block plans
@@ -55,6 +59,12 @@ class GpuRingContext {
     int64_t cudnn_calls = 0, own_kernel_calls = 0;
   };
   Counters counters;
+
+  // With options().trace: the milestones the calls since the last take_trace() passed on their
+  // stream, as (label, ms after the first), once the stream has reached them all. Labels read
+  // "fwd|bwd g<group> s<step> <what>": sent (the step's exchange queued), computed (its local
+  // attention), arrived (the exchange waited for), added / out / hop (results moved on).
+  StatusOr<std::vector<std::pair<std::string, double>>> take_trace();
 
   struct Impl;  // buffers, plans, streams (src/dist/gpu_ring.cpp)
   Impl& impl() { return *impl_; }

@@ -33,10 +33,29 @@ struct GpuRingContext::Impl {
   cudaStream_t finish_stream = nullptr;  // casts a group's travelled result home
   cudaEvent_t finished = nullptr;        // recorded on finish_stream after those casts
   int device = 0;
+  bool tracing = false;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;  // with GpuRingOptions::trace
 
   ~Impl() {
+    drop_marks();
     if (finished) (void)cudaEventDestroy(finished);
     if (finish_stream) (void)cudaStreamDestroy(finish_stream);
+  }
+
+  // Records a milestone of the schedule on `s` (tracing only).
+  Status mark(cudaStream_t s, const char* phase, int group, int step, const char* what) {
+    if (!tracing) return Status::Ok();
+    cudaEvent_t e;
+    SP_CUDA_CHECK(cudaEventCreate(&e));
+    marks.emplace_back(std::string(phase) + " g" + std::to_string(group) +
+                           (step >= 0 ? " s" + std::to_string(step) : std::string()) + ' ' + what,
+                       e);
+    SP_CUDA_CHECK(cudaEventRecord(e, s));
+    return Status::Ok();
+  }
+  void drop_marks() {
+    for (auto& m : marks) (void)cudaEventDestroy(m.second);
+    marks.clear();
   }
 
   Status init() {
@@ -124,8 +143,24 @@ struct GpuRingContext::Impl {
 };
 
 GpuRingContext::GpuRingContext(GpuRingOptions options)
-    : options_(options), impl_(std::make_unique<Impl>()) {}
+    : options_(options), impl_(std::make_unique<Impl>()) {
+  impl_->tracing = options.trace;
+}
 GpuRingContext::~GpuRingContext() = default;
+
+StatusOr<std::vector<std::pair<std::string, double>>> GpuRingContext::take_trace() {
+  Impl& I = *impl_;
+  std::vector<std::pair<std::string, double>> out;
+  if (I.marks.empty()) return out;
+  SP_CUDA_CHECK(cudaEventSynchronize(I.marks.back().second));
+  for (const auto& [label, e] : I.marks) {
+    float ms = 0;
+    SP_CUDA_CHECK(cudaEventElapsedTime(&ms, I.marks.front().second, e));
+    out.emplace_back(label, ms);
+  }
+  I.drop_marks();
+  return out;
+}
 
 namespace {
 
@@ -613,6 +648,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
         add_recvs(next, wrap(me - 1, P), &recvs);
         SP_ASSIGN_OR_RETURN(pending, start_after(comm, s, sends, recvs));
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, step, "sent"));
       if (I.visible(layout, params, me, held)) {
         const Pair pair{layout, params, me, held, own};
         SP_RETURN_IF_ERROR(block_forward(I, pair, qg, cur.parts[0], cur.parts[1], out, s,
@@ -621,9 +657,12 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
       } else if (g == 0) {
         ++local_stats.pairs_skipped;
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, step, "computed"));
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
+      SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, step, "arrived"));
     }
     SP_RETURN_IF_ERROR(out.finish_into(heads_of(o, 2, g * Hg, Hg), heads_of(lse, 1, g * Hg, Hg), s));
+    SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, -1, "out"));
   }
   ctx.counters.head_groups = G;
   ctx.counters.cudnn_calls += cudnn_calls;
@@ -776,6 +815,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
                           post_backward_step(comm, I, s, step, cur, next,
                                              {grad_out, grad_bytes(a.layout.local_len(wrap(held + 1, P)))},
                                              {grad_in, grad_bytes(rows)}));
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
       const Pack part = grads(grad_part, rows);
       Running dk(part.parts[0]), dv(part.parts[1]);
       if (I.visible(a.layout, a.params, me, held)) {
@@ -786,7 +826,9 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       } else if (g == 0) {
         ++stats->pairs_skipped;
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
       if (step == 0) {  // the first accumulator of this shard: this step's part, made whole
         for (Running* r : {&dk, &dv}) SP_RETURN_IF_ERROR(r->materialize(s));
         std::swap(grad_out, grad_part);
@@ -796,6 +838,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
         SP_RETURN_IF_ERROR(dv.add_into(in.parts[1], s));
         std::swap(grad_out, grad_in);
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "added"));
     }
     SP_RETURN_IF_ERROR(dq.finish_into(heads_of(a.dq, 2, g * Hg, Hg), TensorView{}, s));
     // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
@@ -803,6 +846,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
     SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
                         post_final_hop(comm, I, s, {grad_out, grad_bytes(a.layout.local_len(wrap(me + 1, P)))},
                                        {grad_in, grad_bytes(S)}));
+    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, -1, "hop"));
     const Pack result = grads(home_result, S);
     SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s,
                                              {{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
@@ -851,6 +895,7 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
                           post_backward_step(comm, I, s, step, cur, next,
                                              {dq_out, dq_bytes(a.layout.local_len(wrap(held + 1, P)))},
                                              {dq_in, dq_bytes(rows)}));
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
       Running dq(dq_view(dq_part, rows));
       if (I.visible(a.layout, a.params, held, me)) {
         TensorView delta;
@@ -865,7 +910,9 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
       } else if (g == 0) {
         ++stats->pairs_skipped;
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
       if (step == 0) {  // the first dQ accumulator of this shard: this step's part, made whole
         SP_RETURN_IF_ERROR(dq.materialize(s));
         std::swap(dq_out, dq_part);
@@ -873,6 +920,7 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
         SP_RETURN_IF_ERROR(dq.add_into(dq_view(dq_in, rows), s));
         std::swap(dq_out, dq_in);
       }
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "added"));
     }
     SP_RETURN_IF_ERROR(dk.finish_into(heads_of(a.dk, 2, g * Hkg, Hkg), TensorView{}, s));
     SP_RETURN_IF_ERROR(dv.finish_into(heads_of(a.dv, 2, g * Hkg, Hkg), TensorView{}, s));
@@ -881,6 +929,7 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
                         post_final_hop(comm, I, s, {dq_out, dq_bytes(a.layout.local_len(wrap(me + 1, P)))},
                                        {dq_in, dq_bytes(S)}));
+    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, -1, "hop"));
     SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s, {{dq_view(home_result, S), heads_of(a.dq, 2, g * Hg, Hg)}}));
   }
   return Status::Ok();
@@ -917,6 +966,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   SP_RETURN_IF_ERROR(schedule == BackwardSchedule::kRing
                          ? ring_backward(comm, ctx, args, s, &local_stats, &calls)
                          : burst_backward(comm, ctx, args, s, &local_stats, &calls));
+  SP_RETURN_IF_ERROR(I.mark(s, "bwd", G - 1, -1, "joined"));  // the side stream's last casts done
   ctx.counters.head_groups = G;
   (args.own ? ctx.counters.own_kernel_calls : ctx.counters.cudnn_calls) += calls;
   if (stats) *stats = local_stats;
