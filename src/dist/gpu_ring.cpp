@@ -736,14 +736,24 @@ StatusOr<std::unique_ptr<PendingExchange>> post_backward_step(Communicator& comm
   return start_after(comm, s, sends, recvs);
 }
 
-// The last accumulator's hop home (none for one rank).
-StatusOr<std::unique_ptr<PendingExchange>> post_final_hop(Communicator& comm, Impl& I, cudaStream_t s,
-                                                          Span acc_out, Span acc_in) {
+// The last accumulator (shard me+1, in `acc_out`) takes its hop home while ours arrives from
+// me-1 into `acc_in`: `home` is where our result lies (acc_out itself for one rank, which
+// sends nothing).
+struct FinalHop {
+  void* home;
+  std::unique_ptr<PendingExchange> pending;
+};
+StatusOr<FinalHop> post_final_hop(Communicator& comm, Impl& I, cudaStream_t s, int group, Span acc_out,
+                                  Span acc_in) {
   const int P = comm.size(), me = comm.rank();
-  if (P == 1) return std::unique_ptr<PendingExchange>();
-  SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
-  return start_after(comm, s, {{wrap(me + 1, P), acc_out.data, acc_out.bytes}},
-                     {{wrap(me - 1, P), acc_in.data, acc_in.bytes}});
+  FinalHop hop{P > 1 ? acc_in.data : acc_out.data, nullptr};
+  if (P > 1) {
+    SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
+    SP_ASSIGN_OR_RETURN(hop.pending, start_after(comm, s, {{wrap(me + 1, P), acc_out.data, acc_out.bytes}},
+                                                 {{wrap(me - 1, P), acc_in.data, acc_in.bytes}}));
+  }
+  SP_RETURN_IF_ERROR(I.mark(s, "bwd", group, -1, "hop"));
+  return hop;
 }
 
 // The result that travelled home is cast into the caller's tensors on the side stream, so the
@@ -841,14 +851,11 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "added"));
     }
     SP_RETURN_IF_ERROR(dq.finish_into(heads_of(a.dq, 2, g * Hg, Hg), TensorView{}, s));
-    // The last accumulator (shard me+1) takes its final hop home; ours arrives from me-1.
-    void* home_result = P > 1 ? grad_in : grad_out;
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
-                        post_final_hop(comm, I, s, {grad_out, grad_bytes(a.layout.local_len(wrap(me + 1, P)))},
+    SP_ASSIGN_OR_RETURN(const FinalHop hop,
+                        post_final_hop(comm, I, s, g, {grad_out, grad_bytes(a.layout.local_len(wrap(me + 1, P)))},
                                        {grad_in, grad_bytes(S)}));
-    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, -1, "hop"));
-    const Pack result = grads(home_result, S);
-    SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s,
+    const Pack result = grads(hop.home, S);
+    SP_RETURN_IF_ERROR(finish_on_side_stream(I, hop.pending.get(), s,
                                              {{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
                                               {result.parts[1], heads_of(a.dv, 2, g * Hkg, Hkg)}}));
     // grad_in (holding the result) and grad_out (being sent home) are written again only
@@ -924,13 +931,10 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     }
     SP_RETURN_IF_ERROR(dk.finish_into(heads_of(a.dk, 2, g * Hkg, Hkg), TensorView{}, s));
     SP_RETURN_IF_ERROR(dv.finish_into(heads_of(a.dv, 2, g * Hkg, Hkg), TensorView{}, s));
-    // The last dQ (shard me+1) takes its hop home; ours arrives from me-1.
-    void* home_result = P > 1 ? dq_in : dq_out;
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
-                        post_final_hop(comm, I, s, {dq_out, dq_bytes(a.layout.local_len(wrap(me + 1, P)))},
+    SP_ASSIGN_OR_RETURN(const FinalHop hop,
+                        post_final_hop(comm, I, s, g, {dq_out, dq_bytes(a.layout.local_len(wrap(me + 1, P)))},
                                        {dq_in, dq_bytes(S)}));
-    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, -1, "hop"));
-    SP_RETURN_IF_ERROR(finish_on_side_stream(I, pending.get(), s, {{dq_view(home_result, S), heads_of(a.dq, 2, g * Hg, Hg)}}));
+    SP_RETURN_IF_ERROR(finish_on_side_stream(I, hop.pending.get(), s, {{dq_view(hop.home, S), heads_of(a.dq, 2, g * Hg, Hg)}}));
   }
   return Status::Ok();
 }
