@@ -2,7 +2,7 @@
 // rule: P in {1, 2, 3, 4} ranks sharing one GPU (threads, the local communicator moving
 // device buffers), every layout, causal/full/window/document masks, GQA, split head groups,
 // and both backwards; and the NCCL communicator on two GPUs when the machine has them.
-// Skipped without a GPU (CI).
+// Skipped without a GPU (CI), except the head-group policy, which is host logic.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -177,6 +177,35 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuRingVsOracle, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name(info.param); });
+
+// The head-group policy (host logic, runs without a GPU): small problems are never split; the
+// measured 2 x H200 configurations (H = 32, D = 128, 8K to 256K tokens per GPU) take 4 groups,
+// holding the workspace within six q shards; the 16 GiB cap splits 1M and 2M further; GQA
+// needs fewer groups for the ring (K/V are smaller); an explicit count must divide the K/V heads.
+TEST(GpuRingHeadGroups, FollowTheWorkspaceLimits) {
+  const auto burst = BackwardSchedule::kBurst, ring = BackwardSchedule::kRing;
+  const auto groups = [&](int P, int64_t rows, int64_t H, int64_t Hkv, BackwardSchedule s,
+                          const GpuRingOptions& o = GpuRingOptions{}) {
+    auto g = gpu_ring_head_groups(o, P, 1, rows, H, Hkv, 128, s);
+    return g.ok() ? g.value() : -1;
+  };
+  EXPECT_EQ(groups(2, 500, 4, 2, burst), 1);
+  for (int64_t rows : {8192, 32768, 65536, 131072, 262144})
+    for (BackwardSchedule s : {burst, ring}) EXPECT_EQ(groups(2, rows, 32, 32, s), 4) << rows;
+  EXPECT_EQ(groups(4, 8192, 32, 32, burst), 4);
+  EXPECT_EQ(groups(2, 524288, 32, 32, burst), 8);
+  EXPECT_EQ(groups(2, 1048576, 32, 32, burst), 16);
+  EXPECT_EQ(groups(2, 16384, 32, 8, burst), 4);
+  EXPECT_EQ(groups(2, 16384, 32, 8, ring), 2);
+  GpuRingOptions fixed;
+  fixed.head_groups = 8;
+  EXPECT_EQ(groups(2, 8192, 32, 32, burst, fixed), 8);
+  fixed.head_groups = 3;
+  EXPECT_EQ(groups(2, 8192, 32, 32, burst, fixed), -1);
+  GpuRingOptions roomy;
+  roomy.workspace_limit_shards = 100;
+  EXPECT_EQ(groups(2, 8192, 32, 32, burst, roomy), 1);
+}
 
 // A rank that fails makes the others return an error instead of waiting for it.
 TEST(NcclCommunicator, FailingRankAbortsTheOthers) {

@@ -74,6 +74,13 @@ class GpuRingContext {
   std::unique_ptr<Impl> impl_;
 };
 
+// The head-group count the executor uses for a backward `schedule` (the forward uses the
+// backward auto picks) on P ranks of `rows` tokens each: options.head_groups when set (it must
+// divide kv_heads), else the fewest groups whose workspace fits the options' limits.
+StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& options, int P, int64_t batch, int64_t rows,
+                                   int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                   BackwardSchedule schedule);
+
 Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
                                   const AttentionParams& params, const TensorView& q,
                                   const TensorView& k, const TensorView& v, const TensorView& o,

@@ -536,25 +536,6 @@ int64_t workspace_estimate(int64_t B, int64_t rows, int64_t H, int64_t Hkv, int6
   return bytes / G;
 }
 
-// The fewest head groups whose workspace fits under both limits (GpuRingOptions): fewer groups
-// run faster (each cuDNN call sees more heads), more groups hold less memory.
-StatusOr<int> head_groups(GpuRingContext& ctx, int P, int64_t B, int64_t rows, int64_t H, int64_t Hkv,
-                          int64_t D, BackwardSchedule schedule) {
-  const GpuRingOptions& o = ctx.options();
-  if (o.head_groups > 0) {
-    SP_CHECK_ARG(Hkv % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
-                                               ") must divide the K/V heads (" + std::to_string(Hkv) + ")");
-    return o.head_groups;
-  }
-  const double shard = double(B * rows * H * D * 2);
-  const double limit = std::min(double(o.workspace_limit_bytes),
-                                std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
-  for (int g = 1; g <= Hkv; ++g)
-    if (Hkv % g == 0 && double(workspace_estimate(B, rows, H, Hkv, D, g, P, schedule)) <= limit)
-      return g;
-  return static_cast<int>(Hkv);
-}
-
 Status check_gpu_args(const Communicator& comm, const Layout& layout, const AttentionParams& params,
                       const TensorView& q, const TensorView& k, const TensorView& v,
                       cpu::AttentionDims* dims) {
@@ -594,6 +575,25 @@ Status check_like(const char* name, const TensorView& t, DType dtype, std::vecto
 
 }  // namespace
 
+StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& o, int P, int64_t batch, int64_t rows,
+                                   int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                   BackwardSchedule schedule) {
+  if (o.head_groups > 0) {
+    SP_CHECK_ARG(kv_heads % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
+                                                    ") must divide the K/V heads (" + std::to_string(kv_heads) + ")");
+    return o.head_groups;
+  }
+  // Fewer groups run faster (each cuDNN call sees more heads); more groups hold less memory.
+  const double shard = double(batch * rows * heads * head_dim * 2);
+  const double limit = std::min(double(o.workspace_limit_bytes),
+                                std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
+  for (int g = 1; g <= kv_heads; ++g)
+    if (kv_heads % g == 0 &&
+        double(workspace_estimate(batch, rows, heads, kv_heads, head_dim, g, P, schedule)) <= limit)
+      return g;
+  return static_cast<int>(kv_heads);
+}
+
 Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
                                   const AttentionParams& params, const TensorView& q,
                                   const TensorView& k, const TensorView& v, const TensorView& o,
@@ -614,7 +614,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   // The forward takes the group count of the backward that auto would pick (the backward needs
   // more workspace): the phases share their buffers, so the peak is one phase's, not both.
   const BackwardSchedule likely = choose_backward(layout, B, H, Hkv, D, t, DType::kF32, BurstPack::kOutputLse);
-  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, P, B, max_rows, H, Hkv, D, likely));
+  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   const bool own = use_own_kernels(ctx, q, params);
   SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t));
@@ -960,7 +960,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   Impl& I = ctx.impl();
   SP_RETURN_IF_ERROR(I.init());
   const PhaseScope phase(comm, Phase::kBackward);
-  SP_ASSIGN_OR_RETURN(const int G, head_groups(ctx, comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
+  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
                           B, S, H, Hkv, D, G, use_own_kernels(ctx, q, params)};
   SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t));
