@@ -3,14 +3,15 @@
 backend chosen, cuDNN by default) on the GPUs of one host. Causal, bf16, B = 1, H = 32,
 D = 128 (flags change H and D). For each total sequence length S it times the forward alone
 and forward + backward (out.backward(dout), dout random), as the median of CUDA-event-timed
-iterations after one warm-up (10 iterations for S <= 65536, 3 for S <= 524288, else 1), and
+iterations after one warm-up (10 iterations for S <= 65536, 3 for S <= 524288, else 1; with
+--once a single run of each and no warm-up, to find the longest S quickly), and
 measures the peak extra memory: torch.cuda.max_memory_allocated() minus memory_allocated()
 once the inputs q, k, v (and dout) exist on the rank.
 
 Usage:
   torchrun --standalone --nproc_per_node=N bench/torch_cp_peer.py \
       [--seqs 16384,65536,...] [--backend cudnn|flash|efficient] [--heads 32] [--head-dim 128] \
-      [--max-seconds 400] [--inputs local|shard] [--rotate allgather|alltoall]
+      [--max-seconds 400] [--inputs local|shard] [--rotate allgather|alltoall] [--once]
 
 Rank 0 prints one JSON object per line and S:
   {"kind":"torch_cp","gpus":N,"backend":...,"seq":S,"tokens_per_gpu":S/N,"fwd_ms":...,
@@ -65,8 +66,14 @@ def causal_flops(b, h, s, d):
     return 4.0 * b * h * s * s * d * 0.5
 
 
-def iterations_for(s):
+def iterations_for(s, once=False):
+    if once:
+        return 1
     return 10 if s <= 65536 else (3 if s <= 524288 else 1)
+
+
+def warmups(once):
+    return 0 if once else 1
 
 
 def is_oom(text):
@@ -87,7 +94,7 @@ def run_one(args, mesh, rank, world, s):
     from torch.distributed.tensor.experimental import context_parallel
     b, h, d = 1, args.heads, args.head_dim
     backend = BACKENDS[args.backend]
-    iters = iterations_for(s)
+    iters = iterations_for(s, args.once)
     torch.manual_seed(1234 + rank)
     if args.inputs == "local":
         s_local = s // world
@@ -118,8 +125,8 @@ def run_one(args, mesh, rank, world, s):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             out.backward(dout)
 
-        t_fwd = median_seconds(fwd, iters)
-        t_fb = median_seconds(fwd_bwd, iters)
+        t_fwd = median_seconds(fwd, iters, warmups(args.once))
+        t_fb = median_seconds(fwd_bwd, iters, warmups(args.once))
         peak = torch.cuda.max_memory_allocated() - base
     return t_fwd, t_fb, peak
 
@@ -136,6 +143,8 @@ def main():
                     help="local: each rank makes its own shard; shard: full q,k,v sharded by context_parallel")
     ap.add_argument("--rotate", default=None, choices=["allgather", "alltoall"],
                     help="context parallel's KV rotate method (default: PyTorch's own default)")
+    ap.add_argument("--once", action="store_true",
+                    help="one forward and one forward+backward per S, no warm-ups (longest-S runs)")
     ap.add_argument("--nccl-timeout", type=float, default=300.0,
                     help="seconds before a stuck collective aborts the process group")
     args = ap.parse_args()
@@ -175,8 +184,8 @@ def main():
             elif prev is not None:
                 ps, pf, pfb = prev
                 scale = (s / ps) ** 2
-                # +1 warm-up each for fwd and fwd+bwd, +1 forward to shape dout.
-                est = scale * ((pf + pfb) * (iterations_for(s) + 1) + pf)
+                # The timed runs and warm-ups of fwd and fwd+bwd, +1 forward to shape dout.
+                est = scale * ((pf + pfb) * (iterations_for(s, args.once) + warmups(args.once)) + pf)
                 left = args.max_seconds - (time.perf_counter() - t_start)
                 if est > left:
                     decision = SKIP_BUDGET
@@ -223,7 +232,8 @@ def main():
         prev = (s, t_fwd, t_fb)
         f = causal_flops(b, h, s, d)
         emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, tokens_per_gpu=s // world,
-                  heads=h, dim=d, causal=True, inputs=args.inputs, iters=iterations_for(s),
+                  heads=h, dim=d, causal=True, inputs=args.inputs, iters=iterations_for(s, args.once),
+                  warmups=warmups(args.once),
                   fwd_ms=t_fwd * 1e3, fwdbwd_ms=t_fb * 1e3,
                   fwd_tflops_per_gpu=f / t_fwd / 1e12 / world,
                   fwdbwd_tflops_per_gpu=3.5 * f / t_fb / 1e12 / world,
