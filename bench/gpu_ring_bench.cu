@@ -54,13 +54,9 @@ StatusOr<Tensor> device_tensor(DType t, std::vector<int64_t> shape, uint64_t see
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   SP_ASSIGN_OR_RETURN(out.buffer, DeviceBuffer::allocate(n * dtype_size(t)));
-  out.view.data = out.buffer.data();
-  out.view.dtype = t;
-  out.view.device = Device{DeviceKind::kCuda, 0};
-  cudaGetDevice(&out.view.device.index);
-  out.view.ndim = int(shape.size());
-  int64_t stride = 1;
-  for (int i = out.view.ndim - 1; i >= 0; --i) out.view.shape[i] = shape[i], out.view.strides[i] = stride, stride *= shape[i];
+  int device = 0;
+  cudaGetDevice(&device);
+  out.view = TensorView::contiguous(out.buffer.data(), t, shape, Device{DeviceKind::kCuda, device});
   if (seed && t == DType::kBF16)
     fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out.buffer.data()), n, seed);
   else if (cudaMemsetAsync(out.buffer.data(), 0, n * dtype_size(t), s) != cudaSuccess)

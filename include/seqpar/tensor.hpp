@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct TensorView {
 
   // A row-major (last dim fastest) view of `data`.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                               Device device = Device::cpu());
+  static TensorView contiguous(void* data, DType dtype, std::span<const int64_t> shape,
                                Device device = Device::cpu());
 
   int64_t size(int dim) const { return shape[dim]; }

@@ -8,6 +8,11 @@ namespace seqpar {
 
 TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
                                   Device device) {
+  return contiguous(data, dtype, std::span<const int64_t>(shape.begin(), shape.size()), device);
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::span<const int64_t> shape,
+                                  Device device) {
   TensorView v;
   v.data = data;
   v.dtype = dtype;

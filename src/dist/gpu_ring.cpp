@@ -34,6 +34,7 @@ struct GpuRingContext::Impl {
   std::map<int, std::vector<PositionRunSpan>> runs;  // arithmetic runs of each rank's positions
   cudaStream_t finish_stream = nullptr;  // casts a group's travelled result home
   cudaEvent_t finished = nullptr;        // recorded on finish_stream after those casts
+  cudaEvent_t computed = nullptr;        // recorded on the caller's stream before them
   int device = 0;
   bool tracing = false;
   std::vector<std::pair<std::string, cudaEvent_t>> marks;  // with GpuRingOptions::trace
@@ -41,6 +42,7 @@ struct GpuRingContext::Impl {
   ~Impl() {
     drop_marks();
     if (finished) (void)cudaEventDestroy(finished);
+    if (computed) (void)cudaEventDestroy(computed);
     if (finish_stream) (void)cudaStreamDestroy(finish_stream);
   }
 
@@ -65,6 +67,7 @@ struct GpuRingContext::Impl {
     SP_CUDA_CHECK(cudaGetDevice(&device));
     SP_CUDA_CHECK(cudaStreamCreateWithFlags(&finish_stream, cudaStreamNonBlocking));
     SP_CUDA_CHECK(cudaEventCreateWithFlags(&finished, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
     SP_CUDA_CHECK(cudaEventRecord(finished, finish_stream));
     return Status::Ok();
   }
@@ -93,18 +96,7 @@ struct GpuRingContext::Impl {
   }
 
   TensorView device_view(void* data, DType dtype, const std::vector<int64_t>& shape) const {
-    TensorView v;
-    v.data = data;
-    v.dtype = dtype;
-    v.device = Device{DeviceKind::kCuda, device};
-    v.ndim = static_cast<int>(shape.size());
-    int64_t stride = 1;
-    for (int i = v.ndim - 1; i >= 0; --i) {
-      v.shape[i] = shape[i];
-      v.strides[i] = stride;
-      stride *= shape[i];
-    }
-    return v;
+    return TensorView::contiguous(data, dtype, shape, Device{DeviceKind::kCuda, device});
   }
 
   // Plans and visibility are cached per (query shard, K/V shard) of one layout and mask.
@@ -232,33 +224,47 @@ FlashPositions run_positions(const PositionRunSpan& q, const PositionRunSpan& k)
   return p;
 }
 
+// Our kernels' calls for a pair: one per (query run, key run) of the two shards' positions.
+template <class Call>
+Status for_each_run_pair(Impl& I, const Pair& pair, Call&& call) {
+  I.use_problem(pair.layout, pair.params.mask);
+  for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
+    for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank))
+      SP_RETURN_IF_ERROR(call(qr, kr));
+  return Status::Ok();
+}
+
+// cuDNN's calls for a pair (dense blocks: full or top-left causal).
+StatusOr<const BlockPlan*> dense_plan(Impl& I, const Pair& pair) {
+  const BlockPlan& plan = I.plan(pair.layout, pair.params.mask, pair.q_rank, pair.k_rank);
+  SP_CHECK_SUPPORTED(plan.dense, "internal: a planned pair needs positions");
+  return &plan;
+}
+
 // Folds K/V shard `k, v` into the running output `out` (acc [B, n, Hg, D], lse [B, Hg, n]).
 Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const TensorView& k,
                      const TensorView& v, Running& out, cudaStream_t s, int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
   if (pair.own_kernels) {  // our forward continues from the running fp32 result itself
     SP_RETURN_IF_ERROR(out.materialize(s));
-    I.use_problem(pair.layout, pair.params.mask);
-    for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
-      for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
-        const bool whole = qr.begin == 0 && qr.end == n;
-        TensorView lse_v = out.lse();
-        if (!whole) {
-          SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", out.lse(), qr.begin, qr.end, s));
-        }
-        SP_RETURN_IF_ERROR(flash_attention_forward(
-            rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
-            rows_of(v, 1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
-            rows_of(out.acc(), 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
-        if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(out.lse(), 2, qr.begin, qr.end), s));
-        ++*calls;
+    return for_each_run_pair(I, pair, [&](const PositionRunSpan& qr, const PositionRunSpan& kr) -> Status {
+      const bool whole = qr.begin == 0 && qr.end == n;
+      TensorView lse_v = out.lse();
+      if (!whole) {
+        SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", out.lse(), qr.begin, qr.end, s));
       }
-    return Status::Ok();
+      SP_RETURN_IF_ERROR(flash_attention_forward(
+          rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
+          rows_of(v, 1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
+          rows_of(out.acc(), 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
+      if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(out.lse(), 2, qr.begin, qr.end), s));
+      ++*calls;
+      return Status::Ok();
+    });
   }
 #ifdef SEQPAR_HAVE_CUDNN
-  const BlockPlan& plan = I.plan(pair.layout, pair.params.mask, pair.q_rank, pair.k_rank);
-  SP_CHECK_SUPPORTED(plan.dense, "internal: a planned pair needs positions");
-  for (const BlockCall& c : plan.calls) {
+  SP_ASSIGN_OR_RETURN(const BlockPlan* plan, dense_plan(I, pair));
+  for (const BlockCall& c : plan->calls) {
     const int64_t nq = c.q_end - c.q_begin;
     SP_RETURN_IF_ERROR(out.flush(s));  // the held part's buffer is about to be rewritten
     SP_ASSIGN_OR_RETURN(TensorView o_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
@@ -285,28 +291,25 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1], Hkv = k.shape[2];
   if (pair.own_kernels) {  // our backward adds into the fp32 results itself
     for (Running* r : {&dq, &dk, &dv}) SP_RETURN_IF_ERROR(r->materialize(s));
-    I.use_problem(pair.layout, pair.params.mask);
-    for (const PositionRunSpan& qr : I.position_runs(pair.layout, pair.q_rank))
-      for (const PositionRunSpan& kr : I.position_runs(pair.layout, pair.k_rank)) {
-        const bool whole = qr.begin == 0 && qr.end == n;
-        TensorView lse_v = lse, delta_v = delta;
-        if (!whole) {
-          SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", lse, qr.begin, qr.end, s));
-          SP_ASSIGN_OR_RETURN(delta_v, stat_rows(I, "delta_rows", delta, qr.begin, qr.end, s));
-        }
-        SP_RETURN_IF_ERROR(flash_attention_backward(
-            rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
-            rows_of(v, 1, kr.begin, kr.end), rows_of(dout, 1, qr.begin, qr.end), lse_v, delta_v,
-            pair.params, run_positions(qr, kr), rows_of(dq.acc(), 1, qr.begin, qr.end),
-            rows_of(dk.acc(), 1, kr.begin, kr.end), rows_of(dv.acc(), 1, kr.begin, kr.end), s));
-        ++*calls;
+    return for_each_run_pair(I, pair, [&](const PositionRunSpan& qr, const PositionRunSpan& kr) -> Status {
+      const bool whole = qr.begin == 0 && qr.end == n;
+      TensorView lse_v = lse, delta_v = delta;
+      if (!whole) {
+        SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", lse, qr.begin, qr.end, s));
+        SP_ASSIGN_OR_RETURN(delta_v, stat_rows(I, "delta_rows", delta, qr.begin, qr.end, s));
       }
-    return Status::Ok();
+      SP_RETURN_IF_ERROR(flash_attention_backward(
+          rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
+          rows_of(v, 1, kr.begin, kr.end), rows_of(dout, 1, qr.begin, qr.end), lse_v, delta_v,
+          pair.params, run_positions(qr, kr), rows_of(dq.acc(), 1, qr.begin, qr.end),
+          rows_of(dk.acc(), 1, kr.begin, kr.end), rows_of(dv.acc(), 1, kr.begin, kr.end), s));
+      ++*calls;
+      return Status::Ok();
+    });
   }
 #ifdef SEQPAR_HAVE_CUDNN
-  const BlockPlan& plan = I.plan(pair.layout, pair.params.mask, pair.q_rank, pair.k_rank);
-  SP_CHECK_SUPPORTED(plan.dense, "internal: a planned pair needs positions");
-  for (const BlockCall& c : plan.calls) {
+  SP_ASSIGN_OR_RETURN(const BlockPlan* plan, dense_plan(I, pair));
+  for (const BlockCall& c : plan->calls) {
     const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
     TensorView lse_c = lse;
     if (nq != n) {
@@ -633,6 +636,24 @@ StatusOr<std::unique_ptr<PendingExchange>> post_backward_step(Communicator& comm
   return start_after(comm, s, sends, recvs);
 }
 
+// The frame of one backward step shared by both schedules: posts the step's exchange, runs
+// `compute` when the (q_rank, k_rank) pair sees anything (counting pairs in the first group),
+// and makes `s` wait for the exchange, marking each milestone.
+template <class Compute>
+Status backward_step(Communicator& comm, Impl& I, cudaStream_t s, const BackwardArgs& a, int g,
+                     int step, const Pack& cur, const Pack& next, Span acc_out, Span acc_in,
+                     int q_rank, int k_rank, RingStats* stats, Compute&& compute) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                      post_backward_step(comm, I, s, step, cur, next, acc_out, acc_in));
+  SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
+  const bool visible = I.visible(a.layout, a.params, q_rank, k_rank);
+  if (visible) SP_RETURN_IF_ERROR(compute(Pair{a.layout, a.params, q_rank, k_rank, a.own}));
+  if (g == 0) ++(visible ? stats->pairs_computed : stats->pairs_skipped);
+  SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
+  if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
+  return I.mark(s, "bwd", g, step, "arrived");
+}
+
 // The last accumulator (shard me+1, in `acc_out`) takes its hop home while ours arrives from
 // me-1 into `acc_in`: `home` is where our result lies (acc_out itself for one rank, which
 // sends nothing).
@@ -662,12 +683,10 @@ Status finish_on_side_stream(Impl& I, PendingExchange* pending, cudaStream_t s,
     return Status::Ok();
   }
   SP_RETURN_IF_ERROR(pending->wait_on_stream(I.finish_stream));
-  // The side stream also waits for the compute that produced what it casts.
-  cudaEvent_t computed;
-  SP_CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
-  SP_CUDA_CHECK(cudaEventRecord(computed, s));
-  SP_CUDA_CHECK(cudaStreamWaitEvent(I.finish_stream, computed, 0));
-  SP_CUDA_CHECK(cudaEventDestroy(computed));
+  // The side stream also waits for the compute that produced what it casts (the wait takes
+  // the event's state when queued, so one event serves every group).
+  SP_CUDA_CHECK(cudaEventRecord(I.computed, s));
+  SP_CUDA_CHECK(cudaStreamWaitEvent(I.finish_stream, I.computed, 0));
   for (const auto& [from, to] : casts) SP_RETURN_IF_ERROR(flash_cast(from, to, I.finish_stream));
   SP_CUDA_CHECK(cudaEventRecord(I.finished, I.finish_stream));
   return Status::Ok();
@@ -718,24 +737,14 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       const int64_t rows = a.layout.local_len(held);
       const Pack cur = step == 0 ? home : make_pack(I, kv_base[step % 2], B, rows, Hkg, D, t, 2, false);
       const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hkg, D, t, 2, false);
-      SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
-                          post_backward_step(comm, I, s, step, cur, next,
-                                             {grad_out, grad_bytes(a.layout.local_len(wrap(held + 1, P)))},
-                                             {grad_in, grad_bytes(rows)}));
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
       const Pack part = grads(grad_part, rows);
       Running dk(part.parts[0]), dv(part.parts[1]);
-      if (I.visible(a.layout, a.params, me, held)) {
-        const Pair pair{a.layout, a.params, me, held, a.own};
-        SP_RETURN_IF_ERROR(block_backward(I, pair, qg, cur.parts[0], cur.parts[1], og, dog, lseg, delta,
-                                          dq, dk, dv, s, calls));
-        if (g == 0) ++stats->pairs_computed;
-      } else if (g == 0) {
-        ++stats->pairs_skipped;
-      }
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
-      if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
+      SP_RETURN_IF_ERROR(backward_step(
+          comm, I, s, a, g, step, cur, next, {grad_out, grad_bytes(a.layout.local_len(wrap(held + 1, P)))},
+          {grad_in, grad_bytes(rows)}, me, held, stats, [&](const Pair& pair) {
+            return block_backward(I, pair, qg, cur.parts[0], cur.parts[1], og, dog, lseg, delta, dq, dk,
+                                  dv, s, calls);
+          }));
       if (step == 0) {  // the first accumulator of this shard: this step's part, made whole
         for (Running* r : {&dk, &dv}) SP_RETURN_IF_ERROR(r->materialize(s));
         std::swap(grad_out, grad_part);
@@ -795,28 +804,18 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
       const int64_t rows = a.layout.local_len(held);
       const Pack cur = step == 0 ? home : make_pack(I, pack_base[step % 2], B, rows, Hg, D, t, 3, true);
       const Pack next = make_pack(I, pack_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hg, D, t, 3, true);
-      SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
-                          post_backward_step(comm, I, s, step, cur, next,
-                                             {dq_out, dq_bytes(a.layout.local_len(wrap(held + 1, P)))},
-                                             {dq_in, dq_bytes(rows)}));
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
       Running dq(dq_view(dq_part, rows));
-      if (I.visible(a.layout, a.params, held, me)) {
-        TensorView delta;
-        if (a.own) {
-          SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, rows}));
-          SP_RETURN_IF_ERROR(flash_attention_delta(cur.parts[2], cur.parts[1], delta, s));
-        }
-        const Pair pair{a.layout, a.params, held, me, a.own};
-        SP_RETURN_IF_ERROR(block_backward(I, pair, cur.parts[0], kg, vg, cur.parts[2], cur.parts[1],
-                                          cur.parts[3], delta, dq, dk, dv, s, calls));
-        if (g == 0) ++stats->pairs_computed;
-      } else if (g == 0) {
-        ++stats->pairs_skipped;
-      }
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
-      if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
-      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
+      SP_RETURN_IF_ERROR(backward_step(
+          comm, I, s, a, g, step, cur, next, {dq_out, dq_bytes(a.layout.local_len(wrap(held + 1, P)))},
+          {dq_in, dq_bytes(rows)}, held, me, stats, [&](const Pair& pair) -> Status {
+            TensorView delta;
+            if (a.own) {
+              SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, rows}));
+              SP_RETURN_IF_ERROR(flash_attention_delta(cur.parts[2], cur.parts[1], delta, s));
+            }
+            return block_backward(I, pair, cur.parts[0], kg, vg, cur.parts[2], cur.parts[1], cur.parts[3],
+                                  delta, dq, dk, dv, s, calls);
+          }));
       if (step == 0) {  // the first dQ accumulator of this shard: this step's part, made whole
         SP_RETURN_IF_ERROR(dq.materialize(s));
         std::swap(dq_out, dq_part);
