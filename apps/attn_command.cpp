@@ -324,8 +324,10 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     check_mode = score_flops <= kFullCheckLimit     ? "full"
                  : score_flops <= kSampledCheckLimit ? "sampled"
                                                      : "none";
+  // The global tensors (and inputs) are needed to check or to dump.
+  const bool need_global = check_mode != "none" || !o.dump_dir.empty();
   HostTensor g_o, g_lse, g_dq, g_dk, g_dv;
-  if (check_mode != "none" || !o.dump_dir.empty()) {
+  if (need_global) {
     SP_RETURN_IF_ERROR(gather_global(comm, layout, out, 1, &g_o));
     SP_RETURN_IF_ERROR(gather_global(comm, layout, lse, 2, &g_lse));
     SP_RETURN_IF_ERROR(gather_global(comm, layout, dq, 1, &g_dq));
@@ -338,9 +340,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
   if (o.check == "auto" && check_mode == "none")
     progress("problem too large for the fp64 oracle: not checked (--check sampled forces it)");
-  const bool need_inputs = check_mode != "none" || !o.dump_dir.empty();
   HostTensor gq, gk, gv, gdo;
-  if (need_inputs) {
+  if (need_global) {
     gq = make_input(job, kQ, H, nullptr), gk = make_input(job, kK, Hkv, nullptr);
     gv = make_input(job, kV, Hkv, nullptr), gdo = make_input(job, kDout, H, nullptr);
   }
@@ -388,10 +389,14 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
   bool bytes_ok = true;
   for (int r = 0; r < P; ++r) {
-    TrafficBytes want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
-    if (schedule == BackwardSchedule::kBurst)
-      want.backward = burst_backward_expected_bytes(layout, r, B, H, D, t, t);
-    if (on_gpu) want = gpu_expected_bytes(layout, r, schedule, B, H, Hkv, D, t);
+    TrafficBytes want;
+    if (on_gpu) {
+      want = gpu_expected_bytes(layout, r, schedule, B, H, Hkv, D, t);
+    } else {
+      want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
+      if (schedule == BackwardSchedule::kBurst)
+        want.backward = burst_backward_expected_bytes(layout, r, B, H, D, t, t);
+    }
     sent_fwd.push_back(per_rank[4 * r]);
     sent_bwd.push_back(per_rank[4 * r + 1]);
     want_fwd.push_back(want.forward);

@@ -148,16 +148,16 @@ def main():
         o_tf, single = num(o, "fwdbwd_tflops_per_gpu"), num(o, "single_gpu_tflops")
         o_mem, p_mem = num(o, "peak_extra_GiB"), num(p, "peak_extra_GiB")
         faster = ratio(p_ms, o_ms, "{:.2f}x")
-        of_single = ratio(o_tf, single, "{:.0%}") if o_tf is not None and single else "-"
+        of_single = ratio(o_tf, single, "{:.0%}")
         mem = ratio(o_mem, p_mem, "{:.0%}")
         print(f"| {g if g is not None else '-'} | {fmt_seq(s)} | {tokens if tokens is not None else '-'} | {label} "
-              f"| {cell(o, 'fwdbwd_ms', '{:.1f}') if o is not None else '-'} "
-              f"| {cell(o, 'fwdbwd_tflops_per_gpu', '{:.1f}') if o is not None else '-'} "
+              f"| {cell(o, 'fwdbwd_ms', '{:.1f}')} "
+              f"| {cell(o, 'fwdbwd_tflops_per_gpu', '{:.1f}')} "
               f"| {faster} | {of_single} "
-              f"| {cell(o, 'peak_extra_GiB', '{:.2f}') if o is not None else '-'} "
-              f"| {cell(p, 'fwdbwd_ms', '{:.1f}') if p is not None else '-'} "
-              f"| {cell(p, 'fwdbwd_tflops_per_gpu', '{:.1f}') if p is not None else '-'} "
-              f"| {cell(p, 'peak_extra_GiB', '{:.2f}') if p is not None else '-'} "
+              f"| {cell(o, 'peak_extra_GiB', '{:.2f}')} "
+              f"| {cell(p, 'fwdbwd_ms', '{:.1f}')} "
+              f"| {cell(p, 'fwdbwd_tflops_per_gpu', '{:.1f}')} "
+              f"| {cell(p, 'peak_extra_GiB', '{:.2f}')} "
               f"| {mem} |")
 
     # Longest S run successfully, per GPU count.

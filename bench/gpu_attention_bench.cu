@@ -14,19 +14,9 @@
 #include "seqpar/cudnn_attention.hpp"
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
+#include "bench_util.cuh"
 
 namespace {
-
-__global__ void fill_uniform_bf16(uint16_t* x, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + i;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    const float u = float((z >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-    uint32_t bits = __float_as_uint(u);
-    x[i] = uint16_t((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-  }
-}
 
 double median_seconds(const std::function<seqpar::Status()>& fn, int warmup, int iters, bool* ok) {
   for (int i = 0; i < warmup; ++i)
@@ -50,8 +40,7 @@ double median_seconds(const std::function<seqpar::Status()>& fn, int warmup, int
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return seqpar::bench::median(times);
 }
 
 }  // namespace
@@ -97,7 +86,7 @@ int main(int argc, char** argv) {
     const size_t n = size_t(S) * heads * head_dim;
     int seed = 1;
     for (auto* t : {&q, &k, &v, &dout})
-      fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>(t->value().view.data), n, seed++);
+      seqpar::bench::fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>(t->value().view.data), n, seed++);
     for (const std::string& backend : backends)
     for (const std::string& mask_name : masks) {
       seqpar::AttentionParams params;

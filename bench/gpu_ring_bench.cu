@@ -4,7 +4,6 @@
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
 // kernel's throughput at S / P tokens (the scaling reference). One JSON line per run; the
 // PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py joins the two.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -18,19 +17,10 @@
 #include "seqpar/gpu.hpp"
 #include "seqpar/gpu_ring.hpp"
 #include "seqpar/nccl_comm.hpp"
+#include "bench_util.cuh"
 
 namespace seqpar {
 namespace {
-
-__global__ void fill_uniform(__nv_bfloat16* x, int64_t n, uint64_t seed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    x[i] = __float2bfloat16(float(z >> 40) * 0x1.0p-24f * 2.f - 1.f);
-  }
-}
 
 struct Options {
   std::vector<int64_t> seqs{16384, 65536, 131072, 262144, 524288, 1048576, 2097152};
@@ -44,13 +34,9 @@ struct Options {
   bool trace = false;               // print each rank's step milestones of the last iteration
 };
 
-struct Tensor {
-  DeviceBuffer buffer;
-  TensorView view;
-};
-
-StatusOr<Tensor> device_tensor(DType t, std::vector<int64_t> shape, uint64_t seed, cudaStream_t s) {
-  Tensor out;
+// A device tensor, filled with uniform random bf16 (seed != 0) or zeros, on stream s.
+StatusOr<DeviceTensor> device_tensor(DType t, std::vector<int64_t> shape, uint64_t seed, cudaStream_t s) {
+  DeviceTensor out;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   SP_ASSIGN_OR_RETURN(out.buffer, DeviceBuffer::allocate(n * dtype_size(t)));
@@ -58,7 +44,7 @@ StatusOr<Tensor> device_tensor(DType t, std::vector<int64_t> shape, uint64_t see
   cudaGetDevice(&device);
   out.view = TensorView::contiguous(out.buffer.data(), t, shape, Device{DeviceKind::kCuda, device});
   if (seed && t == DType::kBF16)
-    fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out.buffer.data()), n, seed);
+    bench::fill_uniform_bf16<<<1024, 256, 0, s>>>(static_cast<uint16_t*>(out.buffer.data()), size_t(n), seed);
   else if (cudaMemsetAsync(out.buffer.data(), 0, n * dtype_size(t), s) != cudaSuccess)
     return SP_STATUS(StatusCode::kInternal, "memset failed");
   return std::move(out);
@@ -68,23 +54,19 @@ double causal_flops(int64_t S, int64_t H, int64_t D, bool backward) {
   return 4.0 * double(S) * double(S) * H * D * 0.5 * (backward ? 3.5 : 1.0);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // One GPU's causal attention problem at S tokens: random inputs, zeroed outputs, and its cuDNN
 // fwd+bwd (the scaling reference and the overlap probe's compute).
 struct SingleGpuAttention {
-  Tensor q, k, v, dout, o, dq, dk, dv, lse;
+  DeviceTensor q, k, v, dout, o, dq, dk, dv, lse;
 
   static StatusOr<SingleGpuAttention> create(int64_t S, int64_t H, int64_t D, cudaStream_t s) {
     SingleGpuAttention a;
     int seed = 11;
-    for (Tensor* t : {&a.q, &a.k, &a.v, &a.dout}) {
+    for (DeviceTensor* t : {&a.q, &a.k, &a.v, &a.dout}) {
       SP_ASSIGN_OR_RETURN(*t, device_tensor(DType::kBF16, {1, S, H, D}, seed++, s));
     }
-    for (Tensor* t : {&a.o, &a.dq, &a.dk, &a.dv}) {
+    for (DeviceTensor* t : {&a.o, &a.dq, &a.dk, &a.dv}) {
       SP_ASSIGN_OR_RETURN(*t, device_tensor(DType::kBF16, {1, S, H, D}, 0, s));
     }
     SP_ASSIGN_OR_RETURN(a.lse, device_tensor(DType::kF32, {1, H, S}, 0, s));
@@ -118,7 +100,7 @@ StatusOr<double> single_gpu_tflops(int64_t S, int64_t H, int64_t D, cudaStream_t
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  return causal_flops(S, H, D, true) / (median(ms) * 1e-3) / 1e12;
+  return causal_flops(S, H, D, true) / (bench::median(ms) * 1e-3) / 1e12;
 }
 
 // Diagnostics for the small sizes: the ring exchange's bandwidth per direction, and how much a
@@ -142,7 +124,7 @@ Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_
       cudaEventElapsedTime(&t, a, b);
       if (it > 0) ms.push_back(t);
     }
-    return median(ms);
+    return bench::median(ms);
   };
   const int64_t max_bytes = 256ll << 20;
   SP_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::allocate(max_bytes));
@@ -193,19 +175,19 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
       algo == "ring" ? BackwardSchedule::kRing
       : algo == "burst" ? BackwardSchedule::kBurst
                         : choose_backward(layout, 1, H, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse);
-  SP_ASSIGN_OR_RETURN(Tensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
-  SP_ASSIGN_OR_RETURN(Tensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
-  SP_ASSIGN_OR_RETURN(Tensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
-  SP_ASSIGN_OR_RETURN(Tensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
   cudaStreamSynchronize(s);
   const int64_t base = device_memory_stats(device).current;
   reset_device_memory_peak(device);
   {
-    SP_ASSIGN_OR_RETURN(Tensor o, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    SP_ASSIGN_OR_RETURN(Tensor lse, device_tensor(DType::kF32, {1, H, n}, 0, s));
-    SP_ASSIGN_OR_RETURN(Tensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    SP_ASSIGN_OR_RETURN(Tensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    SP_ASSIGN_OR_RETURN(Tensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor o, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor lse, device_tensor(DType::kF32, {1, H, n}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     AttentionParams params;
     params.mask = MaskSpec::causal();
     GpuRingOptions ring_options;
@@ -247,7 +229,7 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaEventDestroy(e2);
-    double stats[3] = {median(fwd_ms), median(total_ms),
+    double stats[3] = {bench::median(fwd_ms), bench::median(total_ms),
                        double(device_memory_stats(device).peak - base) / double(1ll << 30)};
     SP_RETURN_IF_ERROR(comm.all_reduce(stats, 3, DType::kF64, ReduceOp::kMax));
     (*line)["kind"] = "seqpar_ring";

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -154,6 +155,10 @@ std::vector<std::unique_ptr<Communicator>> make_local_communicators(int size);
 // Runs fn(comm) on `size` threads, one per rank, and returns the first non-ok Status.
 // A rank that fails aborts the world so the others return errors instead of waiting forever.
 Status run_local_ranks(int size, const std::function<Status(Communicator&)>& fn);
+
+// How long a rank waits for a peer before giving up: SEQPAR_COMM_TIMEOUT_S (default 300 s),
+// read at each call.
+std::chrono::milliseconds comm_timeout();
 
 // The first failure among the ranks' results, preferring a root cause over the
 // "communicator aborted" errors it caused in the other ranks; Ok when all succeeded.

@@ -1,6 +1,7 @@
 // Communicator base: argument checks, per-phase byte counters, and the collectives built from
 // batched point-to-point steps (ring all-gather / reduce-scatter, pairwise all-to-all).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -151,6 +152,12 @@ Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp 
   SP_RETURN_IF_ERROR(all_gather(mine.data(), padded.data(), chunk * es));
   std::memcpy(data, padded.data(), count * es);
   return Status::Ok();
+}
+
+std::chrono::milliseconds comm_timeout() {
+  const char* env = std::getenv("SEQPAR_COMM_TIMEOUT_S");
+  const double s = env ? std::atof(env) : 300.0;
+  return std::chrono::milliseconds(static_cast<int64_t>((s > 0 ? s : 300.0) * 1000));
 }
 
 Status first_root_cause(const std::vector<Status>& results) {

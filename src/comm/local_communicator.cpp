@@ -17,15 +17,6 @@
 
 namespace seqpar {
 
-namespace {
-// How long a rank waits for a peer before giving up (SEQPAR_COMM_TIMEOUT_S, default 300 s).
-std::chrono::milliseconds comm_timeout() {
-  const char* env = std::getenv("SEQPAR_COMM_TIMEOUT_S");
-  const double s = env ? std::atof(env) : 300.0;
-  return std::chrono::milliseconds(static_cast<int64_t>((s > 0 ? s : 300.0) * 1000));
-}
-}  // namespace
-
 class LocalWorld {
  public:
   explicit LocalWorld(int size)

@@ -32,12 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::chrono::milliseconds comm_timeout() {
-  const char* env = std::getenv("SEQPAR_COMM_TIMEOUT_S");
-  const double s = env ? std::atof(env) : 300.0;
-  return std::chrono::milliseconds(static_cast<int64_t>((s > 0 ? s : 300.0) * 1000));
-}
-
 Status nccl_status(ncclResult_t r, const char* what) {
   return SP_STATUS(StatusCode::kCommError,
                    std::string(what) + " failed: " + ncclGetErrorString(r));
