@@ -395,6 +395,50 @@ TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
   }
 }
 
+// The sums the two-rank schedules make in place: out = part + out (bf16 addend, on head
+// slices, both the 8-wide and per-element paths), and a merge whose running O is the bf16
+// output itself, against the same merge from an fp32 copy of it into a separate output.
+TEST(FlashSmallKernels, InPlaceSumsAndMergesInTheOutput) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t D : {64, 12}) {
+    const HostTensor part = testing::random_tensor(DType::kBF16, {2, 33, 4, D}, 81);
+    const HostTensor before = testing::random_tensor(DType::kBF16, {2, 33, 4, D}, 82);
+    auto g_part = to_device(part), out = to_device(before);
+    TensorView part_heads = g_part->view, out_heads = out->view;  // heads 1 and 2 of 4
+    for (TensorView* v : {&part_heads, &out_heads}) {
+      v->data = static_cast<char*>(v->data) + D * 2;
+      v->shape[2] = 2;
+    }
+    ASSERT_TRUE(flash_add_cast(part_heads, out_heads, out_heads).ok());
+    const HostTensor got = to_host(out->view).value();
+    double err = 0;
+    for (int64_t e = 0; e < part.numel(); ++e) {
+      const int64_t h = (e / D) % 4;
+      const float o = bf16_to_float(before.data<bf16_t>()[e]);
+      const float want = (h == 1 || h == 2) ? bf16_to_float(float_to_bf16(bf16_to_float(part.data<bf16_t>()[e]) + o)) : o;
+      err = std::max(err, double(std::abs(bf16_to_float(got.data<bf16_t>()[e]) - want)));
+    }
+    EXPECT_EQ(err, 0.0) << "D=" << D;
+  }
+  const HostTensor o_low = testing::random_tensor(DType::kBF16, {2, 37, 3, 64}, 83);
+  const HostTensor o_part = testing::random_tensor(DType::kBF16, {2, 37, 3, 64}, 84);
+  HostTensor lse = testing::random_tensor(DType::kF32, {2, 3, 37}, 85);
+  HostTensor lse_part = testing::random_tensor(DType::kF32, {2, 3, 37}, 86);
+  lse.data<float>()[0] = -INFINITY;
+  lse_part.data<float>()[1] = -INFINITY;
+  auto in_place = to_device(o_low), in_place_lse = to_device(lse), o_wide = to_device(cast(o_low, DType::kF32));
+  auto g_lse = to_device(lse), g_part = to_device(o_part), g_part_lse = to_device(lse_part);
+  auto want = device_zeros(DType::kBF16, {2, 37, 3, 64});
+  auto want_lse = device_zeros(DType::kF32, {2, 3, 37});
+  ASSERT_TRUE(flash_merge_partials_into(o_wide->view, g_lse->view, g_part->view, g_part_lse->view, want->view,
+                                        want_lse->view).ok());
+  ASSERT_TRUE(flash_merge_partials_into(in_place->view, in_place_lse->view, g_part->view, g_part_lse->view,
+                                        in_place->view, in_place_lse->view).ok());
+  EXPECT_EQ(testing::max_abs_diff(cast(to_host(in_place->view).value(), DType::kF32),
+                                  cast(to_host(want->view).value(), DType::kF32)), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(to_host(in_place_lse->view).value(), to_host(want_lse->view).value()), 0.0);
+}
+
 // S = 32K: O, LSE and dQ of sampled query rows against the oracle under the bf16 rule (the
 // plain baseline computes just those rows; dK and dV would need every row of it).
 TEST(LongSequence, CudnnAndOursAt32K) {

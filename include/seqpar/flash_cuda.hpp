@@ -66,8 +66,8 @@ Status flash_cast(const TensorView& src, const TensorView& dst, void* stream = n
 // dst (fp32) += src (fp32, bf16 or fp16), views of one shape (contiguous last dim).
 Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream = nullptr);
 
-// dst (fp32, bf16 or fp16) = src (fp32, bf16 or fp16) + acc (fp32), views of one shape: the
-// last contribution added and the result cast in one pass.
+// dst (fp32, bf16 or fp16) = src (fp32, bf16 or fp16) + acc (fp32 or dst's dtype), views of one
+// shape: the last contribution added and the result cast in one pass. acc may be dst itself.
 Status flash_add_cast(const TensorView& src, const TensorView& acc, const TensorView& dst,
                       void* stream = nullptr);
 
@@ -79,7 +79,8 @@ Status flash_fill(const TensorView& dst, float value, void* stream = nullptr);
 Status flash_merge_partials(const TensorView& o, const TensorView& lse, const TensorView& o_part,
                             const TensorView& lse_part, void* stream = nullptr);
 // (o_out, lse_out) <- merge((o, lse), (o_part, lse_part)) with o and lse only read: the last
-// merge of a ring step written straight into the result (o_out fp32, bf16 or fp16).
+// merge of a ring step written straight into the result (o_out fp32, bf16 or fp16; o fp32 or
+// o_out's dtype; the outputs may be o and lse themselves).
 Status flash_merge_partials_into(const TensorView& o, const TensorView& lse, const TensorView& o_part,
                                  const TensorView& lse_part, const TensorView& o_out,
                                  const TensorView& lse_out, void* stream = nullptr);

@@ -75,13 +75,16 @@ struct GpuRingContext::Impl {
   // Sizes the per-call scratch of a phase for its largest call up front, so no buffer grows
   // (and no block is retired) in the middle of a schedule. Buffers are named by role and
   // shared between the forward and the backwards: the workspace peak is the larger phase's.
-  Status presize(int64_t B, int64_t rows, int64_t heads, int64_t kv_heads, int64_t D, DType t) {
+  // accumulators: whether the schedule keeps fp32 running results (more than two ranks, or our
+  // own kernels); with two, results are summed in place in the outputs.
+  Status presize(int64_t B, int64_t rows, int64_t heads, int64_t kv_heads, int64_t D, DType t,
+                 bool accumulators) {
     const size_t stats = B * heads * rows * sizeof(float);
     for (const char* name : {"lse_part", "lse_rows", "delta_rows", "delta"})
       SP_RETURN_IF_ERROR(buffers[name].reserve(stats));
     SP_RETURN_IF_ERROR(buffers["part_q"].reserve(B * rows * heads * D * dtype_size(t)));
     // The fp32 O of the forward, also Burst's first dQ accumulator: sized for the longest shard.
-    SP_RETURN_IF_ERROR(buffers["acc_q"].reserve(B * rows * heads * D * sizeof(float)));
+    if (accumulators) SP_RETURN_IF_ERROR(buffers["acc_q"].reserve(B * rows * heads * D * sizeof(float)));
     for (const char* name : {"part_k", "part_v"})
       SP_RETURN_IF_ERROR(buffers[name].reserve(B * rows * kv_heads * D * dtype_size(t)));
     return Status::Ok();
@@ -267,8 +270,11 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const Tenso
   for (const BlockCall& c : plan->calls) {
     const int64_t nq = c.q_end - c.q_begin;
     SP_RETURN_IF_ERROR(out.flush(s));  // the held part's buffer is about to be rewritten
-    SP_ASSIGN_OR_RETURN(TensorView o_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
-    SP_ASSIGN_OR_RETURN(TensorView lse_part, I.buffer("lse_part", DType::kF32, {B, H, nq}));
+    TensorView o_part = out.out(), lse_part = out.out_lse();
+    if (!out.first_in_place(c.q_begin, c.q_end)) {
+      SP_ASSIGN_OR_RETURN(o_part, I.buffer(out.part_buffer(), q.dtype, {B, nq, H, D}));
+      SP_ASSIGN_OR_RETURN(lse_part, I.buffer("lse_part", DType::kF32, {B, H, nq}));
+    }
     SP_RETURN_IF_ERROR(cudnn_attention_forward(
         rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
         rows_of(v, 1, c.k_begin, c.k_end), dense_params(pair.params, c.causal), o_part, lse_part, s));
@@ -310,15 +316,20 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
 #ifdef SEQPAR_HAVE_CUDNN
   SP_ASSIGN_OR_RETURN(const BlockPlan* plan, dense_plan(I, pair));
   for (const BlockCall& c : plan->calls) {
-    const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
+    const int64_t nq = c.q_end - c.q_begin;
     TensorView lse_c = lse;
     if (nq != n) {
       SP_ASSIGN_OR_RETURN(lse_c, stat_rows(I, "lse_rows", lse, c.q_begin, c.q_end, s));
     }
-    for (Running* r : {&dq, &dk, &dv}) SP_RETURN_IF_ERROR(r->flush(s));
-    SP_ASSIGN_OR_RETURN(TensorView dq_part, I.buffer("part_q", q.dtype, {B, nq, H, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dk_part, I.buffer("part_k", q.dtype, {B, nk, Hkv, D}));
-    SP_ASSIGN_OR_RETURN(TensorView dv_part, I.buffer("part_v", q.dtype, {B, nk, Hkv, D}));
+    // Each gradient goes straight into its output when it is the first part and covers it.
+    const auto part = [&](Running& r, int64_t begin, int64_t end, int64_t heads) -> StatusOr<TensorView> {
+      SP_RETURN_IF_ERROR(r.flush(s));
+      if (r.first_in_place(begin, end)) return r.out();
+      return I.buffer(r.part_buffer(), q.dtype, {B, end - begin, heads, D});
+    };
+    SP_ASSIGN_OR_RETURN(const TensorView dq_part, part(dq, c.q_begin, c.q_end, H));
+    SP_ASSIGN_OR_RETURN(const TensorView dk_part, part(dk, c.k_begin, c.k_end, Hkv));
+    SP_ASSIGN_OR_RETURN(const TensorView dv_part, part(dv, c.k_begin, c.k_end, Hkv));
     SP_RETURN_IF_ERROR(cudnn_attention_backward(
         rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
         rows_of(v, 1, c.k_begin, c.k_end), rows_of(o, 1, c.q_begin, c.q_end),
@@ -331,7 +342,7 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
   }
   return Status::Ok();
 #else
-  (void)I, (void)o, (void)B, (void)H, (void)D, (void)Hkv;
+  (void)I, (void)o, (void)B, (void)H, (void)D, (void)Hkv, (void)n;
   return SP_STATUS(StatusCode::kUnsupported, "built without cuDNN");
 #endif
 }
@@ -429,7 +440,11 @@ int64_t workspace_estimate(int64_t B, int64_t rows, int64_t H, int64_t Hkv, int6
   const int64_t uq = B * rows * H * D * 2, uk = B * rows * Hkv * D * 2;
   const bool home_copies = G > 1 || P > 2, ring = P > 1;
   int64_t bytes = 0;
-  if (schedule == BackwardSchedule::kBurst)  // query packs, three fp32 dQ, fp32 dK/dV, parts
+  if (P == 2 && schedule == BackwardSchedule::kBurst)  // query pack, returned dQ part, parts
+    bytes = 3 * uq + (home_copies ? 3 * uq : 0) + uq + 2 * uk + 2 * uq;
+  else if (P == 2)  // K/V pack, returned dK/dV parts, dQ part
+    bytes = 2 * uk + (home_copies ? 2 * uk : 0) + 2 * uk + uq + 2 * uq;
+  else if (schedule == BackwardSchedule::kBurst)  // query packs, three fp32 dQ, fp32 dK/dV, parts
     bytes = (ring ? 3 * uq : 0) + (home_copies ? 3 * uq : 0) + 6 * uq + 4 * uk + (uq + 2 * uk) + 2 * uq;
   else  // K/V packs, three fp32 dK/dV pairs, fp32 dQ, parts
     bytes = (ring ? 2 * uk : 0) + (home_copies ? 2 * uk : 0) + 12 * uk + 2 * uq + (uq + 2 * uk) + 2 * uq;
@@ -517,7 +532,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   const bool own = use_own_kernels(ctx, q, params);
-  SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t));
+  SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t, P > 2 || own));
   RingStats local_stats;
   int64_t cudnn_calls = 0, own_calls = 0;
 
@@ -532,9 +547,12 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   for (int g = 0; g < G; ++g) {
     const TensorView qg = heads_of(q, 2, g * Hg, Hg);
     SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, kv_base[0], kv_slices(g), s));
-    SP_ASSIGN_OR_RETURN(const TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
-    SP_ASSIGN_OR_RETURN(const TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
-    Running out(o_acc, lse_acc);
+    const TensorView og = heads_of(o, 2, g * Hg, Hg), lseg = heads_of(lse, 1, g * Hg, Hg);
+    Running out(S, "part_q", [&]() -> StatusOr<Running::Views> {
+      SP_ASSIGN_OR_RETURN(const TensorView o_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
+      SP_ASSIGN_OR_RETURN(const TensorView lse_acc, I.buffer("lse_acc", DType::kF32, {B, Hg, S}));
+      return Running::Views{o_acc, lse_acc};
+    }, /*merging=*/true, og, lseg);
 
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
@@ -561,7 +579,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
       if (pending) SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
       SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, step, "arrived"));
     }
-    SP_RETURN_IF_ERROR(out.finish_into(heads_of(o, 2, g * Hg, Hg), heads_of(lse, 1, g * Hg, Hg), s));
+    SP_RETURN_IF_ERROR(out.finish_into(og, lseg, s));
     SP_RETURN_IF_ERROR(I.mark(s, "fwd", g, -1, "out"));
   }
   ctx.counters.head_groups = G;
@@ -612,6 +630,11 @@ struct Span {
   void* data;
   size_t bytes;
 };
+
+// A running sum into the fp32 accumulator `acc`, made already.
+Running summing(int64_t rows, const char* part_buffer, const TensorView& acc) {
+  return Running(rows, part_buffer, [acc]() -> StatusOr<Running::Views> { return Running::Views{acc, {}}; }, false);
+}
 
 // Posts the exchange of backward step `step`: the pack for the next step goes on ahead
 // (step < P - 1) and, from step 1, the accumulator finished last step goes on while the one of
@@ -674,22 +697,27 @@ StatusOr<FinalHop> post_final_hop(Communicator& comm, Impl& I, cudaStream_t s, i
   return hop;
 }
 
-// The result that travelled home is cast into the caller's tensors on the side stream, so the
-// next head group starts computing at once; `home` must not be written before I.finished.
-Status finish_on_side_stream(Impl& I, PendingExchange* pending, cudaStream_t s,
-                             const std::vector<std::pair<TensorView, TensorView>>& casts) {
-  if (!pending) {  // one rank: nothing travelled, and the buffers are reused at once
-    for (const auto& [from, to] : casts) SP_RETURN_IF_ERROR(flash_cast(from, to, s));
-    return Status::Ok();
-  }
+// The result that travelled home is written into the caller's tensors (`finish` on a stream)
+// on the side stream, so the next head group starts computing at once; what it reads must not
+// be written before I.finished.
+template <class Finish>
+Status finish_on_side_stream(Impl& I, PendingExchange* pending, cudaStream_t s, Finish&& finish) {
+  if (!pending) return finish(s);  // nothing travelled, and the buffers are reused at once
   SP_RETURN_IF_ERROR(pending->wait_on_stream(I.finish_stream));
-  // The side stream also waits for the compute that produced what it casts (the wait takes
+  // The side stream also waits for the compute that produced what it reads (the wait takes
   // the event's state when queued, so one event serves every group).
   SP_CUDA_CHECK(cudaEventRecord(I.computed, s));
   SP_CUDA_CHECK(cudaStreamWaitEvent(I.finish_stream, I.computed, 0));
-  for (const auto& [from, to] : casts) SP_RETURN_IF_ERROR(flash_cast(from, to, I.finish_stream));
+  SP_RETURN_IF_ERROR(finish(I.finish_stream));
   SP_CUDA_CHECK(cudaEventRecord(I.finished, I.finish_stream));
   return Status::Ok();
+}
+// The casts of fp32 results that travelled home.
+auto casts(std::vector<std::pair<TensorView, TensorView>> from_to) {
+  return [from_to = std::move(from_to)](cudaStream_t st) -> Status {
+    for (const auto& [from, to] : from_to) SP_RETURN_IF_ERROR(flash_cast(from, to, st));
+    return Status::Ok();
+  };
 }
 
 // Makes `s` wait for the side stream's casts however the backward returns (an early error
@@ -730,7 +758,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       SP_RETURN_IF_ERROR(flash_attention_delta(og, dog, delta, s));
     }
     SP_ASSIGN_OR_RETURN(const TensorView dq_acc, I.buffer("acc_q", DType::kF32, {B, S, Hg, D}));
-    Running dq(dq_acc);
+    Running dq = summing(S, "part_q", dq_acc);
     SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, kv_base[0], kv_slices(g), s));
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
@@ -738,7 +766,7 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
       const Pack cur = step == 0 ? home : make_pack(I, kv_base[step % 2], B, rows, Hkg, D, t, 2, false);
       const Pack next = make_pack(I, kv_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hkg, D, t, 2, false);
       const Pack part = grads(grad_part, rows);
-      Running dk(part.parts[0]), dv(part.parts[1]);
+      Running dk = summing(rows, "part_k", part.parts[0]), dv = summing(rows, "part_v", part.parts[1]);
       SP_RETURN_IF_ERROR(backward_step(
           comm, I, s, a, g, step, cur, next, {grad_out, grad_bytes(a.layout.local_len(wrap(held + 1, P)))},
           {grad_in, grad_bytes(rows)}, me, held, stats, [&](const Pair& pair) {
@@ -762,8 +790,8 @@ Status ring_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs
                                        {grad_in, grad_bytes(S)}));
     const Pack result = grads(hop.home, S);
     SP_RETURN_IF_ERROR(finish_on_side_stream(I, hop.pending.get(), s,
-                                             {{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
-                                              {result.parts[1], heads_of(a.dv, 2, g * Hkg, Hkg)}}));
+                                             casts({{result.parts[0], heads_of(a.dk, 2, g * Hkg, Hkg)},
+                                                    {result.parts[1], heads_of(a.dv, 2, g * Hkg, Hkg)}})));
     // grad_in (holding the result) and grad_out (being sent home) are written again only
     // from step 1 of the next group, after its wait for I.finished; grad_part is free.
   }
@@ -798,13 +826,13 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, pack_base[0], query_slices(g), s));
     SP_ASSIGN_OR_RETURN(const TensorView dk_acc, I.buffer("acc_k", DType::kF32, {B, S, Hkg, D}));
     SP_ASSIGN_OR_RETURN(const TensorView dv_acc, I.buffer("acc_v", DType::kF32, {B, S, Hkg, D}));
-    Running dk(dk_acc), dv(dv_acc);
+    Running dk = summing(S, "part_k", dk_acc), dv = summing(S, "part_v", dv_acc);
     for (int step = 0; step < P; ++step) {
       const int held = wrap(me - step, P), incoming = wrap(me - step - 1, P);
       const int64_t rows = a.layout.local_len(held);
       const Pack cur = step == 0 ? home : make_pack(I, pack_base[step % 2], B, rows, Hg, D, t, 3, true);
       const Pack next = make_pack(I, pack_base[(step + 1) % 2], B, a.layout.local_len(incoming), Hg, D, t, 3, true);
-      Running dq(dq_view(dq_part, rows));
+      Running dq = summing(rows, "part_q", dq_view(dq_part, rows));
       SP_RETURN_IF_ERROR(backward_step(
           comm, I, s, a, g, step, cur, next, {dq_out, dq_bytes(a.layout.local_len(wrap(held + 1, P)))},
           {dq_in, dq_bytes(rows)}, held, me, stats, [&](const Pair& pair) -> Status {
@@ -830,7 +858,189 @@ Status burst_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArg
     SP_ASSIGN_OR_RETURN(const FinalHop hop,
                         post_final_hop(comm, I, s, g, {dq_out, dq_bytes(a.layout.local_len(wrap(me + 1, P)))},
                                        {dq_in, dq_bytes(S)}));
-    SP_RETURN_IF_ERROR(finish_on_side_stream(I, hop.pending.get(), s, {{dq_view(hop.home, S), heads_of(a.dq, 2, g * Hg, Hg)}}));
+    SP_RETURN_IF_ERROR(finish_on_side_stream(I, hop.pending.get(), s,
+                                             casts({{dq_view(hop.home, S), heads_of(a.dq, 2, g * Hg, Hg)}})));
+  }
+  return Status::Ok();
+}
+
+// Two ranks, either schedule. What a rank computes for its peer (Burst: the dQ of the peer's
+// queries; ring: the dK/dV of the peer's keys) comes only from the second step, so it goes
+// straight home as the calls left it (the one call's low-precision part, or fp32 when several
+// calls summed into it) and is summed into its owner's result in place: it crosses once
+// instead of twice, no fp32 accumulator travels, and the first step's parts are written into
+// the caller's outputs. The sums round like the accumulating schedules' (two bf16 parts added
+// in fp32, rounded once).
+struct Return {  // the form of a result returned to its owner
+  bool part;             // one call's part over rows [begin, end), in the inputs' dtype
+  int64_t begin, end;    // else fp32 over every row
+};
+Return return_form(Impl& I, const Pair& pair, bool burst, int64_t rows) {
+  if (!pair.own_kernels) {
+    const BlockPlan& plan = I.plan(pair.layout, pair.params.mask, pair.q_rank, pair.k_rank);
+    if (plan.dense && plan.calls.size() == 1) {
+      const BlockCall& c = plan.calls[0];
+      return burst ? Return{true, c.q_begin, c.q_end} : Return{true, c.k_begin, c.k_end};
+    }
+  }
+  return {false, 0, rows};
+}
+
+Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const BackwardArgs& a,
+                         bool burst, cudaStream_t s, RingStats* stats, int64_t* calls) {
+  Impl& I = ctx.impl();
+  const JoinSideStream join{I, s};
+  const int me = comm.rank(), peer = 1 - me;
+  const int64_t B = a.B, S = a.S, D = a.D, Hg = a.H / a.G, Hkg = a.Hkv / a.G;
+  const int64_t peer_rows = a.layout.local_len(peer), max_rows = a.layout.max_local_len();
+  const DType t = a.q.dtype;
+  // What travels: Burst's query side (Q, dO, O, LSE) or the ring's K/V, of one head group.
+  const auto slices = [&](int g) {
+    if (burst)
+      return std::vector{heads_of(a.q, 2, g * Hg, Hg), heads_of(a.dout, 2, g * Hg, Hg),
+                         heads_of(a.o, 2, g * Hg, Hg), heads_of(a.lse, 1, g * Hg, Hg)};
+    return std::vector{heads_of(a.k, 2, g * Hkg, Hkg), heads_of(a.v, 2, g * Hkg, Hkg)};
+  };
+  const int64_t pack_heads = burst ? Hg : Hkg;
+  const int pack_tensors = burst ? 3 : 2;
+  const size_t pack_max = pack_bytes(B, max_rows, pack_heads, D, t, pack_tensors, burst);
+  SP_RETURN_IF_ERROR(I.buffers["kv1"].reserve(pack_max));
+  if (home_needs_copies(a.G, slices)) SP_RETURN_IF_ERROR(I.buffers["kv0"].reserve(pack_max));
+  // The results returned: Burst's dQ (query heads) or the ring's dK, dV (K/V heads). Once the
+  // second step has read the received pack, its buffer takes them when they fit.
+  const int ret_tensors = burst ? 1 : 2;
+  const int64_t ret_heads = burst ? Hg : Hkg;
+  const Pair to_peer{a.layout, a.params, burst ? peer : me, burst ? me : peer, a.own};
+  const Pair from_peer{a.layout, a.params, burst ? me : peer, burst ? peer : me, a.own};
+  const bool sends = I.visible(a.layout, a.params, to_peer.q_rank, to_peer.k_rank);
+  const bool receives = I.visible(a.layout, a.params, from_peer.q_rank, from_peer.k_rank);
+  const Return out_form = return_form(I, to_peer, burst, peer_rows), in_form = return_form(I, from_peer, burst, S);
+  const auto ret_views = [&](void* base, const Return& f) {
+    return make_pack(I, base, B, f.end - f.begin, ret_heads, D, f.part ? t : DType::kF32, ret_tensors, false);
+  };
+  const size_t in_bytes = pack_bytes(B, in_form.end - in_form.begin, ret_heads, D, in_form.part ? t : DType::kF32,
+                                     ret_tensors, false);
+  if (in_bytes > pack_max) SP_RETURN_IF_ERROR(I.buffers["ret_in"].reserve(in_bytes));
+  const auto acc = [&](const char* name, int64_t rows, int64_t heads) {
+    return [&I, name, B, rows, heads, D]() -> StatusOr<Running::Views> {
+      SP_ASSIGN_OR_RETURN(const TensorView v, I.buffer(name, DType::kF32, {B, rows, heads, D}));
+      return Running::Views{v, {}};
+    };
+  };
+
+  bool wait_for_last_group = false;
+  for (int g = 0; g < a.G; ++g) {
+    // A result kept in an accumulator (not in place) is finished on the side stream from
+    // buffers this group would write.
+    if (wait_for_last_group) SP_CUDA_CHECK(cudaStreamWaitEvent(s, I.finished, 0));
+    const TensorView qg = heads_of(a.q, 2, g * Hg, Hg), og = heads_of(a.o, 2, g * Hg, Hg);
+    const TensorView dog = heads_of(a.dout, 2, g * Hg, Hg), kg = heads_of(a.k, 2, g * Hkg, Hkg);
+    const TensorView vg = heads_of(a.v, 2, g * Hkg, Hkg);
+    const TensorView dqg = heads_of(a.dq, 2, g * Hg, Hg), dkg = heads_of(a.dk, 2, g * Hkg, Hkg);
+    const TensorView dvg = heads_of(a.dv, 2, g * Hkg, Hkg);
+    SP_ASSIGN_OR_RETURN(const Pack home, home_pack(I, I.buffers["kv0"].data(), slices(g), s));
+    const Pack received = make_pack(I, I.buffers["kv1"].data(), B, peer_rows, pack_heads, D, t, pack_tensors, burst);
+    TensorView lseg, delta;
+    if (!burst) {
+      SP_ASSIGN_OR_RETURN(lseg, group_stats(I, a.lse, g * Hg, Hg, s));
+    }
+    // This rank's results (each summed in place in its output) and the ones for the peer.
+    Running dq(S, burst ? "home_q" : "part_q", acc("acc_q", S, Hg), false, dqg);
+    Running dk(S, burst ? "part_k" : "home_k", acc("acc_k", S, Hkg), false, dkg);
+    Running dv(S, burst ? "part_v" : "home_v", acc("acc_v", S, Hkg), false, dvg);
+    Running peer_dq(peer_rows, "part_q", acc("grad_b", peer_rows, Hg), false);
+    Running peer_dk(peer_rows, "part_k", acc("grad_b", peer_rows, Hkg), false);
+    Running peer_dv(peer_rows, "part_v", acc("grad_c", peer_rows, Hkg), false);
+    Running* travelling[2] = {burst ? &peer_dq : &peer_dk, &peer_dv};
+    Running* awaiting[2] = {burst ? &dq : &dk, &dv};
+
+    // Step 0 (own shard) while the pack goes to the peer; the exchange also waits for the side
+    // stream, whose last group's finish may still read the buffer the pack arrives in.
+    std::vector<SendSpec> pack_sends;
+    std::vector<RecvSpec> pack_recvs;
+    add_sends(home, peer, &pack_sends);
+    add_recvs(received, peer, &pack_recvs);
+    SP_CUDA_CHECK(cudaEventRecord(I.computed, s));
+    SP_CUDA_CHECK(cudaStreamWaitEvent(I.finish_stream, I.computed, 0));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending,
+                        start_after(comm, I.finish_stream, pack_sends, pack_recvs));
+    for (int step = 0; step < 2; ++step) {
+      const Pack& cur = step == 0 ? home : received;
+      const int q_rank = step == 0 ? me : to_peer.q_rank, k_rank = step == 0 ? me : to_peer.k_rank;
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "sent"));
+      const bool visible = I.visible(a.layout, a.params, q_rank, k_rank);
+      if (visible) {
+        const Pair pair{a.layout, a.params, q_rank, k_rank, a.own};
+        if (burst) {
+          if (a.own) {
+            SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, cur.parts[0].shape[1]}));
+            SP_RETURN_IF_ERROR(flash_attention_delta(cur.parts[2], cur.parts[1], delta, s));
+          }
+          SP_RETURN_IF_ERROR(block_backward(I, pair, cur.parts[0], kg, vg, cur.parts[2], cur.parts[1],
+                                            cur.parts[3], delta, step == 0 ? dq : peer_dq, dk, dv, s, calls));
+        } else {
+          if (a.own && step == 0) {
+            SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, S}));
+            SP_RETURN_IF_ERROR(flash_attention_delta(og, dog, delta, s));
+          }
+          SP_RETURN_IF_ERROR(block_backward(I, pair, qg, cur.parts[0], cur.parts[1], og, dog, lseg, delta, dq,
+                                            step == 0 ? dk : peer_dk, step == 0 ? dv : peer_dv, s, calls));
+        }
+      }
+      if (g == 0) ++(visible ? stats->pairs_computed : stats->pairs_skipped);
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "computed"));
+      if (step == 0) {
+        SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
+        // The next calls write the part buffers the awaiting results may hold.
+        for (Running* r : awaiting) SP_RETURN_IF_ERROR(r->flush(s));
+      }
+      SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
+      if (step == 0) SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "added"));
+    }
+
+    // The peer's results go home as they are, ours arrive in the received pack's buffer.
+    std::vector<SendSpec> ret_sends;
+    std::vector<RecvSpec> ret_recvs;
+    for (int i = 0; sends && i < ret_tensors; ++i) {
+      Running& r = *travelling[i];
+      int64_t begin = 0, end = 0;
+      const TensorView* part = r.only_part(&begin, &end);
+      if (out_form.part) {
+        SP_CHECK_ARG(part && begin == out_form.begin && end == out_form.end,
+                     "internal: the returned part is not the one planned");
+        ret_sends.push_back({peer, part->data, view_bytes(*part)});
+      } else {
+        SP_RETURN_IF_ERROR(r.materialize(s));
+        ret_sends.push_back({peer, r.acc().data, view_bytes(r.acc())});
+      }
+    }
+    void* in_base = in_bytes > pack_max ? I.buffers["ret_in"].data() : I.buffers["kv1"].data();
+    const Pack in = ret_views(in_base, in_form);
+    if (receives) add_recvs(in, peer, &ret_recvs);
+    std::unique_ptr<PendingExchange> ret;
+    if (!ret_sends.empty() || !ret_recvs.empty()) {
+      SP_ASSIGN_OR_RETURN(ret, start_after(comm, s, ret_sends, ret_recvs));
+    }
+    // The results that stay home are finished while the returns travel.
+    if (burst) {
+      SP_RETURN_IF_ERROR(dk.finish_into(dkg, TensorView{}, s));
+      SP_RETURN_IF_ERROR(dv.finish_into(dvg, TensorView{}, s));
+    } else {
+      SP_RETURN_IF_ERROR(dq.finish_into(dqg, TensorView{}, s));
+    }
+    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, 1, "added"));
+    SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, -1, "hop"));
+    const TensorView outs[2] = {burst ? dqg : dkg, dvg};
+    wait_for_last_group = false;
+    SP_RETURN_IF_ERROR(finish_on_side_stream(I, ret.get(), s, [&](cudaStream_t st) -> Status {
+      for (int i = 0; i < ret_tensors; ++i) {
+        Running& r = *awaiting[i];
+        if (receives) r.hold(in.parts[i], TensorView{}, in_form.begin, in_form.end);
+        SP_RETURN_IF_ERROR(r.finish_into(outs[i], TensorView{}, st));
+        wait_for_last_group = wait_for_last_group || !r.in_place();
+      }
+      return Status::Ok();
+    }));
   }
   return Status::Ok();
 }
@@ -859,13 +1069,14 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
                           B, S, H, Hkv, D, G, use_own_kernels(ctx, q, params)};
-  SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t));
+  SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t, comm.size() > 2 || args.own));
   RingStats local_stats;
   int64_t calls = 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  SP_RETURN_IF_ERROR(schedule == BackwardSchedule::kRing
-                         ? ring_backward(comm, ctx, args, s, &local_stats, &calls)
-                         : burst_backward(comm, ctx, args, s, &local_stats, &calls));
+  const bool burst = schedule == BackwardSchedule::kBurst;
+  if (comm.size() == 2) SP_RETURN_IF_ERROR(two_rank_backward(comm, ctx, args, burst, s, &local_stats, &calls));
+  else if (burst) SP_RETURN_IF_ERROR(burst_backward(comm, ctx, args, s, &local_stats, &calls));
+  else SP_RETURN_IF_ERROR(ring_backward(comm, ctx, args, s, &local_stats, &calls));
   SP_RETURN_IF_ERROR(I.mark(s, "bwd", G - 1, -1, "joined"));  // the side stream's last casts done
   ctx.counters.head_groups = G;
   (args.own ? ctx.counters.own_kernel_calls : ctx.counters.cudnn_calls) += calls;

@@ -129,9 +129,10 @@ struct MergeStrides {
 };
 
 // (o_out, lse_out) = merge((o, lse), (o_part, lse_part)), one warp per row; the outputs may be
-// o and lse themselves.
-template <class Part, class Out>
-__global__ void merge_kernel(const float* o, const float* lse, const Part* o_part,
+// o and lse themselves (each lane reads an element before it writes it; lane 0 writes the LSE
+// after the warp has read it). o is fp32 or of o_out's dtype.
+template <class Acc, class Part, class Out>
+__global__ void merge_kernel(const Acc* o, const float* lse, const Part* o_part,
                              const float* lse_part, Out* o_out, float* lse_out, int64_t rows,
                              int heads, int seq, int dim, MergeStrides in, MergeStrides part,
                              MergeStrides out) {
@@ -141,7 +142,7 @@ __global__ void merge_kernel(const float* o, const float* lse, const Part* o_par
   const int64_t b = at.b;
   auto clean = [](float x) { return (x > -INFINITY && x < INFINITY) ? x : -INFINITY; };
   const float a = clean(lse[in.l(b, s, h)]), c = clean(lse_part[part.l(b, s, h)]);
-  const float* x = o + in.o(b, s, h);
+  const Acc* x = o + in.o(b, s, h);
   const Part* y = o_part + part.o(b, s, h);
   Out* z = o_out + out.o(b, s, h);
   float wa, wc, merged;
@@ -153,7 +154,7 @@ __global__ void merge_kernel(const float* o, const float* lse, const Part* o_par
     merged = fmaxf(a, c) + log1pf(expf(-fabsf(a - c)));
     wa = expf(a - merged), wc = expf(c - merged);
   }
-  for (int d = lane; d < dim; d += 32) z[d] = store_as_float<Out>(wa * x[d] + wc * load_float(y + d));
+  for (int d = lane; d < dim; d += 32) z[d] = store_as_float<Out>(wa * load_float(x + d) + wc * load_float(y + d));
   __syncwarp();
   if (lane == 0) lse_out[out.l(b, s, h)] = merged;
 }
@@ -164,12 +165,13 @@ struct Strides3 {
   __device__ int64_t at(int64_t i0, int64_t i1, int64_t i2) const { return i0 * s0 + i1 * s1 + i2 * s2; }
 };
 
-// dst[e] = src[e] (+ add[e]) over contiguous buffers; In -> Out through float, add fp32.
-template <class In, class Out, bool Add>
-__global__ void flat_cast_kernel(const In* src, const float* add, Out* dst, int64_t n) {
+// dst[e] = src[e] (+ add[e]) over contiguous buffers; In -> Out through float, add fp32 or
+// of Out's type (it may be dst itself: each element is read before it is written).
+template <class In, class AddT, class Out, bool Add>
+__global__ void flat_cast_kernel(const In* src, const AddT* add, Out* dst, int64_t n) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     float x = load_float(src + e);
-    if constexpr (Add) x += add[e];
+    if constexpr (Add) x += load_float(add + e);
     dst[e] = store_as_float<Out>(x);
   }
 }
@@ -203,8 +205,8 @@ __device__ void store8(T* p, const float (&x)[8]) {
 
 // cast_kernel eight elements at a time: a [d0, d1, d2, 8 * c3] view whose strides are
 // multiples of 8 (the head slices and row ranges the GPU schedules copy).
-template <class In, class Out, bool Add>
-__global__ void chunk_cast_kernel(const In* src, const float* add, Out* dst, int64_t chunks,
+template <class In, class AddT, class Out, bool Add>
+__global__ void chunk_cast_kernel(const In* src, const AddT* add, Out* dst, int64_t chunks,
                                   int64_t d1, int64_t d2, int64_t c3, Strides3 s, Strides3 a,
                                   Strides3 t) {
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += int64_t(gridDim.x) * blockDim.x) {
@@ -228,13 +230,13 @@ __global__ void fill_kernel(float* dst, int64_t n, float value) {
 }
 
 // One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on every side).
-template <class In, class Out, bool Add>
-__global__ void cast_kernel(const In* src, const float* add, Out* dst, int64_t n, int64_t d1,
+template <class In, class AddT, class Out, bool Add>
+__global__ void cast_kernel(const In* src, const AddT* add, Out* dst, int64_t n, int64_t d1,
                             int64_t d2, int64_t d3, Strides3 s, Strides3 a, Strides3 t) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i3 = e % d3, i2 = (e / d3) % d2, i1 = (e / (d3 * d2)) % d1, i0 = e / (d3 * d2 * d1);
     float x = load_float(src + s.at(i0, i1, i2) + i3);
-    if constexpr (Add) x += add[a.at(i0, i1, i2) + i3];
+    if constexpr (Add) x += load_float(add + a.at(i0, i1, i2) + i3);
     dst[t.at(i0, i1, i2) + i3] = store_as_float<Out>(x);
   }
 }
@@ -244,15 +246,17 @@ __global__ void cast_kernel(const In* src, const float* add, Out* dst, int64_t n
 
 namespace {
 
-// dst = src (+ add, an fp32 view of the same shape, when add.data is set).
+// dst = src (+ add, a view of the same shape in fp32 or dst's dtype, when add.data is set).
+// add may be dst itself (an in-place sum): every element is read before it is written.
 Status cast_add(const TensorView& src, const TensorView& add, const TensorView& dst, void* stream) {
   SP_CHECK_ARG(src.ndim >= 1 && src.ndim <= 4 && src.same_shape(dst),
                "cast needs two views of one shape (up to 4 dims); got " + src.shape_string() +
                    " and " + dst.shape_string());
   const bool adding = add.data != nullptr;
-  SP_CHECK_ARG(!adding || (add.same_shape(src) && add.dtype == DType::kF32 &&
+  SP_CHECK_ARG(!adding || (add.same_shape(src) && (add.dtype == DType::kF32 || add.dtype == dst.dtype) &&
                            add.device.kind == DeviceKind::kCuda && add.strides[add.ndim - 1] == 1),
-               "the addend must be an fp32 device view shaped like the source; got " + add.shape_string());
+               "the addend must be a device view shaped like the source, fp32 or of the result's dtype; got " +
+                   add.shape_string());
   SP_CHECK_ARG(src.device.kind == DeviceKind::kCuda && dst.device.kind == DeviceKind::kCuda,
                "cast takes device tensors");
   SP_CHECK_ARG(src.strides[src.ndim - 1] == 1 && dst.strides[dst.ndim - 1] == 1,
@@ -276,28 +280,32 @@ Status cast_add(const TensorView& src, const TensorView& add, const TensorView& 
   bool chunked = shape[3] % 8 == 0 && aligned(src.data) && aligned(dst.data) && aligned(add.data);
   for (int i = 0; i < 3; ++i) chunked = chunked && ss[i] % 8 == 0 && as[i] % 8 == 0 && ts[i] % 8 == 0;
   const cuda::Strides3 s3{ss[0], ss[1], ss[2]}, a3{as[0], as[1], as[2]}, t3{ts[0], ts[1], ts[2]};
-  const float* addend = static_cast<const float*>(add.data);
-  auto go = [&](auto* in_tag, auto* out_tag, auto add_tag) {
+  auto go = [&](auto* in_tag, auto* out_tag, auto* add_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     using Out = std::remove_pointer_t<decltype(out_tag)>;
-    constexpr bool Add = decltype(add_tag)::value;
+    using AddT = std::remove_pointer_t<decltype(add_tag)>;
+    constexpr bool Add = !std::is_void_v<AddT>;
+    using AddElem = std::conditional_t<Add, AddT, float>;
     const In* in = static_cast<const In*>(src.data);
+    const AddElem* addend = static_cast<const AddElem*>(add.data);
     Out* out = static_cast<Out*>(dst.data);
     if (chunked) {
       const int64_t chunks = n / 8;
-      cuda::chunk_cast_kernel<In, Out, Add><<<unsigned(std::min<int64_t>((chunks + 255) / 256, 65535)), 256, 0, s>>>(
+      cuda::chunk_cast_kernel<In, AddElem, Out, Add><<<unsigned(std::min<int64_t>((chunks + 255) / 256, 65535)), 256, 0, s>>>(
           in, addend, out, chunks, shape[1], shape[2], shape[3] / 8, s3, a3, t3);
     } else if (flat) {
-      cuda::flat_cast_kernel<In, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n);
+      cuda::flat_cast_kernel<In, AddElem, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n);
     } else {
-      cuda::cast_kernel<In, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n, shape[1], shape[2],
+      cuda::cast_kernel<In, AddElem, Out, Add><<<blocks, 256, 0, s>>>(in, addend, out, n, shape[1], shape[2],
                                                              shape[3], s3, a3, t3);
     }
   };
   cuda::with_elem_type(src.dtype, [&](auto* in_tag) {
     cuda::with_elem_type(dst.dtype, [&](auto* out_tag) {
-      if (adding) go(in_tag, out_tag, std::true_type{});
-      else go(in_tag, out_tag, std::false_type{});
+      using Out = std::remove_pointer_t<decltype(out_tag)>;
+      if (!adding) go(in_tag, out_tag, static_cast<void*>(nullptr));
+      else if (add.dtype == DType::kF32) go(in_tag, out_tag, static_cast<float*>(nullptr));
+      else go(in_tag, out_tag, static_cast<Out*>(nullptr));
     });
   });
   SP_CUDA_CHECK(cudaGetLastError());
@@ -316,7 +324,7 @@ Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stre
 }
 
 Status flash_add_cast(const TensorView& src, const TensorView& acc, const TensorView& dst, void* stream) {
-  SP_CHECK_ARG(acc.data != nullptr, "add_cast needs an fp32 addend");
+  SP_CHECK_ARG(acc.data != nullptr, "add_cast needs an addend");
   return cast_add(src, acc, dst, stream);
 }
 
@@ -364,7 +372,8 @@ Status flash_merge_partials_into(const TensorView& o, const TensorView& lse, con
   const int64_t B = o.shape[0], S = o.shape[1], H = o.shape[2], D = o.shape[3];
   SP_CHECK_SUPPORTED(o_part.dtype != DType::kF64 && o_out.dtype != DType::kF64,
                      "o_part and o_out must be fp32, bf16 or fp16");
-  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, DType::kF32, {B, S, H, D}));
+  SP_CHECK_ARG(o.dtype == DType::kF32 || o.dtype == o_out.dtype, "o must be fp32 or of o_out's dtype");
+  SP_RETURN_IF_ERROR(cuda::check_device_tensor("o", o, o.dtype, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_part", o_part, o_part.dtype, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("o_out", o_out, o_out.dtype, {B, S, H, D}));
   SP_RETURN_IF_ERROR(cuda::check_device_tensor("lse", lse, DType::kF32, {B, H, S}));
@@ -376,18 +385,22 @@ Status flash_merge_partials_into(const TensorView& o, const TensorView& lse, con
     return cuda::MergeStrides{ov.strides[0], ov.strides[1], ov.strides[2], lv.strides[0], lv.strides[1]};
   };
   const int threads = 256;
-  auto go = [&](auto* part_tag, auto* out_tag) {
+  auto go = [&](auto* acc_tag, auto* part_tag, auto* out_tag) {
+    using Acc = std::remove_pointer_t<decltype(acc_tag)>;
     using Part = std::remove_pointer_t<decltype(part_tag)>;
     using Out = std::remove_pointer_t<decltype(out_tag)>;
-    cuda::merge_kernel<Part, Out><<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
-                                    static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const float*>(o.data), static_cast<const float*>(lse.data),
+    cuda::merge_kernel<Acc, Part, Out><<<unsigned((rows * 32 + threads - 1) / threads), threads, 0,
+                                         static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const Acc*>(o.data), static_cast<const float*>(lse.data),
         static_cast<const Part*>(o_part.data), static_cast<const float*>(lse_part.data),
         static_cast<Out*>(o_out.data), static_cast<float*>(lse_out.data), rows, int(H), int(S),
         int(D), strides(o, lse), strides(o_part, lse_part), strides(o_out, lse_out));
   };
   cuda::with_elem_type(o_part.dtype, [&](auto* part_tag) {
-    cuda::with_elem_type(o_out.dtype, [&](auto* out_tag) { go(part_tag, out_tag); });
+    cuda::with_elem_type(o_out.dtype, [&](auto* out_tag) {
+      if (o.dtype == DType::kF32) go(static_cast<float*>(nullptr), part_tag, out_tag);
+      else go(out_tag, part_tag, out_tag);
+    });
   });
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
