@@ -294,8 +294,13 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
 
   // ring and burst share the forward (K/V travel); they differ in the backward.
   BackwardSchedule schedule = o.algo == "burst" ? BackwardSchedule::kBurst : BackwardSchedule::kRing;
+#ifdef SEQPAR_HAVE_CUDA
+  const bool own_kernels = on_gpu && gpu_ring_uses_own_kernels(GpuRingOptions{}, t, D, params);
+#else
+  const bool own_kernels = false;
+#endif
   if (o.algo == "auto")
-    schedule = on_gpu ? choose_backward(layout, B, H, Hkv, D, t, DType::kF32, BurstPack::kOutputLse)
+    schedule = on_gpu ? choose_gpu_backward(layout, params, B, H, Hkv, D, t, own_kernels)
                       : choose_backward(layout, B, H, Hkv, D, t, t);
   if (me == 0) {
     progress("running the forward on " + std::to_string(P) + (on_gpu ? " GPU ranks" : " ranks"));
@@ -391,7 +396,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   for (int r = 0; r < P; ++r) {
     TrafficBytes want;
     if (on_gpu) {
-      want = gpu_expected_bytes(layout, r, schedule, B, H, Hkv, D, t);
+      want = gpu_expected_bytes(layout, r, schedule, params, B, H, Hkv, D, t, own_kernels);
     } else {
       want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
       if (schedule == BackwardSchedule::kBurst)

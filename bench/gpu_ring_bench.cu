@@ -171,15 +171,19 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
   const int64_t n = layout.local_len(me);
   int device = 0;
   cudaGetDevice(&device);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const bool own = gpu_ring_uses_own_kernels(GpuRingOptions{}, DType::kBF16, D, params);
   BackwardSchedule schedule =
       algo == "ring" ? BackwardSchedule::kRing
       : algo == "burst" ? BackwardSchedule::kBurst
-                        : choose_backward(layout, 1, H, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse);
+                        : choose_gpu_backward(layout, params, 1, H, H, D, DType::kBF16, own);
   SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
   cudaStreamSynchronize(s);
+  SP_RETURN_IF_ERROR(cudnn_release_workspace());  // counted in this configuration's peak
   const int64_t base = device_memory_stats(device).current;
   reset_device_memory_peak(device);
   {
@@ -188,8 +192,6 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    AttentionParams params;
-    params.mask = MaskSpec::causal();
     GpuRingOptions ring_options;
     ring_options.head_groups = head_groups;
     ring_options.trace = opt.trace;

@@ -47,8 +47,16 @@ BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t he
                                  DType accumulator_dtype, BurstPack pack = BurstPack::kDeltaLse);
 
 // Bytes rank `rank` sends on GPU ranks (K/V and the packs in `dtype`, accumulators in fp32).
+// With two ranks nothing accumulates in transit: after the pack, each rank returns what it
+// computed for its peer (if the peer's pair sees anything): the one dense call's part over that
+// call's rows in `dtype` or, when several calls (or our own kernels, `own_kernels`) summed it,
+// fp32 over every peer row: dQ (Burst, query heads) or dK and dV (ring, K/V heads).
 TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule schedule,
-                                int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                DType dtype);
+                                const AttentionParams& params, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, DType dtype, bool own_kernels);
+// The GPU schedule whose backward moves fewer bytes on the busiest rank (ties go to Burst).
+BackwardSchedule choose_gpu_backward(const Layout& layout, const AttentionParams& params, int64_t batch,
+                                     int64_t heads, int64_t kv_heads, int64_t head_dim, DType dtype,
+                                     bool own_kernels);
 
 }  // namespace seqpar

@@ -33,4 +33,9 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                 void* stream = nullptr);
 
+
+// Frees this thread's cuDNN workspace on the current device (it is made again, at the size the
+// next call needs): a benchmark counts each configuration's own workspace this way.
+Status cudnn_release_workspace();
+
 }  // namespace seqpar

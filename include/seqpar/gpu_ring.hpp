@@ -74,6 +74,11 @@ class GpuRingContext {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether the executor runs this problem on our own kernels rather than cuDNN (cuDNN not
+// built, turned off in the options, refused, or a mask that needs positions).
+bool gpu_ring_uses_own_kernels(const GpuRingOptions& options, DType dtype, int64_t head_dim,
+                               const AttentionParams& params);
+
 // The head-group count the executor uses for a backward `schedule` (the forward uses the
 // backward auto picks) on P ranks of `rows` tokens each: options.head_groups when set (it must
 // divide kv_heads), else the fewest groups whose workspace fits the options' limits.

@@ -93,8 +93,7 @@ int cuda_device_count() {
 }
 
 void DeviceBuffer::release() {
-  if (!data_) return;
-  retired_.push_back({data_, bytes_});
+  if (data_) retired_.push_back({data_, bytes_});
   for (const auto& [ptr, bytes] : retired_) {
     if (!device_abandoned()) (void)cudaFree(ptr);
     track(device_, -static_cast<int64_t>(bytes));

@@ -193,8 +193,8 @@ bool cudnn_built() {
 
 // Whether this problem's steps go to our own kernels (cuDNN missing, refused, or the mask
 // needs positions).
-bool use_own_kernels(const GpuRingContext& ctx, const TensorView& q, const AttentionParams& params) {
-  if (!ctx.options().use_cudnn || !cudnn_built()) return true;
+bool use_own_kernels(const GpuRingOptions& options, const TensorView& q, const AttentionParams& params) {
+  if (!options.use_cudnn || !cudnn_built()) return true;
   if (params.mask.has_documents() || params.mask.window_left >= 0) return true;
 #ifdef SEQPAR_HAVE_CUDNN
   AttentionParams plain;
@@ -490,6 +490,13 @@ Status check_like(const char* name, const TensorView& t, DType dtype, std::vecto
 
 }  // namespace
 
+bool gpu_ring_uses_own_kernels(const GpuRingOptions& options, DType dtype, int64_t head_dim,
+                               const AttentionParams& params) {
+  const TensorView q = TensorView::contiguous(nullptr, dtype, std::vector<int64_t>{1, 1, 1, head_dim},
+                                              Device{DeviceKind::kCuda, 0});
+  return use_own_kernels(options, q, params);
+}
+
 StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& o, int P, int64_t batch, int64_t rows,
                                    int64_t heads, int64_t kv_heads, int64_t head_dim,
                                    BackwardSchedule schedule) {
@@ -528,10 +535,10 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   const int64_t max_rows = layout.max_local_len();
   // The forward takes the group count of the backward that auto would pick (the backward needs
   // more workspace): the phases share their buffers, so the peak is one phase's, not both.
-  const BackwardSchedule likely = choose_backward(layout, B, H, Hkv, D, t, DType::kF32, BurstPack::kOutputLse);
+  const bool own = use_own_kernels(ctx.options(), q, params);
+  const BackwardSchedule likely = choose_gpu_backward(layout, params, B, H, Hkv, D, t, own);
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely));
   const int64_t Hg = H / G, Hkg = Hkv / G;
-  const bool own = use_own_kernels(ctx, q, params);
   SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t, P > 2 || own));
   RingStats local_stats;
   int64_t cudnn_calls = 0, own_calls = 0;
@@ -1068,7 +1075,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   const PhaseScope phase(comm, Phase::kBackward);
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
-                          B, S, H, Hkv, D, G, use_own_kernels(ctx, q, params)};
+                          B, S, H, Hkv, D, G, use_own_kernels(ctx.options(), q, params)};
   SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t, comm.size() > 2 || args.own));
   RingStats local_stats;
   int64_t calls = 0;

@@ -253,4 +253,11 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   return execute(*ctx, *graph, pack, stream);
 }
 
+Status cudnn_release_workspace() {
+  SP_ASSIGN_OR_RETURN(DeviceContext* ctx, context_for_current_device());
+  SP_CUDA_CHECK(cudaDeviceSynchronize());  // a call in flight may still use it
+  ctx->workspace = DeviceBuffer();
+  return Status::Ok();
+}
+
 }  // namespace seqpar
