@@ -31,10 +31,11 @@
 namespace seqpar {
 
 struct GpuRingOptions {
-  // 0: the fewest head groups whose workspace fits under both limits below. Six q shards keep
-  // the peak extra memory near a third of PyTorch context parallel's; more groups cost speed.
+  // 0: the fewest head groups whose workspace fits under both limits below. Seven q shards
+  // keep the peak extra memory near 36% of PyTorch context parallel's on two GPUs (measured,
+  // docs/RESULTS.md); more groups cost speed.
   int head_groups = 0;
-  double workspace_limit_shards = 6.0;         // in units of this rank's q shard (bf16 bytes),
+  double workspace_limit_shards = 7.0;         // in units of this rank's q shard (bf16 bytes),
   int64_t workspace_floor_bytes = 256LL << 20;  // but never split a smaller workspace,
   int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
   bool use_cudnn = true;                      // false: our own kernels for every step
