@@ -2,7 +2,8 @@
 // them. For each total length S: causal bf16 forward + backward with the ring, Burst and auto
 // backwards; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
-// kernel's throughput at S / P tokens (the scaling reference). One JSON line per run; the
+// kernel's throughput at S / P tokens, the mean over the GPUs (the scaling reference). One
+// JSON line per run; the
 // PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py joins the two.
 #include <cuda_runtime.h>
 
@@ -258,13 +259,17 @@ Status bench_rank(Communicator& comm, const Options& opt) {
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   if (opt.probe_tokens > 0) SP_RETURN_IF_ERROR(probe(comm, opt, opt.probe_tokens, s));
   for (int64_t S : opt.seqs) {
-    double single = 0;
+    // The reference is measured on every GPU at once (the ring runs at its slowest GPU's pace,
+    // and GPUs of one machine differ by a few percent); the fraction is against their mean.
     const int64_t per_gpu = S / comm.size();
-    if (comm.rank() == 0 && per_gpu <= opt.single_max) {
+    std::vector<double> singles(comm.size(), 0.0);
+    if (per_gpu <= opt.single_max) {
       auto t = single_gpu_tflops(per_gpu, opt.heads, opt.head_dim, s);
-      single = t.ok() ? t.value() : 0;
+      singles[comm.rank()] = t.ok() ? t.value() : 0;
     }
-    SP_RETURN_IF_ERROR(comm.barrier());
+    SP_RETURN_IF_ERROR(comm.all_reduce(singles.data(), singles.size(), DType::kF64, ReduceOp::kSum));
+    double single = 0;
+    for (double t : singles) single = t > 0 && single >= 0 ? single + t / singles.size() : -1;
     for (const std::string& algo : opt.algos)
     for (int groups : opt.head_groups) {
       if (S >= opt.big_from && algo != "auto") continue;
@@ -284,6 +289,7 @@ Status bench_rank(Communicator& comm, const Options& opt) {
       }
       if (single > 0) {
         line["single_gpu_tflops"] = single;
+        line["single_gpu_tflops_each"] = singles;
         line["fraction_of_single_gpu"] = line["fwdbwd_tflops_per_gpu"].get<double>() / single;
       }
       std::printf("%s\n", line.dump().c_str());
