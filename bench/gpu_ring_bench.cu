@@ -3,8 +3,8 @@
 // backwards; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
 // kernel's throughput at S / P tokens, the mean over the GPUs (the scaling reference). One
-// JSON line per run; the
-// PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py joins the two.
+// JSON line per run; the PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py
+// joins the two.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
