@@ -128,6 +128,23 @@ struct GpuRingContext::Impl {
     return it->second;
   }
 
+  // The backward auto would pick (the forward sizes its head groups for it). Its byte count
+  // plans every pair of shards, host work the GPU would wait for at each forward's start, so
+  // it is worked out once per problem.
+  BackwardSchedule likely_backward(const Layout& layout, const AttentionParams& params, int64_t B,
+                                   int64_t H, int64_t Hkv, int64_t D, DType t, bool own) {
+    use_problem(layout, params.mask);
+    std::string key = plan_key + '|' + std::to_string(B) + ',' + std::to_string(H) + ',' +
+                      std::to_string(Hkv) + ',' + std::to_string(D) + ',' + dtype_name(t) + (own ? ",own" : "");
+    if (key != likely_key) {
+      likely_schedule = choose_gpu_backward(layout, params, B, H, Hkv, D, t, own);
+      likely_key = std::move(key);
+    }
+    return likely_schedule;
+  }
+  std::string likely_key;
+  BackwardSchedule likely_schedule = BackwardSchedule::kRing;
+
   const BlockPlan& plan(const Layout& layout, const MaskSpec& mask, int q_rank, int k_rank) {
     use_problem(layout, mask);
     auto it = plans.find({q_rank, k_rank});
@@ -536,7 +553,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   // The forward takes the group count of the backward that auto would pick (the backward needs
   // more workspace): the phases share their buffers, so the peak is one phase's, not both.
   const bool own = use_own_kernels(ctx.options(), q, params);
-  const BackwardSchedule likely = choose_gpu_backward(layout, params, B, H, Hkv, D, t, own);
+  const BackwardSchedule likely = I.likely_backward(layout, params, B, H, Hkv, D, t, own);
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t, P > 2 || own));
