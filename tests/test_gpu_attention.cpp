@@ -359,6 +359,13 @@ TEST(FlashSmallKernels, CastRoundTrips) {
   }
 }
 
+// Heads 1 and 2 of a bf16 [B, S, 4, D] view (a strided slice).
+TensorView middle_heads(TensorView v) {
+  v.data = static_cast<char*>(v.data) + v.shape[3] * 2;
+  v.shape[2] = 2;
+  return v;
+}
+
 // accumulate (dst += src) and add_cast (dst = src + acc) on strided head slices, both with the
 // 8-wide path (D = 64) and the per-element one (D = 12), against the same sums on the CPU.
 TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
@@ -368,11 +375,7 @@ TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
     const HostTensor acc = testing::random_tensor(DType::kF32, {2, 33, 2, D}, 72);
     auto g_part = to_device(part), g_acc = to_device(acc);
     auto out = device_zeros(DType::kBF16, {2, 33, 4, D});
-    TensorView part_heads = g_part->view, out_heads = out->view;  // heads 1 and 2 of 4
-    for (TensorView* v : {&part_heads, &out_heads}) {
-      v->data = static_cast<char*>(v->data) + D * 2;
-      v->shape[2] = 2;
-    }
+    const TensorView part_heads = middle_heads(g_part->view), out_heads = middle_heads(out->view);
     ASSERT_TRUE(flash_add_cast(part_heads, g_acc->view, out_heads).ok());
     ASSERT_TRUE(flash_accumulate(part_heads, g_acc->view).ok());
     const HostTensor got_out = to_host(out->view).value(), got_acc = to_host(g_acc->view).value();
@@ -404,11 +407,7 @@ TEST(FlashSmallKernels, InPlaceSumsAndMergesInTheOutput) {
     const HostTensor part = testing::random_tensor(DType::kBF16, {2, 33, 4, D}, 81);
     const HostTensor before = testing::random_tensor(DType::kBF16, {2, 33, 4, D}, 82);
     auto g_part = to_device(part), out = to_device(before);
-    TensorView part_heads = g_part->view, out_heads = out->view;  // heads 1 and 2 of 4
-    for (TensorView* v : {&part_heads, &out_heads}) {
-      v->data = static_cast<char*>(v->data) + D * 2;
-      v->shape[2] = 2;
-    }
+    const TensorView part_heads = middle_heads(g_part->view), out_heads = middle_heads(out->view);
     ASSERT_TRUE(flash_add_cast(part_heads, out_heads, out_heads).ok());
     const HostTensor got = to_host(out->view).value();
     double err = 0;

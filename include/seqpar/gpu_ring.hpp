@@ -4,8 +4,12 @@
 //     (NCCL) every exchange runs on the communicator's stream after the compute that filled
 //     its buffers, and the compute stream waits for it only where it reads the data; with a
 //     host-driven one (local threads sharing or splitting GPUs) the host orders them.
-//   - Accumulators are fp32: the running (O, LSE) of the forward, dQ and the travelling
-//     dK/dV (ring) or dQ (Burst) of the backward. K/V are never gathered.
+//   - Sums round once: parts from cuDNN (bf16/fp16) are added in fp32. With more than two
+//     ranks the running (O, LSE), dQ and the travelling dK/dV (ring) or dQ (Burst) are fp32
+//     accumulators. With two, a result has at most two parts: the first is written into the
+//     caller's output and the second summed (merged) into it in place, and what a rank
+//     computes for its peer goes home once, as its call left it (gpu_expected_bytes counts
+//     it). K/V are never gathered.
 //   - Local steps: each (query shard, K/V shard) pair is planned once (block_plan.hpp) into
 //     dense cuDNN calls whose partial (O, LSE) are merged, or, for masks cuDNN cannot take
 //     (windows with a left bound, documents), run by our own kernels over position runs.
