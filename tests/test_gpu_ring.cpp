@@ -166,6 +166,10 @@ std::vector<Case> cases() {
   // bytes in, not 16-byte aligned, so it must be copied before cuDNN or a send sees it.
   for (BackwardSchedule schedule : {ring, burst})
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2050, 6, 6, 64, 2, false});
+  // Two ranks on our own kernels in two head groups: fp32 results returned, and a group's
+  // finish on the side stream that the next group must wait for.
+  for (BackwardSchedule schedule : {ring, burst})
+    all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 2, false});
   // NCCL, one GPU per rank (needs two GPUs).
   for (BackwardSchedule schedule : {ring, burst}) {
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2048, 8, 8, 128, 0, true});
@@ -210,6 +214,26 @@ TEST(GpuRingHeadGroups, FollowTheWorkspaceLimits) {
   GpuRingOptions roomy;
   roomy.workspace_limit_shards = 100;
   EXPECT_EQ(groups(2, 8192, 32, 32, burst, roomy), 1);
+}
+
+// Outputs are written while inputs are still read, so views that share memory are refused
+// before any GPU work (host logic: the pointers are never dereferenced, no GPU needed).
+TEST(GpuRingArguments, RefuseOutputsOverlappingInputs) {
+  std::vector<uint16_t> memory(4 * 64 * 2 * 16);  // room for q, k, v and one more
+  const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 1).value();
+  const Device gpu{DeviceKind::kCuda, 0};
+  const auto view = [&](int slot) {
+    return TensorView::contiguous(memory.data() + slot * 64 * 2 * 16, DType::kBF16, std::vector<int64_t>{1, 64, 2, 16}, gpu);
+  };
+  std::vector<float> stats(2 * 64);
+  const TensorView q = view(0), k = view(1), v = view(2), lse = TensorView::contiguous(stats.data(), DType::kF32, std::vector<int64_t>{1, 2, 64}, gpu);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  auto comms = make_local_communicators(1);
+  GpuRingContext ctx;
+  const Status s = gpu_ring_attention_forward(*comms[0], layout, params, q, k, v, /*o=*/view(1), lse, ctx, nullptr, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("output o overlaps input k"), std::string::npos) << s.message();
 }
 
 // A rank that fails makes the others return an error instead of waiting for it.

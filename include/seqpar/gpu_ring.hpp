@@ -18,6 +18,8 @@
 //
 // Local shapes on rank r (device memory, bf16 or fp16, S_r = layout.local_len(r)):
 //   q, o, dout, dq: [B, S_r, H, D]   k, v, dk, dv: [B, S_r, H_kv, D]   lse: [B, H, S_r] fp32
+// Outputs (o, lse; dq, dk, dv) must not share memory with the inputs: they are written while
+// the inputs are still read, and the functions refuse overlapping views.
 // Work is queued on `stream`; the functions return once it is queued and the communicator's
 // synchronize(stream) (or a stream sync) waits for it.
 #pragma once
@@ -85,11 +87,12 @@ bool gpu_ring_uses_own_kernels(const GpuRingOptions& options, DType dtype, int64
                                const AttentionParams& params);
 
 // The head-group count the executor uses for a backward `schedule` (the forward uses the
-// backward auto picks) on P ranks of `rows` tokens each: options.head_groups when set (it must
-// divide kv_heads), else the fewest groups whose workspace fits the options' limits.
+// backward auto picks) on P ranks of `rows` tokens each, with cuDNN or our own kernels
+// (gpu_ring_uses_own_kernels): options.head_groups when set (it must divide kv_heads), else
+// the fewest groups whose workspace fits the options' limits.
 StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& options, int P, int64_t batch, int64_t rows,
                                    int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                   BackwardSchedule schedule);
+                                   BackwardSchedule schedule, bool own_kernels = false);
 
 Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
                                   const AttentionParams& params, const TensorView& q,

@@ -451,14 +451,19 @@ StatusOr<std::unique_ptr<PendingExchange>> start_after(Communicator& comm, cudaS
 // Bytes of workspace a backward's buffers take with G head groups on P ranks (u_q, u_k: one
 // rank's q and k shards in bf16). They also cover the forward's (fp32 O, a cuDNN part, the
 // received K/V), which shares their names. Home-pack copies exist only for split heads or
-// more than two ranks; cuDNN's own backward workspace (an fp32 dQ) is counted too.
+// more than two ranks; cuDNN's own backward workspace (an fp32 dQ) is counted too. With two
+// ranks, our own kernels (`own`) keep fp32 results where cuDNN's parts go in place.
 int64_t workspace_estimate(int64_t B, int64_t rows, int64_t H, int64_t Hkv, int64_t D, int G, int P,
-                           BackwardSchedule schedule) {
+                           BackwardSchedule schedule, bool own) {
   const int64_t uq = B * rows * H * D * 2, uk = B * rows * Hkv * D * 2;
   const bool home_copies = G > 1 || P > 2, ring = P > 1;
   int64_t bytes = 0;
-  if (P == 2 && schedule == BackwardSchedule::kBurst)  // query pack, returned dQ part, parts
+  if (P == 2 && schedule == BackwardSchedule::kBurst && own)  // query pack, fp32 dQ (home, peer), fp32 dK/dV
+    bytes = 3 * uq + (home_copies ? 3 * uq : 0) + 4 * uq + 4 * uk;
+  else if (P == 2 && schedule == BackwardSchedule::kBurst)  // query pack, returned dQ part, parts
     bytes = 3 * uq + (home_copies ? 3 * uq : 0) + uq + 2 * uk + 2 * uq;
+  else if (P == 2 && own)  // K/V pack, fp32 dQ, fp32 dK/dV (home, peer's, received)
+    bytes = 2 * uk + (home_copies ? 2 * uk : 0) + 2 * uq + 12 * uk;
   else if (P == 2)  // K/V pack, returned dK/dV parts, dQ part
     bytes = 2 * uk + (home_copies ? 2 * uk : 0) + 2 * uk + uq + 2 * uq;
   else if (schedule == BackwardSchedule::kBurst)  // query packs, three fp32 dQ, fp32 dK/dV, parts
@@ -496,6 +501,27 @@ Status check_gpu_args(const Communicator& comm, const Layout& layout, const Atte
   return params.mask.validate(layout.seq_len());
 }
 
+// Outputs are written while inputs are still read (the first part goes straight into the
+// output), so no output may share memory with an input. Checked on the bytes each view spans.
+Status check_no_overlap(std::initializer_list<std::pair<const char*, const TensorView*>> outputs,
+                        std::initializer_list<std::pair<const char*, const TensorView*>> inputs) {
+  const auto span = [](const TensorView& t) {
+    int64_t last = 0;
+    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
+    const auto begin = reinterpret_cast<uintptr_t>(t.data);
+    return std::pair{begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
+  };
+  for (const auto& [out_name, out] : outputs)
+    for (const auto& [in_name, in] : inputs) {
+      if (out->numel() == 0 || in->numel() == 0) continue;
+      const auto [ob, oe] = span(*out);
+      const auto [ib, ie] = span(*in);
+      SP_CHECK_ARG(oe <= ib || ie <= ob, std::string("output ") + out_name + " overlaps input " + in_name +
+                                             " in memory; the GPU schedules need them apart");
+    }
+  return Status::Ok();
+}
+
 Status check_like(const char* name, const TensorView& t, DType dtype, std::vector<int64_t> shape) {
   bool ok = t.device.kind == DeviceKind::kCuda && t.dtype == dtype && t.ndim == int(shape.size()) &&
             t.strides[t.ndim - 1] == 1;
@@ -516,7 +542,7 @@ bool gpu_ring_uses_own_kernels(const GpuRingOptions& options, DType dtype, int64
 
 StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& o, int P, int64_t batch, int64_t rows,
                                    int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                   BackwardSchedule schedule) {
+                                   BackwardSchedule schedule, bool own_kernels) {
   if (o.head_groups > 0) {
     SP_CHECK_ARG(kv_heads % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
                                                     ") must divide the K/V heads (" + std::to_string(kv_heads) + ")");
@@ -528,7 +554,7 @@ StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& o, int P, int64_t batch
                                 std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
   for (int g = 1; g <= kv_heads; ++g)
     if (kv_heads % g == 0 &&
-        double(workspace_estimate(batch, rows, heads, kv_heads, head_dim, g, P, schedule)) <= limit)
+        double(workspace_estimate(batch, rows, heads, kv_heads, head_dim, g, P, schedule, own_kernels)) <= limit)
       return g;
   return static_cast<int>(kv_heads);
 }
@@ -544,6 +570,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   const DType t = q.dtype;
   SP_RETURN_IF_ERROR(check_like("o", o, t, {B, S, H, D}));
   SP_RETURN_IF_ERROR(check_like("lse", lse, DType::kF32, {B, H, S}));
+  SP_RETURN_IF_ERROR(check_no_overlap({{"o", &o}, {"lse", &lse}}, {{"q", &q}, {"k", &k}, {"v", &v}}));
   Impl& I = ctx.impl();
   SP_RETURN_IF_ERROR(I.init());
   const auto s = static_cast<cudaStream_t>(stream);
@@ -554,7 +581,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   // more workspace): the phases share their buffers, so the peak is one phase's, not both.
   const bool own = use_own_kernels(ctx.options(), q, params);
   const BackwardSchedule likely = I.likely_backward(layout, params, B, H, Hkv, D, t, own);
-  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely));
+  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely, own));
   const int64_t Hg = H / G, Hkg = Hkv / G;
   SP_RETURN_IF_ERROR(I.presize(B, max_rows, Hg, Hkg, D, t, P > 2 || own));
   RingStats local_stats;
@@ -944,7 +971,8 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
   };
   const size_t in_bytes = pack_bytes(B, in_form.end - in_form.begin, ret_heads, D, in_form.part ? t : DType::kF32,
                                      ret_tensors, false);
-  if (in_bytes > pack_max) SP_RETURN_IF_ERROR(I.buffers["ret_in"].reserve(in_bytes));
+  const bool ret_in_pack = in_bytes <= pack_max;
+  if (receives && !ret_in_pack) SP_RETURN_IF_ERROR(I.buffers["ret_in"].reserve(in_bytes));
   const auto acc = [&](const char* name, int64_t rows, int64_t heads) {
     return [&I, name, B, rows, heads, D]() -> StatusOr<Running::Views> {
       SP_ASSIGN_OR_RETURN(const TensorView v, I.buffer(name, DType::kF32, {B, rows, heads, D}));
@@ -1016,7 +1044,7 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
       if (step == 0) {
         SP_RETURN_IF_ERROR(pending->wait_on_stream(s));
         // The next calls write the part buffers the awaiting results may hold.
-        for (Running* r : awaiting) SP_RETURN_IF_ERROR(r->flush(s));
+        for (int i = 0; i < ret_tensors; ++i) SP_RETURN_IF_ERROR(awaiting[i]->flush(s));
       }
       SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "arrived"));
       if (step == 0) SP_RETURN_IF_ERROR(I.mark(s, "bwd", g, step, "added"));
@@ -1038,7 +1066,7 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
         ret_sends.push_back({peer, r.acc().data, view_bytes(r.acc())});
       }
     }
-    void* in_base = in_bytes > pack_max ? I.buffers["ret_in"].data() : I.buffers["kv1"].data();
+    void* in_base = ret_in_pack ? I.buffers["kv1"].data() : I.buffers["ret_in"].data();
     const Pack in = ret_views(in_base, in_form);
     if (receives) add_recvs(in, peer, &ret_recvs);
     std::unique_ptr<PendingExchange> ret;
@@ -1087,12 +1115,15 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   SP_RETURN_IF_ERROR(check_like("dk", dk, t, {B, S, Hkv, D}));
   SP_RETURN_IF_ERROR(check_like("dv", dv, t, {B, S, Hkv, D}));
   SP_RETURN_IF_ERROR(check_like("lse", lse, DType::kF32, {B, H, S}));
+  SP_RETURN_IF_ERROR(check_no_overlap({{"dq", &dq}, {"dk", &dk}, {"dv", &dv}},
+                                       {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}, {"lse", &lse}, {"dout", &dout}}));
   Impl& I = ctx.impl();
   SP_RETURN_IF_ERROR(I.init());
   const PhaseScope phase(comm, Phase::kBackward);
-  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(), H, Hkv, D, schedule));
-  const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv,
-                          B, S, H, Hkv, D, G, use_own_kernels(ctx.options(), q, params)};
+  const bool own = use_own_kernels(ctx.options(), q, params);
+  SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(),
+                                                        H, Hkv, D, schedule, own));
+  const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv, B, S, H, Hkv, D, G, own};
   SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t, comm.size() > 2 || args.own));
   RingStats local_stats;
   int64_t calls = 0;
