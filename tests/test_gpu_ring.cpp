@@ -206,6 +206,13 @@ TEST(GpuRingHeadGroups, FollowTheWorkspaceLimits) {
   EXPECT_EQ(groups(2, 1048576, 32, 32, ring), 8);
   EXPECT_EQ(groups(2, 16384, 32, 8, burst), 1);
   EXPECT_EQ(groups(2, 16384, 32, 8, ring), 1);
+  // Our own kernels keep fp32 results on two ranks too, so they split sooner.
+  const auto own_groups = [&](BackwardSchedule s) {
+    auto g = gpu_ring_head_groups(GpuRingOptions{}, 2, 1, 8192, 32, 32, 128, s, /*own_kernels=*/true);
+    return g.ok() ? g.value() : -1;
+  };
+  EXPECT_EQ(own_groups(ring), 4);
+  EXPECT_EQ(own_groups(burst), 2);
   GpuRingOptions fixed;
   fixed.head_groups = 8;
   EXPECT_EQ(groups(2, 8192, 32, 32, burst, fixed), 8);
