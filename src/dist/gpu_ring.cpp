@@ -1,7 +1,9 @@
 // The GPU executor of the ring-style schedules (see include/seqpar/gpu_ring.hpp): per head
-// group, the ring forward (K/V travel, fp32 running O/LSE), the ring backward (K/V travel with
-// the fp32 dK/dV accumulators) and the Burst backward (Q, dO, O, LSE travel ahead, the fp32 dQ
-// one round behind), each step's local work planned into cuDNN calls or our own kernels.
+// group, the ring forward (K/V travel, running O/LSE), the ring backward (K/V travel with the
+// fp32 dK/dV accumulators) and the Burst backward (Q, dO, O, LSE travel ahead, the fp32 dQ one
+// round behind), each step's local work planned into cuDNN calls or our own kernels. Two ranks
+// take their own backward (two_rank_backward): what each computes for its peer returns once,
+// and results are summed in place in the caller's outputs (Running, gpu_running.hpp).
 #include "seqpar/gpu_ring.hpp"
 
 #include <cuda_runtime.h>
