@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 #include <vector>
 
@@ -268,8 +269,8 @@ Status bench_rank(Communicator& comm, const Options& opt) {
       singles[comm.rank()] = t.ok() ? t.value() : 0;
     }
     SP_RETURN_IF_ERROR(comm.all_reduce(singles.data(), singles.size(), DType::kF64, ReduceOp::kSum));
-    double single = 0;
-    for (double t : singles) single = t > 0 && single >= 0 ? single + t / singles.size() : -1;
+    const bool every_gpu = std::all_of(singles.begin(), singles.end(), [](double t) { return t > 0; });
+    const double single = every_gpu ? std::accumulate(singles.begin(), singles.end(), 0.0) / singles.size() : 0;
     for (const std::string& algo : opt.algos)
     for (int groups : opt.head_groups) {
       if (S >= opt.big_from && algo != "auto") continue;

@@ -34,7 +34,7 @@ struct GpuRingContext::Impl {
   std::map<std::pair<int, int>, BlockPlan> plans;
   std::map<std::pair<int, int>, bool> visible_pairs;
   std::map<int, std::vector<PositionRunSpan>> runs;  // arithmetic runs of each rank's positions
-  cudaStream_t finish_stream = nullptr;  // casts a group's travelled result home
+  cudaStream_t finish_stream = nullptr;  // finishes a group's result that travelled home
   cudaEvent_t finished = nullptr;        // recorded on finish_stream after those casts
   cudaEvent_t computed = nullptr;        // recorded on the caller's stream before them
   int device = 0;
@@ -210,20 +210,6 @@ bool cudnn_built() {
 #endif
 }
 
-// Whether this problem's steps go to our own kernels (cuDNN missing, refused, or the mask
-// needs positions).
-bool use_own_kernels(const GpuRingOptions& options, const TensorView& q, const AttentionParams& params) {
-  if (!options.use_cudnn || !cudnn_built()) return true;
-  if (params.mask.has_documents() || params.mask.window_left >= 0) return true;
-#ifdef SEQPAR_HAVE_CUDNN
-  AttentionParams plain;
-  plain.scale = params.scale;
-  if (!cudnn_attention_unsupported_reason(q, plain).empty()) return true;
-#endif
-  (void)q;
-  return false;
-}
-
 AttentionParams dense_params(const AttentionParams& params, bool causal) {
   AttentionParams p;
   p.scale = params.scale;
@@ -263,7 +249,7 @@ StatusOr<const BlockPlan*> dense_plan(Impl& I, const Pair& pair) {
   return &plan;
 }
 
-// Folds K/V shard `k, v` into the running output `out` (acc [B, n, Hg, D], lse [B, Hg, n]).
+// Folds K/V shard `k, v` into the running output `out` (O [B, n, Hg, D], LSE [B, Hg, n]).
 Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const TensorView& k,
                      const TensorView& v, Running& out, cudaStream_t s, int64_t* calls) {
   const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
@@ -307,7 +293,7 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const Tenso
 #endif
 }
 
-// Adds this pair's gradients into the running fp32 dq [B, n, Hg, D] and dk, dv [B, m, Hkg, D].
+// Adds this pair's gradients into the running dq [B, n, Hg, D] and dk, dv [B, m, Hkg, D].
 // lse, delta: [B, Hg, n] fp32 (delta only read by our own kernels).
 Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const TensorView& k,
                       const TensorView& v, const TensorView& o, const TensorView& dout,
@@ -537,9 +523,18 @@ Status check_like(const char* name, const TensorView& t, DType dtype, std::vecto
 
 bool gpu_ring_uses_own_kernels(const GpuRingOptions& options, DType dtype, int64_t head_dim,
                                const AttentionParams& params) {
+  if (!options.use_cudnn || !cudnn_built()) return true;
+  if (params.mask.has_documents() || params.mask.window_left >= 0) return true;
+#ifdef SEQPAR_HAVE_CUDNN
+  // cuDNN's refusals that depend on the tensors: dtype and head dim (device tensors here).
   const TensorView q = TensorView::contiguous(nullptr, dtype, std::vector<int64_t>{1, 1, 1, head_dim},
                                               Device{DeviceKind::kCuda, 0});
-  return use_own_kernels(options, q, params);
+  AttentionParams plain;
+  plain.scale = params.scale;
+  if (!cudnn_attention_unsupported_reason(q, plain).empty()) return true;
+#endif
+  (void)dtype, (void)head_dim;
+  return false;
 }
 
 StatusOr<int> gpu_ring_head_groups(const GpuRingOptions& o, int P, int64_t batch, int64_t rows,
@@ -581,7 +576,7 @@ Status gpu_ring_attention_forward(Communicator& comm, const Layout& layout,
   const int64_t max_rows = layout.max_local_len();
   // The forward takes the group count of the backward that auto would pick (the backward needs
   // more workspace): the phases share their buffers, so the peak is one phase's, not both.
-  const bool own = use_own_kernels(ctx.options(), q, params);
+  const bool own = gpu_ring_uses_own_kernels(ctx.options(), t, D, params);
   const BackwardSchedule likely = I.likely_backward(layout, params, B, H, Hkv, D, t, own);
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), P, B, max_rows, H, Hkv, D, likely, own));
   const int64_t Hg = H / G, Hkg = Hkv / G;
@@ -968,9 +963,6 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
   const bool sends = I.visible(a.layout, a.params, to_peer.q_rank, to_peer.k_rank);
   const bool receives = I.visible(a.layout, a.params, from_peer.q_rank, from_peer.k_rank);
   const Return out_form = return_form(I, to_peer, burst, peer_rows), in_form = return_form(I, from_peer, burst, S);
-  const auto ret_views = [&](void* base, const Return& f) {
-    return make_pack(I, base, B, f.end - f.begin, ret_heads, D, f.part ? t : DType::kF32, ret_tensors, false);
-  };
   const size_t in_bytes = pack_bytes(B, in_form.end - in_form.begin, ret_heads, D, in_form.part ? t : DType::kF32,
                                      ret_tensors, false);
   const bool ret_in_pack = in_bytes <= pack_max;
@@ -1002,10 +994,10 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
     Running dq(S, burst ? "home_q" : "part_q", acc("acc_q", S, Hg), false, dqg);
     Running dk(S, burst ? "part_k" : "home_k", acc("acc_k", S, Hkg), false, dkg);
     Running dv(S, burst ? "part_v" : "home_v", acc("acc_v", S, Hkg), false, dvg);
-    Running peer_dq(peer_rows, "part_q", acc("grad_b", peer_rows, Hg), false);
-    Running peer_dk(peer_rows, "part_k", acc("grad_b", peer_rows, Hkg), false);
+    // For the peer: Burst's dQ (in `travelling[0]`) or the ring's dK and dV.
+    Running peer_first(peer_rows, burst ? "part_q" : "part_k", acc("grad_b", peer_rows, ret_heads), false);
     Running peer_dv(peer_rows, "part_v", acc("grad_c", peer_rows, Hkg), false);
-    Running* travelling[2] = {burst ? &peer_dq : &peer_dk, &peer_dv};
+    Running* travelling[2] = {&peer_first, &peer_dv};
     Running* awaiting[2] = {burst ? &dq : &dk, &dv};
 
     // Step 0 (own shard) while the pack goes to the peer; the exchange also waits for the side
@@ -1031,14 +1023,14 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
             SP_RETURN_IF_ERROR(flash_attention_delta(cur.parts[2], cur.parts[1], delta, s));
           }
           SP_RETURN_IF_ERROR(block_backward(I, pair, cur.parts[0], kg, vg, cur.parts[2], cur.parts[1],
-                                            cur.parts[3], delta, step == 0 ? dq : peer_dq, dk, dv, s, calls));
+                                            cur.parts[3], delta, step == 0 ? dq : peer_first, dk, dv, s, calls));
         } else {
           if (a.own && step == 0) {
             SP_ASSIGN_OR_RETURN(delta, I.buffer("delta", DType::kF32, {B, Hg, S}));
             SP_RETURN_IF_ERROR(flash_attention_delta(og, dog, delta, s));
           }
           SP_RETURN_IF_ERROR(block_backward(I, pair, qg, cur.parts[0], cur.parts[1], og, dog, lseg, delta, dq,
-                                            step == 0 ? dk : peer_dk, step == 0 ? dv : peer_dv, s, calls));
+                                            step == 0 ? dk : peer_first, step == 0 ? dv : peer_dv, s, calls));
         }
       }
       if (g == 0) ++(visible ? stats->pairs_computed : stats->pairs_skipped);
@@ -1069,7 +1061,8 @@ Status two_rank_backward(Communicator& comm, GpuRingContext& ctx, const Backward
       }
     }
     void* in_base = ret_in_pack ? I.buffers["kv1"].data() : I.buffers["ret_in"].data();
-    const Pack in = ret_views(in_base, in_form);
+    const Pack in = make_pack(I, in_base, B, in_form.end - in_form.begin, ret_heads, D,
+                              in_form.part ? t : DType::kF32, ret_tensors, false);
     if (receives) add_recvs(in, peer, &ret_recvs);
     std::unique_ptr<PendingExchange> ret;
     if (!ret_sends.empty() || !ret_recvs.empty()) {
@@ -1122,11 +1115,11 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   Impl& I = ctx.impl();
   SP_RETURN_IF_ERROR(I.init());
   const PhaseScope phase(comm, Phase::kBackward);
-  const bool own = use_own_kernels(ctx.options(), q, params);
+  const bool own = gpu_ring_uses_own_kernels(ctx.options(), t, D, params);
   SP_ASSIGN_OR_RETURN(const int G, gpu_ring_head_groups(ctx.options(), comm.size(), B, layout.max_local_len(),
                                                         H, Hkv, D, schedule, own));
   const BackwardArgs args{layout, params, q, k, v, o, lse, dout, dq, dk, dv, B, S, H, Hkv, D, G, own};
-  SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t, comm.size() > 2 || args.own));
+  SP_RETURN_IF_ERROR(I.presize(B, layout.max_local_len(), H / G, Hkv / G, D, t, comm.size() > 2 || own));
   RingStats local_stats;
   int64_t calls = 0;
   const auto s = static_cast<cudaStream_t>(stream);
@@ -1136,7 +1129,7 @@ Status gpu_attention_backward(Communicator& comm, const Layout& layout,
   else SP_RETURN_IF_ERROR(ring_backward(comm, ctx, args, s, &local_stats, &calls));
   SP_RETURN_IF_ERROR(I.mark(s, "bwd", G - 1, -1, "joined"));  // the side stream's last casts done
   ctx.counters.head_groups = G;
-  (args.own ? ctx.counters.own_kernel_calls : ctx.counters.cudnn_calls) += calls;
+  (own ? ctx.counters.own_kernel_calls : ctx.counters.cudnn_calls) += calls;
   if (stats) *stats = local_stats;
   return Status::Ok();
 }
