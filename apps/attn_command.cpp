@@ -38,6 +38,10 @@ constexpr double kSampledCheckLimit = 2.0e12;
 // bf16/fp16 on GPUs: the tool passes results within this fraction of the reference's largest
 // value (the test suite holds the kernels to the stricter bf16 rule of CONVENTIONS.md).
 constexpr double kLowPrecisionRelativeTolerance = 1e-2;
+// --check single: O, dQ, dK, dV pass within kLowPrecisionRelativeTolerance of the single-GPU
+// result in relative Frobenius norm (a block missed or counted twice moves whole rows, far
+// beyond bf16 rounding); the fp32 LSE, computed from the same bf16 inputs, within this much.
+constexpr double kSingleLseTolerance = 1e-3;
 
 struct Job {
   AttnOptions opt;
@@ -128,12 +132,17 @@ Status gather_global(Communicator& comm, const Layout& layout, const HostTensor&
   return Status::Ok();
 }
 
-// max |a - b| over the given rows (sequence along seq_dim); equal infinities count as 0.
+HostTensor to_f64(const HostTensor& t) {
+  HostTensor f64(DType::kF64, std::vector<int64_t>(t.view().shape.begin(), t.view().shape.begin() + t.view().ndim));
+  convert(t.view().data, t.view().dtype, f64.view().data, DType::kF64, t.numel());
+  return f64;
+}
+
+// max |a - b| over the given rows (sequence along seq_dim; every row when none are given);
+// equal infinities count as 0. `want` is fp64.
 double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_dim,
                          const std::vector<int64_t>& rows) {
-  HostTensor a(DType::kF64, std::vector<int64_t>(got.view().shape.begin(),
-                                                 got.view().shape.begin() + got.view().ndim));
-  convert(got.view().data, got.view().dtype, a.view().data, DType::kF64, got.numel());
+  const HostTensor a = to_f64(got);
   const TensorView& v = a.view();
   const double* x = a.data<double>();
   const double* y = want.data<double>();
@@ -147,6 +156,29 @@ double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_
     worst = std::isnan(d) ? INFINITY : std::max(worst, d);
   }
   return worst;
+}
+
+// ||got - want|| / ||want|| (Frobenius) of two tensors of one shape and any dtypes, converted
+// in chunks so that million-token tensors need no fp64 copies; NaN makes it infinite.
+double relative_error(const HostTensor& got, const HostTensor& want) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t n = got.numel();
+  const auto at = [](const HostTensor& t, int64_t e) {
+    return static_cast<const char*>(t.view().data) + e * dtype_size(t.view().dtype);
+  };
+  double diff2 = 0, ref2 = 0;
+#pragma omp parallel for reduction(+ : diff2, ref2) schedule(static)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
+    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
+    std::vector<double> a(len), b(len);
+    convert(at(got, begin), got.view().dtype, a.data(), DType::kF64, len);
+    convert(at(want, begin), want.view().dtype, b.data(), DType::kF64, len);
+    for (int64_t e = 0; e < len; ++e) {
+      diff2 += (a[e] - b[e]) * (a[e] - b[e]);
+      ref2 += b[e] * b[e];
+    }
+  }
+  return std::isnan(diff2) ? INFINITY : std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
 }
 
 std::vector<int64_t> sample_rows(int64_t S, int64_t count, uint64_t seed) {
@@ -181,17 +213,26 @@ struct RankOutputs {
   int head_groups = 1;
 };
 
+// This rank's rows of q, k, v and dO (all rows on a one-rank layout).
+struct Inputs {
+  HostTensor q, k, v, dout;
+};
+
+Inputs local_inputs(const Job& job, const Layout& layout, int rank) {
+  const std::vector<int64_t>* rows = &layout.positions(rank);
+  return {make_input(job, kQ, job.opt.heads, rows), make_input(job, kK, job.kv_heads, rows),
+          make_input(job, kV, job.kv_heads, rows), make_input(job, kDout, job.opt.heads, rows)};
+}
+
 // Forward + backward on CPU ranks (fp32/fp64 host tensors).
 Status compute_cpu(Communicator& comm, const Job& job, const Layout& layout,
-                   const AttentionParams& params, BackwardSchedule schedule, RankOutputs* r) {
+                   const AttentionParams& params, BackwardSchedule schedule, const Inputs& in,
+                   RankOutputs* r) {
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
   const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
   const DType t = job.dtype;
-  const HostTensor q = make_input(job, kQ, H, &layout.positions(me));
-  const HostTensor k = make_input(job, kK, Hkv, &layout.positions(me));
-  const HostTensor v = make_input(job, kV, Hkv, &layout.positions(me));
-  const HostTensor dout = make_input(job, kDout, H, &layout.positions(me));
+  const HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   r->out = HostTensor(t, {B, n, H, D});
   r->lse = HostTensor(t, {B, H, n});
   r->dq = HostTensor(t, {B, n, H, D});
@@ -216,20 +257,20 @@ Status compute_cpu(Communicator& comm, const Job& job, const Layout& layout,
 
 // Forward + backward on GPU ranks (bf16/fp16 device tensors), results copied to the host.
 Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
-                    const AttentionParams& params, BackwardSchedule schedule, RankOutputs* r) {
+                    const AttentionParams& params, BackwardSchedule schedule, const Inputs& in,
+                    RankOutputs* r) {
 #ifndef SEQPAR_HAVE_CUDA
-  (void)comm, (void)job, (void)layout, (void)params, (void)schedule, (void)r;
+  (void)comm, (void)job, (void)layout, (void)params, (void)schedule, (void)in, (void)r;
   return SP_STATUS(StatusCode::kUnsupported, "seqpar was built without CUDA");
 #else
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
   const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
   const DType t = job.dtype;
-  auto upload = [&](TensorId id, int64_t heads) { return to_device(make_input(job, id, heads, &layout.positions(me))); };
-  SP_ASSIGN_OR_RETURN(DeviceTensor q, upload(kQ, H));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, upload(kK, Hkv));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, upload(kV, Hkv));
-  SP_ASSIGN_OR_RETURN(DeviceTensor dout, upload(kDout, H));
+  SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
+  SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
+  SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
+  SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(in.dout));
   SP_ASSIGN_OR_RETURN(DeviceTensor out, device_zeros(t, {B, n, H, D}));
   SP_ASSIGN_OR_RETURN(DeviceTensor lse, device_zeros(DType::kF32, {B, H, n}));
   SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(t, {B, n, H, D}));
@@ -309,8 +350,11 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
                " backward (fewer bytes for H=" + std::to_string(H) + ", H_kv=" + std::to_string(Hkv) + ")");
   }
   RankOutputs result;
-  SP_RETURN_IF_ERROR(on_gpu ? compute_cuda(comm, job, layout, params, schedule, &result)
-                            : compute_cpu(comm, job, layout, params, schedule, &result));
+  {
+    const Inputs in = local_inputs(job, layout, me);
+    SP_RETURN_IF_ERROR(on_gpu ? compute_cuda(comm, job, layout, params, schedule, in, &result)
+                              : compute_cpu(comm, job, layout, params, schedule, in, &result));
+  }
   const HostTensor &out = result.out, &lse = result.lse, &dq = result.dq, &dk = result.dk, &dv = result.dv;
   double* times = result.times;
   const RingStats& fwd_stats = result.fwd_stats;
@@ -344,12 +388,11 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   // ---- rank 0: check, report --------------------------------------------------------------
   omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
   if (o.check == "auto" && check_mode == "none")
-    progress("problem too large for the fp64 oracle: not checked (--check sampled forces it)");
-  HostTensor gq, gk, gv, gdo;
-  if (need_global) {
-    gq = make_input(job, kQ, H, nullptr), gk = make_input(job, kK, Hkv, nullptr);
-    gv = make_input(job, kV, Hkv, nullptr), gdo = make_input(job, kDout, H, nullptr);
-  }
+    progress("problem too large for the fp64 oracle: not checked (--check sampled or single forces it)");
+  SP_ASSIGN_OR_RETURN(const Layout whole, Layout::create(LayoutKind::kContiguous, o.seq, 1));
+  Inputs global;
+  if (need_global) global = local_inputs(job, whole, 0);
+  const HostTensor &gq = global.q, &gk = global.k, &gv = global.v, &gdo = global.dout;
   ReferenceRows rows;
   if (check_mode == "sampled") {
     rows.query_rows = sample_rows(o.seq, o.sample_rows, o.seed + 1);
@@ -359,7 +402,23 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   bool check_ok = true;
   const bool low_precision = t == DType::kBF16 || t == DType::kF16;
   const double tolerance = t == DType::kF64 ? 1e-10 : low_precision ? kLowPrecisionRelativeTolerance : 1e-4;
-  if (check_mode != "none") {
+  if (check_mode == "single") {
+    // The same problem on this GPU alone, as one rank: every step local, no exchange.
+    progress("checking against the single-GPU result (every row)");
+    const auto t_check = Clock::now();
+    auto alone = make_local_communicators(1);
+    RankOutputs single;
+    SP_RETURN_IF_ERROR(compute_cuda(*alone[0], job, whole, params, BackwardSchedule::kRing, global, &single));
+    errors["o"] = relative_error(g_o, single.out);
+    errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
+    errors["dq"] = relative_error(g_dq, single.dq);
+    errors["dk"] = relative_error(g_dk, single.dk);
+    errors["dv"] = relative_error(g_dv, single.dv);
+    for (auto& [name, err] : errors.items())
+      check_ok = check_ok && err.get<double>() <= (name == "lse" ? kSingleLseTolerance : tolerance);
+    progress("single-GPU check took " +
+             std::to_string(std::chrono::duration<double>(Clock::now() - t_check).count()) + " s");
+  } else if (check_mode != "none") {
     progress("checking against the fp64 oracle (" + check_mode +
                       (check_mode == "sampled" ? ", " + std::to_string(rows.query_rows.size()) +
                                                      " query and " +
@@ -445,6 +504,12 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   std::printf("forward block pairs computed per rank: %s (of %d)\n", pairs.c_str(), P);
   if (check_mode == "none") {
     std::printf("check: skipped (--check none)\n");
+  } else if (check_mode == "single") {
+    std::printf("vs the single-GPU result, every row: |error| / |reference| (Frobenius) O %.2e  dQ %.2e  "
+                "dK %.2e  dV %.2e (tolerance %.0e); max |error| LSE %.2e (tolerance %.0e): %s\n",
+                errors["o"].get<double>(), errors["dq"].get<double>(), errors["dk"].get<double>(),
+                errors["dv"].get<double>(), tolerance, errors["lse"].get<double>(), kSingleLseTolerance,
+                check_ok ? "PASS" : "FAIL");
   } else {
     std::printf("max |error|%s vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  "
                 "(tolerance %.0e): %s\n",
@@ -475,7 +540,12 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     j["bwd_gflops"] = bwd_flops / times[1] / 1e9;
     j["check"] = check_mode;
     j["check_rows"] = check_mode == "sampled" ? int64_t(rows.query_rows.size()) : o.seq;
-    j["max_abs_err"] = errors;
+    if (check_mode == "single") {
+      j["relative_err"] = errors;  // LSE: max |error|
+      j["lse_tolerance"] = kSingleLseTolerance;
+    } else {
+      j["max_abs_err"] = errors;
+    }
     j["tolerance"] = tolerance;
     j["check_passed"] = check_ok;
     j["bytes_sent_per_rank"] = {{"forward", sent_fwd}, {"backward", sent_bwd}};
@@ -521,8 +591,10 @@ StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi, 
   SP_CHECK_ARG(opt.head_groups >= 0 && (opt.head_groups == 0 || job.kv_heads % opt.head_groups == 0),
                "--head-groups must divide the K/V heads (" + std::to_string(job.kv_heads) + ")");
   SP_CHECK_ARG(opt.check == "auto" || opt.check == "full" || opt.check == "sampled" ||
-                   opt.check == "none",
-               "--check must be auto, full, sampled or none");
+                   opt.check == "single" || opt.check == "none",
+               "--check must be auto, full, sampled, single or none");
+  SP_CHECK_ARG(opt.check != "single" || on_gpu,
+               "--check single compares with the single-GPU result: it needs --device cuda");
   SP_ASSIGN_OR_RETURN(job.mask, parse_mask(opt.mask, opt.seq));
   SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(opt.layout));
   if (under_mpi || under_torchrun) {
@@ -637,12 +709,14 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
                                         "processes under mpirun or torchrun), NCCL between them")
       ->capture_default_str();
   cmd->add_option("--head-groups", o.head_groups, "cuda: process the heads in this many groups "
-                                                  "(less workspace); default: the fewest whose workspace fits in six q "
+                                                  "(less workspace); default: the fewest whose workspace fits in seven q "
                                                   "shards and 16 GiB");
   cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: "
                                                             "cores / ranks)");
-  cmd->add_option("--check", o.check, "auto | full | sampled | none (auto samples rows when the "
-                                      "problem is too large for the oracle)")
+  cmd->add_option("--check", o.check, "auto | full | sampled | single | none: the fp64 oracle on "
+                                      "every row or on sampled rows (auto samples when the problem is "
+                                      "large, and skips the check when too large), or, on cuda, the "
+                                      "whole problem on rank 0's GPU alone, every row")
       ->capture_default_str();
   cmd->add_option("--sample-rows", o.sample_rows, "query and key rows checked when sampling")
       ->capture_default_str();

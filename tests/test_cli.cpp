@@ -65,6 +65,22 @@ TEST(Cli, CudaRanksCheckAgainstTheOracle) {
   }
 }
 
+// On the GPU machine: every GPU a rank against the whole problem on one GPU (the check the
+// scaling runs use where the fp64 oracle is too slow).
+TEST(Cli, CudaRanksMatchTheSingleGpuResult) {
+  if (seqpar::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  const Result r = run_tool("attn --device cuda --algo auto --layout zigzag --mask causal --seq 8192 "
+                            "--heads 8 --head-dim 128 --check single --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  EXPECT_EQ(j["check"], "single");
+  for (const char* g : {"o", "lse", "dq", "dk", "dv"}) {
+    EXPECT_LE(j["relative_err"][g].get<double>(), g == std::string("lse") ? 1e-3 : 1e-2) << g;
+    EXPECT_GT(j["relative_err"][g].get<double>(), 0.0) << g << ": two bf16 runs do not agree bit for bit";
+  }
+  EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
+}
+
 TEST(Cli, Fp64MatchesOracleTightly) {
   const Result r = run_tool("attn --layout striped --mask docs:4 --seq 123 --heads 2 --head-dim 16 "
                             "--ranks 4 --dtype fp64 --json");
@@ -127,6 +143,8 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --seq -3", "positive"},
       {"attn --ranks 0", "between 1 and 1024"},
       {"attn --device tpu", "unknown device"},
+      {"attn --check single", "needs --device cuda"},
+      {"attn --check most", "must be auto, full, sampled, single or none"},
       {"attn --dtype bf16", "needs --device cuda"},
       {"attn --device cuda --dtype fp64 --ranks 1", seqpar::cuda_device_count() ? "bf16 or fp16" : "no CUDA GPU"},
   };

@@ -1,7 +1,7 @@
 // Ring attention and BurstAttention on GPU ranks against the CPU fp64 oracle with the bf16
 // rule: P in {1, 2, 3, 4} ranks sharing one GPU (threads, the local communicator moving
 // device buffers), every layout, causal/full/window/document masks, GQA, split head groups,
-// and both backwards; and the NCCL communicator on two GPUs when the machine has them.
+// and both backwards; and the NCCL communicator on two and four GPUs when the machine has them.
 // Skipped without a GPU (CI), except the head-group policy, which is host logic.
 #include <gtest/gtest.h>
 
@@ -170,11 +170,14 @@ std::vector<Case> cases() {
   // finish on the side stream that the next group must wait for.
   for (BackwardSchedule schedule : {ring, burst})
     all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 2, false});
-  // NCCL, one GPU per rank (needs two GPUs).
+  // NCCL, one GPU per rank (needs as many GPUs as ranks; skipped otherwise). Four ranks take
+  // the P > 2 schedules, whose accumulators travel, over NCCL.
   for (BackwardSchedule schedule : {ring, burst}) {
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2048, 8, 8, 128, 0, true});
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2050, 8, 2, 128, 2, true});
     all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 0, true});
+    all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 4096, 8, 8, 128, 0, true});
+    all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 4100, 8, 2, 128, 2, true});
   }
   return all;
 }
