@@ -24,7 +24,7 @@ MULTI_SEQS="$seqs" PEER_SEQS="$seqs" BENCH_ARGS="--big-from $largest" \
 status=$?
 for S in ${seqs//,/ }; do
   ./build-gpu/seqpar attn --device cuda --algo auto --layout zigzag --mask causal --seq "$S" \
-    --heads 32 --head-dim 128 --check sampled --sample-rows "${SAMPLE_ROWS:-16}" --json \
+    --heads 32 --head-dim 128 --check single --sample-rows "${SAMPLE_ROWS:-16}" --json \
     > "$out/check_$S.json" 2>&1
   rc=$?
   echo "S=$S check exit $rc" | tee -a "$out/scaling.txt"

@@ -78,6 +78,8 @@ TEST(Cli, CudaRanksMatchTheSingleGpuResult) {
     EXPECT_LE(j["relative_err"][g].get<double>(), g == std::string("lse") ? 1e-3 : 1e-2) << g;
     EXPECT_GT(j["relative_err"][g].get<double>(), 0.0) << g << ": two bf16 runs do not agree bit for bit";
   }
+  for (const char* who : {"ranks", "single"})
+    for (const char* g : {"o", "lse", "dq"}) EXPECT_LE(j["oracle_err"][who][g].get<double>(), 1e-2) << who << " " << g;
   EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
 }
 

@@ -29,11 +29,14 @@ struct AttentionParams {
 
 // ---- the oracle: plain attention in fp64 -------------------------------------------------
 
-// Which rows the oracle's backward fills; empty lists mean all rows. The forward always runs
-// over every row because dK/dV of any key row needs LSE and D of every query row.
+// Which rows the oracle's backward fills; empty lists mean all rows. The forward runs over
+// every row because dK/dV of any key row needs LSE and D of every query row; with
+// query_side_only it runs over query_rows alone and dK/dV are not computed, which costs
+// O(rows * S_k) instead of O(S_q * S_k): how million-token results are checked.
 struct ReferenceRows {
-  std::vector<int64_t> query_rows;  // rows of dq to compute
+  std::vector<int64_t> query_rows;  // rows of o, lse (query_side_only) and dq to compute
   std::vector<int64_t> key_rows;    // rows of dk, dv to compute
+  bool query_side_only = false;     // needs query_rows; dk, dv stay empty tensors
 };
 
 // q, k, v, dout of any dtype (read through conversion). Outputs are fp64 host tensors:

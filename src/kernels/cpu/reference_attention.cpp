@@ -44,6 +44,8 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   SP_RETURN_IF_ERROR(cpu::validate_mask_positions(params, Sq, Sk));
   for (int64_t r : rows.query_rows) SP_CHECK_ARG(r >= 0 && r < Sq, "query row out of range");
   for (int64_t r : rows.key_rows) SP_CHECK_ARG(r >= 0 && r < Sk, "key row out of range");
+  SP_CHECK_ARG(!rows.query_side_only || (!rows.query_rows.empty() && rows.key_rows.empty()),
+               "query_side_only needs query rows and no key rows");
 
   const double scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(D));
   const cpu::MaskEvaluator mask(params, Sq, Sk);
@@ -59,13 +61,21 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
                       {}, {}, {}};
   double* O = res.o.data<double>();
   double* L = res.lse.data<double>();
+  auto all_rows = [](int64_t n, const std::vector<int64_t>& chosen) {
+    if (!chosen.empty()) return chosen;
+    std::vector<int64_t> r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = i;
+    return r;
+  };
+  const std::vector<int64_t> q_rows = all_rows(Sq, rows.query_rows);
+  const std::vector<int64_t> forward_rows = rows.query_side_only ? q_rows : all_rows(Sq, {});
 
-  // Forward, every row: scores, max, sum, output.
+  // Forward: scores, max, sum, output.
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> s(Sk);
-      for (int64_t i = 0; i < Sq; ++i) {
+      for (const int64_t i : forward_rows) {
         double m = cpu::kNegInf;
         for (int64_t j = 0; j < Sk; ++j) {
           s[j] = mask.allowed(i, j) ? scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D)
@@ -94,24 +104,12 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   const std::vector<double> dO = to_dense_f64(dout);
   std::vector<double> delta(static_cast<size_t>(B * H * Sq));
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < Sq; ++i)
+    for (const int64_t i : forward_rows)
       for (int64_t h = 0; h < H; ++h)
         delta[(b * H + h) * Sq + i] = dot(qrow(dO, b, i, h), &O[((b * Sq + i) * H + h) * D], D);
 
   res.dq = HostTensor(DType::kF64, {B, Sq, H, D});
-  res.dk = HostTensor(DType::kF64, {B, Sk, Hkv, D});
-  res.dv = HostTensor(DType::kF64, {B, Sk, Hkv, D});
   double* dQ = res.dq.data<double>();
-  double* dK = res.dk.data<double>();
-  double* dV = res.dv.data<double>();
-  auto all_rows = [](int64_t n, const std::vector<int64_t>& chosen) {
-    if (!chosen.empty()) return chosen;
-    std::vector<int64_t> r(n);
-    for (int64_t i = 0; i < n; ++i) r[i] = i;
-    return r;
-  };
-  const std::vector<int64_t> q_rows = all_rows(Sq, rows.query_rows);
-  const std::vector<int64_t> k_rows = all_rows(Sk, rows.key_rows);
   // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair.
   auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* ds) {
     const double lse = L[(b * H + h) * Sq + i];
@@ -136,7 +134,13 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
         }
       }
     }
+  if (rows.query_side_only) return res;
   // dK_j = scale * sum_{h in group, i} ds_ij q_i;  dV_j = sum p_ij dO_i.
+  res.dk = HostTensor(DType::kF64, {B, Sk, Hkv, D});
+  res.dv = HostTensor(DType::kF64, {B, Sk, Hkv, D});
+  double* dK = res.dk.data<double>();
+  double* dV = res.dv.data<double>();
+  const std::vector<int64_t> k_rows = all_rows(Sk, rows.key_rows);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (size_t r = 0; r < k_rows.size(); ++r) {
