@@ -3,6 +3,9 @@
 // Skipped when no GPU is present (CI); run on the GPU machine.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <tuple>
@@ -484,6 +487,72 @@ TEST(LongSequence, CudnnAndOursAt32K) {
   ASSERT_TRUE(flash_attention_backward(gq->view, gk->view, gv->view, gdo->view, lse->view, delta->view, params, {},
                                        dq32->view, dk32->view, dv32->view).ok());
   check("ours", to_host(o->view).value(), to_host(lse->view).value(), to_host(dq32->view).value());
+}
+
+// Views whose element offsets pass 2^31: the last heads of [1, 8192, 2560, 128] tensors (2.7e9
+// elements; past 2^31 from row 6554 on) against a contiguous copy of those heads, whose offsets
+// stay small. The distributed schedules hand cuDNN such views (a head group of a long shard,
+// or the whole problem on one GPU), so indexing that wraps at 2^31 would corrupt them silently.
+// The other heads are zero. Needs about 60 GiB of GPU memory (skipped with less).
+TEST(LongSequence, CudnnPastTwoToTheThirtyOneElements) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 8192, H = 2560, D = 128, h = 8;
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  if (free_bytes < (64ull << 30)) GTEST_SKIP() << "needs 64 GiB of free GPU memory";
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const auto last_heads = [&](TensorView t, int dim) {  // heads H - h .. H - 1 of a full view
+    t.data = static_cast<char*>(t.data) + (H - h) * t.strides[dim] * dtype_size(t.dtype);
+    t.shape[dim] = h;
+    return t;
+  };
+  // The small problem, contiguous.
+  const HostTensor q = testing::random_tensor(DType::kBF16, {1, S, h, D}, 81);
+  const HostTensor k = testing::random_tensor(DType::kBF16, {1, S, h, D}, 82);
+  const HostTensor v = testing::random_tensor(DType::kBF16, {1, S, h, D}, 83);
+  const HostTensor dout = testing::random_tensor(DType::kBF16, {1, S, h, D}, 84);
+  std::vector<DeviceTensor> in_small;
+  for (const HostTensor* t : {&q, &k, &v, &dout}) in_small.push_back(to_device(*t).value());
+  std::vector<DeviceTensor> out_small;
+  for (int i = 0; i < 4; ++i) out_small.push_back(device_zeros(DType::kBF16, {1, S, h, D}).value());
+  DeviceTensor lse_small = device_zeros(DType::kF32, {1, h, S}).value();
+  ASSERT_TRUE(cudnn_attention_forward(in_small[0].view, in_small[1].view, in_small[2].view, params,
+                                      out_small[0].view, lse_small.view).ok());
+  ASSERT_TRUE(cudnn_attention_backward(in_small[0].view, in_small[1].view, in_small[2].view, out_small[0].view,
+                                       in_small[3].view, lse_small.view, params, out_small[1].view,
+                                       out_small[2].view, out_small[3].view).ok());
+  std::vector<HostTensor> want;
+  for (const DeviceTensor& t : out_small) want.push_back(to_host(t.view).value());
+  want.push_back(to_host(lse_small.view).value());
+  in_small.clear(), out_small.clear();
+  ASSERT_TRUE(cudnn_release_workspace().ok());
+
+  // The same heads as the last of H, in place.
+  std::vector<DeviceTensor> in_big, out_big;
+  for (int i = 0; i < 4; ++i) {
+    in_big.push_back(device_zeros(DType::kBF16, {1, S, H, D}).value());
+    const DeviceTensor part = to_device(*std::array{&q, &k, &v, &dout}[i]).value();
+    ASSERT_TRUE(flash_cast(part.view, last_heads(in_big.back().view, 2)).ok());
+  }
+  for (int i = 0; i < 4; ++i) out_big.push_back(device_zeros(DType::kBF16, {1, S, H, D}).value());
+  DeviceTensor lse_big = device_zeros(DType::kF32, {1, H, S}).value();
+  ASSERT_TRUE(cudnn_attention_forward(in_big[0].view, in_big[1].view, in_big[2].view, params, out_big[0].view,
+                                      lse_big.view).ok());
+  ASSERT_TRUE(cudnn_attention_backward(in_big[0].view, in_big[1].view, in_big[2].view, out_big[0].view,
+                                       in_big[3].view, lse_big.view, params, out_big[1].view, out_big[2].view,
+                                       out_big[3].view).ok());
+  in_big.clear();
+  const char* names[] = {"O", "dQ", "dK", "dV", "LSE"};
+  for (int i = 0; i < 5; ++i) {
+    const TensorView big = i < 4 ? last_heads(out_big[i].view, 2) : last_heads(lse_big.view, 1);
+    const DeviceTensor packed = device_zeros(big.dtype, std::vector<int64_t>(big.shape.begin(), big.shape.begin() + big.ndim)).value();
+    ASSERT_TRUE(flash_cast(big, packed.view).ok());
+    const HostTensor got = cast(to_host(packed.view).value(), DType::kF64), ref = cast(want[i], DType::kF64);
+    const double err = testing::max_abs_diff(got, ref), scale = testing::max_abs(ref);
+    EXPECT_LE(err, (i < 4 ? 1e-2 : 1e-5) * scale) << names[i] << ": max |error| " << err << " of max " << scale;
+  }
+  ASSERT_TRUE(cudnn_release_workspace().ok());
 }
 
 // FlashPositions::defaults turns a bottom-right mask alignment (S_q < S_k, the KV-cache
