@@ -98,7 +98,11 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
     std::memcpy(dst, src, count * dtype_size(src_dtype));
     return;
   }
-  for (size_t i = 0; i < count; ++i) store_any(dst, dst_dtype, i, load_any(src, src_dtype, i));
+  // Million-token tensors hold billions of elements: split large conversions over the cores
+  // (small ones, often called from inside parallel loops, stay on the calling thread).
+  const int64_t n = static_cast<int64_t>(count);
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 22))
+  for (int64_t i = 0; i < n; ++i) store_any(dst, dst_dtype, size_t(i), load_any(src, src_dtype, size_t(i)));
 }
 
 }  // namespace seqpar

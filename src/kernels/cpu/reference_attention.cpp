@@ -13,6 +13,7 @@ std::vector<double> to_dense_f64(const TensorView& t) {
   const int64_t B = t.shape[0], S = t.shape[1], H = t.shape[2], D = t.shape[3];
   std::vector<double> out(static_cast<size_t>(B * S * H * D));
   const size_t es = dtype_size(t.dtype);
+#pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < H; ++h) {
