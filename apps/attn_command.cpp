@@ -213,7 +213,12 @@ std::string human_bytes(double b) {
 }
 
 // Progress lines go to stderr so stdout stays the table and the JSON.
-void progress(const std::string& text) { std::fprintf(stderr, "[seqpar] %s\n", text.c_str()); }
+// Each line carries the seconds since the first one, so a long run shows where its time goes.
+void progress(const std::string& text) {
+  static const auto start = Clock::now();
+  std::fprintf(stderr, "[seqpar %7.1f s] %s\n", std::chrono::duration<double>(Clock::now() - start).count(),
+               text.c_str());
+}
 
 // What one rank computed: its shard of every output (host memory) and the pass times.
 struct RankOutputs {
@@ -387,6 +392,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   const bool need_global = check_mode != "none" || !o.dump_dir.empty();
   HostTensor g_o, g_lse, g_dq, g_dk, g_dv;
   if (need_global) {
+    if (me == 0) progress("gathering the results");
     SP_RETURN_IF_ERROR(gather_global(comm, layout, out, 1, &g_o));
     SP_RETURN_IF_ERROR(gather_global(comm, layout, lse, 2, &g_lse));
     SP_RETURN_IF_ERROR(gather_global(comm, layout, dq, 1, &g_dq));
@@ -401,7 +407,10 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     progress("problem too large for the fp64 oracle: not checked (--check sampled or single forces it)");
   SP_ASSIGN_OR_RETURN(const Layout whole, Layout::create(LayoutKind::kContiguous, o.seq, 1));
   Inputs global;
-  if (need_global) global = local_inputs(job, whole, 0);
+  if (need_global) {
+    progress("making the whole inputs");
+    global = local_inputs(job, whole, 0);
+  }
   const HostTensor &gq = global.q, &gk = global.k, &gv = global.v, &gdo = global.dout;
   ReferenceRows rows;
   if (check_mode == "sampled") {
