@@ -106,9 +106,10 @@ double visible_pairs(const MaskSpec& mask, int64_t S) {
 }
 
 // Gathers every rank's [.., S_r, ..] tensor (sequence along seq_dim) into the global tensor on
-// all ranks; shards are padded to the longest one for the all-gather.
-Status gather_global(Communicator& comm, const Layout& layout, const HostTensor& local,
-                     int seq_dim, HostTensor* global) {
+// rank 0 (the only one that checks or dumps; a million-token result is tens of GiB). Shards
+// are padded to the longest one.
+Status gather_on_rank0(Communicator& comm, const Layout& layout, const HostTensor& local,
+                       int seq_dim, HostTensor* global) {
   const TensorView& lv = local.view();
   std::vector<int64_t> padded_shape(lv.shape.begin(), lv.shape.begin() + lv.ndim);
   padded_shape[seq_dim] = layout.max_local_len();
@@ -119,16 +120,27 @@ Status gather_global(Communicator& comm, const Layout& layout, const HostTensor&
   SP_ASSIGN_OR_RETURN(const Layout identity,
                       Layout::create(LayoutKind::kContiguous, lv.shape[seq_dim], 1));
   SP_RETURN_IF_ERROR(identity.unshard(lv, seq_dim, 0, rows));
-  std::vector<uint64_t> all((padded.bytes() * comm.size() + 7) / 8);
-  SP_RETURN_IF_ERROR(comm.all_gather(padded.view().data, all.data(), padded.bytes()));
+  const int P = comm.size();
+  if (comm.rank() != 0) {
+    const SendSpec to_root{0, padded.view().data, padded.bytes()};
+    return comm.exchange({&to_root, 1}, {});
+  }
+  std::vector<HostTensor> blocks(P);
+  std::vector<RecvSpec> from;
+  for (int r = 1; r < P; ++r) {
+    blocks[r] = HostTensor(lv.dtype, padded_shape);
+    from.push_back({r, blocks[r].view().data, padded.bytes()});
+  }
+  SP_RETURN_IF_ERROR(comm.exchange({}, from));
+  blocks[0] = std::move(padded);
   std::vector<int64_t> global_shape = padded_shape;
   global_shape[seq_dim] = layout.seq_len();
   *global = HostTensor(lv.dtype, global_shape);
-  for (int r = 0; r < comm.size(); ++r) {
-    TensorView block = padded.view();
-    block.data = reinterpret_cast<char*>(all.data()) + r * padded.bytes();
+  for (int r = 0; r < P; ++r) {
+    TensorView block = blocks[r].view();
     block.shape[seq_dim] = layout.local_len(r);
     SP_RETURN_IF_ERROR(layout.unshard(block, seq_dim, r, global->view()));
+    blocks[r] = HostTensor();
   }
   return Status::Ok();
 }
@@ -393,11 +405,11 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   HostTensor g_o, g_lse, g_dq, g_dk, g_dv;
   if (need_global) {
     if (me == 0) progress("gathering the results");
-    SP_RETURN_IF_ERROR(gather_global(comm, layout, out, 1, &g_o));
-    SP_RETURN_IF_ERROR(gather_global(comm, layout, lse, 2, &g_lse));
-    SP_RETURN_IF_ERROR(gather_global(comm, layout, dq, 1, &g_dq));
-    SP_RETURN_IF_ERROR(gather_global(comm, layout, dk, 1, &g_dk));
-    SP_RETURN_IF_ERROR(gather_global(comm, layout, dv, 1, &g_dv));
+    SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, out, 1, &g_o));
+    SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, lse, 2, &g_lse));
+    SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, dq, 1, &g_dq));
+    SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, dk, 1, &g_dk));
+    SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, dv, 1, &g_dv));
   }
   if (me != 0) return Status::Ok();
 
