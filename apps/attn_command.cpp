@@ -180,27 +180,53 @@ double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_
   return worst;
 }
 
-// ||got - want|| / ||want|| (Frobenius) of two tensors of one shape and any dtypes, converted
-// in chunks so that million-token tensors need no fp64 copies; NaN makes it infinite.
-double relative_error(const HostTensor& got, const HostTensor& want) {
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  const int64_t n = got.numel();
-  const auto at = [](const HostTensor& t, int64_t e) {
-    return static_cast<const char*>(t.view().data) + e * dtype_size(t.view().dtype);
-  };
-  double diff2 = 0, ref2 = 0;
-#pragma omp parallel for reduction(+ : diff2, ref2) schedule(static)
-  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c) {
-    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
-    std::vector<double> a(len), b(len);
-    convert(at(got, begin), got.view().dtype, a.data(), DType::kF64, len);
-    convert(at(want, begin), want.view().dtype, b.data(), DType::kF64, len);
-    for (int64_t e = 0; e < len; ++e) {
-      diff2 += (a[e] - b[e]) * (a[e] - b[e]);
-      ref2 += b[e] * b[e];
-    }
+// ||got - want|| / ||want|| (Frobenius) of two [B, S, H, D] tensors of any dtypes, in total and
+// per block of rows x heads, so that a disagreement shows where it lies (a zigzag chunk, a head
+// group). Rows are converted one at a time: million-token tensors need no fp64 copies. NaN
+// makes an error infinite.
+struct BlockErrors {
+  int64_t row_block = 0, head_block = 0;  // block sizes
+  int row_blocks = 0, head_blocks = 0;
+  std::vector<double> diff2, ref2;  // per block, row-block major
+  static double ratio(double d2, double r2) {
+    return std::isnan(d2) ? INFINITY : std::sqrt(d2) / std::max(std::sqrt(r2), 1e-30);
   }
-  return std::isnan(diff2) ? INFINITY : std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+  double total() const {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < diff2.size(); ++i) d += diff2[i], r += ref2[i];
+    return ratio(d, r);
+  }
+  double at(int rb, int hb) const { return ratio(diff2[rb * head_blocks + hb], ref2[rb * head_blocks + hb]); }
+};
+
+BlockErrors relative_errors(const HostTensor& got, const HostTensor& want, int row_blocks, int head_blocks) {
+  const TensorView& g = got.view();
+  const int64_t B = g.shape[0], S = g.shape[1], H = g.shape[2], D = g.shape[3];
+  BlockErrors e;
+  e.row_block = (S + row_blocks - 1) / row_blocks, e.head_block = (H + head_blocks - 1) / head_blocks;
+  e.row_blocks = int((S + e.row_block - 1) / e.row_block), e.head_blocks = int((H + e.head_block - 1) / e.head_block);
+  e.diff2.assign(size_t(e.row_blocks) * e.head_blocks, 0.0);
+  e.ref2 = e.diff2;
+  const auto row = [](const HostTensor& t, int64_t r, int64_t width) {
+    return static_cast<const char*>(t.view().data) + r * width * dtype_size(t.view().dtype);
+  };
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int rb = 0; rb < e.row_blocks; ++rb)
+    for (int hb = 0; hb < e.head_blocks; ++hb) {
+      std::vector<double> a(H * D), b(H * D);
+      double d2 = 0, r2 = 0;
+      for (int64_t bi = 0; bi < B; ++bi)
+        for (int64_t i = rb * e.row_block; i < std::min(S, (rb + 1) * e.row_block); ++i) {
+          convert(row(got, bi * S + i, H * D), g.dtype, a.data(), DType::kF64, H * D);
+          convert(row(want, bi * S + i, H * D), want.view().dtype, b.data(), DType::kF64, H * D);
+          for (int64_t x = hb * e.head_block * D; x < std::min(H, (hb + 1) * e.head_block) * D; ++x) {
+            d2 += (a[x] - b[x]) * (a[x] - b[x]);
+            r2 += b[x] * b[x];
+          }
+        }
+      e.diff2[rb * e.head_blocks + hb] = d2, e.ref2[rb * e.head_blocks + hb] = r2;
+    }
+  return e;
 }
 
 std::vector<int64_t> sample_rows(int64_t S, int64_t count, uint64_t seed) {
@@ -448,6 +474,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     return max_error_on_rows(got, want, seq_dim, on_rows) / scale;
   };
   nlohmann::ordered_json oracle_errors;  // --check single: both results on sampled query rows
+  nlohmann::ordered_json disagreeing = nlohmann::json::array();  // --check single: blocks past tolerance
   if (check_mode == "single") {
     // The same problem on this GPU alone, as one rank: every step local, no exchange.
     progress("checking against the single-GPU result (every row)");
@@ -455,11 +482,19 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     auto alone = make_local_communicators(1);
     RankOutputs single;
     SP_RETURN_IF_ERROR(compute_cuda(*alone[0], job, whole, params, BackwardSchedule::kRing, global, &single));
-    errors["o"] = relative_error(g_o, single.out);
+    // In blocks of 2P row ranges (the zigzag layout's chunks) by the head groups the ranks used.
+    const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> tensors[] = {
+        {"o", {&g_o, &single.out}}, {"dq", {&g_dq, &single.dq}}, {"dk", {&g_dk, &single.dk}}, {"dv", {&g_dv, &single.dv}}};
+    for (const auto& [name, pair] : tensors) {
+      const BlockErrors e = relative_errors(*pair.first, *pair.second, 2 * P, result.head_groups);
+      errors[name] = e.total();
+      for (int rb = 0; rb < e.row_blocks; ++rb)
+        for (int hb = 0; hb < e.head_blocks; ++hb)
+          if (!(e.at(rb, hb) <= tolerance))
+            disagreeing.push_back({{"tensor", name}, {"rows", {rb * e.row_block, std::min(o.seq, (rb + 1) * e.row_block)}},
+                                   {"heads", {hb * e.head_block, (hb + 1) * e.head_block}}, {"relative_err", e.at(rb, hb)}});
+    }
     errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
-    errors["dq"] = relative_error(g_dq, single.dq);
-    errors["dk"] = relative_error(g_dk, single.dk);
-    errors["dv"] = relative_error(g_dv, single.dv);
     for (auto& [name, err] : errors.items())
       check_ok = check_ok && err.get<double>() <= (name == "lse" ? kSingleLseTolerance : tolerance);
     // Should the two disagree, the fp64 oracle on sampled query rows (O, LSE and dQ, at
@@ -565,6 +600,12 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
       std::printf("max |error| / max |reference| vs fp64 oracle on %zu query rows, %s: O %.2e  LSE %.2e  "
                   "dQ %.2e\n", rows.query_rows.size(), who, oracle_errors[who]["o"].get<double>(),
                   oracle_errors[who]["lse"].get<double>(), oracle_errors[who]["dq"].get<double>());
+    for (size_t i = 0; i < std::min<size_t>(disagreeing.size(), 12); ++i) {
+      const auto& d = disagreeing[i];
+      std::printf("  disagrees: %s rows [%ld, %ld) heads [%ld, %ld): %.2e\n", d["tensor"].get<std::string>().c_str(),
+                  long(d["rows"][0]), long(d["rows"][1]), long(d["heads"][0]), long(d["heads"][1]),
+                  d["relative_err"].get<double>());
+    }
     std::printf("check (the ranks within both tolerances): %s\n", check_ok ? "PASS" : "FAIL");
   } else {
     std::printf("max |error|%s vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  "
@@ -601,6 +642,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
       j["lse_tolerance"] = kSingleLseTolerance;
       j["oracle_query_rows"] = int64_t(rows.query_rows.size());
       j["oracle_err"] = oracle_errors;  // max |error| / max |reference| on those rows
+      j["disagreeing_blocks"] = disagreeing;  // (tensor, rows, heads) blocks past the tolerance
     } else {
       j["max_abs_err"] = errors;
     }

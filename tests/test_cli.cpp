@@ -80,6 +80,7 @@ TEST(Cli, CudaRanksMatchTheSingleGpuResult) {
   }
   for (const char* who : {"ranks", "single"})
     for (const char* g : {"o", "lse", "dq"}) EXPECT_LE(j["oracle_err"][who][g].get<double>(), 1e-2) << who << " " << g;
+  EXPECT_TRUE(j["disagreeing_blocks"].empty()) << j["disagreeing_blocks"].dump();
   EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
 }
 
