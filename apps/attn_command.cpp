@@ -125,13 +125,13 @@ Status gather_on_rank0(Communicator& comm, const Layout& layout, const HostTenso
     const SendSpec to_root{0, padded.view().data, padded.bytes()};
     return comm.exchange({&to_root, 1}, {});
   }
+  // One peer at a time: a GPU communicator stages what it receives in device memory.
   std::vector<HostTensor> blocks(P);
-  std::vector<RecvSpec> from;
   for (int r = 1; r < P; ++r) {
     blocks[r] = HostTensor(lv.dtype, padded_shape);
-    from.push_back({r, blocks[r].view().data, padded.bytes()});
+    const RecvSpec from{r, blocks[r].view().data, padded.bytes()};
+    SP_RETURN_IF_ERROR(comm.exchange({}, {&from, 1}));
   }
-  SP_RETURN_IF_ERROR(comm.exchange({}, from));
   blocks[0] = std::move(padded);
   std::vector<int64_t> global_shape = padded_shape;
   global_shape[seq_dim] = layout.seq_len();
@@ -309,21 +309,29 @@ Status compute_cpu(Communicator& comm, const Job& job, const Layout& layout,
 }
 
 // Forward + backward on GPU ranks (bf16/fp16 device tensors), results copied to the host.
+// `in` is released as it is uploaded unless keep_inputs (the single-GPU check's whole inputs,
+// which the oracle reads afterwards); `who` prefixes the progress lines.
 Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
-                    const AttentionParams& params, BackwardSchedule schedule, const Inputs& in,
-                    RankOutputs* r) {
+                    const AttentionParams& params, BackwardSchedule schedule, Inputs& in,
+                    bool keep_inputs, const std::string& who, RankOutputs* r) {
 #ifndef SEQPAR_HAVE_CUDA
-  (void)comm, (void)job, (void)layout, (void)params, (void)schedule, (void)in, (void)r;
+  (void)comm, (void)job, (void)layout, (void)params, (void)schedule, (void)in, (void)keep_inputs,
+      (void)who, (void)r;
   return SP_STATUS(StatusCode::kUnsupported, "seqpar was built without CUDA");
 #else
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
   const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
   const DType t = job.dtype;
-  SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
-  SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(in.dout));
+  auto upload = [&](HostTensor& host) -> StatusOr<DeviceTensor> {
+    auto dev = to_device(host);
+    if (!keep_inputs) host = HostTensor();
+    return dev;
+  };
+  SP_ASSIGN_OR_RETURN(DeviceTensor q, upload(in.q));
+  SP_ASSIGN_OR_RETURN(DeviceTensor k, upload(in.k));
+  SP_ASSIGN_OR_RETURN(DeviceTensor v, upload(in.v));
+  SP_ASSIGN_OR_RETURN(DeviceTensor dout, upload(in.dout));
   SP_ASSIGN_OR_RETURN(DeviceTensor out, device_zeros(t, {B, n, H, D}));
   SP_ASSIGN_OR_RETURN(DeviceTensor lse, device_zeros(DType::kF32, {B, H, n}));
   SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(t, {B, n, H, D}));
@@ -351,7 +359,7 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   r->times[0] = std::chrono::duration<double>(Clock::now() - t0).count();
   SP_RETURN_IF_ERROR(comm.barrier());
-  if (me == 0) progress("running backward");
+  if (me == 0) progress(who + "running backward");
   // Fault injection for the failure tests: this rank stops here, as if it hung.
   if (const char* stall = std::getenv("SEQPAR_FAULT_STALL_RANK"); stall && std::atoi(stall) == me) {
     progress("rank " + std::to_string(me) + " stalling (SEQPAR_FAULT_STALL_RANK)");
@@ -404,8 +412,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   }
   RankOutputs result;
   {
-    const Inputs in = local_inputs(job, layout, me);
-    SP_RETURN_IF_ERROR(on_gpu ? compute_cuda(comm, job, layout, params, schedule, in, &result)
+    Inputs in = local_inputs(job, layout, me);
+    SP_RETURN_IF_ERROR(on_gpu ? compute_cuda(comm, job, layout, params, schedule, in, false, "", &result)
                               : compute_cpu(comm, job, layout, params, schedule, in, &result));
   }
   const HostTensor &out = result.out, &lse = result.lse, &dq = result.dq, &dk = result.dk, &dv = result.dv;
@@ -475,17 +483,26 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   };
   nlohmann::ordered_json oracle_errors;  // --check single: both results on sampled query rows
   nlohmann::ordered_json disagreeing = nlohmann::json::array();  // --check single: blocks past tolerance
+  std::string single_error;  // --check single: why the single-GPU run failed, if it did
   if (check_mode == "single") {
     // The same problem on this GPU alone, as one rank: every step local, no exchange.
     progress("checking against the single-GPU result (every row)");
     const auto t_check = Clock::now();
     auto alone = make_local_communicators(1);
     RankOutputs single;
-    SP_RETURN_IF_ERROR(compute_cuda(*alone[0], job, whole, params, BackwardSchedule::kRing, global, &single));
+    const Status ran = compute_cuda(*alone[0], job, whole, params, BackwardSchedule::kRing, global, true,
+                                    "single GPU: ", &single);
+    if (!ran.ok()) {  // the distributed results still get their oracle rows and their report
+      progress("the single-GPU run failed: " + ran.to_string());
+      single_error = ran.to_string();
+      check_ok = false;
+    }
     // In blocks of 2P row ranges (the zigzag layout's chunks) by the head groups the ranks used.
+    // In blocks of 2P equal row ranges by the head groups the ranks used.
     const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> tensors[] = {
         {"o", {&g_o, &single.out}}, {"dq", {&g_dq, &single.dq}}, {"dk", {&g_dk, &single.dk}}, {"dv", {&g_dv, &single.dv}}};
     for (const auto& [name, pair] : tensors) {
+      if (!ran.ok()) break;
       const BlockErrors e = relative_errors(*pair.first, *pair.second, 2 * P, result.head_groups);
       errors[name] = e.total();
       for (int rb = 0; rb < e.row_blocks; ++rb)
@@ -494,7 +511,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
             disagreeing.push_back({{"tensor", name}, {"rows", {rb * e.row_block, std::min(o.seq, (rb + 1) * e.row_block)}},
                                    {"heads", {hb * e.head_block, (hb + 1) * e.head_block}}, {"relative_err", e.at(rb, hb)}});
     }
-    errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
+    if (ran.ok()) errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
     for (auto& [name, err] : errors.items())
       check_ok = check_ok && err.get<double>() <= (name == "lse" ? kSingleLseTolerance : tolerance);
     // Should the two disagree, the fp64 oracle on sampled query rows (O, LSE and dQ, at
@@ -509,6 +526,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     const std::pair<const char*, std::array<const HostTensor*, 3>> results[] = {
         {"ranks", {&g_o, &g_lse, &g_dq}}, {"single", {&single.out, &single.lse, &single.dq}}};
     for (const auto& [who, got] : results) {
+      if (std::string(who) == "single" && !ran.ok()) continue;
       oracle_errors[who]["o"] = error(*got[0], ref.o, 1, rows.query_rows);
       oracle_errors[who]["lse"] = error(*got[1], ref.lse, 2, rows.query_rows);
       oracle_errors[who]["dq"] = error(*got[2], ref.dq, 1, rows.query_rows);
@@ -592,20 +610,31 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   if (check_mode == "none") {
     std::printf("check: skipped (--check none)\n");
   } else if (check_mode == "single") {
-    std::printf("vs the single-GPU result, every row: |error| / |reference| (Frobenius) O %.2e  dQ %.2e  "
-                "dK %.2e  dV %.2e (tolerance %.0e); max |error| LSE %.2e (tolerance %.0e)\n",
-                errors["o"].get<double>(), errors["dq"].get<double>(), errors["dk"].get<double>(),
-                errors["dv"].get<double>(), tolerance, errors["lse"].get<double>(), kSingleLseTolerance);
-    for (const char* who : {"ranks", "single"})
+    if (single_error.empty())
+      std::printf("vs the single-GPU result, every row: |error| / |reference| (Frobenius) O %.2e  dQ %.2e  "
+                  "dK %.2e  dV %.2e (tolerance %.0e); max |error| LSE %.2e (tolerance %.0e)\n",
+                  errors["o"].get<double>(), errors["dq"].get<double>(), errors["dk"].get<double>(),
+                  errors["dv"].get<double>(), tolerance, errors["lse"].get<double>(), kSingleLseTolerance);
+    else
+      std::printf("the single-GPU run failed (%s): no comparison\n", single_error.c_str());
+    for (const auto& [who, err] : oracle_errors.items())
       std::printf("max |error| / max |reference| vs fp64 oracle on %zu query rows, %s: O %.2e  LSE %.2e  "
-                  "dQ %.2e\n", rows.query_rows.size(), who, oracle_errors[who]["o"].get<double>(),
-                  oracle_errors[who]["lse"].get<double>(), oracle_errors[who]["dq"].get<double>());
+                  "dQ %.2e\n", rows.query_rows.size(), who.c_str(), err["o"].get<double>(),
+                  err["lse"].get<double>(), err["dq"].get<double>());
     for (size_t i = 0; i < std::min<size_t>(disagreeing.size(), 12); ++i) {
       const auto& d = disagreeing[i];
       std::printf("  disagrees: %s rows [%ld, %ld) heads [%ld, %ld): %.2e\n", d["tensor"].get<std::string>().c_str(),
                   long(d["rows"][0]), long(d["rows"][1]), long(d["heads"][0]), long(d["heads"][1]),
                   d["relative_err"].get<double>());
     }
+    const auto passes_oracle = [&](const char* who) {
+      if (!oracle_errors.contains(who)) return false;
+      for (const auto& [name, err] : oracle_errors[who].items())
+        if (!(err.get<double>() <= tolerance)) return false;
+      return true;
+    };
+    if (!disagreeing.empty() && passes_oracle("ranks") != passes_oracle("single"))
+      std::printf("the oracle rows side with the %s result\n", passes_oracle("ranks") ? "ranks'" : "single-GPU");
     std::printf("check (the ranks within both tolerances): %s\n", check_ok ? "PASS" : "FAIL");
   } else {
     std::printf("max |error|%s vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  "
@@ -642,7 +671,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
       j["lse_tolerance"] = kSingleLseTolerance;
       j["oracle_query_rows"] = int64_t(rows.query_rows.size());
       j["oracle_err"] = oracle_errors;  // max |error| / max |reference| on those rows
-      j["disagreeing_blocks"] = disagreeing;  // (tensor, rows, heads) blocks past the tolerance
+      j["disagreeing_blocks"] = disagreeing;  // (tensor, rows, heads: K/V heads for dk, dv) past tolerance
+      if (!single_error.empty()) j["single_error"] = single_error;
     } else {
       j["max_abs_err"] = errors;
     }

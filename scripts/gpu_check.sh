@@ -5,6 +5,7 @@
 #   bench   single-GPU kernels and the PyTorch SDPA peer
 #   multi   multi-GPU ring/Burst benchmark and the PyTorch context-parallel peer, same run
 #           (MULTI_SEQS and PEER_SEQS choose the lengths)
+#   build   nothing more than the build every stage starts with
 # Usage: bash scripts/gpu_check.sh [tests] [bench] [multi]   (no stage, or all: all three)
 # BUILD_TARGETS (e.g. "bench_gpu_ring") builds only those targets.
 set -uo pipefail
@@ -63,6 +64,7 @@ for stage in $stages; do
       torchrun --standalone --nproc_per_node="$gpus" bench/torch_cp_peer.py \
         --seqs "${PEER_SEQS:-16384,65536,131072,262144,524288,1048576}" ${PEER_ARGS:-} 2>&1 | tee -a "$out/multi_peer.jsonl"
       python3 bench/compare_multi_gpu.py "$out/multi_ours.jsonl" "$out/multi_peer.jsonl" | tee "$out/multi_compare.md" ;;
+    build) ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

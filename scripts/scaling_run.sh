@@ -28,7 +28,7 @@ if [[ " $stages " == *" bench "* ]]; then
   MULTI_SEQS="$seqs" PEER_SEQS="$seqs" BENCH_ARGS="--big-from $largest" \
     bash scripts/gpu_check.sh multi || status=1
 elif [[ " $stages " == *" check "* ]]; then
-  BUILD_TARGETS=seqpar_cli bash scripts/gpu_check.sh none > /dev/null 2>&1
+  BUILD_TARGETS=seqpar_cli bash scripts/gpu_check.sh build > /dev/null 2>&1 || { echo "build failed"; exit 1; }
 fi
 if [[ " $stages " == *" check "* ]]; then
   for S in ${seqs//,/ }; do

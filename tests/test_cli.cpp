@@ -65,12 +65,13 @@ TEST(Cli, CudaRanksCheckAgainstTheOracle) {
   }
 }
 
-// On the GPU machine: every GPU a rank against the whole problem on one GPU (the check the
-// scaling runs use where the fp64 oracle is too slow).
+// On the GPU machine: two GPU ranks against the whole problem on one GPU (the check the
+// scaling runs use where the fp64 oracle is too slow). One rank would make the same calls as
+// the single GPU, and the errors below would be exactly 0.
 TEST(Cli, CudaRanksMatchTheSingleGpuResult) {
-  if (seqpar::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
-  const Result r = run_tool("attn --device cuda --algo auto --layout zigzag --mask causal --seq 8192 "
-                            "--heads 8 --head-dim 128 --check single --json");
+  if (seqpar::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Result r = run_tool("attn --device cuda --ranks 2 --algo auto --layout zigzag --mask causal "
+                            "--seq 8192 --heads 8 --head-dim 128 --check single --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = last_json_line(r.output);
   EXPECT_EQ(j["check"], "single");

@@ -151,6 +151,9 @@ TEST(Oracle, QuerySideOnlyMatchesTheFullOracleOnItsRows) {
     }
   rows.key_rows = {1};
   EXPECT_FALSE(reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows).ok());
+  rows.key_rows = {};
+  rows.query_rows = {0, 4, 4};  // a repeated row would be added twice
+  EXPECT_FALSE(reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows).ok());
 }
 
 // (mask, GQA heads/kv_heads, head dim, dtype)

@@ -5,8 +5,10 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/dtype.hpp"
@@ -75,7 +77,20 @@ class HostTensor {
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(view_.dtype); }
 
  private:
-  std::vector<uint64_t> storage_;  // uint64 keeps every dtype aligned
+  // Elements left uninitialised by the vector: the constructor zeroes them across the cores
+  // (a million-token tensor is billions of elements, serial zeroing took seconds each).
+  template <class T>
+  struct Uninitialized : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = Uninitialized<U>;
+    };
+    template <class U, class... Args>
+    void construct(U* p, Args&&... args) {
+      if constexpr (sizeof...(Args) > 0) ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  };
+  std::vector<uint64_t, Uninitialized<uint64_t>> storage_;  // uint64 keeps every dtype aligned
   TensorView view_;
 };
 

@@ -145,14 +145,15 @@ Status DeviceBuffer::reserve(size_t bytes) {
 }
 
 StatusOr<DeviceTensor> device_zeros(DType dtype, const std::vector<int64_t>& shape) {
-  HostTensor like(dtype, shape);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   DeviceTensor t;
-  SP_ASSIGN_OR_RETURN(t.buffer, DeviceBuffer::allocate(std::max<size_t>(like.bytes(), 1)));
-  SP_CUDA_CHECK(cudaMemset(t.buffer.data(), 0, like.bytes()));
-  t.view = like.view();
-  t.view.data = t.buffer.data();
-  t.view.device = Device{DeviceKind::kCuda, 0};
-  SP_CUDA_CHECK(cudaGetDevice(&t.view.device.index));
+  SP_ASSIGN_OR_RETURN(t.buffer, DeviceBuffer::allocate(std::max<size_t>(bytes, 1)));
+  SP_CUDA_CHECK(cudaMemset(t.buffer.data(), 0, bytes));
+  Device device{DeviceKind::kCuda, 0};
+  SP_CUDA_CHECK(cudaGetDevice(&device.index));
+  t.view = TensorView::contiguous(t.buffer.data(), dtype, shape, device);
   return t;
 }
 

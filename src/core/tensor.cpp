@@ -67,7 +67,11 @@ HostTensor::HostTensor(DType dtype, const std::vector<int64_t>& shape) {
     view_.strides[i] = n;
     n *= shape[i];
   }
-  storage_.assign((static_cast<size_t>(n) * dtype_size(dtype) + 7) / 8, 0);
+  const int64_t words = static_cast<int64_t>((static_cast<size_t>(n) * dtype_size(dtype) + 7) / 8);
+  storage_.resize(static_cast<size_t>(words));
+  uint64_t* w = storage_.data();
+#pragma omp parallel for schedule(static) if (words >= (int64_t{1} << 22))
+  for (int64_t i = 0; i < words; ++i) w[i] = 0;
   view_.data = storage_.data();
 }
 

@@ -1,5 +1,6 @@
 // The oracle: plain softmax attention in fp64, one query row (or key row) at a time. Slow and
 // obvious on purpose; every other implementation is checked against it.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -47,6 +48,11 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   for (int64_t r : rows.key_rows) SP_CHECK_ARG(r >= 0 && r < Sk, "key row out of range");
   SP_CHECK_ARG(!rows.query_side_only || (!rows.query_rows.empty() && rows.key_rows.empty()),
                "query_side_only needs query rows and no key rows");
+  for (const auto* list : {&rows.query_rows, &rows.key_rows}) {  // a repeated row would add twice
+    std::vector<int64_t> sorted = *list;
+    std::sort(sorted.begin(), sorted.end());
+    SP_CHECK_ARG(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), "repeated oracle row");
+  }
 
   const double scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(D));
   const cpu::MaskEvaluator mask(params, Sq, Sk);
