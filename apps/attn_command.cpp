@@ -152,10 +152,11 @@ HostTensor to_f64(const HostTensor& t) {
 }
 
 // max |a - b| over the given rows (sequence along seq_dim; every row when none are given);
-// equal infinities count as 0. `got` is contiguous, `want` fp64 of the same shape. Only the
-// given rows are read: a million-token tensor checked on 16 rows converts just those.
+// equal infinities count as 0. `got` is contiguous; `want` is fp64, of the same shape, or with
+// want_compact of the given rows alone in list order (the query-side oracle's layout). Only
+// the given rows are read: a million-token tensor checked on 16 rows converts just those.
 double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_dim,
-                         const std::vector<int64_t>& rows) {
+                         const std::vector<int64_t>& rows, bool want_compact = false) {
   const TensorView& v = got.view();
   const int64_t S = v.shape[seq_dim], inner = v.strides[seq_dim], outer = got.numel() / (S * inner);
   std::vector<int64_t> chosen = rows;
@@ -168,12 +169,13 @@ double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t r = 0; r < count; ++r) {
       const int64_t base = (o * S + chosen[r]) * inner;
+      const double* w = y + (want_compact ? (o * count + r) * inner : base);
       std::vector<double> x(inner);
       convert(static_cast<const char*>(v.data) + base * dtype_size(v.dtype), v.dtype, x.data(), DType::kF64,
               inner);
       for (int64_t e = 0; e < inner; ++e) {
-        if (x[e] == y[base + e]) continue;
-        const double d = std::abs(x[e] - y[base + e]);
+        if (x[e] == w[e]) continue;
+        const double d = std::abs(x[e] - w[e]);
         worst = std::isnan(d) ? INFINITY : std::max(worst, d);
       }
     }
@@ -469,7 +471,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   const double tolerance = t == DType::kF64 ? 1e-10 : low_precision ? kLowPrecisionRelativeTolerance : 1e-4;
   // Low precision: errors relative to the largest reference value of each tensor.
   auto error = [&](const HostTensor& got, const HostTensor& want, int seq_dim,
-                   const std::vector<int64_t>& on_rows) {
+                   const std::vector<int64_t>& on_rows, bool want_compact = false) {
     double scale = 1.0;
     if (low_precision) {
       scale = 0;
@@ -479,7 +481,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
         if (std::isfinite(w[e])) scale = std::max(scale, std::abs(w[e]));
       scale = std::max(scale, 1e-30);
     }
-    return max_error_on_rows(got, want, seq_dim, on_rows) / scale;
+    return max_error_on_rows(got, want, seq_dim, on_rows, want_compact) / scale;
   };
   nlohmann::ordered_json oracle_errors;  // --check single: both results on sampled query rows
   nlohmann::ordered_json disagreeing = nlohmann::json::array();  // --check single: blocks past tolerance
@@ -527,9 +529,9 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
         {"ranks", {&g_o, &g_lse, &g_dq}}, {"single", {&single.out, &single.lse, &single.dq}}};
     for (const auto& [who, got] : results) {
       if (std::string(who) == "single" && !ran.ok()) continue;
-      oracle_errors[who]["o"] = error(*got[0], ref.o, 1, rows.query_rows);
-      oracle_errors[who]["lse"] = error(*got[1], ref.lse, 2, rows.query_rows);
-      oracle_errors[who]["dq"] = error(*got[2], ref.dq, 1, rows.query_rows);
+      oracle_errors[who]["o"] = error(*got[0], ref.o, 1, rows.query_rows, true);
+      oracle_errors[who]["lse"] = error(*got[1], ref.lse, 2, rows.query_rows, true);
+      oracle_errors[who]["dq"] = error(*got[2], ref.dq, 1, rows.query_rows, true);
     }
     for (auto& [name, err] : oracle_errors["ranks"].items()) check_ok = check_ok && err.get<double>() <= tolerance;
     progress("single-GPU check took " +

@@ -29,12 +29,13 @@ struct AttentionParams {
 
 // ---- the oracle: plain attention in fp64 -------------------------------------------------
 
-// Which rows the oracle's backward fills; empty lists mean all rows. The forward runs over
-// every row because dK/dV of any key row needs LSE and D of every query row; with
-// query_side_only it runs over query_rows alone and dK/dV are not computed, which costs
-// O(rows * S_k) instead of O(S_q * S_k): how million-token results are checked.
+// Which rows the oracle's backward fills; empty lists mean all rows (no row may repeat). The
+// forward runs over every row because dK/dV of any key row needs LSE and D of every query row.
+// With query_side_only it runs over query_rows alone, dK/dV are not computed, and o, lse, dq
+// hold those rows alone, in list order ([B, rows, H, D] and [B, H, rows]): O(rows * S_k) work
+// and memory for the query side, how million-token results are checked.
 struct ReferenceRows {
-  std::vector<int64_t> query_rows;  // rows of o, lse (query_side_only) and dq to compute
+  std::vector<int64_t> query_rows;  // rows of dq (and with query_side_only of o, lse) to compute
   std::vector<int64_t> key_rows;    // rows of dk, dv to compute
   bool query_side_only = false;     // needs query_rows; dk, dv stay empty tensors
 };

@@ -9,16 +9,19 @@
 namespace seqpar {
 namespace {
 
-// Dense fp64 copy [B, S, H, D] of any-dtype BSHD view.
-std::vector<double> to_dense_f64(const TensorView& t) {
-  const int64_t B = t.shape[0], S = t.shape[1], H = t.shape[2], D = t.shape[3];
+// Dense fp64 copy [B, S, H, D] of an any-dtype BSHD view; with `rows`, of those rows alone,
+// in list order ([B, rows, H, D]).
+std::vector<double> to_dense_f64(const TensorView& t, const std::vector<int64_t>* rows = nullptr) {
+  const int64_t B = t.shape[0], H = t.shape[2], D = t.shape[3];
+  const int64_t S = rows ? static_cast<int64_t>(rows->size()) : t.shape[1];
   std::vector<double> out(static_cast<size_t>(B * S * H * D));
   const size_t es = dtype_size(t.dtype);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < H; ++h) {
-        const char* src = static_cast<const char*>(t.data) + cpu::bshd_offset(t, b, s, h) * es;
+        const int64_t row = rows ? (*rows)[s] : s;
+        const char* src = static_cast<const char*>(t.data) + cpu::bshd_offset(t, b, row, h) * es;
         convert(src, t.dtype, &out[((b * S + s) * H + h) * D], DType::kF64, D);
       }
   return out;
@@ -56,18 +59,6 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
 
   const double scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(D));
   const cpu::MaskEvaluator mask(params, Sq, Sk);
-  const std::vector<double> Q = to_dense_f64(q), K = to_dense_f64(k), V = to_dense_f64(v);
-  auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) {
-    return &t[((b * Sq + i) * H + h) * D];
-  };
-  auto krow = [&](const std::vector<double>& t, int64_t b, int64_t j, int64_t g) {
-    return &t[((b * Sk + j) * Hkv + g) * D];
-  };
-
-  ReferenceResult res{HostTensor(DType::kF64, {B, Sq, H, D}), HostTensor(DType::kF64, {B, H, Sq}),
-                      {}, {}, {}};
-  double* O = res.o.data<double>();
-  double* L = res.lse.data<double>();
   auto all_rows = [](int64_t n, const std::vector<int64_t>& chosen) {
     if (!chosen.empty()) return chosen;
     std::vector<int64_t> r(n);
@@ -76,6 +67,31 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   };
   const std::vector<int64_t> q_rows = all_rows(Sq, rows.query_rows);
   const std::vector<int64_t> forward_rows = rows.query_side_only ? q_rows : all_rows(Sq, {});
+  // Query-side storage (Q, dO, O, LSE, D, dQ): every row, or with query_side_only the chosen
+  // rows alone, in list order (R of them); slot(i) is where query row i is kept.
+  const bool compact = rows.query_side_only;
+  const int64_t R = compact ? static_cast<int64_t>(q_rows.size()) : Sq;
+  std::vector<int64_t> slot_of;
+  if (compact) {
+    slot_of.assign(Sq, -1);
+    for (int64_t r = 0; r < R; ++r) slot_of[q_rows[r]] = r;
+  }
+  auto slot = [&](int64_t i) { return compact ? slot_of[i] : i; };
+
+  const std::vector<double> Q = to_dense_f64(q, compact ? &q_rows : nullptr), K = to_dense_f64(k),
+                            V = to_dense_f64(v);
+  auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) {
+    return &t[((b * R + slot(i)) * H + h) * D];
+  };
+  auto krow = [&](const std::vector<double>& t, int64_t b, int64_t j, int64_t g) {
+    return &t[((b * Sk + j) * Hkv + g) * D];
+  };
+  auto stat = [&](int64_t b, int64_t h, int64_t i) { return (b * H + h) * R + slot(i); };
+
+  ReferenceResult res{HostTensor(DType::kF64, {B, R, H, D}), HostTensor(DType::kF64, {B, H, R}),
+                      {}, {}, {}};
+  double* O = res.o.data<double>();
+  double* L = res.lse.data<double>();
 
   // Forward: scores, max, sum, output.
 #pragma omp parallel for collapse(2) schedule(dynamic)
@@ -89,9 +105,9 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
                                     : cpu::kNegInf;
           m = std::max(m, s[j]);
         }
-        double* o = &O[((b * Sq + i) * H + h) * D];
+        double* o = &O[((b * R + slot(i)) * H + h) * D];
         if (m == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
-          L[(b * H + h) * Sq + i] = cpu::kNegInf;
+          L[stat(b, h, i)] = cpu::kNegInf;
           continue;
         }
         double l = 0;
@@ -103,25 +119,25 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
           for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
         }
         for (int64_t d = 0; d < D; ++d) o[d] /= l;
-        L[(b * H + h) * Sq + i] = m + std::log(l);
+        L[stat(b, h, i)] = m + std::log(l);
       }
     }
   if (!backward) return res;
 
-  const std::vector<double> dO = to_dense_f64(dout);
-  std::vector<double> delta(static_cast<size_t>(B * H * Sq));
+  const std::vector<double> dO = to_dense_f64(dout, compact ? &q_rows : nullptr);
+  std::vector<double> delta(static_cast<size_t>(B * H * R));
   for (int64_t b = 0; b < B; ++b)
     for (const int64_t i : forward_rows)
       for (int64_t h = 0; h < H; ++h)
-        delta[(b * H + h) * Sq + i] = dot(qrow(dO, b, i, h), &O[((b * Sq + i) * H + h) * D], D);
+        delta[stat(b, h, i)] = dot(qrow(dO, b, i, h), &O[((b * R + slot(i)) * H + h) * D], D);
 
-  res.dq = HostTensor(DType::kF64, {B, Sq, H, D});
+  res.dq = HostTensor(DType::kF64, {B, R, H, D});
   double* dQ = res.dq.data<double>();
   // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair.
   auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* ds) {
-    const double lse = L[(b * H + h) * Sq + i];
+    const double lse = L[stat(b, h, i)];
     const double p = std::exp(scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D) - lse);
-    *ds = p * (dot(qrow(dO, b, i, h), krow(V, b, j, h / G), D) - delta[(b * H + h) * Sq + i]);
+    *ds = p * (dot(qrow(dO, b, i, h), krow(V, b, j, h / G), D) - delta[stat(b, h, i)]);
     return p;
   };
 
@@ -131,7 +147,7 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
     for (size_t r = 0; r < q_rows.size(); ++r) {
       const int64_t i = q_rows[r];
       for (int64_t h = 0; h < H; ++h) {
-        double* dq = &dQ[((b * Sq + i) * H + h) * D];
+        double* dq = &dQ[((b * R + slot(i)) * H + h) * D];
         for (int64_t j = 0; j < Sk; ++j) {
           if (!mask.allowed(i, j)) continue;
           double ds;
