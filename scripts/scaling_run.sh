@@ -5,7 +5,8 @@
 #      (scripts/gpu_check.sh multi: bench_gpu_ring, bench/torch_cp_peer.py, the joined table);
 #   2. each length through the tool (`seqpar attn --device cuda --algo auto --check single`),
 #      checked against the whole problem on one GPU (every row) and the fp64 oracle on sampled
-#      query rows.
+#      query rows. Where the whole problem does not fit on one GPU (2M on 8 GPUs), the oracle
+#      rows alone check it. Host memory: about 180 GiB at 1M.
 # Results go to $OUT (or ./gpu_out): multi_*.jsonl, multi_compare.md, check_<S>.json.
 # Env: TOKENS_PER_GPU (default "16384 65536 262144"), SAMPLE_ROWS (default 16),
 #      STAGES (default "bench check"), CHECK_TIMEOUT (seconds per check, default 500; a 1M
