@@ -85,6 +85,21 @@ TEST(Cli, CudaRanksMatchTheSingleGpuResult) {
   EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
 }
 
+// Four GPU ranks (the schedules whose fp32 accumulators travel) over a longer sequence than the
+// oracle tests reach, both backwards, against the single GPU and the oracle rows.
+TEST(Cli, CudaFourRanksMatchTheSingleGpuResultAt64K) {
+  if (seqpar::cuda_device_count() < 4) GTEST_SKIP() << "needs four CUDA devices";
+  for (const char* algo : {"ring", "burst"}) {
+    const Result r = run_tool(std::string("attn --device cuda --ranks 4 --algo ") + algo +
+                              " --layout zigzag --mask causal --seq 65536 --heads 8 --head-dim 128 "
+                              "--check single --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_TRUE(j["disagreeing_blocks"].empty()) << algo << ": " << j["disagreeing_blocks"].dump();
+    EXPECT_TRUE(j["check_passed"].get<bool>()) << algo << ": " << r.output;
+  }
+}
+
 TEST(Cli, Fp64MatchesOracleTightly) {
   const Result r = run_tool("attn --layout striped --mask docs:4 --seq 123 --heads 2 --head-dim 16 "
                             "--ranks 4 --dtype fp64 --json");
