@@ -201,6 +201,9 @@ def main():
             continue
 
         err, result = None, None
+        if rank == 0:  # progress on stderr: a rank out of memory inside a ring collective leaves
+            # its peers waiting until the NCCL timeout (--nccl-timeout), which this makes visible
+            print(f"[peer +{time.perf_counter() - t_start:.0f} s] seq={s}: running", file=sys.stderr, flush=True)
         try:
             result = run_one(args, mesh, rank, world, s)
         except Exception as e:  # out of memory, mostly; reported below
@@ -208,8 +211,9 @@ def main():
         # Free whatever the failed (or finished) run left behind.
         gc.collect()
         torch.cuda.empty_cache()
-        if err is not None and rank != 0:
-            print(f"[rank {rank}] seq={s}: {err[:300]}", file=sys.stderr, flush=True)
+        if err is not None:
+            print(f"[rank {rank} +{time.perf_counter() - t_start:.0f} s] seq={s}: {err[:300]}", file=sys.stderr,
+                  flush=True)
 
         # All ranks agree on whether S failed, and whether out of memory: code 2 = OOM, 1 = other.
         code = 0 if err is None else (2 if is_oom(err) else 1)
