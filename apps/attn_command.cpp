@@ -512,21 +512,20 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
       single_error = ran.to_string();
       check_ok = check_ok && needed > free_bytes;  // too large is no failure; a failed run is
     }
-    // In blocks of 2P row ranges (the zigzag layout's chunks) by the head groups the ranks used.
-    // In blocks of 2P equal row ranges by the head groups the ranks used.
-    const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> tensors[] = {
-        {"o", {&g_o, &single.out}}, {"dq", {&g_dq, &single.dq}}, {"dk", {&g_dk, &single.dk}}, {"dv", {&g_dv, &single.dv}}};
-    for (const auto& [name, pair] : tensors) {
-      if (!ran.ok()) break;
-      const BlockErrors e = relative_errors(*pair.first, *pair.second, 2 * P, result.head_groups);
-      errors[name] = e.total();
-      for (int rb = 0; rb < e.row_blocks; ++rb)
-        for (int hb = 0; hb < e.head_blocks; ++hb)
-          if (!(e.at(rb, hb) <= tolerance))
-            disagreeing.push_back({{"tensor", name}, {"rows", {rb * e.row_block, std::min(o.seq, (rb + 1) * e.row_block)}},
-                                   {"heads", {hb * e.head_block, (hb + 1) * e.head_block}}, {"relative_err", e.at(rb, hb)}});
+    if (ran.ok()) {  // in blocks of 2P equal row ranges by the head groups the ranks used
+      const std::pair<const char*, std::pair<const HostTensor*, const HostTensor*>> tensors[] = {
+          {"o", {&g_o, &single.out}}, {"dq", {&g_dq, &single.dq}}, {"dk", {&g_dk, &single.dk}}, {"dv", {&g_dv, &single.dv}}};
+      for (const auto& [name, pair] : tensors) {
+        const BlockErrors e = relative_errors(*pair.first, *pair.second, 2 * P, result.head_groups);
+        errors[name] = e.total();
+        for (int rb = 0; rb < e.row_blocks; ++rb)
+          for (int hb = 0; hb < e.head_blocks; ++hb)
+            if (!(e.at(rb, hb) <= tolerance))
+              disagreeing.push_back({{"tensor", name}, {"rows", {rb * e.row_block, std::min(o.seq, (rb + 1) * e.row_block)}},
+                                     {"heads", {hb * e.head_block, (hb + 1) * e.head_block}}, {"relative_err", e.at(rb, hb)}});
+      }
+      errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
     }
-    if (ran.ok()) errors["lse"] = max_error_on_rows(g_lse, to_f64(single.lse), 2, {});
     for (auto& [name, err] : errors.items())
       check_ok = check_ok && err.get<double>() <= (name == "lse" ? kSingleLseTolerance : tolerance);
     // Should the two disagree, the fp64 oracle on sampled query rows (O, LSE and dQ, at
