@@ -341,6 +341,7 @@ Status compute_cuda(Communicator& comm, const Job& job, const Layout& layout,
   SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_zeros(t, {B, n, Hkv, D}));
   GpuRingOptions options;
   options.head_groups = o.head_groups;
+  options.max_call_rows = o.max_call_rows;
   GpuRingContext ctx(options);
   cudaStream_t stream = nullptr;  // a stream of our own, ordered only by explicit events
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
@@ -732,6 +733,7 @@ StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi, 
   SP_CHECK_ARG(opt.heads % job.kv_heads == 0,
                "--heads (" + std::to_string(opt.heads) + ") must be divisible by --kv-heads (" +
                    std::to_string(job.kv_heads) + ")");
+  SP_CHECK_ARG(opt.max_call_rows >= 0, "--max-call-rows must be 0 (no limit) or positive");
   SP_CHECK_ARG(opt.head_groups >= 0 && (opt.head_groups == 0 || job.kv_heads % opt.head_groups == 0),
                "--head-groups must divide the K/V heads (" + std::to_string(job.kv_heads) + ")");
   SP_CHECK_ARG(opt.check == "auto" || opt.check == "full" || opt.check == "sampled" ||
@@ -855,6 +857,10 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
   cmd->add_option("--head-groups", o.head_groups, "cuda: process the heads in this many groups "
                                                   "(less workspace); default: the fewest whose workspace fits in seven q "
                                                   "shards and 16 GiB");
+  cmd->add_option("--max-call-rows", o.max_call_rows, "cuda: no cuDNN call spans more query or key "
+                                                     "rows than this (0: no limit); also the single-GPU "
+                                                     "check's calls")
+      ->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: "
                                                             "cores / ranks)");
   cmd->add_option("--check", o.check, "auto | full | sampled | single | none: the fp64 oracle on "

@@ -25,6 +25,7 @@ struct AttnOptions {
   int threads_per_rank = 0;  // 0: cores / ranks
   int64_t sample_rows = 64;
   int head_groups = 0;  // cuda: 0 = automatic
+  int64_t max_call_rows = 0;  // cuda: 0 = no limit on the rows of one cuDNN call
   uint64_t seed = 1234;
   bool json = false;
   std::string dump_dir;

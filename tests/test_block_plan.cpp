@@ -1,5 +1,6 @@
 // Dense-call planning: for every layout, rank pair and causal-like mask, the calls cover each
-// visible (query, key) pair exactly once and nothing else; zigzag causal pairs take one call;
+// visible (query, key) pair exactly once and nothing else, also when limited to a few rows
+// each; zigzag causal pairs take one call;
 // windows and documents are handed to the positions-aware kernel.
 #include <gtest/gtest.h>
 
@@ -34,16 +35,22 @@ TEST_P(PlanCoversMask, EveryVisiblePairOnce) {
     for (int s = 0; s < P; ++s) {
       const auto& qp = layout->positions(r);
       const auto& kp = layout->positions(s);
-      const BlockPlan plan = plan_block_pair(qp, kp, mask);
-      ASSERT_TRUE(plan.dense) << "pair " << r << "," << s;
+      const BlockPlan whole = plan_block_pair(qp, kp, mask);
+      ASSERT_TRUE(whole.dense) << "pair " << r << "," << s;
+      EXPECT_LE(whole.calls.size(), 4u);
       const int64_t n = qp.size(), m = kp.size();
-      const std::vector<int> count = coverage(plan, n, m);
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j)
-          ASSERT_EQ(count[i * m + j], mask.band_allows(qp[i], kp[j]) ? 1 : 0)
-              << "q row " << i << " (pos " << qp[i] << "), k row " << j << " (pos " << kp[j]
-              << "), ranks " << r << "," << s;
-      EXPECT_LE(plan.calls.size(), 4u);
+      // And the same pairs in calls of at most 5 or 16 rows (limit_call_rows).
+      for (int64_t cap : {0, 5, 16}) {
+        const BlockPlan plan = limit_call_rows(whole, cap);
+        for (const BlockCall& c : plan.calls)
+          if (cap > 0) EXPECT_TRUE(c.q_end - c.q_begin <= cap && c.k_end - c.k_begin <= cap) << cap;
+        const std::vector<int> count = coverage(plan, n, m);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < m; ++j)
+            ASSERT_EQ(count[i * m + j], mask.band_allows(qp[i], kp[j]) ? 1 : 0)
+                << "q row " << i << " (pos " << qp[i] << "), k row " << j << " (pos " << kp[j]
+                << "), ranks " << r << "," << s << ", at most " << cap << " rows";
+      }
     }
 }
 

@@ -163,6 +163,7 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --ranks 0", "between 1 and 1024"},
       {"attn --device tpu", "unknown device"},
       {"attn --check single", "needs --device cuda"},
+      {"attn --max-call-rows -1", "--max-call-rows must be"},
       {"attn --check most", "must be auto, full, sampled, single or none"},
       {"attn --dtype bf16", "needs --device cuda"},
       {"attn --device cuda --dtype fp64 --ranks 1", seqpar::cuda_device_count() ? "bf16 or fp16" : "no CUDA GPU"},

@@ -28,6 +28,7 @@ struct Case {
   int64_t seq, heads, kv_heads, head_dim;
   int head_groups;  // 0: auto
   bool nccl;
+  int64_t max_call_rows = 0;  // GpuRingOptions::max_call_rows
 };
 
 std::string name(const Case& c) {
@@ -37,7 +38,8 @@ std::string name(const Case& c) {
   return std::string(c.nccl ? "nccl" : "local") + "_P" + std::to_string(c.ranks) + "_" +
          layout_name(c.layout) + "_" + mask + "_" + backward_schedule_name(c.schedule) + "_S" +
          std::to_string(c.seq) + "_H" + std::to_string(c.heads) + "_Hkv" + std::to_string(c.kv_heads) +
-         "_D" + std::to_string(c.head_dim) + "_G" + std::to_string(c.head_groups);
+         "_D" + std::to_string(c.head_dim) + "_G" + std::to_string(c.head_groups) +
+         (c.max_call_rows ? "_rows" + std::to_string(c.max_call_rows) : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << name(c); }
@@ -94,6 +96,7 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
     GpuRingOptions options;
     options.head_groups = c.head_groups;
+    options.max_call_rows = c.max_call_rows;
     options.trace = true;  // the milestones must not change the results (and are checked below)
     GpuRingContext ctx(options);
     cudaStream_t stream;
@@ -170,6 +173,12 @@ std::vector<Case> cases() {
   // finish on the side stream that the next group must wait for.
   for (BackwardSchedule schedule : {ring, burst})
     all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 2, false});
+  // cuDNN calls of at most 100 rows: every shard pair tiled, so results gather many parts
+  // (diagonal tiles causal, the rest full), on two and four ranks, both backwards.
+  for (BackwardSchedule schedule : {ring, burst}) {
+    all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 1000, 4, 2, 64, 0, false, 100});
+    all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 1000, 4, 4, 64, 2, false, 100});
+  }
   // NCCL, one GPU per rank (needs as many GPUs as ranks; skipped otherwise). Four ranks take
   // the P > 2 schedules, whose accumulators travel, over NCCL.
   for (BackwardSchedule schedule : {ring, burst}) {

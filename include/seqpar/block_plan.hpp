@@ -30,6 +30,11 @@ struct BlockPlan {
 BlockPlan plan_block_pair(const std::vector<int64_t>& q_positions,
                           const std::vector<int64_t>& k_positions, const MaskSpec& mask);
 
+// The same (query, key) pairs in calls of at most `max_rows` query and key rows each
+// (max_rows <= 0: the plan as it is). A causal call is tiled on one grid for its queries and
+// keys: tiles on the diagonal stay causal, tiles below it are full, tiles above are dropped.
+BlockPlan limit_call_rows(BlockPlan plan, int64_t max_rows);
+
 // Maximal arithmetic runs of a position list: rows [begin, end) sit at offset + stride * i.
 struct PositionRunSpan {
   int64_t begin = 0, end = 0;

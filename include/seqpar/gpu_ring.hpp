@@ -45,6 +45,9 @@ struct GpuRingOptions {
   int64_t workspace_floor_bytes = 256LL << 20;  // but never split a smaller workspace,
   int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
   bool use_cudnn = true;                      // false: our own kernels for every step
+  // > 0: no cuDNN call spans more query or key rows than this (a shard pair's calls are tiled;
+  // a diagnostic and a guard for very long shards). 0: one call per dense block.
+  int64_t max_call_rows = 0;
   bool trace = false;  // record a CUDA event at each step's milestones (GpuRingContext::take_trace)
 };
 

@@ -113,4 +113,20 @@ BlockPlan plan_block_pair(const std::vector<int64_t>& q_positions,
   return plan;
 }
 
+BlockPlan limit_call_rows(BlockPlan plan, int64_t max_rows) {
+  if (max_rows <= 0 || !plan.dense) return plan;
+  std::vector<BlockCall> calls;
+  for (const BlockCall& c : plan.calls) {
+    const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
+    for (int64_t qa = 0; qa < nq; qa += max_rows)
+      for (int64_t ka = 0; ka < nk; ka += max_rows) {
+        if (c.causal && ka > qa) break;  // every key of this tile and the next comes after every query
+        calls.push_back({c.q_begin + qa, c.q_begin + std::min(nq, qa + max_rows), c.k_begin + ka,
+                         c.k_begin + std::min(nk, ka + max_rows), c.causal && ka == qa});
+      }
+  }
+  plan.calls = std::move(calls);
+  return plan;
+}
+
 }  // namespace seqpar

@@ -39,6 +39,7 @@ struct GpuRingContext::Impl {
   cudaEvent_t computed = nullptr;        // recorded on the caller's stream before them
   int device = 0;
   bool tracing = false;
+  int64_t max_call_rows = 0;  // GpuRingOptions::max_call_rows
   std::vector<std::pair<std::string, cudaEvent_t>> marks;  // with GpuRingOptions::trace
 
   ~Impl() {
@@ -152,7 +153,8 @@ struct GpuRingContext::Impl {
     auto it = plans.find({q_rank, k_rank});
     if (it == plans.end())
       it = plans.emplace(std::pair{q_rank, k_rank},
-                         plan_block_pair(layout.positions(q_rank), layout.positions(k_rank), mask))
+                         limit_call_rows(plan_block_pair(layout.positions(q_rank), layout.positions(k_rank), mask),
+                                         max_call_rows))
                .first;
     return it->second;
   }
@@ -161,6 +163,7 @@ struct GpuRingContext::Impl {
 GpuRingContext::GpuRingContext(GpuRingOptions options)
     : options_(options), impl_(std::make_unique<Impl>()) {
   impl_->tracing = options.trace;
+  impl_->max_call_rows = options.max_call_rows;
 }
 GpuRingContext::~GpuRingContext() = default;
 
