@@ -165,20 +165,23 @@ double max_error_on_rows(const HostTensor& got, const HostTensor& want, int seq_
   const int64_t count = static_cast<int64_t>(chosen.size());
   const double* y = want.data<double>();
   double worst = 0;
-#pragma omp parallel for collapse(2) reduction(max : worst) schedule(static)
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t r = 0; r < count; ++r) {
-      const int64_t base = (o * S + chosen[r]) * inner;
-      const double* w = y + (want_compact ? (o * count + r) * inner : base);
-      std::vector<double> x(inner);
-      convert(static_cast<const char*>(v.data) + base * dtype_size(v.dtype), v.dtype, x.data(), DType::kF64,
-              inner);
-      for (int64_t e = 0; e < inner; ++e) {
-        if (x[e] == w[e]) continue;
-        const double d = std::abs(x[e] - w[e]);
-        worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+#pragma omp parallel reduction(max : worst)
+  {
+    std::vector<double> x(inner);  // one row, converted; per thread (an LSE row is one value)
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t base = (o * S + chosen[r]) * inner;
+        const double* w = y + (want_compact ? (o * count + r) * inner : base);
+        convert(static_cast<const char*>(v.data) + base * dtype_size(v.dtype), v.dtype, x.data(), DType::kF64,
+                inner);
+        for (int64_t e = 0; e < inner; ++e) {
+          if (x[e] == w[e]) continue;
+          const double d = std::abs(x[e] - w[e]);
+          worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+        }
       }
-    }
+  }
   return worst;
 }
 
@@ -209,19 +212,21 @@ BlockErrors relative_errors(const HostTensor& got, const HostTensor& want, int r
   e.row_blocks = int((S + e.row_block - 1) / e.row_block), e.head_blocks = int((H + e.head_block - 1) / e.head_block);
   e.diff2.assign(size_t(e.row_blocks) * e.head_blocks, 0.0);
   e.ref2 = e.diff2;
-  const auto row = [](const HostTensor& t, int64_t r, int64_t width) {
-    return static_cast<const char*>(t.view().data) + r * width * dtype_size(t.view().dtype);
+  // The elements of one row's block of heads: [first, first + n) of the row's H * D.
+  const auto at = [&](const HostTensor& t, int64_t row, int64_t first) {
+    return static_cast<const char*>(t.view().data) + (row * H * D + first) * dtype_size(t.view().dtype);
   };
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int rb = 0; rb < e.row_blocks; ++rb)
     for (int hb = 0; hb < e.head_blocks; ++hb) {
-      std::vector<double> a(H * D), b(H * D);
+      const int64_t first = hb * e.head_block * D, n = (std::min(H, (hb + 1) * e.head_block) - hb * e.head_block) * D;
+      std::vector<double> a(n), b(n);
       double d2 = 0, r2 = 0;
       for (int64_t bi = 0; bi < B; ++bi)
         for (int64_t i = rb * e.row_block; i < std::min(S, (rb + 1) * e.row_block); ++i) {
-          convert(row(got, bi * S + i, H * D), g.dtype, a.data(), DType::kF64, H * D);
-          convert(row(want, bi * S + i, H * D), want.view().dtype, b.data(), DType::kF64, H * D);
-          for (int64_t x = hb * e.head_block * D; x < std::min(H, (hb + 1) * e.head_block) * D; ++x) {
+          convert(at(got, bi * S + i, first), g.dtype, a.data(), DType::kF64, n);
+          convert(at(want, bi * S + i, first), want.view().dtype, b.data(), DType::kF64, n);
+          for (int64_t x = 0; x < n; ++x) {
             d2 += (a[x] - b[x]) * (a[x] - b[x]);
             r2 += b[x] * b[x];
           }
@@ -558,7 +563,6 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     const auto t_check = Clock::now();
     SP_ASSIGN_OR_RETURN(ReferenceResult ref,
                         reference_attention(gq.view(), gk.view(), gv.view(), gdo.view(), params, rows));
-    // Low precision: errors relative to the largest reference value of each tensor.
     errors["o"] = error(g_o, ref.o, 1, rows.query_rows);
     errors["lse"] = error(g_lse, ref.lse, 2, rows.query_rows);
     errors["dq"] = error(g_dq, ref.dq, 1, rows.query_rows);
