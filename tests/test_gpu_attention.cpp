@@ -8,6 +8,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 
 #include "seqpar/cudnn_attention.hpp"
@@ -580,6 +581,101 @@ TEST(LongSequence, CudnnPastTwoToTheThirtyOneElements) {
   expect_equal(last, want, "all heads:");
   ASSERT_TRUE(cudnn_release_workspace().ok());
 }
+
+// One long causal backward call against a call over its last half of query rows alone (the
+// same rows' dQ, bottom-right aligned over all keys), whose views span less than 2^31
+// elements. cuDNN alone gets dQ wrong from the row whose offset passes 2^31 (a head slice of
+// [786432, 32, 128] tensors, from row 524288 on; a 1M-token single-GPU run showed it), so the
+// adapter runs such calls on compact copies, in chunks of heads where even those would pass
+// 2^31. Cases: a short span (one plain call); head slices of wide tensors (compact copies);
+// a contiguous call over 264 heads (two head chunks). One random head is copied into every
+// head of the call (the other heads of a wider tensor stay zero).
+struct LongCall {
+  int64_t seq, heads, tensor_heads;  // the call's rows and heads; the tensors' heads (row stride)
+};
+
+class CudnnLongCall : public ::testing::TestWithParam<LongCall> {};
+
+TEST_P(CudnnLongCall, DqMatchesACallOfItsLastRows) {
+  SKIP_WITHOUT_GPU();
+  const LongCall c = GetParam();
+  const int64_t S = c.seq, h = c.heads, Ht = c.tensor_heads, D = 128, R = S / 2;
+  const size_t wide = size_t(S * Ht * D * 2), narrow = size_t(S * h * D * 2);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  // Ours: 4 wide + 5 narrow; the adapter's compact copies: at most 8 narrow; cuDNN's dQ sum: 2.
+  const size_t need = 4 * wide + 15 * narrow;
+  if (free_bytes < need) GTEST_SKIP() << "needs " << (need >> 30) << " GiB free";
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const auto heads = [&](const DeviceTensor& t) {  // heads [0, h) of a [1, S, Ht, D] tensor
+    TensorView v = t.view;
+    v.shape[2] = h;
+    return v;
+  };
+  const auto rows = [](TensorView v, int64_t first) {  // rows [first, end) of a [1, S, h, D] view
+    v.data = static_cast<char*>(v.data) + first * v.strides[1] * dtype_size(v.dtype);
+    v.shape[1] -= first;
+    return v;
+  };
+  const auto filled = [&](int64_t tensor_heads, uint64_t seed) {  // one random head in each of h
+    DeviceTensor t = device_zeros(DType::kBF16, {1, S, tensor_heads, D}).value();
+    const DeviceTensor one = to_device(testing::random_tensor(DType::kBF16, {1, S, 1, D}, seed)).value();
+    for (int64_t i = 0; i < h; ++i) {
+      TensorView dst = t.view;
+      dst.data = static_cast<char*>(dst.data) + i * dst.strides[2] * 2;
+      dst.shape[2] = 1;
+      EXPECT_TRUE(flash_cast(one.view, dst).ok());
+    }
+    return t;
+  };
+  const DeviceTensor q = filled(Ht, 91), dout = filled(Ht, 92), k = filled(h, 93), v = filled(h, 94);
+  const DeviceTensor o = device_zeros(DType::kBF16, {1, S, Ht, D}).value();
+  const DeviceTensor dq = device_zeros(DType::kBF16, {1, S, Ht, D}).value();
+  DeviceTensor dk = device_zeros(DType::kBF16, {1, S, h, D}).value(), dv = device_zeros(DType::kBF16, {1, S, h, D}).value();
+  const DeviceTensor lse = device_zeros(DType::kF32, {1, h, S}).value();
+  ASSERT_TRUE(cudnn_attention_forward(heads(q), k.view, v.view, params, heads(o), lse.view).ok());
+  ASSERT_TRUE(cudnn_attention_backward(heads(q), k.view, v.view, heads(o), heads(dout), lse.view, params, heads(dq),
+                                       dk.view, dv.view).ok());
+
+  // The last R query rows alone: their LSE rows made contiguous, bottom-right causal.
+  const DeviceTensor lse_tail = device_zeros(DType::kF32, {1, h, R}).value();
+  ASSERT_EQ(cudaMemcpy2D(lse_tail.view.data, R * 4, static_cast<float*>(lse.view.data) + (S - R), S * 4, R * 4, h,
+                         cudaMemcpyDeviceToDevice), cudaSuccess);
+  const DeviceTensor dq_tail = device_zeros(DType::kBF16, {1, R, h, D}).value();
+  AttentionParams tail = params;
+  tail.mask.align = MaskAlign::kBottomRight;
+  ASSERT_TRUE(cudnn_attention_backward(rows(heads(q), S - R), k.view, v.view, rows(heads(o), S - R),
+                                       rows(heads(dout), S - R), lse_tail.view, tail, dq_tail.view, dk.view, dv.view)
+                  .ok());
+  const DeviceTensor dq_long = device_zeros(DType::kBF16, {1, R, h, D}).value();
+  ASSERT_TRUE(flash_cast(rows(heads(dq), S - R), dq_long.view).ok());
+  const HostTensor got = cast(to_host(dq_long.view).value(), DType::kF32);
+  const HostTensor want = cast(to_host(dq_tail.view).value(), DType::kF32);
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  const double scale = testing::max_abs(want);
+  double err = 0;
+  int64_t first_bad = -1;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < h * D; ++i) {
+      const double e = std::abs(double(g[r * h * D + i]) - w[r * h * D + i]);
+      err = std::max(err, e);
+      if (first_bad < 0 && e > 1e-2 * scale) first_bad = S - R + r;
+    }
+  std::printf("S=%lld heads=%lld of %lld: max |dQ long - dQ of the last rows| %.3e of max %.3e; first row past "
+              "1e-2: %lld\n",
+              (long long)S, (long long)h, (long long)Ht, err, scale, (long long)first_bad);
+  EXPECT_LE(err, 1e-2 * scale) << "first disagreeing row " << first_bad;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudnnLongCall,
+                         ::testing::Values(LongCall{786432, 2, 2}, LongCall{786432, 1, 32}, LongCall{786432, 8, 32},
+                                           LongCall{65536, 264, 264}),
+                         [](const auto& info) {
+                           return "S" + std::to_string(info.param.seq) + "_h" + std::to_string(info.param.heads) +
+                                  "_of" + std::to_string(info.param.tensor_heads);
+                         });
 
 // FlashPositions::defaults turns a bottom-right mask alignment (S_q < S_k, the KV-cache
 // convention) into position runs; the result matches the oracle's bottom-right mask.

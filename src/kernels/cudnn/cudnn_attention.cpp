@@ -13,6 +13,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/cpu/attention_common.hpp"
+#include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {
@@ -38,11 +39,13 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDout, kDq, kDk, kDv };
                                                      sp_fe_err_.get_message());          \
   } while (0)
 
-// Per thread and device: the handle, the built graphs, the workspace.
+// Per thread and device: the handle, the built graphs, the workspace, and the compact copies
+// of long backward calls (backward_in_head_chunks).
 struct DeviceContext {
   cudnnHandle_t handle = nullptr;
   std::unordered_map<std::string, std::shared_ptr<fe::graph::Graph>> graphs;
   DeviceBuffer workspace;
+  DeviceBuffer compact;
   ~DeviceContext() {
     if (handle) cudnnDestroy(handle);
   }
@@ -213,20 +216,13 @@ Status cudnn_attention_forward(const TensorView& q, const TensorView& k, const T
   return execute(*ctx, *graph, pack, stream);
 }
 
-Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& o, const TensorView& dout,
-                                const TensorView& lse, const AttentionParams& params,
-                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                void* stream) {
-  cpu::AttentionDims d;
-  SP_RETURN_IF_ERROR(check_problem(q, k, v, params, &d));
-  SP_RETURN_IF_ERROR(check_like("o", o, q));
-  SP_RETURN_IF_ERROR(check_like("dout", dout, q));
-  SP_RETURN_IF_ERROR(check_like("dq", dq, q));
-  SP_RETURN_IF_ERROR(check_like("dk", dk, k));
-  SP_RETURN_IF_ERROR(check_like("dv", dv, v));
-  SP_RETURN_IF_ERROR(check_lse(lse, d));
-  SP_ASSIGN_OR_RETURN(DeviceContext * ctx, context_for_current_device());
+namespace {
+
+// One cuDNN backward graph over the views as they are (checked by the caller).
+Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& o, const TensorView& dout, const TensorView& lse,
+                     const AttentionParams& params, const TensorView& dq, const TensorView& dk,
+                     const TensorView& dv, const cpu::AttentionDims& d, void* stream) {
   const double scale = scale_of(params, d.head_dim);
   const std::string key = key_of("bwd", {&q, &k, &v, &o, &dout, &dq, &dk, &dv}, params, scale);
   auto& graph = ctx->graphs[key];
@@ -253,10 +249,116 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   return execute(*ctx, *graph, pack, stream);
 }
 
+// cuDNN 9's backward (measured on an H200, tests/test_gpu_attention.cpp CudnnLongCall) gives
+// a wrong dQ from the row whose offset in its view passes 2^31 elements: a head slice of
+// [S, 32, 128] tensors goes wrong from row 524288 on, while the same rows of a compact slice
+// come out right. Such calls (the single-GPU run of a 1M-token problem; a 655K-row zigzag
+// chunk of a 2.6M-token problem on two GPUs) run here instead: per chunk of K/V heads, every
+// tensor whose view spans 2^31 elements or more goes through a compact copy (O(S) bytes
+// against the call's O(S^2) work). The forward was measured right on such views.
+constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;
+
+int64_t span_elements(const TensorView& t) {  // 1 + the largest element offset from t.data
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
+  return last + 1;
+}
+
+TensorView heads_of(TensorView t, int64_t first, int64_t count) {  // heads [first, first + count)
+  t.data = static_cast<char*>(t.data) + first * t.strides[2] * int64_t(dtype_size(t.dtype));
+  t.shape[2] = count;
+  return t;
+}
+
+Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& dout,
+                               const TensorView& lse, const AttentionParams& params,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const cpu::AttentionDims& d, void* stream) {
+  const int64_t B = d.batch, ratio = d.heads / d.kv_heads, D = d.head_dim;
+  // K/V heads per chunk: the most whose compact copies stay under the limit.
+  const int64_t per_kv_head = std::max(B * d.seq_q * ratio, B * d.seq_k) * D;
+  const int64_t chunk = std::min(d.kv_heads, (kCudnnMaxSpan - 1) / per_kv_head);
+  SP_CHECK_SUPPORTED(chunk >= 1, "cuDNN's backward cannot address one head of this call (" +
+                                     std::to_string(per_kv_head) +
+                                     " elements, 2^31 at most): split the sequence over more ranks");
+  const auto s = static_cast<cudaStream_t>(stream);
+  const size_t esize = dtype_size(q.dtype);
+  const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t q_bytes = aligned(size_t(B * d.seq_q * chunk * ratio * D) * esize);
+  const size_t k_bytes = aligned(size_t(B * d.seq_k * chunk * D) * esize);
+  const size_t lse_bytes = aligned(size_t(B * chunk * ratio * d.seq_q) * sizeof(float));
+  SP_RETURN_IF_ERROR(ctx->compact.reserve(4 * q_bytes + 4 * k_bytes + lse_bytes));
+  char* next = static_cast<char*>(ctx->compact.data());
+  const auto carve = [&](size_t bytes) { char* p = next; next += bytes; return p; };
+  char* q_side[4] = {carve(q_bytes), carve(q_bytes), carve(q_bytes), carve(q_bytes)};
+  char* k_side[4] = {carve(k_bytes), carve(k_bytes), carve(k_bytes), carve(k_bytes)};
+  float* lse_copy = reinterpret_cast<float*>(carve(lse_bytes));
+
+  for (int64_t first = 0; first < d.kv_heads; first += chunk) {
+    const int64_t n = std::min(chunk, d.kv_heads - first), nq = n * ratio;
+    // The chunk's views: each one used as it is when it spans less than 2^31 elements, else
+    // a compact copy (inputs copied in, outputs copied out after the call).
+    std::vector<std::pair<TensorView, TensorView>> outputs;  // (compact, destination)
+    const auto place = [&](const TensorView& slice, char* buffer, bool input) -> StatusOr<TensorView> {
+      if (span_elements(slice) < kCudnnMaxSpan) return slice;
+      const TensorView copy = TensorView::contiguous(
+          buffer, slice.dtype, std::vector<int64_t>(slice.shape.begin(), slice.shape.begin() + 4), slice.device);
+      if (input) SP_RETURN_IF_ERROR(flash_cast(slice, copy, stream));
+      else outputs.emplace_back(copy, slice);
+      return copy;
+    };
+    SP_ASSIGN_OR_RETURN(const TensorView qc, place(heads_of(q, first * ratio, nq), q_side[0], true));
+    SP_ASSIGN_OR_RETURN(const TensorView oc, place(heads_of(o, first * ratio, nq), q_side[1], true));
+    SP_ASSIGN_OR_RETURN(const TensorView doc, place(heads_of(dout, first * ratio, nq), q_side[2], true));
+    SP_ASSIGN_OR_RETURN(const TensorView dqc, place(heads_of(dq, first * ratio, nq), q_side[3], false));
+    SP_ASSIGN_OR_RETURN(const TensorView kc, place(heads_of(k, first, n), k_side[0], true));
+    SP_ASSIGN_OR_RETURN(const TensorView vc, place(heads_of(v, first, n), k_side[1], true));
+    SP_ASSIGN_OR_RETURN(const TensorView dkc, place(heads_of(dk, first, n), k_side[2], false));
+    SP_ASSIGN_OR_RETURN(const TensorView dvc, place(heads_of(dv, first, n), k_side[3], false));
+    // The chunk's LSE rows, [B, nq, S_q] (a head slice of [B, H, S_q] is strided when B > 1).
+    SP_CUDA_CHECK(cudaMemcpy2DAsync(lse_copy, size_t(nq * d.seq_q) * sizeof(float),
+                                    static_cast<const float*>(lse.data) + first * ratio * d.seq_q,
+                                    size_t(d.heads * d.seq_q) * sizeof(float), size_t(nq * d.seq_q) * sizeof(float),
+                                    size_t(B), cudaMemcpyDeviceToDevice, s));
+    const TensorView lsec =
+        TensorView::contiguous(lse_copy, DType::kF32, std::vector<int64_t>{B, nq, d.seq_q}, lse.device);
+    cpu::AttentionDims dc = d;
+    dc.heads = nq;
+    dc.kv_heads = n;
+    SP_RETURN_IF_ERROR(backward_call(ctx, qc, kc, vc, oc, doc, lsec, params, dqc, dkc, dvc, dc, stream));
+    for (const auto& [copy, destination] : outputs) SP_RETURN_IF_ERROR(flash_cast(copy, destination, stream));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& o, const TensorView& dout,
+                                const TensorView& lse, const AttentionParams& params,
+                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                void* stream) {
+  cpu::AttentionDims d;
+  SP_RETURN_IF_ERROR(check_problem(q, k, v, params, &d));
+  SP_RETURN_IF_ERROR(check_like("o", o, q));
+  SP_RETURN_IF_ERROR(check_like("dout", dout, q));
+  SP_RETURN_IF_ERROR(check_like("dq", dq, q));
+  SP_RETURN_IF_ERROR(check_like("dk", dk, k));
+  SP_RETURN_IF_ERROR(check_like("dv", dv, v));
+  SP_RETURN_IF_ERROR(check_lse(lse, d));
+  SP_ASSIGN_OR_RETURN(DeviceContext * ctx, context_for_current_device());
+  for (const TensorView* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
+    if (span_elements(*t) >= kCudnnMaxSpan)
+      return backward_in_head_chunks(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
+  return backward_call(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
+}
+
 Status cudnn_release_workspace() {
   SP_ASSIGN_OR_RETURN(DeviceContext* ctx, context_for_current_device());
   SP_CUDA_CHECK(cudaDeviceSynchronize());  // a call in flight may still use it
   ctx->workspace = DeviceBuffer();
+  ctx->compact = DeviceBuffer();
   return Status::Ok();
 }
 
