@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What limits our own attention kernels (issue 3), measured on the GPU machine in one call:
+#   1. registers, shared memory and spills of each kernel (ptxas -v), and where the spills sit
+#      in the SASS (cuobjdump: local loads/stores between the tensor-core instructions);
+#   2. Nsight Compute on one forward and one backward launch at S = 32K, H = 32, D = 128,
+#      causal, bf16: speed of light, occupancy, warp stall reasons, the tensor pipe's share,
+#      shared-memory bank conflicts (ncu --clock-control none: the clocks are left alone).
+# Results go to $OUT (or ./gpu_out): ptxas.txt, spills.txt, ncu_fwd.csv, ncu_bwd.csv, and a
+# short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
+# Env: SEQS (default 32768), MASKS (default causal).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu_out}"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cuda_bin="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")"
+
+# 1. Registers and spills, straight from the compiler (no GPU needed for this part).
+for f in flash_forward flash_backward; do
+  "$cuda_bin/nvcc" -std=c++20 -O3 -arch=sm_90a -Xptxas -v -I include -I src -c "src/kernels/cuda/$f.cu" \
+    -o "/tmp/$f.o" 2>&1 | grep -E "Compiling entry|registers|spill" | sed -E 's/_ZN6seqpar4cuda[0-9]+_GLOBAL__N__[0-9a-f_]+_cu_[0-9a-f]+//'
+  if [ -x "$cuda_bin/cuobjdump" ]; then
+    # Each kernel's local-memory traffic with its SASS address, and where the tensor-core ops
+    # and barriers start, to tell a spill in the key-tile loop from one in the prologue.
+    "$cuda_bin/cuobjdump" --dump-sass "/tmp/$f.o" | awk -v file="$f" '
+      /Function :/ { match($3, /(forward|backward)_kernelI[^E]*/); fn = substr($3, RSTART, RLENGTH); mma = 0 }
+      /HMMA/ && !mma { mma = 1; print file, fn, "first HMMA at", $1 }
+      /BAR.SYNC/ { print file, fn, "BAR.SYNC at", $1 }
+      /STL|LDL/ { print file, fn, $2, "at", $1 }' >> "$out/spills.txt"
+  fi
+done > "$out/ptxas.txt"
+echo "== ptxas (registers, spills)"
+awk '/Compiling entry/ { match($0, /(forward|backward)_kernelI[^E]*/); name = substr($0, RSTART, RLENGTH) }
+     /spill stores/ { spill = $5 " B spilled" }
+     /Used [0-9]+ registers/ { print "  " name ": " $5 " registers, " spill }' "$out/ptxas.txt"
+[ -s "$out/spills.txt" ] && { echo "== local loads/stores per kernel (addresses in spills.txt)"; grep -E " (STL|LDL)" "$out/spills.txt" | cut -d' ' -f1-3 | sort | uniq -c; }
+
+# 2. Nsight Compute on the benchmark's kernels.
+BUILD_TARGETS=bench_gpu_attention bash scripts/gpu_check.sh build > "$out/build.txt" 2>&1 || { echo "build failed"; tail -20 "$out/build.txt"; exit 1; }
+ncu_bin="$(command -v ncu || echo "$cuda_bin/ncu")"
+[ -x "$ncu_bin" ] || ncu_bin="$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+[ -x "$ncu_bin" ] || { echo "no ncu here"; exit 1; }
+for kernel in forward_kernel backward_kernel; do
+  short="${kernel%_kernel}"
+  short="${short/forward/fwd}"
+  short="${short/backward/bwd}"
+  # Skip the warm-up launches; one launch, every section the summary reads.
+  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum \
+    --csv --page details \
+    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
+    > "$out/ncu_$short.csv" 2> "$out/ncu_$short.err"
+  echo "== ncu $kernel (rc $?)"
+  python3 - "$out/ncu_$short.csv" <<'EOF'
+import csv, sys
+wanted = ("Compute (SM) Throughput", "Memory Throughput", "Duration", "Registers Per Thread",
+          "Achieved Occupancy", "Theoretical Occupancy", "Block Limit Registers",
+          "Block Limit Shared Mem", "Issue Slots Busy", "No Eligible",
+          "Warp Cycles Per Issued Instruction", "sm__pipe_tensor_op_hmma", "bank_conflicts",
+          "local_ld", "local_st", "Stall")
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("no ncu rows (see the .err file)")
+    sys.exit(0)
+head = rows[0]
+name_i, unit_i, value_i = head.index("Metric Name"), head.index("Metric Unit"), head.index("Metric Value")
+for r in rows[1:]:
+    if any(w in r[name_i] for w in wanted):
+        print(f"  {r[name_i]}: {r[value_i]} {r[unit_i]}")
+EOF
+done
