@@ -17,11 +17,12 @@ Rank 0 prints one JSON object per line and S:
   {"kind":"torch_cp","gpus":N,"backend":...,"seq":S,"tokens_per_gpu":S/N,"fwd_ms":...,
    "fwdbwd_ms":...,"fwdbwd_tflops_per_gpu":...,"peak_extra_GiB":...}
 with FLOPs = 4*B*H*S*S*D*0.5 (causal) for the forward and 3.5 times that for forward +
-backward, divided by N. A failed S prints {"kind":"torch_cp","seq":S,"error":"..."}. Once
-one S runs out of memory the larger ones are skipped ("skipped: smaller S ran out of
-memory"), and an S whose estimated time (S^2 scaling from the previous S, times its number
-of runs) exceeds what is left of --max-seconds is skipped ("skipped: time budget"). All
-ranks agree on every skip, so none is left waiting in a collective.
+backward, divided by N. An S whose estimated time (S^2 scaling from the previous S, times
+its number of runs) exceeds what is left of --max-seconds is skipped ("skipped: time
+budget"); all ranks follow rank 0's decision. A rank whose S fails (out of memory, mostly)
+prints {"kind":"torch_cp","seq":S,"rank":r,"error":"..."} and exits at once with status 3:
+its peers may be waiting for it inside a ring collective, which only the NCCL timeout would
+end, and torchrun stops them when one rank exits with an error. Larger S are not tried.
 
 --inputs local (default): each rank makes only its own S/N-token shard of q, k, v, as a
 model under context parallelism would (its q, k, v come from sharded activations);
@@ -58,8 +59,7 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 # Skip decisions broadcast from rank 0.
-RUN, SKIP_OOM, SKIP_BUDGET, SKIP_SHAPE = 0, 1, 2, 3
-SKIP_TEXT = {SKIP_OOM: "skipped: smaller S ran out of memory", SKIP_BUDGET: "skipped: time budget"}
+RUN, SKIP_BUDGET, SKIP_SHAPE = 0, 2, 3
 
 
 def causal_flops(b, h, s, d):
@@ -74,11 +74,6 @@ def iterations_for(s, once=False):
 
 def warmups(once):
     return 0 if once else 1
-
-
-def is_oom(text):
-    # torch.OutOfMemoryError, "CUDA out of memory", NCCL/cuDNN allocation failures.
-    return "memory" in text.lower()
 
 
 def set_rotate(method):
@@ -170,16 +165,13 @@ def main():
               device=torch.cuda.get_device_name(), heads=h, dim=d, inputs=args.inputs,
               rotate=args.rotate or "default", max_seconds=args.max_seconds))
 
-    oom_seen = False
     prev = None  # (seq, fwd_s, fwdbwd_s) of the last S that ran
     flag = torch.zeros(1, dtype=torch.int64, device="cuda")
     for s in seqs:
         # Rank 0 decides whether to run S; everyone follows its decision.
         decision = RUN
         if rank == 0:
-            if oom_seen:
-                decision = SKIP_OOM
-            elif s % (2 * world) != 0:
+            if s % (2 * world) != 0:
                 decision = SKIP_SHAPE
             elif prev is not None:
                 ps, pf, pfb = prev
@@ -196,38 +188,22 @@ def main():
             emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s,
                       error=f"S must be a multiple of 2*gpus = {2 * world}"))
             continue
-        if decision != RUN:
-            emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, error=SKIP_TEXT[decision]))
+        if decision == SKIP_BUDGET:
+            emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, error="skipped: time budget"))
             continue
 
-        err, result = None, None
-        if rank == 0:  # progress on stderr: a rank out of memory inside a ring collective leaves
-            # its peers waiting until the NCCL timeout (--nccl-timeout), which this makes visible
+        if rank == 0:  # progress on stderr, with the time since the start
             print(f"[peer +{time.perf_counter() - t_start:.0f} s] seq={s}: running", file=sys.stderr, flush=True)
         try:
             result = run_one(args, mesh, rank, world, s)
-        except Exception as e:  # out of memory, mostly; reported below
-            err = f"{type(e).__name__}: {e}"
-        # Free whatever the failed (or finished) run left behind.
+        except Exception as e:  # out of memory, mostly: report it and end the job (docstring)
+            err = f"{type(e).__name__}: {e}"[:300]
+            print(f"[rank {rank} +{time.perf_counter() - t_start:.0f} s] seq={s}: {err}", file=sys.stderr, flush=True)
+            print(json.dumps(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, rank=rank, error=err)),
+                  flush=True)
+            os._exit(3)
         gc.collect()
         torch.cuda.empty_cache()
-        if err is not None:
-            print(f"[rank {rank} +{time.perf_counter() - t_start:.0f} s] seq={s}: {err[:300]}", file=sys.stderr,
-                  flush=True)
-
-        # All ranks agree on whether S failed, and whether out of memory: code 2 = OOM, 1 = other.
-        code = 0 if err is None else (2 if is_oom(err) else 1)
-        codes = torch.tensor([code], dtype=torch.int64, device="cuda")
-        dist.all_reduce(codes, op=dist.ReduceOp.MAX)
-        code = int(codes.item())
-        if code:
-            if code == 2:
-                oom_seen = True
-            if rank == 0:
-                msg = err if err is not None else (
-                    "out of memory on another rank" if code == 2 else "error on another rank")
-                emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, error=msg[:300]))
-            continue
 
         t_fwd, t_fb, peak = result
         # The worst rank's peak memory.
