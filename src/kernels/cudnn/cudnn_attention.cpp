@@ -288,34 +288,48 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
   const size_t q_bytes = aligned(size_t(B * d.seq_q * chunk * ratio * D) * esize);
   const size_t k_bytes = aligned(size_t(B * d.seq_k * chunk * D) * esize);
   const size_t lse_bytes = aligned(size_t(B * chunk * ratio * d.seq_q) * sizeof(float));
-  SP_RETURN_IF_ERROR(ctx->compact.reserve(4 * q_bytes + 4 * k_bytes + lse_bytes));
+  struct Operand {
+    const TensorView* view;
+    bool q_side, input;
+    char* copy = nullptr;  // its compact copy's place, when it needs one
+  };
+  Operand ops[8] = {{&q, true, true},  {&o, true, true},  {&dout, true, true}, {&dq, true, false},
+                    {&k, false, true}, {&v, false, true}, {&dk, false, false}, {&dv, false, false}};
+  const auto slice = [&](const Operand& op, int64_t first, int64_t n) {  // K/V heads [first, first + n)
+    return op.q_side ? heads_of(*op.view, first * ratio, n * ratio) : heads_of(*op.view, first, n);
+  };
+  // A span depends on shape and strides alone: the first chunk, the widest, says which
+  // operands need copies.
+  size_t bytes = lse_bytes;
+  for (const Operand& op : ops)
+    if (span_elements(slice(op, 0, chunk)) >= kCudnnMaxSpan) bytes += op.q_side ? q_bytes : k_bytes;
+  SP_RETURN_IF_ERROR(ctx->compact.reserve(bytes));
   char* next = static_cast<char*>(ctx->compact.data());
-  const auto carve = [&](size_t bytes) { char* p = next; next += bytes; return p; };
-  char* q_side[4] = {carve(q_bytes), carve(q_bytes), carve(q_bytes), carve(q_bytes)};
-  char* k_side[4] = {carve(k_bytes), carve(k_bytes), carve(k_bytes), carve(k_bytes)};
-  float* lse_copy = reinterpret_cast<float*>(carve(lse_bytes));
+  float* lse_copy = reinterpret_cast<float*>(next);
+  next += lse_bytes;
+  for (Operand& op : ops)
+    if (span_elements(slice(op, 0, chunk)) >= kCudnnMaxSpan) {
+      op.copy = next;
+      next += op.q_side ? q_bytes : k_bytes;
+    }
 
   for (int64_t first = 0; first < d.kv_heads; first += chunk) {
     const int64_t n = std::min(chunk, d.kv_heads - first), nq = n * ratio;
-    // The chunk's views: each one used as it is when it spans less than 2^31 elements, else
-    // a compact copy (inputs copied in, outputs copied out after the call).
-    std::vector<std::pair<TensorView, TensorView>> outputs;  // (compact, destination)
-    const auto place = [&](const TensorView& slice, char* buffer, bool input) -> StatusOr<TensorView> {
-      if (span_elements(slice) < kCudnnMaxSpan) return slice;
-      const TensorView copy = TensorView::contiguous(
-          buffer, slice.dtype, std::vector<int64_t>(slice.shape.begin(), slice.shape.begin() + 4), slice.device);
-      if (input) SP_RETURN_IF_ERROR(flash_cast(slice, copy, stream));
-      else outputs.emplace_back(copy, slice);
-      return copy;
-    };
-    SP_ASSIGN_OR_RETURN(const TensorView qc, place(heads_of(q, first * ratio, nq), q_side[0], true));
-    SP_ASSIGN_OR_RETURN(const TensorView oc, place(heads_of(o, first * ratio, nq), q_side[1], true));
-    SP_ASSIGN_OR_RETURN(const TensorView doc, place(heads_of(dout, first * ratio, nq), q_side[2], true));
-    SP_ASSIGN_OR_RETURN(const TensorView dqc, place(heads_of(dq, first * ratio, nq), q_side[3], false));
-    SP_ASSIGN_OR_RETURN(const TensorView kc, place(heads_of(k, first, n), k_side[0], true));
-    SP_ASSIGN_OR_RETURN(const TensorView vc, place(heads_of(v, first, n), k_side[1], true));
-    SP_ASSIGN_OR_RETURN(const TensorView dkc, place(heads_of(dk, first, n), k_side[2], false));
-    SP_ASSIGN_OR_RETURN(const TensorView dvc, place(heads_of(dv, first, n), k_side[3], false));
+    // The chunk's views: copies in place of the long ones (inputs copied in now, outputs
+    // copied out after the call).
+    TensorView views[8];
+    std::vector<std::pair<TensorView, TensorView>> outputs;  // (copy, destination)
+    for (int i = 0; i < 8; ++i) {
+      const TensorView part = slice(ops[i], first, n);
+      if (!ops[i].copy) {
+        views[i] = part;
+        continue;
+      }
+      views[i] = TensorView::contiguous(ops[i].copy, part.dtype,
+                                        std::vector<int64_t>(part.shape.begin(), part.shape.begin() + 4), part.device);
+      if (ops[i].input) SP_RETURN_IF_ERROR(flash_cast(part, views[i], stream));
+      else outputs.emplace_back(views[i], part);
+    }
     // The chunk's LSE rows, [B, nq, S_q] (a head slice of [B, H, S_q] is strided when B > 1).
     SP_CUDA_CHECK(cudaMemcpy2DAsync(lse_copy, size_t(nq * d.seq_q) * sizeof(float),
                                     static_cast<const float*>(lse.data) + first * ratio * d.seq_q,
@@ -326,7 +340,8 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
     cpu::AttentionDims dc = d;
     dc.heads = nq;
     dc.kv_heads = n;
-    SP_RETURN_IF_ERROR(backward_call(ctx, qc, kc, vc, oc, doc, lsec, params, dqc, dkc, dvc, dc, stream));
+    SP_RETURN_IF_ERROR(backward_call(ctx, views[0], views[4], views[5], views[1], views[2], lsec, params, views[3],
+                                     views[6], views[7], dc, stream));
     for (const auto& [copy, destination] : outputs) SP_RETURN_IF_ERROR(flash_cast(copy, destination, stream));
   }
   return Status::Ok();
