@@ -583,13 +583,14 @@ TEST(LongSequence, CudnnPastTwoToTheThirtyOneElements) {
 }
 
 // One long causal backward call against a call over its last half of query rows alone (the
-// same rows' dQ, bottom-right aligned over all keys), whose views span less than 2^31
-// elements. cuDNN alone gets dQ wrong from the row whose offset passes 2^31 (a head slice of
-// [786432, 32, 128] tensors, from row 524288 on; a 1M-token single-GPU run showed it), so the
-// adapter runs such calls on compact copies, in chunks of heads where even those would pass
-// 2^31. Cases: a short span (one plain call); head slices of wide tensors (compact copies);
-// a contiguous call over 264 heads (two head chunks). One random head is copied into every
-// head of the call (the other heads of a wider tensor stay zero).
+// same rows' dQ, bottom-right aligned over all keys), whose views stay short. cuDNN alone
+// gets dQ wrong from the first row with offsets of 2^31 or more (a head slice of [786432, 32,
+// 128] tensors, from row 524288 on; a 1M-token single-GPU run showed it), so the adapter runs
+// such calls on compact copies, in chunks of heads where even those would pass 2^31. Cases:
+// a short span (one plain call); head slices of 32-head tensors whose offsets stay just
+// under 2^31 (one plain call, the boundary) or pass it (compact copies); a contiguous call
+// over 264 heads (two head chunks). One random head is copied into every head of the call
+// (the other heads of a wider tensor stay zero).
 struct LongCall {
   int64_t seq, heads, tensor_heads;  // the call's rows and heads; the tensors' heads (row stride)
 };
@@ -670,8 +671,8 @@ TEST_P(CudnnLongCall, DqMatchesACallOfItsLastRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudnnLongCall,
-                         ::testing::Values(LongCall{786432, 2, 2}, LongCall{786432, 1, 32}, LongCall{786432, 8, 32},
-                                           LongCall{65536, 264, 264}),
+                         ::testing::Values(LongCall{786432, 2, 2}, LongCall{524288, 1, 32}, LongCall{786432, 1, 32},
+                                           LongCall{786432, 8, 32}, LongCall{65536, 264, 264}),
                          [](const auto& info) {
                            return "S" + std::to_string(info.param.seq) + "_h" + std::to_string(info.param.heads) +
                                   "_of" + std::to_string(info.param.tensor_heads);

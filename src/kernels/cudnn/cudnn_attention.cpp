@@ -250,13 +250,13 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
 }
 
 // cuDNN 9's backward (measured on an H200, tests/test_gpu_attention.cpp CudnnLongCall) gives
-// a wrong dQ from the row whose offset in its view passes 2^31 elements: a head slice of
-// [S, 32, 128] tensors goes wrong from row 524288 on, while the same rows of a compact slice
-// come out right. Such calls (the single-GPU run of a 1M-token problem; a 655K-row zigzag
-// chunk of a 2.6M-token problem on two GPUs) run here instead: per chunk of K/V heads, every
-// tensor whose view spans 2^31 elements or more goes through a compact copy (O(S) bytes
-// against the call's O(S^2) work). The forward was measured right on such views.
-constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;
+// a wrong dQ from the first row with an element offset of 2^31 or more in its view: a head
+// slice of [S, 32, 128] tensors goes wrong from row 524288 on (offsets from 2^31), while the
+// same rows of a compact slice come out right. Such calls (the single-GPU run of a 1M-token
+// problem; a 655K-row zigzag chunk of a 2.6M-token problem on two GPUs) run here instead: per
+// chunk of K/V heads, every view with offsets past 2^31 - 1 goes through a compact copy (O(S)
+// bytes against the call's O(S^2) work). The forward was measured right on such views.
+constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;  // elements a view may span (offsets < 2^31)
 
 int64_t span_elements(const TensorView& t) {  // 1 + the largest element offset from t.data
   int64_t last = 0;
@@ -276,12 +276,14 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                const cpu::AttentionDims& d, void* stream) {
   const int64_t B = d.batch, ratio = d.heads / d.kv_heads, D = d.head_dim;
-  // K/V heads per chunk: the most whose compact copies stay under the limit.
+  // K/V heads per chunk: the fewest chunks whose compact copies stay within the limit, of
+  // equal size (two chunks of 16 heads rather than 31 and 1).
   const int64_t per_kv_head = std::max(B * d.seq_q * ratio, B * d.seq_k) * D;
-  const int64_t chunk = std::min(d.kv_heads, (kCudnnMaxSpan - 1) / per_kv_head);
-  SP_CHECK_SUPPORTED(chunk >= 1, "cuDNN's backward cannot address one head of this call (" +
-                                     std::to_string(per_kv_head) +
-                                     " elements, 2^31 at most): split the sequence over more ranks");
+  const int64_t widest = std::min(d.kv_heads, kCudnnMaxSpan / per_kv_head);
+  SP_CHECK_SUPPORTED(widest >= 1, "cuDNN's backward cannot address one head of this call (" +
+                                      std::to_string(per_kv_head) +
+                                      " elements, 2^31 at most): split the sequence over more ranks");
+  const int64_t chunks = (d.kv_heads + widest - 1) / widest, chunk = (d.kv_heads + chunks - 1) / chunks;
   const auto s = static_cast<cudaStream_t>(stream);
   const size_t esize = dtype_size(q.dtype);
   const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -302,13 +304,13 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
   // operands need copies.
   size_t bytes = lse_bytes;
   for (const Operand& op : ops)
-    if (span_elements(slice(op, 0, chunk)) >= kCudnnMaxSpan) bytes += op.q_side ? q_bytes : k_bytes;
+    if (span_elements(slice(op, 0, chunk)) > kCudnnMaxSpan) bytes += op.q_side ? q_bytes : k_bytes;
   SP_RETURN_IF_ERROR(ctx->compact.reserve(bytes));
   char* next = static_cast<char*>(ctx->compact.data());
   float* lse_copy = reinterpret_cast<float*>(next);
   next += lse_bytes;
   for (Operand& op : ops)
-    if (span_elements(slice(op, 0, chunk)) >= kCudnnMaxSpan) {
+    if (span_elements(slice(op, 0, chunk)) > kCudnnMaxSpan) {
       op.copy = next;
       next += op.q_side ? q_bytes : k_bytes;
     }
@@ -364,7 +366,7 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   SP_RETURN_IF_ERROR(check_lse(lse, d));
   SP_ASSIGN_OR_RETURN(DeviceContext * ctx, context_for_current_device());
   for (const TensorView* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
-    if (span_elements(*t) >= kCudnnMaxSpan)
+    if (span_elements(*t) > kCudnnMaxSpan)
       return backward_in_head_chunks(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
   return backward_call(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
 }
