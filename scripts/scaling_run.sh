@@ -7,10 +7,15 @@
 #      checked against the whole problem on one GPU (every row) and the fp64 oracle on sampled
 #      query rows. Where the whole problem does not fit on one GPU (2M on 8 GPUs), the oracle
 #      rows alone check it. Host memory: about 180 GiB at 1M.
-# Results go to $OUT (or ./gpu_out): multi_*.jsonl, multi_compare.md, check_<S>.json.
+#   3. (stage "longest", not in the default) the longest S: PyTorch once at each of
+#      PEER_LONGEST (it stops at its first failure), ours once at OURS_LONGEST.
+# Results go to $OUT (or ./gpu_out): multi_*.jsonl, multi_compare.md, check_<S>.json,
+# longest_{peer,ours}.jsonl (and longest_peer.err, where a failure's reason is).
 # Env: TOKENS_PER_GPU (default "16384 65536 262144"), SAMPLE_ROWS (default 16),
-#      STAGES (default "bench check"), CHECK_TIMEOUT (seconds per check, default 500; a 1M
-#      check on 4 GPUs spends minutes in host-side work).
+#      STAGES (default "bench check"; add "longest"), CHECK_TIMEOUT (seconds per check,
+#      default 500; a 1M check on 4 GPUs spends minutes in host-side work),
+#      PEER_LONGEST (default 384K, 512K and 640K tokens per GPU), OURS_LONGEST (default 1M
+#      tokens per GPU: 4M on 4 GPUs, about 4 minutes), LONGEST_TIMEOUT (default 300 s each).
 # Run it on the GPU machine with .carry present (bash scripts/pack_device_deps.sh here first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +33,8 @@ if [[ " $stages " == *" bench "* ]]; then
   largest="${seqs##*,}"
   MULTI_SEQS="$seqs" PEER_SEQS="$seqs" BENCH_ARGS="--big-from $largest" \
     bash scripts/gpu_check.sh multi || status=1
-elif [[ " $stages " == *" check "* ]]; then
-  BUILD_TARGETS=seqpar_cli bash scripts/gpu_check.sh build > /dev/null 2>&1 || { echo "build failed"; exit 1; }
+else
+  BUILD_TARGETS="seqpar_cli bench_gpu_ring" bash scripts/gpu_check.sh build > /dev/null 2>&1 || { echo "build failed"; exit 1; }
 fi
 if [[ " $stages " == *" check "* ]]; then
   for S in ${seqs//,/ }; do
@@ -42,5 +47,17 @@ if [[ " $stages " == *" check "* ]]; then
     grep -E "^vs |^max |disagrees|^check" "$out/check_$S.json"
     [ $rc -ne 0 ] && status=1
   done
+fi
+if [[ " $stages " == *" longest "* ]]; then
+  peer_seqs="${PEER_LONGEST:-$((393216 * gpus)),$((524288 * gpus)),$((655360 * gpus))}"
+  ours="${OURS_LONGEST:-$((1048576 * gpus))}"
+  timeout "${LONGEST_TIMEOUT:-300}" torchrun --standalone --nproc_per_node="$gpus" bench/torch_cp_peer.py \
+    --seqs "$peer_seqs" --once --nccl-timeout 60 > "$out/longest_peer.jsonl" 2> "$out/longest_peer.err"
+  echo "PyTorch at $peer_seqs: exit $?" | tee -a "$out/scaling.txt"
+  grep '"torch_cp"' "$out/longest_peer.jsonl"
+  SEQPAR_COMM_TIMEOUT_S=120 timeout "${LONGEST_TIMEOUT:-300}" ./build-gpu/bench_gpu_ring --seqs "$ours" --algos auto \
+    > "$out/longest_ours.jsonl" 2>&1
+  echo "ours at $ours: exit $?" | tee -a "$out/scaling.txt"
+  grep seqpar_ring "$out/longest_ours.jsonl"
 fi
 exit $status
