@@ -6,7 +6,7 @@
 #   2. each length through the tool (`seqpar attn --device cuda --algo auto --check single`),
 #      checked against the whole problem on one GPU (every row) and the fp64 oracle on sampled
 #      query rows. Where the whole problem does not fit on one GPU (2M on 8 GPUs), the oracle
-#      rows alone check it. Host memory: about 180 GiB at 1M.
+#      rows alone check it. Host memory: about 120 GiB at 1M.
 #   3. (stage "longest", not in the default) the longest S: PyTorch once at each of
 #      PEER_LONGEST (it stops at its first failure), ours once at OURS_LONGEST.
 # Results go to $OUT (or ./gpu_out): multi_*.jsonl, multi_compare.md, check_<S>.json,

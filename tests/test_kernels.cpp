@@ -122,9 +122,12 @@ TEST(Oracle, GradientsMatchFiniteDifferences) {
 }
 
 // The query side alone (how million-token runs are checked): O, LSE and dQ of the chosen rows,
-// kept in list order, equal the full oracle's bit for bit, and dK/dV are not computed.
-TEST(Oracle, QuerySideOnlyMatchesTheFullOracleOnItsRows) {
-  const Inputs in = make_inputs({2, 9, 9, 4, 2, 8}, DType::kF64, 13);
+// kept in list order, equal the full oracle's bit for bit, and dK/dV are not computed. Its K/V
+// rows are converted as they are read (no fp64 copy), from fp64 and from bf16 inputs.
+class OracleQuerySide : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OracleQuerySide, MatchesTheFullOracleOnItsRows) {
+  const Inputs in = make_inputs({2, 9, 9, 4, 2, 8}, GetParam(), 13);
   AttentionParams params;
   params.mask = MaskSpec::causal();
   ReferenceRows rows;
@@ -156,6 +159,8 @@ TEST(Oracle, QuerySideOnlyMatchesTheFullOracleOnItsRows) {
   rows.query_rows = {0, 4, 4};  // a repeated row would be added twice
   EXPECT_FALSE(reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows).ok());
 }
+INSTANTIATE_TEST_SUITE_P(Inputs, OracleQuerySide, ::testing::Values(DType::kF64, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // (mask, GQA heads/kv_heads, head dim, dtype)
 using KernelCase = std::tuple<std::string, std::pair<int, int>, int, DType>;

@@ -27,6 +27,29 @@ std::vector<double> to_dense_f64(const TensorView& t, const std::vector<int64_t>
   return out;
 }
 
+// Rows of K or V in fp64. Dense: one copy of the whole tensor, read many times (every query
+// row visits every key). Streamed (query_side_only: a few query rows of a long sequence): a
+// row is converted when read, into the caller's scratch, so no fp64 copy of the whole K or V
+// exists (32 GiB each at 1M tokens of 32 x 128).
+class KeyRows {
+ public:
+  KeyRows(const TensorView& t, bool dense) : t_(t), es_(dtype_size(t.dtype)) {
+    if (dense) dense_ = to_dense_f64(t);
+  }
+  // Row j of K/V head g in batch b; `scratch` holds D doubles.
+  const double* row(int64_t b, int64_t j, int64_t g, double* scratch) const {
+    if (!dense_.empty()) return &dense_[((b * t_.shape[1] + j) * t_.shape[2] + g) * t_.shape[3]];
+    convert(static_cast<const char*>(t_.data) + cpu::bshd_offset(t_, b, j, g) * es_, t_.dtype, scratch,
+            DType::kF64, t_.shape[3]);
+    return scratch;
+  }
+
+ private:
+  TensorView t_;
+  size_t es_;
+  std::vector<double> dense_;
+};
+
 double dot(const double* a, const double* b, int64_t n) {
   double acc = 0;
 #pragma omp simd reduction(+ : acc)
@@ -78,13 +101,10 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   }
   auto slot = [&](int64_t i) { return compact ? slot_of[i] : i; };
 
-  const std::vector<double> Q = to_dense_f64(q, compact ? &q_rows : nullptr), K = to_dense_f64(k),
-                            V = to_dense_f64(v);
+  const std::vector<double> Q = to_dense_f64(q, compact ? &q_rows : nullptr);
+  const KeyRows K(k, !compact), V(v, !compact);
   auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) {
     return &t[((b * R + slot(i)) * H + h) * D];
-  };
-  auto krow = [&](const std::vector<double>& t, int64_t b, int64_t j, int64_t g) {
-    return &t[((b * Sk + j) * Hkv + g) * D];
   };
   auto stat = [&](int64_t b, int64_t h, int64_t i) { return (b * H + h) * R + slot(i); };
 
@@ -97,11 +117,11 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      std::vector<double> s(Sk);
+      std::vector<double> s(Sk), scratch(D);
       for (const int64_t i : forward_rows) {
         double m = cpu::kNegInf;
         for (int64_t j = 0; j < Sk; ++j) {
-          s[j] = mask.allowed(i, j) ? scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D)
+          s[j] = mask.allowed(i, j) ? scale * dot(qrow(Q, b, i, h), K.row(b, j, h / G, scratch.data()), D)
                                     : cpu::kNegInf;
           m = std::max(m, s[j]);
         }
@@ -115,7 +135,7 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
           if (s[j] == cpu::kNegInf) continue;
           const double p = std::exp(s[j] - m);
           l += p;
-          const double* vj = krow(V, b, j, h / G);
+          const double* vj = V.row(b, j, h / G, scratch.data());
           for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
         }
         for (int64_t d = 0; d < D; ++d) o[d] /= l;
@@ -133,11 +153,11 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
 
   res.dq = HostTensor(DType::kF64, {B, R, H, D});
   double* dQ = res.dq.data<double>();
-  // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair.
-  auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* ds) {
+  // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair (k_j, v_j its key rows).
+  auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, const double* kj, const double* vj, double* ds) {
     const double lse = L[stat(b, h, i)];
-    const double p = std::exp(scale * dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D) - lse);
-    *ds = p * (dot(qrow(dO, b, i, h), krow(V, b, j, h / G), D) - delta[stat(b, h, i)]);
+    const double p = std::exp(scale * dot(qrow(Q, b, i, h), kj, D) - lse);
+    *ds = p * (dot(qrow(dO, b, i, h), vj, D) - delta[stat(b, h, i)]);
     return p;
   };
 
@@ -146,13 +166,14 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   for (int64_t b = 0; b < B; ++b)
     for (size_t r = 0; r < q_rows.size(); ++r) {
       const int64_t i = q_rows[r];
+      std::vector<double> k_scratch(D), v_scratch(D);
       for (int64_t h = 0; h < H; ++h) {
         double* dq = &dQ[((b * R + slot(i)) * H + h) * D];
         for (int64_t j = 0; j < Sk; ++j) {
           if (!mask.allowed(i, j)) continue;
+          const double* kj = K.row(b, j, h / G, k_scratch.data());
           double ds;
-          prob_and_ds(b, h, i, j, &ds);
-          const double* kj = krow(K, b, j, h / G);
+          prob_and_ds(b, h, i, kj, V.row(b, j, h / G, v_scratch.data()), &ds);
           for (int64_t d = 0; d < D; ++d) dq[d] += scale * ds * kj[d];
         }
       }
@@ -168,14 +189,17 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   for (int64_t b = 0; b < B; ++b)
     for (size_t r = 0; r < k_rows.size(); ++r) {
       const int64_t j = k_rows[r];
+      std::vector<double> k_scratch(D), v_scratch(D);
       for (int64_t g = 0; g < Hkv; ++g) {
         double* dk = &dK[((b * Sk + j) * Hkv + g) * D];
         double* dv = &dV[((b * Sk + j) * Hkv + g) * D];
+        const double* kj = K.row(b, j, g, k_scratch.data());
+        const double* vj = V.row(b, j, g, v_scratch.data());
         for (int64_t h = g * G; h < (g + 1) * G; ++h)
           for (int64_t i = 0; i < Sq; ++i) {
             if (!mask.allowed(i, j)) continue;
             double ds;
-            const double p = prob_and_ds(b, h, i, j, &ds);
+            const double p = prob_and_ds(b, h, i, kj, vj, &ds);
             const double* qi = qrow(Q, b, i, h);
             const double* doi = qrow(dO, b, i, h);
             for (int64_t d = 0; d < D; ++d) {
