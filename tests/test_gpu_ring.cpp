@@ -179,14 +179,19 @@ std::vector<Case> cases() {
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 1000, 4, 2, 64, 0, false, 100});
     all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 1000, 4, 4, 64, 2, false, 100});
   }
-  // NCCL, one GPU per rank (needs as many GPUs as ranks; skipped otherwise). Four ranks take
-  // the P > 2 schedules, whose accumulators travel, over NCCL.
+  // Eight ranks (the 8-GPU scaling run's count) sharing one GPU: seven hops of the travelling
+  // accumulators, GQA in two head groups.
+  for (BackwardSchedule schedule : {ring, burst})
+    all.push_back({8, LayoutKind::kZigzag, "causal", schedule, 2064, 8, 2, 128, 2, false});
+  // NCCL, one GPU per rank (needs as many GPUs as ranks; skipped otherwise). Four and eight
+  // ranks take the P > 2 schedules, whose accumulators travel, over NCCL.
   for (BackwardSchedule schedule : {ring, burst}) {
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2048, 8, 8, 128, 0, true});
     all.push_back({2, LayoutKind::kZigzag, "causal", schedule, 2050, 8, 2, 128, 2, true});
     all.push_back({2, LayoutKind::kContiguous, "window:300,0", schedule, 1500, 4, 4, 64, 0, true});
     all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 4096, 8, 8, 128, 0, true});
     all.push_back({4, LayoutKind::kZigzag, "causal", schedule, 4100, 8, 2, 128, 2, true});
+    all.push_back({8, LayoutKind::kZigzag, "causal", schedule, 8208, 8, 8, 128, 0, true});
   }
   return all;
 }
