@@ -259,6 +259,7 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
 constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;  // elements a view may span (offsets < 2^31)
 
 int64_t span_elements(const TensorView& t) {  // 1 + the largest element offset from t.data
+  if (t.numel() == 0) return 0;
   int64_t last = 0;
   for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
   return last + 1;
@@ -278,7 +279,7 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
   const int64_t B = d.batch, ratio = d.heads / d.kv_heads, D = d.head_dim;
   // K/V heads per chunk: the fewest chunks whose compact copies stay within the limit, of
   // equal size (two chunks of 16 heads rather than 31 and 1).
-  const int64_t per_kv_head = std::max(B * d.seq_q * ratio, B * d.seq_k) * D;
+  const int64_t per_kv_head = std::max<int64_t>(1, std::max(B * d.seq_q * ratio, B * d.seq_k) * D);
   const int64_t widest = std::min(d.kv_heads, kCudnnMaxSpan / per_kv_head);
   SP_CHECK_SUPPORTED(widest >= 1, "cuDNN's backward cannot address one head of this call (" +
                                       std::to_string(per_kv_head) +
