@@ -69,10 +69,13 @@ def ratio(a, b, fmt):
 
 
 def prefer(old, new):
-    """Of two lines for the same key, keep a successful one, the later one among equals."""
-    if old is None or ok(new) or not ok(old):
+    """Of two lines for the same key, keep a successful one; of two failures, an out-of-memory
+    one (the cause, where other ranks then report the job's teardown); else the later one."""
+    if old is None or ok(new):
         return new
-    return old
+    if ok(old) or (failed(old) == "OOM" and failed(new) != "OOM"):
+        return old
+    return new
 
 
 def fmt_seq(s):

@@ -15,10 +15,13 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cuda_bin="$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")"
 
-# 1. Registers and spills, straight from the compiler (no GPU needed for this part).
+# 1. Registers and spills, straight from the compiler (no GPU needed for this part), with the
+#    flags CMake gives the library's CUDA sources.
+rm -f "$out/spills.txt"
 for f in flash_forward flash_backward; do
-  "$cuda_bin/nvcc" -std=c++20 -O3 -arch=sm_90a -Xptxas -v -I include -I src -c "src/kernels/cuda/$f.cu" \
-    -o "/tmp/$f.o" 2>&1 | grep -E "Compiling entry|registers|spill" | sed -E 's/_ZN6seqpar4cuda[0-9]+_GLOBAL__N__[0-9a-f_]+_cu_[0-9a-f]+//'
+  "$cuda_bin/nvcc" -std=c++20 -O3 --use_fast_math -lineinfo -DSEQPAR_HAVE_CUDA=1 -arch=sm_90a -Xptxas -v \
+    -I include -I src -c "src/kernels/cuda/$f.cu" -o "/tmp/$f.o" 2>&1 | tee "/tmp/$f.ptxas" |
+    grep -E "Compiling entry|registers|spill|error"
   if [ -x "$cuda_bin/cuobjdump" ]; then
     # Each kernel's local-memory traffic with its SASS address, and where the tensor-core ops
     # and barriers start, to tell a spill in the key-tile loop from one in the prologue.
@@ -26,7 +29,7 @@ for f in flash_forward flash_backward; do
       /Function :/ { match($3, /(forward|backward)_kernelI[^E]*/); fn = substr($3, RSTART, RLENGTH); mma = 0 }
       /HMMA/ && !mma { mma = 1; print file, fn, "first HMMA at", $1 }
       /BAR.SYNC/ { print file, fn, "BAR.SYNC at", $1 }
-      /STL|LDL/ { print file, fn, $2, "at", $1 }' >> "$out/spills.txt"
+      /[ \t](STL|LDL)[ .]/ { for (i = 2; i <= NF; ++i) if ($i ~ /^(STL|LDL)/) { print file, fn, $i, "at", $1; break } }' >> "$out/spills.txt"
   fi
 done > "$out/ptxas.txt"
 echo "== ptxas (registers, spills)"

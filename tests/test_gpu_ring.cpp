@@ -1,7 +1,8 @@
 // Ring attention and BurstAttention on GPU ranks against the CPU fp64 oracle with the bf16
-// rule: P in {1, 2, 3, 4} ranks sharing one GPU (threads, the local communicator moving
+// rule: P in {1, 2, 3, 4, 8} ranks sharing one GPU (threads, the local communicator moving
 // device buffers), every layout, causal/full/window/document masks, GQA, split head groups,
-// and both backwards; and the NCCL communicator on two and four GPUs when the machine has them.
+// and both backwards; and the NCCL communicator on two, four and eight GPUs when the machine
+// has them.
 // Skipped without a GPU (CI), except the head-group policy, which is host logic.
 #include <gtest/gtest.h>
 
