@@ -249,7 +249,7 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
   return execute(*ctx, *graph, pack, stream);
 }
 
-// cuDNN 9's backward (measured on an H200, tests/test_gpu_attention.cpp CudnnLongCall) gives
+// cuDNN 9's backward (measured on an H200, tests/test_gpu_long.cpp CudnnLongCall) gives
 // a wrong dQ from the first row with an element offset of 2^31 or more in its view: a head
 // slice of [S, 32, 128] tensors goes wrong from row 524288 on (offsets from 2^31), while the
 // same rows of a compact slice come out right. Such calls (the single-GPU run of a 1M-token
