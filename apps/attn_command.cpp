@@ -145,6 +145,42 @@ Status gather_on_rank0(Communicator& comm, const Layout& layout, const HostTenso
   return Status::Ok();
 }
 
+// --check rows: O, LSE and dQ of the global query `rows`, each from the rank that holds it, as
+// fp64 [B, R, H, D], [B, H, R] and [B, R, H, D] tensors on every rank. Each rank fills the rows
+// it holds and an all-reduce sums them (a row has one owner): O(R) bytes move, so results of
+// millions of tokens stay where they are.
+Status rows_from_owners(Communicator& comm, const Layout& layout, const std::vector<int64_t>& rows,
+                        const HostTensor& out, const HostTensor& lse, const HostTensor& dq, HostTensor* o_rows,
+                        HostTensor* lse_rows, HostTensor* dq_rows) {
+  const TensorView& ov = out.view();
+  const int64_t B = ov.shape[0], n = ov.shape[1], H = ov.shape[2], D = ov.shape[3];
+  const int64_t R = static_cast<int64_t>(rows.size()), block = B * R * H * D;
+  std::vector<double> buf(size_t(2 * block + B * H * R), 0.0);  // O, dQ, LSE
+  const std::vector<int64_t>& mine = layout.positions(comm.rank());
+  const size_t es = dtype_size(ov.dtype), lse_es = dtype_size(lse.view().dtype);
+  for (int64_t r = 0; r < R; ++r) {
+    const auto it = std::find(mine.begin(), mine.end(), rows[r]);
+    if (it == mine.end()) continue;
+    const int64_t i = it - mine.begin();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t from = ((b * n + i) * H + h) * D, to = ((b * R + r) * H + h) * D;
+        convert(static_cast<const char*>(ov.data) + from * es, ov.dtype, &buf[to], DType::kF64, D);
+        convert(static_cast<const char*>(dq.view().data) + from * es, ov.dtype, &buf[block + to], DType::kF64, D);
+        convert(static_cast<const char*>(lse.view().data) + ((b * H + h) * n + i) * lse_es, lse.view().dtype,
+                &buf[2 * block + (b * H + h) * R + r], DType::kF64, 1);
+      }
+  }
+  SP_RETURN_IF_ERROR(comm.all_reduce(buf.data(), buf.size(), DType::kF64, ReduceOp::kSum));
+  *o_rows = HostTensor(DType::kF64, {B, R, H, D});
+  *dq_rows = HostTensor(DType::kF64, {B, R, H, D});
+  *lse_rows = HostTensor(DType::kF64, {B, H, R});
+  std::copy(buf.begin(), buf.begin() + block, o_rows->data<double>());
+  std::copy(buf.begin() + block, buf.begin() + 2 * block, dq_rows->data<double>());
+  std::copy(buf.begin() + 2 * block, buf.end(), lse_rows->data<double>());
+  return Status::Ok();
+}
+
 HostTensor to_f64(const HostTensor& t) {
   HostTensor f64(DType::kF64, std::vector<int64_t>(t.view().shape.begin(), t.view().shape.begin() + t.view().ndim));
   convert(t.view().data, t.view().dtype, f64.view().data, DType::kF64, t.numel());
@@ -442,8 +478,9 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     check_mode = score_flops <= kFullCheckLimit     ? "full"
                  : score_flops <= kSampledCheckLimit ? "sampled"
                                                      : "none";
-  // The global tensors (and inputs) are needed to check or to dump.
-  const bool need_global = check_mode != "none" || !o.dump_dir.empty();
+  // The global tensors (and inputs) are needed to check or to dump; --check rows needs the
+  // sampled rows alone.
+  const bool need_global = (check_mode != "none" && check_mode != "rows") || !o.dump_dir.empty();
   HostTensor g_o, g_lse, g_dq, g_dk, g_dv;
   if (need_global) {
     if (me == 0) progress("gathering the results");
@@ -453,12 +490,21 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, dk, 1, &g_dk));
     SP_RETURN_IF_ERROR(gather_on_rank0(comm, layout, dv, 1, &g_dv));
   }
+  std::vector<int64_t> picked;  // --check rows: the sampled query rows, and the ranks' results there
+  HostTensor picked_o, picked_lse, picked_dq;
+  if (check_mode == "rows") {
+    picked = sample_rows(o.seq, o.sample_rows, o.seed + 1);
+    if (picked.empty())
+      for (int64_t i = 0; i < o.seq; ++i) picked.push_back(i);
+    SP_RETURN_IF_ERROR(rows_from_owners(comm, layout, picked, out, lse, dq, &picked_o, &picked_lse, &picked_dq));
+  }
   if (me != 0) return Status::Ok();
 
   // ---- rank 0: check, report --------------------------------------------------------------
   omp_set_num_threads(std::max(1u, std::thread::hardware_concurrency()));
   if (o.check == "auto" && check_mode == "none")
-    progress("problem too large for the fp64 oracle: not checked (--check sampled or single forces it)");
+    progress("problem too large for the fp64 oracle: not checked (--check rows checks sampled query rows at "
+             "O(rows x S) cost; sampled or single force the others)");
   SP_ASSIGN_OR_RETURN(const Layout whole, Layout::create(LayoutKind::kContiguous, o.seq, 1));
   Inputs global;
   if (need_global) {
@@ -554,6 +600,25 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     for (auto& [name, err] : oracle_errors["ranks"].items()) check_ok = check_ok && err.get<double>() <= tolerance;
     progress("single-GPU check took " +
              std::to_string(std::chrono::duration<double>(Clock::now() - t_check).count()) + " s");
+  } else if (check_mode == "rows") {
+    // The oracle over the sampled query rows alone, at their global positions: their rows of
+    // q and dO, every row of k and v (read row by row), O(rows x S) work.
+    progress("checking " + std::to_string(picked.size()) + " sampled query rows against the fp64 oracle (O, LSE, dQ)");
+    const auto t_check = Clock::now();
+    const HostTensor q_rows = make_input(job, kQ, H, &picked), do_rows = make_input(job, kDout, H, &picked);
+    const HostTensor k_all = make_input(job, kK, Hkv, nullptr), v_all = make_input(job, kV, Hkv, nullptr);
+    AttentionParams at_rows = params;
+    at_rows.q_positions = picked.data();
+    rows.query_side_only = true;
+    for (int64_t r = 0; r < static_cast<int64_t>(picked.size()); ++r) rows.query_rows.push_back(r);
+    SP_ASSIGN_OR_RETURN(const ReferenceResult ref, reference_attention(q_rows.view(), k_all.view(), v_all.view(),
+                                                                       do_rows.view(), at_rows, rows));
+    errors["o"] = error(picked_o, ref.o, 1, {});
+    errors["lse"] = error(picked_lse, ref.lse, 2, {});
+    errors["dq"] = error(picked_dq, ref.dq, 1, {});
+    for (auto& [name, err] : errors.items()) check_ok = check_ok && err.get<double>() <= tolerance;
+    progress("oracle check took " + std::to_string(std::chrono::duration<double>(Clock::now() - t_check).count()) +
+             " s");
   } else if (check_mode != "none") {
     progress("checking against the fp64 oracle (" + check_mode +
                       (check_mode == "sampled" ? ", " + std::to_string(rows.query_rows.size()) +
@@ -655,6 +720,11 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     if (!disagreeing.empty() && passes_oracle("ranks") != passes_oracle("single"))
       std::printf("the oracle rows side with the %s result\n", passes_oracle("ranks") ? "ranks'" : "single-GPU");
     std::printf("check (the ranks within both tolerances): %s\n", check_ok ? "PASS" : "FAIL");
+  } else if (check_mode == "rows") {
+    std::printf("max |error|%s vs fp64 oracle (%zu sampled query rows): O %.2e  LSE %.2e  dQ %.2e  "
+                "(tolerance %.0e): %s\n",
+                low_precision ? " / max |reference|" : "", picked.size(), errors["o"].get<double>(),
+                errors["lse"].get<double>(), errors["dq"].get<double>(), tolerance, check_ok ? "PASS" : "FAIL");
   } else {
     std::printf("max |error|%s vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  "
                 "(tolerance %.0e): %s\n",
@@ -684,7 +754,9 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     j["fwd_gflops"] = fwd_flops / times[0] / 1e9;
     j["bwd_gflops"] = bwd_flops / times[1] / 1e9;
     j["check"] = check_mode;
-    j["check_rows"] = check_mode == "sampled" ? int64_t(rows.query_rows.size()) : o.seq;  // single: all
+    j["check_rows"] = check_mode == "sampled" ? int64_t(rows.query_rows.size())
+                      : check_mode == "rows"  ? int64_t(picked.size())
+                                              : o.seq;  // single: all
     if (check_mode == "single") {
       j["relative_err"] = errors;  // LSE: max |error|
       j["lse_tolerance"] = kSingleLseTolerance;
@@ -741,8 +813,8 @@ StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi, 
   SP_CHECK_ARG(opt.head_groups >= 0 && (opt.head_groups == 0 || job.kv_heads % opt.head_groups == 0),
                "--head-groups must divide the K/V heads (" + std::to_string(job.kv_heads) + ")");
   SP_CHECK_ARG(opt.check == "auto" || opt.check == "full" || opt.check == "sampled" ||
-                   opt.check == "single" || opt.check == "none",
-               "--check must be auto, full, sampled, single or none");
+                   opt.check == "rows" || opt.check == "single" || opt.check == "none",
+               "--check must be auto, full, sampled, rows, single or none");
   SP_CHECK_ARG(opt.check != "single" || on_gpu,
                "--check single compares with the single-GPU result: it needs --device cuda");
   SP_ASSIGN_OR_RETURN(job.mask, parse_mask(opt.mask, opt.seq));
@@ -867,10 +939,12 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: "
                                                             "cores / ranks)");
-  cmd->add_option("--check", o.check, "auto | full | sampled | single | none: the fp64 oracle on "
+  cmd->add_option("--check", o.check, "auto | full | sampled | rows | single | none: the fp64 oracle on "
                                       "every row or on sampled rows (auto samples when the problem is "
-                                      "large, and skips the check when too large), or, on cuda, the "
-                                      "whole problem on rank 0's GPU alone, every row")
+                                      "large, and skips the check when too large); rows: O, LSE and dQ "
+                                      "of sampled query rows alone, at O(rows x S) cost, for the "
+                                      "largest runs; single (cuda): the whole problem on rank 0's GPU "
+                                      "alone, every row")
       ->capture_default_str();
   cmd->add_option("--sample-rows", o.sample_rows, "query and key rows checked when sampling")
       ->capture_default_str();

@@ -132,6 +132,23 @@ TEST(Cli, SampledCheckOnLargerProblem) {
   EXPECT_EQ(last_json_line(r.output)["check"], "sampled");
 }
 
+// --check rows: O, LSE and dQ of sampled query rows, fetched from the ranks that hold them and
+// checked against the oracle at their global positions (striped rows and documents make the
+// positions matter); fp64 holds them to the oracle within 1e-10.
+TEST(Cli, RowsCheckFetchesSampledRowsFromTheirRanks) {
+  for (const char* layout : {"zigzag --mask causal", "striped --mask docs:4"}) {
+    const Result r = run_tool(std::string("attn --layout ") + layout + " --seq 301 --heads 4 --kv-heads 2 "
+                              "--head-dim 16 --ranks 3 --dtype fp64 --check rows --sample-rows 9 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_EQ(j["check"], "rows");
+    EXPECT_EQ(j["check_rows"], 9);
+    EXPECT_TRUE(j["check_passed"].get<bool>());
+    EXPECT_FALSE(j["max_abs_err"].contains("dk"));
+    for (const char* g : {"o", "lse", "dq"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << layout << " " << g;
+  }
+}
+
 TEST(Cli, DumpWritesNpyFiles) {
   const auto dir = std::filesystem::temp_directory_path() / "seqpar_cli_dump";
   std::filesystem::remove_all(dir);
@@ -164,7 +181,7 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --device tpu", "unknown device"},
       {"attn --check single", "needs --device cuda"},
       {"attn --max-call-rows -1", "--max-call-rows must be"},
-      {"attn --check most", "must be auto, full, sampled, single or none"},
+      {"attn --check most", "must be auto, full, sampled, rows, single or none"},
       {"attn --dtype bf16", "needs --device cuda"},
       {"attn --device cuda --dtype fp64 --ranks 1", seqpar::cuda_device_count() ? "bf16 or fp16" : "no CUDA GPU"},
   };
