@@ -71,19 +71,22 @@ HostTensor make_input(const Job& job, TensorId id, int64_t heads,
                       const std::vector<int64_t>* positions) {
   const int64_t B = job.opt.batch, S = job.opt.seq, D = job.opt.head_dim;
   const int64_t n = positions ? static_cast<int64_t>(positions->size()) : S;
-  HostTensor f64(DType::kF64, {B, n, heads, D});
-#pragma omp parallel for collapse(2)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = positions ? (*positions)[i] : i;
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t d = 0; d < D; ++d)
-          f64.data<double>()[((b * n + i) * heads + h) * D + d] =
-              hashed_uniform(job.opt.seed, id, ((b * S + t) * heads + h) * D + d);
-    }
-  if (job.dtype == DType::kF64) return f64;
   HostTensor out(job.dtype, {B, n, heads, D});
-  convert(f64.view().data, DType::kF64, out.view().data, job.dtype, f64.numel());
+  const size_t es = dtype_size(job.dtype);
+#pragma omp parallel
+  {
+    std::vector<double> row(static_cast<size_t>(D));  // one head's row, converted into place
+#pragma omp for collapse(2)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = positions ? (*positions)[i] : i;
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t d = 0; d < D; ++d) row[d] = hashed_uniform(job.opt.seed, id, ((b * S + t) * heads + h) * D + d);
+          convert(row.data(), DType::kF64, static_cast<char*>(out.view().data) + ((b * n + i) * heads + h) * D * es,
+                  job.dtype, D);
+        }
+      }
+  }
   return out;
 }
 
