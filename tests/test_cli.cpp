@@ -65,6 +65,20 @@ TEST(Cli, CudaRanksCheckAgainstTheOracle) {
   }
 }
 
+// On the GPU machine: --check rows over GPU ranks, whose sampled rows come home through the
+// NCCL communicator's all-reduce of host memory; the oracle agrees with the full check's.
+TEST(Cli, CudaRanksRowsCheck) {
+  if (seqpar::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  const Result r = run_tool("attn --device cuda --layout zigzag --mask causal --seq 3001 --heads 8 --kv-heads 4 "
+                            "--head-dim 128 --check rows --sample-rows 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = last_json_line(r.output);
+  EXPECT_EQ(j["check"], "rows");
+  EXPECT_EQ(j["check_rows"], 16);
+  EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
+  for (const char* g : {"o", "lse", "dq"}) EXPECT_GT(j["max_abs_err"][g].get<double>(), 0.0) << g;  // bf16, not a copy
+}
+
 // On the GPU machine: two GPU ranks against the whole problem on one GPU (the check the
 // scaling runs use where the fp64 oracle is too slow). One rank would make the same calls as
 // the single GPU, and the errors below would be exactly 0.
