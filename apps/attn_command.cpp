@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #ifdef SEQPAR_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -159,17 +160,20 @@ Status rows_from_owners(Communicator& comm, const Layout& layout, const std::vec
   const int64_t B = ov.shape[0], n = ov.shape[1], H = ov.shape[2], D = ov.shape[3];
   const int64_t R = static_cast<int64_t>(rows.size()), block = B * R * H * D;
   std::vector<double> buf(size_t(2 * block + B * H * R), 0.0);  // O, dQ, LSE
-  const std::vector<int64_t>& mine = layout.positions(comm.rank());
-  const size_t es = dtype_size(ov.dtype), lse_es = dtype_size(lse.view().dtype);
-  for (int64_t r = 0; r < R; ++r) {
-    const auto it = std::find(mine.begin(), mine.end(), rows[r]);
-    if (it == mine.end()) continue;
-    const int64_t i = it - mine.begin();
+  std::unordered_map<int64_t, int64_t> wanted;  // global row -> its place in `rows`
+  for (int64_t r = 0; r < R; ++r) wanted[rows[r]] = r;
+  const std::vector<int64_t>& mine = layout.positions(comm.rank());  // local row i is global mine[i]
+  const TensorView& dqv = dq.view();
+  const size_t es = dtype_size(ov.dtype), dq_es = dtype_size(dqv.dtype), lse_es = dtype_size(lse.view().dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto found = wanted.find(mine[i]);
+    if (found == wanted.end()) continue;
+    const int64_t r = found->second;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         const int64_t from = ((b * n + i) * H + h) * D, to = ((b * R + r) * H + h) * D;
         convert(static_cast<const char*>(ov.data) + from * es, ov.dtype, &buf[to], DType::kF64, D);
-        convert(static_cast<const char*>(dq.view().data) + from * es, ov.dtype, &buf[block + to], DType::kF64, D);
+        convert(static_cast<const char*>(dqv.data) + from * dq_es, dqv.dtype, &buf[block + to], DType::kF64, D);
         convert(static_cast<const char*>(lse.view().data) + ((b * H + h) * n + i) * lse_es, lse.view().dtype,
                 &buf[2 * block + (b * H + h) * R + r], DType::kF64, 1);
       }

