@@ -291,6 +291,15 @@ std::vector<int64_t> sample_rows(int64_t S, int64_t count, uint64_t seed) {
   return rows;
 }
 
+// The query rows the oracle-row checks (--check rows, and single's oracle) compare: sampled,
+// or every row when as many are asked for.
+std::vector<int64_t> checked_query_rows(const AttnOptions& o) {
+  std::vector<int64_t> rows = sample_rows(o.seq, o.sample_rows, o.seed + 1);
+  if (rows.empty())
+    for (int64_t i = 0; i < o.seq; ++i) rows.push_back(i);
+  return rows;
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -500,9 +509,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   std::vector<int64_t> picked;  // --check rows: the sampled query rows, and the ranks' results there
   HostTensor picked_o, picked_lse, picked_dq;
   if (check_mode == "rows") {
-    picked = sample_rows(o.seq, o.sample_rows, o.seed + 1);
-    if (picked.empty())
-      for (int64_t i = 0; i < o.seq; ++i) picked.push_back(i);
+    picked = checked_query_rows(o);
     SP_RETURN_IF_ERROR(rows_from_owners(comm, layout, picked, out, lse, dq, &picked_o, &picked_lse, &picked_dq));
   }
   if (me != 0) return Status::Ok();
@@ -589,9 +596,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
       check_ok = check_ok && err.get<double>() <= (name == "lse" ? kSingleLseTolerance : tolerance);
     // Should the two disagree, the fp64 oracle on sampled query rows (O, LSE and dQ, at
     // O(rows * S) cost) says which is wrong; the distributed result must also pass it.
-    rows.query_rows = sample_rows(o.seq, o.sample_rows, o.seed + 1);
-    if (rows.query_rows.empty())
-      for (int64_t i = 0; i < o.seq; ++i) rows.query_rows.push_back(i);
+    rows.query_rows = checked_query_rows(o);
     rows.query_side_only = true;
     progress("and against the fp64 oracle on " + std::to_string(rows.query_rows.size()) + " query rows");
     SP_ASSIGN_OR_RETURN(const ReferenceResult ref,

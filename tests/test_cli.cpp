@@ -33,6 +33,15 @@ nlohmann::json last_json_line(const std::string& out) {
   return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
 }
 
+// A passing --check rows report over `asked` sampled rows (the sampling drops repeats, so at
+// least half of them).
+void expect_rows_check_passed(const nlohmann::json& j, int asked) {
+  EXPECT_EQ(j["check"], "rows");
+  EXPECT_GE(j["check_rows"], asked / 2 + asked % 2);
+  EXPECT_LE(j["check_rows"], asked);
+  EXPECT_TRUE(j["check_passed"].get<bool>()) << j.dump();
+}
+
 TEST(Cli, AttnRunsChecksAndReportsJson) {
   const Result r = run_tool("attn --algo ring --layout zigzag --mask causal --seq 301 --heads 4 "
                             "--kv-heads 2 --head-dim 32 --ranks 3 --json");
@@ -73,10 +82,7 @@ TEST(Cli, CudaRanksRowsCheck) {
                             "--head-dim 128 --check rows --sample-rows 16 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = last_json_line(r.output);
-  EXPECT_EQ(j["check"], "rows");
-  EXPECT_GE(j["check_rows"], 8);  // 16 asked; the sampling drops repeats
-  EXPECT_LE(j["check_rows"], 16);
-  EXPECT_TRUE(j["check_passed"].get<bool>()) << r.output;
+  expect_rows_check_passed(j, 16);
   for (const char* g : {"o", "lse", "dq"}) EXPECT_GT(j["max_abs_err"][g].get<double>(), 0.0) << g;  // bf16, not a copy
 }
 
@@ -156,10 +162,7 @@ TEST(Cli, RowsCheckFetchesSampledRowsFromTheirRanks) {
                               "--head-dim 16 --ranks 3 --dtype fp64 --check rows --sample-rows 9 --json");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = last_json_line(r.output);
-    EXPECT_EQ(j["check"], "rows");
-    EXPECT_GE(j["check_rows"], 5);  // 9 asked; the sampling drops repeats
-    EXPECT_LE(j["check_rows"], 9);
-    EXPECT_TRUE(j["check_passed"].get<bool>());
+    expect_rows_check_passed(j, 9);
     EXPECT_FALSE(j["max_abs_err"].contains("dk"));
     for (const char* g : {"o", "lse", "dq"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << layout << " " << g;
   }

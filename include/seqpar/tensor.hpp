@@ -43,6 +43,9 @@ struct TensorView {
 
   int64_t size(int dim) const { return shape[dim]; }
   int64_t numel() const;
+  // Elements from `data` to the last one the view reaches, inclusive (0 when empty): the
+  // extent of memory it covers, with non-negative strides.
+  int64_t span_elements() const;
   bool is_contiguous() const;
   bool same_shape(const TensorView& other) const;
   std::string shape_string() const;  // "[2, 128, 8, 64] fp32"

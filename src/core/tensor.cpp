@@ -33,6 +33,13 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+int64_t TensorView::span_elements() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < ndim; ++i) last += (shape[i] - 1) * strides[i];
+  return last + 1;
+}
+
 bool TensorView::is_contiguous() const {
   int64_t stride = 1;
   for (int i = ndim - 1; i >= 0; --i) {

@@ -497,10 +497,8 @@ Status check_gpu_args(const Communicator& comm, const Layout& layout, const Atte
 Status check_no_overlap(std::initializer_list<std::pair<const char*, const TensorView*>> outputs,
                         std::initializer_list<std::pair<const char*, const TensorView*>> inputs) {
   const auto span = [](const TensorView& t) {
-    int64_t last = 0;
-    for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
     const auto begin = reinterpret_cast<uintptr_t>(t.data);
-    return std::pair{begin, begin + uintptr_t(last + 1) * dtype_size(t.dtype)};
+    return std::pair{begin, begin + uintptr_t(t.span_elements()) * dtype_size(t.dtype)};
   };
   for (const auto& [out_name, out] : outputs)
     for (const auto& [in_name, in] : inputs) {

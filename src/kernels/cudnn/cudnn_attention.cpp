@@ -258,13 +258,6 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
 // bytes against the call's O(S^2) work). The forward was measured right on such views.
 constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;  // elements a view may span (offsets < 2^31)
 
-int64_t span_elements(const TensorView& t) {  // 1 + the largest element offset from t.data
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int i = 0; i < t.ndim; ++i) last += (t.shape[i] - 1) * t.strides[i];
-  return last + 1;
-}
-
 TensorView heads_of(TensorView t, int64_t first, int64_t count) {  // heads [first, first + count)
   t.data = static_cast<char*>(t.data) + first * t.strides[2] * int64_t(dtype_size(t.dtype));
   t.shape[2] = count;
@@ -302,19 +295,19 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
     return op.q_side ? heads_of(*op.view, first * ratio, n * ratio) : heads_of(*op.view, first, n);
   };
   // A span depends on shape and strides alone: the first chunk, the widest, says which
-  // operands need copies.
-  size_t bytes = lse_bytes;
-  for (const Operand& op : ops)
-    if (span_elements(slice(op, 0, chunk)) > kCudnnMaxSpan) bytes += op.q_side ? q_bytes : k_bytes;
-  SP_RETURN_IF_ERROR(ctx->compact.reserve(bytes));
-  char* next = static_cast<char*>(ctx->compact.data());
-  float* lse_copy = reinterpret_cast<float*>(next);
-  next += lse_bytes;
-  for (Operand& op : ops)
-    if (span_elements(slice(op, 0, chunk)) > kCudnnMaxSpan) {
-      op.copy = next;
-      next += op.q_side ? q_bytes : k_bytes;
+  // operands need copies. Their places follow the LSE copy's in one buffer (so no offset of
+  // an operand's copy is 0).
+  size_t offsets[8] = {}, bytes = lse_bytes;
+  for (int i = 0; i < 8; ++i)
+    if (slice(ops[i], 0, chunk).span_elements() > kCudnnMaxSpan) {
+      offsets[i] = bytes;
+      bytes += ops[i].q_side ? q_bytes : k_bytes;
     }
+  SP_RETURN_IF_ERROR(ctx->compact.reserve(bytes));
+  char* const base = static_cast<char*>(ctx->compact.data());
+  float* lse_copy = reinterpret_cast<float*>(base);
+  for (int i = 0; i < 8; ++i)
+    if (offsets[i]) ops[i].copy = base + offsets[i];
 
   for (int64_t first = 0; first < d.kv_heads; first += chunk) {
     const int64_t n = std::min(chunk, d.kv_heads - first), nq = n * ratio;
@@ -367,7 +360,7 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   SP_RETURN_IF_ERROR(check_lse(lse, d));
   SP_ASSIGN_OR_RETURN(DeviceContext * ctx, context_for_current_device());
   for (const TensorView* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
-    if (span_elements(*t) > kCudnnMaxSpan)
+    if (t->span_elements() > kCudnnMaxSpan)
       return backward_in_head_chunks(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
   return backward_call(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
 }
