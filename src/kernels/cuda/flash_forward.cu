@@ -120,6 +120,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     }
   }
 
+  // ldmatrix addresses (bytes): each lane's row within its 16-row block and the swizzle
+  // offsets of the chunks it reads. Every such row is 8-aligned plus lane % 8, so row & 7 =
+  // lane & 7. Q (and V, transposed) read chunk 2 ks + lane / 16; K reads chunk 2 ks + lane / 8 % 2.
+  const SwizzleOffsets sw_a(lane / 16, lane & 7), sw_b((lane / 8) % 2, lane & 7);
+  const uint32_t q_rows = smem_address(q_smem) + (warp * 16 * kMTiles + lane % 16) * kDim * 2;
+  const int k_lane_row = (lane / 16) * 8 + lane % 8, v_lane_row = lane % 8 + ((lane / 8) % 2) * 8;
+
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int buf = (tile - tile_begin) & 1;
     Elem* k_tile = k_smem + buf * kBlockN * kDim;
@@ -137,14 +144,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     for (int mt = 0; mt < kMTiles; ++mt)
       for (int j = 0; j < kBlockN / 8; ++j)
         for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+    const uint32_t k_rows = smem_address(k_tile) + k_lane_row * kDim * 2;
     for (int ks = 0; ks < kDim / 16; ++ks) {
       uint32_t qa[kMTiles][4];
-      for (int mt = 0; mt < kMTiles; ++mt)
-        ldmatrix_x4(qa[mt], q_smem + swizzled<kDim>(warp * 16 * kMTiles + mt * 16 + (lane % 16), ks * 2 + lane / 16));
+      for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4_at(qa[mt], q_rows + mt * 16 * kDim * 2 + sw_a.of(ks));
       for (int jp = 0; jp < kBlockN / 16; ++jp) {
         uint32_t kb[4];
-        const int key = jp * 16 + (lane / 16) * 8 + (lane % 8);
-        ldmatrix_x4(kb, k_tile + swizzled<kDim>(key, ks * 2 + (lane / 8) % 2));
+        ldmatrix_x4_at(kb, k_rows + jp * 16 * kDim * 2 + sw_b.of(ks));
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Elem>(s[mt][2 * jp], qa[mt], kb[0], kb[1]);
           mma_16816<Elem>(s[mt][2 * jp + 1], qa[mt], kb[2], kb[3]);
@@ -202,6 +208,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
 
     // O += P V, with P re-packed from the score accumulators as the A operand; one V
     // fragment, kMTiles mmas.
+    const uint32_t v_rows = smem_address(v_tile) + v_lane_row * kDim * 2;
     for (int ks = 0; ks < kKeySteps; ++ks) {
       uint32_t pa[kMTiles][4];
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -212,8 +219,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
       }
       for (int dp = 0; dp < kDimTiles / 2; ++dp) {
         uint32_t vb[4];
-        const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        ldmatrix_x4_trans(vb, v_tile + swizzled<kDim>(key, dp * 2 + lane / 16));
+        ldmatrix_x4_trans_at(vb, v_rows + ks * 16 * kDim * 2 + sw_a.of(dp));
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<Elem>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
           mma_16816<Elem>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);

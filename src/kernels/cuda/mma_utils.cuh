@@ -70,6 +70,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_address(p)));
 }
 
+// The same loads from a 32-bit shared-memory address (smem_address), which the kernels
+// precompute per thread so that each load in an unrolled loop is a base plus an immediate.
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
 // 16-byte global -> shared copy; src_bytes = 0 writes zeros (rows past the end).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
@@ -88,5 +101,18 @@ template <int kDim>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kDim + ((chunk ^ (row & 7)) << 3);
 }
+
+// The swizzle split for unrolled loops: for chunk = 8 a + c (c < 8) of a row with row & 7 = r,
+// swizzled(row, chunk) = row * kDim + 64 a + ((c ^ r) << 3): the XOR touches only the low
+// three bits. A thread that reads chunks 2 b + c0 (b = 0..3, its lane fixing c0 and r) needs
+// four offsets; the rest is a per-row base and a compile-time 64 a.
+struct SwizzleOffsets {
+  int bytes[4];  // ((2 b + c0) ^ r) * 8 elements, in bytes of a 2-byte element
+  __device__ __forceinline__ SwizzleOffsets(int c0, int r) {
+    for (int b = 0; b < 4; ++b) bytes[b] = (((2 * b + c0) ^ r) << 3) * 2;
+  }
+  // Byte offset within a row of 16-byte chunk 2 ks + c0.
+  __device__ __forceinline__ int of(int ks) const { return bytes[ks & 3] + (ks >> 2) * 128; }
+};
 
 }  // namespace seqpar::cuda
