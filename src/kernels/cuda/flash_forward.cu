@@ -78,13 +78,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   const int tile_begin = key_begin / kBlockN;
   const int tile_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : tile_begin;
 
+  // cp.async of rows [row0, row0 + tile_rows) into a swizzled tile. Thread tid copies chunk
+  // tid % kChunks of rows tid / kChunks + i kRowsPerPass; kRowsPerPass is a multiple of 8, so
+  // those rows share one swizzle and each pass moves both addresses by a constant.
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kRowsPerPass % 8 == 0, "rows of one pass must share the swizzle");
+  const int lane_row = tid / kChunks, lane_chunk = tid % kChunks;
+  const int lane_smem = swizzled<kDim>(lane_row, lane_chunk);
   auto load_rows = [&](Elem* dst, const Elem* src, int64_t row_stride, int row0, int rows_total,
                        int tile_rows) {
-    for (int c = tid; c < tile_rows * kChunks; c += kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks;
+    const Elem* from = src + int64_t(row0 + lane_row) * row_stride + lane_chunk * 8;
+    Elem* to = dst + lane_smem;
+    for (int row = lane_row; row < tile_rows; row += kRowsPerPass) {
       const bool valid = row0 + row < rows_total;
-      const Elem* from = src + (valid ? int64_t(row0 + row) * row_stride + chunk * 8 : 0);
-      cp_async_16(dst + swizzled<kDim>(row, chunk), from, valid);
+      cp_async_16(to, valid ? from : src, valid);
+      from += kRowsPerPass * row_stride;
+      to += kRowsPerPass * kDim;
     }
   };
   load_rows(q_smem, q_base, p.q_strides[1], q0, p.seq_q, kBlockM);
