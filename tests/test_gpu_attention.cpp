@@ -468,6 +468,43 @@ TEST(FlashForward, DefaultPositionsFollowTheAlignment) {
   EXPECT_TRUE(why.empty()) << why;
 }
 
+// Scores that climb along the keys (k_j grows with j), so a row's maximum outgrows the
+// forward's lazy reference by more than its slack every few tiles and the accumulator is
+// rescaled mid-row, while other tiles run on a stale reference: O and LSE under the bf16 rule.
+TEST(FlashForward, RowMaximaThatKeepGrowing) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 600, H = 2, D = 128;
+  HostTensor q64 = testing::random_tensor(DType::kF64, {1, S, H, D}, 75);
+  HostTensor k64 = testing::random_tensor(DType::kF64, {1, S, H, D}, 76);
+  for (int64_t i = 0; i < q64.numel(); ++i) q64.data<double>()[i] = 0.5 + 0.5 * std::abs(q64.data<double>()[i]);
+  for (int64_t j = 0; j < S; ++j)  // scores about 0.14 (log2 units) higher per key
+    for (int64_t e = 0; e < H * D; ++e) {
+      double& x = k64.data<double>()[j * H * D + e];
+      x = (0.02 + 0.015 * double(j)) * (0.5 + 0.5 * std::abs(x));
+    }
+  const HostTensor q = cast(q64, DType::kBF16), k = cast(k64, DType::kBF16);
+  const HostTensor v = testing::random_tensor(DType::kBF16, {1, S, H, D}, 77);
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  auto gq = to_device(q), gk = to_device(k), gv = to_device(v);
+  auto acc = device_zeros(DType::kF32, {1, S, H, D});
+  auto lse = device_zeros(DType::kF32, {1, H, S});
+  auto out = device_zeros(DType::kBF16, {1, S, H, D});
+  ASSERT_TRUE(flash_attention_forward(gq->view, gk->view, gv->view, params, FlashPositions::defaults(params, S, S),
+                                      acc->view, lse->view, false, out->view).ok());
+  auto oracle = reference_attention(q.view(), k.view(), v.view(), TensorView{}, params);
+  ASSERT_TRUE(oracle.ok());
+  const double last = oracle->lse.data<double>()[S - 1] - oracle->lse.data<double>()[0];
+  EXPECT_GT(last, 40.0) << "the scores should climb by more than the slack many times over";
+  const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, nullptr, params, DType::kBF16);
+  std::string why = testing::check_lowp_rule("O", cast(to_host(out->view).value(), DType::kF64), plain.o,
+                                             oracle->o, DType::kBF16);
+  EXPECT_TRUE(why.empty()) << why;
+  why = testing::check_lowp_rule("LSE", cast(to_host(lse->view).value(), DType::kF64), plain.lse, oracle->lse,
+                                 DType::kF32);
+  EXPECT_TRUE(why.empty()) << why;
+}
+
 TEST(FlashForward, RefusesBadInput) {
   SKIP_WITHOUT_GPU();
   const HostTensor q = testing::random_tensor(DType::kBF16, {1, 64, 2, 96}, 1);  // D = 96

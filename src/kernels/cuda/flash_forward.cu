@@ -25,6 +25,7 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 // warp fit in registers.
 template <int kDim>
 constexpr int kBlockNFor = kDim >= 128 ? 32 : 64;
+constexpr float kRescaleSlack = 8.f;  // log2 units a row max may outgrow its reference by
 constexpr int kMTiles = 2;                      // 16-row m-tiles per warp: each K/V fragment
 constexpr int kBlockM = 16 * kMTiles * kWarps;  // read from shared memory feeds two mmas
 
@@ -188,31 +189,48 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
       }
     }
 
-    // Online softmax, row by row (each row lives in one quad of lanes).
+    // Online softmax (each row lives in one quad of lanes) with a lazy reference max: a row
+    // keeps its reference m while its tile maxima stay within kRescaleSlack (log2 units) of
+    // it, so P reaches at most 2^8 (exact enough in bf16 P and fp32 sums; O = acc / l and
+    // LSE = m + log2 l hold for any reference). The accumulator is rescaled only when some
+    // row of the warp needs a new reference, which after the first tiles is rare.
+    float row_max[kRows];
+    bool grows = false;
     for (int x = 0; x < kRows; ++x) {
       const int mt = x / 2, e0 = 2 * (x % 2);
-      float row_max = -INFINITY;
-      for (int j = 0; j < kBlockN / 8; ++j) row_max = fmaxf(row_max, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffff, row_max, 2));
-      const float m_new = fmaxf(m[x], row_max);
-      if (m_new == -INFINITY) {  // nothing visible in this row yet
+      float mx = -INFINITY;
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      row_max[x] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      grows = grows || row_max[x] > m[x] + kRescaleSlack;  // also when m is -inf and a key is visible
+    }
+    if (__any_sync(0xffffffff, grows)) {
+      for (int x = 0; x < kRows; ++x) {
+        const int mt = x / 2, e0 = 2 * (x % 2);
+        const float m_new = fmaxf(m[x], row_max[x]);
+        if (m_new == -INFINITY) continue;  // nothing visible in this row yet
+        const float alpha = exp2f(m[x] - m_new);  // 0 when m was -inf
+        l[x] *= alpha;
+        m[x] = m_new;
+        for (int j = 0; j < kDimTiles; ++j) {
+          acc[mt][j][e0] *= alpha;
+          acc[mt][j][e0 + 1] *= alpha;
+        }
+      }
+    }
+    for (int x = 0; x < kRows; ++x) {
+      const int mt = x / 2, e0 = 2 * (x % 2);
+      if (m[x] == -INFINITY) {  // nothing visible in this row yet
         for (int j = 0; j < kBlockN / 8; ++j) s[mt][j][e0] = s[mt][j][e0 + 1] = 0.f;
         continue;
       }
-      const float alpha = exp2f(m[x] - m_new);  // 0 when m was -inf
       float row_sum = 0.f;
       for (int j = 0; j < kBlockN / 8; ++j)
         for (int e = e0; e < e0 + 2; ++e) {
-          s[mt][j][e] = exp2f(s[mt][j][e] - m_new);
+          s[mt][j][e] = exp2f(s[mt][j][e] - m[x]);
           row_sum += s[mt][j][e];
         }
-      l[x] = l[x] * alpha + row_sum;
-      m[x] = m_new;
-      for (int j = 0; j < kDimTiles; ++j) {
-        acc[mt][j][e0] *= alpha;
-        acc[mt][j][e0 + 1] *= alpha;
-      }
+      l[x] += row_sum;
     }
 
     // O += P V, with P re-packed from the score accumulators as the A operand; one V
