@@ -104,11 +104,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   }
   cp_async_commit();
 
-  // Running state: m (exp2 domain), partial l (summed over the quad at the end), accumulator.
-  float m[kRows], l[kRows], acc[kMTiles][kDimTiles][4];
+  // Running state: m (exp2 domain); partial sums of P (summed over the quad at the end): l of
+  // P as computed (for the LSE), l_mma of P as rounded for the P V product (to normalise O, so
+  // that O stays a convex combination of V rows even when a row's largest P is not exactly 1
+  // under a stale reference); the accumulator.
+  float m[kRows], l[kRows], l_mma[kRows], acc[kMTiles][kDimTiles][4];
   for (int x = 0; x < kRows; ++x) {
     m[x] = -INFINITY;
-    l[x] = 0.f;
+    l[x] = l_mma[x] = 0.f;
   }
   for (int mt = 0; mt < kMTiles; ++mt)
     for (int j = 0; j < kDimTiles; ++j)
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
       const float prev = p.lse[(int64_t(b) * p.heads + h) * p.seq_q + row];
       if (!(prev > -INFINITY && prev < INFINITY)) continue;  // empty so far
       m[x] = prev * 1.4426950408889634f;
-      l[x] = t4 == 0 ? 1.f : 0.f;  // the earlier mass counts once per row
+      l[x] = l_mma[x] = t4 == 0 ? 1.f : 0.f;  // the earlier mass counts once per row
       const float* o_row = p.o_acc + b * p.o_strides[0] + int64_t(row) * p.o_strides[1] + h * p.o_strides[2];
       for (int j = 0; j < kDimTiles; ++j) {
         const float2 o2 = *reinterpret_cast<const float2*>(o_row + j * 8 + 2 * t4);
@@ -211,6 +214,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
         if (m_new == -INFINITY) continue;  // nothing visible in this row yet
         const float alpha = exp2f(m[x] - m_new);  // 0 when m was -inf
         l[x] *= alpha;
+        l_mma[x] *= alpha;
         m[x] = m_new;
         for (int j = 0; j < kDimTiles; ++j) {
           acc[mt][j][e0] *= alpha;
@@ -224,13 +228,16 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
         for (int j = 0; j < kBlockN / 8; ++j) s[mt][j][e0] = s[mt][j][e0 + 1] = 0.f;
         continue;
       }
-      float row_sum = 0.f;
+      float row_sum = 0.f, row_sum_mma = 0.f;
       for (int j = 0; j < kBlockN / 8; ++j)
         for (int e = e0; e < e0 + 2; ++e) {
-          s[mt][j][e] = exp2f(s[mt][j][e] - m[x]);
-          row_sum += s[mt][j][e];
+          const float prob = exp2f(s[mt][j][e] - m[x]);
+          s[mt][j][e] = T::round(prob);
+          row_sum += prob;
+          row_sum_mma += s[mt][j][e];
         }
       l[x] += row_sum;
+      l_mma[x] += row_sum_mma;
     }
 
     // O += P V, with P re-packed from the score accumulators as the A operand; one V
@@ -261,11 +268,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   for (int x = 0; x < kRows; ++x) {
     const int mt = x / 2, e0 = 2 * (x % 2);
     const int row = q0 + tile_row(x);
-    float total = l[x];
+    float total = l[x], total_mma = l_mma[x];
     total += __shfl_xor_sync(0xffffffff, total, 1);
     total += __shfl_xor_sync(0xffffffff, total, 2);
+    total_mma += __shfl_xor_sync(0xffffffff, total_mma, 1);
+    total_mma += __shfl_xor_sync(0xffffffff, total_mma, 2);
     if (row >= p.seq_q) continue;
-    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float inv = total_mma > 0.f ? 1.f / total_mma : 0.f;
     float* o_row = p.o_acc + b * p.o_strides[0] + int64_t(row) * p.o_strides[1] + h * p.o_strides[2];
     Elem* out_row = p.o_out ? static_cast<Elem*>(p.o_out) + b * p.out_strides[0] +
                                   int64_t(row) * p.out_strides[1] + h * p.out_strides[2]

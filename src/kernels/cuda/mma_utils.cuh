@@ -24,6 +24,7 @@ struct ElemTraits<__nv_bfloat16> {
   }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
 };
 template <>
 struct ElemTraits<__half> {
@@ -33,6 +34,7 @@ struct ElemTraits<__half> {
   }
   __device__ static float to_float(__half x) { return __half2float(x); }
   __device__ static __half from_float(float x) { return __float2half_rn(x); }
+  __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
 };
 
 // d += a * b on tensor cores.
