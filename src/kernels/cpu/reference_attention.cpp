@@ -1,5 +1,7 @@
 // The oracle: plain softmax attention in fp64, one query row (or key row) at a time. Slow and
-// obvious on purpose; every other implementation is checked against it.
+// obvious on purpose; every other implementation is checked against it. Two forms: dense (every
+// row, fp64 copies of every tensor) and, for checking a few rows of a million-token result,
+// query-rows (those rows alone, keys streamed through each pass once).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -27,34 +29,94 @@ std::vector<double> to_dense_f64(const TensorView& t, const std::vector<int64_t>
   return out;
 }
 
-// Rows of K or V in fp64. Dense: one copy of the whole tensor, read many times (every query
-// row visits every key). Streamed (query_side_only: a few query rows of a long sequence): a
-// row is converted when read, into the caller's scratch, so no fp64 copy of the whole K or V
-// exists (32 GiB each at 1M tokens of 32 x 128).
-class KeyRows {
- public:
-  KeyRows(const TensorView& t, bool dense) : t_(t), es_(dtype_size(t.dtype)) {
-    if (dense) dense_ = to_dense_f64(t);
-  }
-  // Row j of K/V head g in batch b; `scratch` holds D doubles.
-  const double* row(int64_t b, int64_t j, int64_t g, double* scratch) const {
-    if (!dense_.empty()) return &dense_[((b * t_.shape[1] + j) * t_.shape[2] + g) * t_.shape[3]];
-    convert(static_cast<const char*>(t_.data) + cpu::bshd_offset(t_, b, j, g) * es_, t_.dtype, scratch,
-            DType::kF64, t_.shape[3]);
-    return scratch;
-  }
-
- private:
-  TensorView t_;
-  size_t es_;
-  std::vector<double> dense_;
-};
-
-double dot(const double* a, const double* b, int64_t n) {
+// The arithmetic every form shares, out of line, so that the dense and the query-rows forms
+// round alike (bit for bit) wherever the compiler would vectorise or fuse an inlined loop.
+// A score is scaled inside (scale * (a . b)), never fused into the caller's next operation.
+[[gnu::noinline]] double dot(const double* a, const double* b, int64_t n, double scale = 1.0) {
   double acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+  return scale * acc;
+}
+
+// y += a x
+[[gnu::noinline]] void axpy(double a, const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// The oracle over a few query rows of a long sequence (query_side_only): O, LSE and dQ of
+// q_rows, in list order. The keys are streamed: each (batch, head) converts a key row when it
+// reads it, once per pass, and uses it for every chosen row that sees it. So the work is the
+// rows' own O(rows x S_k) arithmetic plus O(S_k) conversions per pass, and no fp64 copy of K
+// or V exists (32 GiB each at 1M tokens of 32 x 128). The passes are the dense oracle's, in
+// the same order per row: the row maxima, then the sums and O, then dQ against the final LSE.
+ReferenceResult query_rows_oracle(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& dout, const std::vector<int64_t>& q_rows,
+                                  const cpu::MaskEvaluator& mask, double scale, int64_t group) {
+  const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], Sk = k.shape[1];
+  const int64_t R = static_cast<int64_t>(q_rows.size());
+  const bool backward = dout.data != nullptr;
+  const std::vector<double> Q = to_dense_f64(q, &q_rows);
+  const std::vector<double> dO = backward ? to_dense_f64(dout, &q_rows) : std::vector<double>();
+  ReferenceResult res{HostTensor(DType::kF64, {B, R, H, D}), HostTensor(DType::kF64, {B, H, R}), {}, {}, {}};
+  if (backward) res.dq = HostTensor(DType::kF64, {B, R, H, D});
+  double* const O = res.o.data<double>();
+  double* const L = res.lse.data<double>();
+  double* const dQ = backward ? res.dq.data<double>() : nullptr;
+
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      auto at = [&](int64_t r) { return ((b * R + r) * H + h) * D; };  // row r of Q, dO, O, dQ
+      double* const lse = &L[(b * H + h) * R];
+      std::vector<double> kj(D), vj(D), m(R, cpu::kNegInf), l(R, 0.0), delta(R);
+      std::vector<int64_t> seeing;  // the chosen rows that see key j
+      // Key j's visible rows into `seeing`, and its K (and V) row converted; false if none.
+      auto read_key = [&](int64_t j, bool with_v) {
+        seeing.clear();
+        for (int64_t r = 0; r < R; ++r)
+          if (mask.allowed(q_rows[r], j)) seeing.push_back(r);
+        if (seeing.empty()) return false;
+        const auto read = [&](const TensorView& t, double* out) {
+          convert(static_cast<const char*>(t.data) + cpu::bshd_offset(t, b, j, h / group) * dtype_size(t.dtype),
+                  t.dtype, out, DType::kF64, D);
+        };
+        read(k, kj.data());
+        if (with_v) read(v, vj.data());
+        return true;
+      };
+      for (int64_t j = 0; j < Sk; ++j)  // pass 1: each row's maximum score
+        if (read_key(j, false))
+          for (const int64_t r : seeing) m[r] = std::max(m[r], dot(&Q[at(r)], kj.data(), D, scale));
+      for (int64_t j = 0; j < Sk; ++j)  // pass 2: the sums and O
+        if (read_key(j, true))
+          for (const int64_t r : seeing) {
+            const double p = std::exp(dot(&Q[at(r)], kj.data(), D, scale) - m[r]);
+            l[r] += p;
+            double* o = &O[at(r)];
+            axpy(p, vj.data(), o, D);
+          }
+      for (int64_t r = 0; r < R; ++r) {
+        if (m[r] == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
+          lse[r] = cpu::kNegInf;
+          continue;
+        }
+        double* o = &O[at(r)];
+        for (int64_t d = 0; d < D; ++d) o[d] /= l[r];
+        lse[r] = m[r] + std::log(l[r]);
+        if (backward) delta[r] = dot(&dO[at(r)], o, D);
+      }
+      if (!backward) continue;
+      for (int64_t j = 0; j < Sk; ++j)  // pass 3: dQ_r = scale * sum_j ds_rj k_j
+        if (read_key(j, true))
+          for (const int64_t r : seeing) {
+            const double p = std::exp(dot(&Q[at(r)], kj.data(), D, scale) - lse[r]);
+            const double ds = p * (dot(&dO[at(r)], vj.data(), D) - delta[r]);
+            double* dq = &dQ[at(r)];
+            axpy(scale * ds, kj.data(), dq, D);
+          }
+    }
+  return res;
 }
 
 }  // namespace
@@ -89,26 +151,15 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
     return r;
   };
   const std::vector<int64_t> q_rows = all_rows(Sq, rows.query_rows);
-  const std::vector<int64_t> forward_rows = rows.query_side_only ? q_rows : all_rows(Sq, {});
-  // Query-side storage (Q, dO, O, LSE, D, dQ): every row, or with query_side_only the chosen
-  // rows alone, in list order (R of them); slot(i) is where query row i is kept.
-  const bool compact = rows.query_side_only;
-  const int64_t R = compact ? static_cast<int64_t>(q_rows.size()) : Sq;
-  std::vector<int64_t> slot_of;
-  if (compact) {
-    slot_of.assign(Sq, -1);
-    for (int64_t r = 0; r < R; ++r) slot_of[q_rows[r]] = r;
-  }
-  auto slot = [&](int64_t i) { return compact ? slot_of[i] : i; };
+  if (rows.query_side_only) return query_rows_oracle(q, k, v, dout, q_rows, mask, scale, G);
 
-  const std::vector<double> Q = to_dense_f64(q, compact ? &q_rows : nullptr);
-  const KeyRows K(k, !compact), V(v, !compact);
-  auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) {
-    return &t[((b * R + slot(i)) * H + h) * D];
-  };
-  auto stat = [&](int64_t b, int64_t h, int64_t i) { return (b * H + h) * R + slot(i); };
+  // Every row: dense fp64 copies, row-major [B, S, heads, D] like the views.
+  const std::vector<double> Q = to_dense_f64(q), K = to_dense_f64(k), V = to_dense_f64(v);
+  auto qrow = [&](const std::vector<double>& t, int64_t b, int64_t i, int64_t h) { return &t[((b * Sq + i) * H + h) * D]; };
+  auto krow = [&](const std::vector<double>& t, int64_t b, int64_t j, int64_t g) { return &t[((b * Sk + j) * Hkv + g) * D]; };
+  auto stat = [&](int64_t b, int64_t h, int64_t i) { return (b * H + h) * Sq + i; };
 
-  ReferenceResult res{HostTensor(DType::kF64, {B, R, H, D}), HostTensor(DType::kF64, {B, H, R}),
+  ReferenceResult res{HostTensor(DType::kF64, {B, Sq, H, D}), HostTensor(DType::kF64, {B, H, Sq}),
                       {}, {}, {}};
   double* O = res.o.data<double>();
   double* L = res.lse.data<double>();
@@ -117,15 +168,15 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      std::vector<double> s(Sk), scratch(D);
-      for (const int64_t i : forward_rows) {
+      std::vector<double> s(Sk);
+      for (int64_t i = 0; i < Sq; ++i) {
         double m = cpu::kNegInf;
         for (int64_t j = 0; j < Sk; ++j) {
-          s[j] = mask.allowed(i, j) ? scale * dot(qrow(Q, b, i, h), K.row(b, j, h / G, scratch.data()), D)
+          s[j] = mask.allowed(i, j) ? dot(qrow(Q, b, i, h), krow(K, b, j, h / G), D, scale)
                                     : cpu::kNegInf;
           m = std::max(m, s[j]);
         }
-        double* o = &O[((b * R + slot(i)) * H + h) * D];
+        double* o = &O[((b * Sq + i) * H + h) * D];
         if (m == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
           L[stat(b, h, i)] = cpu::kNegInf;
           continue;
@@ -135,8 +186,8 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
           if (s[j] == cpu::kNegInf) continue;
           const double p = std::exp(s[j] - m);
           l += p;
-          const double* vj = V.row(b, j, h / G, scratch.data());
-          for (int64_t d = 0; d < D; ++d) o[d] += p * vj[d];
+          const double* vj = krow(V, b, j, h / G);
+          axpy(p, vj, o, D);
         }
         for (int64_t d = 0; d < D; ++d) o[d] /= l;
         L[stat(b, h, i)] = m + std::log(l);
@@ -144,19 +195,19 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
     }
   if (!backward) return res;
 
-  const std::vector<double> dO = to_dense_f64(dout, compact ? &q_rows : nullptr);
-  std::vector<double> delta(static_cast<size_t>(B * H * R));
+  const std::vector<double> dO = to_dense_f64(dout);
+  std::vector<double> delta(static_cast<size_t>(B * H * Sq));
   for (int64_t b = 0; b < B; ++b)
-    for (const int64_t i : forward_rows)
+    for (int64_t i = 0; i < Sq; ++i)
       for (int64_t h = 0; h < H; ++h)
-        delta[stat(b, h, i)] = dot(qrow(dO, b, i, h), &O[((b * R + slot(i)) * H + h) * D], D);
+        delta[stat(b, h, i)] = dot(qrow(dO, b, i, h), &O[((b * Sq + i) * H + h) * D], D);
 
-  res.dq = HostTensor(DType::kF64, {B, R, H, D});
+  res.dq = HostTensor(DType::kF64, {B, Sq, H, D});
   double* dQ = res.dq.data<double>();
   // p_ij and ds_ij = p_ij * (dO_i . v_j - D_i), for a visible pair (k_j, v_j its key rows).
   auto prob_and_ds = [&](int64_t b, int64_t h, int64_t i, const double* kj, const double* vj, double* ds) {
     const double lse = L[stat(b, h, i)];
-    const double p = std::exp(scale * dot(qrow(Q, b, i, h), kj, D) - lse);
+    const double p = std::exp(dot(qrow(Q, b, i, h), kj, D, scale) - lse);
     *ds = p * (dot(qrow(dO, b, i, h), vj, D) - delta[stat(b, h, i)]);
     return p;
   };
@@ -166,19 +217,17 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   for (int64_t b = 0; b < B; ++b)
     for (size_t r = 0; r < q_rows.size(); ++r) {
       const int64_t i = q_rows[r];
-      std::vector<double> k_scratch(D), v_scratch(D);
       for (int64_t h = 0; h < H; ++h) {
-        double* dq = &dQ[((b * R + slot(i)) * H + h) * D];
+        double* dq = &dQ[((b * Sq + i) * H + h) * D];
         for (int64_t j = 0; j < Sk; ++j) {
           if (!mask.allowed(i, j)) continue;
-          const double* kj = K.row(b, j, h / G, k_scratch.data());
+          const double* kj = krow(K, b, j, h / G);
           double ds;
-          prob_and_ds(b, h, i, kj, V.row(b, j, h / G, v_scratch.data()), &ds);
-          for (int64_t d = 0; d < D; ++d) dq[d] += scale * ds * kj[d];
+          prob_and_ds(b, h, i, kj, krow(V, b, j, h / G), &ds);
+          axpy(scale * ds, kj, dq, D);
         }
       }
     }
-  if (rows.query_side_only) return res;
   // dK_j = scale * sum_{h in group, i} ds_ij q_i;  dV_j = sum p_ij dO_i.
   res.dk = HostTensor(DType::kF64, {B, Sk, Hkv, D});
   res.dv = HostTensor(DType::kF64, {B, Sk, Hkv, D});
@@ -189,12 +238,11 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
   for (int64_t b = 0; b < B; ++b)
     for (size_t r = 0; r < k_rows.size(); ++r) {
       const int64_t j = k_rows[r];
-      std::vector<double> k_scratch(D), v_scratch(D);
       for (int64_t g = 0; g < Hkv; ++g) {
         double* dk = &dK[((b * Sk + j) * Hkv + g) * D];
         double* dv = &dV[((b * Sk + j) * Hkv + g) * D];
-        const double* kj = K.row(b, j, g, k_scratch.data());
-        const double* vj = V.row(b, j, g, v_scratch.data());
+        const double* kj = krow(K, b, j, g);
+        const double* vj = krow(V, b, j, g);
         for (int64_t h = g * G; h < (g + 1) * G; ++h)
           for (int64_t i = 0; i < Sq; ++i) {
             if (!mask.allowed(i, j)) continue;
