@@ -4,7 +4,8 @@
 #      in the SASS (cuobjdump: local loads/stores between the tensor-core instructions);
 #   2. Nsight Compute on one forward and one backward launch at S = 32K, H = 32, D = 128,
 #      causal, bf16: speed of light, occupancy, warp stall reasons, the tensor pipe's share,
-#      shared-memory bank conflicts (ncu --clock-control none: the clocks are left alone).
+#      shared-memory bank conflicts (ncu --clock-control none: the clocks are left alone);
+#      then a second pass splitting the conflicts into loads and stores, with the stall reasons.
 # Results go to $OUT (or ./gpu_out): ptxas.txt, spills.txt, ncu_fwd.csv, ncu_bwd.csv, and a
 # short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
 # Env: SEQS (default 32768), MASKS (default causal).
@@ -43,34 +44,47 @@ BUILD_TARGETS=bench_gpu_attention bash scripts/gpu_check.sh build > "$out/build.
 ncu_bin="$(command -v ncu || echo "$cuda_bin/ncu")"
 [ -x "$ncu_bin" ] || ncu_bin="$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
 [ -x "$ncu_bin" ] || { echo "no ncu here"; exit 1; }
-for kernel in forward_kernel backward_kernel; do
-  short="${kernel%_kernel}"
-  short="${short/forward/fwd}"
-  short="${short/backward/bwd}"
-  # Skip the warm-up launches; one launch, every section the summary reads.
-  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum \
-    --csv --page details \
-    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
-    > "$out/ncu_$short.csv" 2> "$out/ncu_$short.err"
-  echo "== ncu $kernel (rc $?)"
-  python3 - "$out/ncu_$short.csv" <<'EOF'
+# summarise CSV [WORD ...]: the metrics of an ncu --csv file whose names contain a WORD (all
+# of them without words).
+summarise() {
+  python3 - "$@" <<'EOF'
 import csv, sys
-wanted = ("Compute (SM) Throughput", "Memory Throughput", "Duration", "Registers Per Thread",
-          "Achieved Occupancy", "Theoretical Occupancy", "Block Limit Registers",
-          "Block Limit Shared Mem", "Issue Slots Busy", "No Eligible",
-          "Warp Cycles Per Issued Instruction", "sm__pipe_tensor_op_hmma", "bank_conflicts",
-          "local_ld", "local_st", "Stall")
+wanted = sys.argv[2:]
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if not rows:
-    print("no ncu rows (see the .err file)")
+    print("  no ncu rows (see the .err file)")
     sys.exit(0)
 head = rows[0]
 name_i, unit_i, value_i = head.index("Metric Name"), head.index("Metric Unit"), head.index("Metric Value")
 for r in rows[1:]:
-    if any(w in r[name_i] for w in wanted):
+    if not wanted or any(w in r[name_i] for w in wanted):
         print(f"  {r[name_i]}: {r[value_i]} {r[unit_i]}")
 EOF
+}
+ncu_run() {  # ncu_run KERNEL OUTPUT_STEM NCU_ARGS...: one launch after the warm-ups
+  local kernel="$1" stem="$2"
+  shift 2
+  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 "$@" --csv --page details \
+    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
+    > "$out/$stem.csv" 2> "$out/$stem.err"
+  echo "== ncu $kernel -> $stem.csv (rc $?)"
+}
+for kernel in forward_kernel backward_kernel; do
+  short="${kernel%_kernel}"
+  short="${short/forward/fwd}"
+  short="${short/backward/bwd}"
+  ncu_run "$kernel" "ncu_$short" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum
+  summarise "$out/ncu_$short.csv" "Compute (SM) Throughput" "Memory Throughput" Duration "Registers Per Thread" \
+    "Achieved Occupancy" "Theoretical Occupancy" "Block Limit Registers" "Block Limit Shared Mem" \
+    "Issue Slots Busy" "No Eligible" "Warp Cycles Per Issued Instruction" sm__pipe_tensor_op_hmma \
+    bank_conflicts local_ld local_st Stall
+  # A second pass for what the first cannot place: bank conflicts of loads (ldmatrix) and of
+  # stores (st.shared, cp.async) apart, the instructions they come from, and the stall reasons.
+  # Its own file, so a metric this ncu lacks costs this pass alone.
+  ncu_run "$kernel" "ncu_${short}_shared" \
+    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__inst_executed_op_shared_st.sum,smsp__inst_executed_op_ldgsts.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
+  summarise "$out/ncu_${short}_shared.csv"
 done
