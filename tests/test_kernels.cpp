@@ -123,27 +123,37 @@ TEST(Oracle, GradientsMatchFiniteDifferences) {
 
 // The query side alone (how million-token runs are checked): O, LSE and dQ of the chosen rows,
 // kept in list order, equal the full oracle's bit for bit, and dK/dV are not computed. Its K/V
-// rows are converted as they are read (no fp64 copy), from fp64 and from bf16 inputs.
-class OracleQuerySide : public ::testing::TestWithParam<DType> {};
+// rows are streamed (converted as read, no fp64 copy), from fp64 and from bf16 inputs. Two
+// shapes: GQA self-attention, and S_q > S_k aligned bottom-right, where rows 0-3 see no key
+// (O = 0, LSE = -inf) and each key is seen by only some of the chosen rows.
+struct QuerySideCase {
+  Problem problem;
+  MaskAlign align;
+  std::vector<int64_t> rows;
+};
+class OracleQuerySide : public ::testing::TestWithParam<std::tuple<DType, QuerySideCase>> {};
 
 TEST_P(OracleQuerySide, MatchesTheFullOracleOnItsRows) {
-  const Inputs in = make_inputs({2, 9, 9, 4, 2, 8}, GetParam(), 13);
+  const auto& [dtype, c] = GetParam();
+  const Inputs in = make_inputs(c.problem, dtype, 13);
   AttentionParams params;
   params.mask = MaskSpec::causal();
+  params.mask.align = c.align;
   ReferenceRows rows;
-  rows.query_rows = {8, 0, 4};
+  rows.query_rows = c.rows;
   rows.query_side_only = true;
   auto part = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows);
   auto full = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
   ASSERT_TRUE(part.ok() && full.ok());
   EXPECT_EQ(part->dk.view().data, nullptr);
   EXPECT_EQ(part->dv.view().data, nullptr);
-  const int64_t B = 2, S = 9, H = 4, D = 8, R = 3;
+  const int64_t B = c.problem.batch, S = c.problem.seq_q, H = c.problem.heads, D = c.problem.head_dim;
+  const int64_t R = static_cast<int64_t>(c.rows.size());
   ASSERT_EQ(part->o.view().shape[1], R);
   ASSERT_EQ(part->lse.view().shape[2], R);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t i = rows.query_rows[r];
+      const int64_t i = c.rows[r];
       for (int64_t h = 0; h < H; ++h) {
         EXPECT_EQ(part->lse.data<double>()[(b * H + h) * R + r], full->lse.data<double>()[(b * H + h) * S + i]);
         for (int64_t d = 0; d < D; ++d) {
@@ -159,8 +169,15 @@ TEST_P(OracleQuerySide, MatchesTheFullOracleOnItsRows) {
   rows.query_rows = {0, 4, 4};  // a repeated row would be added twice
   EXPECT_FALSE(reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows).ok());
 }
-INSTANTIATE_TEST_SUITE_P(Inputs, OracleQuerySide, ::testing::Values(DType::kF64, DType::kBF16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Inputs, OracleQuerySide,
+    ::testing::Combine(::testing::Values(DType::kF64, DType::kBF16),
+                       ::testing::Values(QuerySideCase{{2, 9, 9, 4, 2, 8}, MaskAlign::kTopLeft, {8, 0, 4}},
+                                         QuerySideCase{{1, 9, 5, 2, 1, 8}, MaskAlign::kBottomRight, {6, 1, 8, 3}})),
+    [](const auto& info) {  // (no structured binding: its comma would split the macro's arguments)
+      const bool bottom_right = std::get<1>(info.param).align == MaskAlign::kBottomRight;
+      return std::string(dtype_name(std::get<0>(info.param))) + (bottom_right ? "_Sq9_Sk5_bottom_right" : "_gqa");
+    });
 
 // (mask, GQA heads/kv_heads, head dim, dtype)
 using KernelCase = std::tuple<std::string, std::pair<int, int>, int, DType>;
