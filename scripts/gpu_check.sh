@@ -7,7 +7,8 @@
 #           (MULTI_SEQS and PEER_SEQS choose the lengths)
 #   build   nothing more than the build every stage starts with
 # Usage: bash scripts/gpu_check.sh [tests] [bench] [multi]   (no stage, or all: all three)
-# BUILD_TARGETS (e.g. "bench_gpu_ring") builds only those targets.
+# BUILD_TARGETS (e.g. "bench_gpu_ring") builds only those targets; BUILD_JOBS (default 16) the
+# parallel compile jobs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages="${*:-all}"
@@ -44,7 +45,7 @@ set -e
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DSEQPAR_NATIVE=OFF \
   -DCMAKE_LIBRARY_PATH="$lib_path" -DCMAKE_INCLUDE_PATH="$inc_path" 2>&1 | tee "$out/cmake.log" | grep -E "seqpar|Error" || true
-cmake --build build-gpu -j 16 ${BUILD_TARGETS:+--target $BUILD_TARGETS} 2>&1 | tail -n 20 | tee "$out/build.log"
+cmake --build build-gpu -j "${BUILD_JOBS:-16}" ${BUILD_TARGETS:+--target $BUILD_TARGETS} 2>&1 | tail -n 20 | tee "$out/build.log"
 set +e
 status=0
 for stage in $stages; do

@@ -6,8 +6,8 @@
 #      causal, bf16: speed of light, occupancy, warp stall reasons, the tensor pipe's share,
 #      shared-memory bank conflicts (ncu --clock-control none: the clocks are left alone);
 #      then a second pass splitting the conflicts into loads and stores, with the stall reasons.
-# Results go to $OUT (or ./gpu_out): ptxas.txt, spills.txt, ncu_fwd.csv, ncu_bwd.csv, and a
-# short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
+# Results go to $OUT (or ./gpu_out): ptxas.txt, spills.txt, ncu_{fwd,bwd}.csv,
+# ncu_{fwd,bwd}_shared.csv (the second pass), and a short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
 # Env: SEQS (default 32768), MASKS (default causal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,6 +86,6 @@ for kernel in forward_kernel backward_kernel; do
   # the stall reasons.
   # Its own file, so a metric this ncu lacks costs this pass alone.
   ncu_run "$kernel" "ncu_${short}_shared" \
-    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_atom.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_misc.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__sass_inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_red.sum,smsp__inst_executed_op_ldgsts.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio
+    --metrics 'l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_atom.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_misc.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__sass_inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_red.sum,smsp__inst_executed_op_ldgsts.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   summarise "$out/ncu_${short}_shared.csv"
 done

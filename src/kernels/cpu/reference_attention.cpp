@@ -91,7 +91,9 @@ ReferenceResult query_rows_oracle(const TensorView& q, const TensorView& k, cons
       for (int64_t j = 0; j < Sk; ++j)  // pass 2: the sums and O
         if (read_key(j, true))
           for (const int64_t r : seeing) {
-            const double p = std::exp(dot(&Q[at(r)], kj.data(), D, scale) - m[r]);
+            const double score = dot(&Q[at(r)], kj.data(), D, scale);
+            if (score == cpu::kNegInf) continue;  // as the dense form (only -inf inputs get here)
+            const double p = std::exp(score - m[r]);
             l[r] += p;
             double* o = &O[at(r)];
             axpy(p, vj.data(), o, D);
