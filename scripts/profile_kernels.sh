@@ -40,7 +40,9 @@ awk '/Compiling entry/ { match($0, /(forward|backward)_kernelI[^E]*/); name = su
 [ -s "$out/spills.txt" ] && { echo "== local loads/stores per kernel (addresses in spills.txt)"; grep -E " (STL|LDL)" "$out/spills.txt" | cut -d' ' -f1-3 | sort | uniq -c; }
 
 # 2. Nsight Compute on the benchmark's kernels.
-BUILD_TARGETS=bench_gpu_attention bash scripts/gpu_check.sh build > "$out/build.txt" 2>&1 || { echo "build failed"; tail -20 "$out/build.txt"; exit 1; }
+logs="$(mktemp -d)"  # build and ncu logs: $OUT keeps six files (the device tool returns eight)
+OUT="$logs/build" BUILD_TARGETS=bench_gpu_attention bash scripts/gpu_check.sh build > "$logs/build.txt" 2>&1 ||
+  { echo "build failed"; tail -20 "$logs/build.txt"; exit 1; }
 ncu_bin="$(command -v ncu || echo "$cuda_bin/ncu")"
 [ -x "$ncu_bin" ] || ncu_bin="$(ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
 [ -x "$ncu_bin" ] || { echo "no ncu here"; exit 1; }
@@ -52,7 +54,7 @@ import csv, sys
 wanted = sys.argv[2:]
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if not rows:
-    print("  no ncu rows (see the .err file)")
+    print("  no ncu rows")
     sys.exit(0)
 head = rows[0]
 name_i, unit_i, value_i = head.index("Metric Name"), head.index("Metric Unit"), head.index("Metric Value")
@@ -66,8 +68,10 @@ ncu_run() {  # ncu_run KERNEL OUTPUT_STEM NCU_ARGS...: one launch after the warm
   shift 2
   "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 "$@" --csv --page details \
     ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
-    > "$out/$stem.csv" 2> "$out/$stem.err"
-  echo "== ncu $kernel -> $stem.csv (rc $?)"
+    > "$out/$stem.csv" 2> "$logs/$stem.err"
+  local rc=$?
+  echo "== ncu $kernel -> $stem.csv (rc $rc)"
+  [ $rc -eq 0 ] || tail -n 15 "$logs/$stem.err"
 }
 for kernel in forward_kernel backward_kernel; do
   short="${kernel%_kernel}"
