@@ -58,6 +58,21 @@ TEST(Tensor, ContiguousViewAndCopy) {
   EXPECT_EQ(t.view().shape_string(), "[2, 3, 4, 5] fp32");
 }
 
+// A narrowed view: the same memory from the first kept index, that extent shorter, and the
+// span (what the cuDNN and overlap checks measure) from its first to its last element.
+TEST(Tensor, NarrowAndSpan) {
+  HostTensor t(DType::kF32, {2, 3, 4, 5});
+  for (int64_t e = 0; e < t.numel(); ++e) t.data<float>()[e] = float(e);
+  const TensorView heads = t.view().narrow(2, 1, 3);  // [2, 3, 2, 5], heads 1 and 2
+  EXPECT_EQ(heads.shape[2], 2);
+  EXPECT_EQ(heads.strides[2], 5);
+  EXPECT_EQ(static_cast<const float*>(heads.data)[0], 5.0f);  // (0, 0, 1, 0)
+  EXPECT_FALSE(heads.is_contiguous());
+  EXPECT_EQ(heads.span_elements(), 60 + 40 + 5 + 4 + 1);  // its last element: (1, 2, 1, 4) of the narrowed view
+  EXPECT_EQ(t.view().span_elements(), 120);
+  EXPECT_EQ(t.view().narrow(1, 2, 2).span_elements(), 0);  // empty
+}
+
 TEST(Mask, ParseAndDescribe) {
   EXPECT_EQ(parse_mask("causal", 10).value().describe(), "causal");
   EXPECT_EQ(parse_mask("full", 10).value().describe(), "full");

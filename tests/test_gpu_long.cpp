@@ -84,11 +84,7 @@ TEST(LongSequence, CudnnPastTwoToTheThirtyOneElements) {
   if (free_bytes < (56ull << 30)) GTEST_SKIP() << "needs 56 GiB of free GPU memory";
   AttentionParams params;
   params.mask = MaskSpec::causal();
-  const auto last_heads = [&](TensorView t, int dim) {  // heads H - h .. H - 1 of a full view
-    t.data = static_cast<char*>(t.data) + (H - h) * t.strides[dim] * dtype_size(t.dtype);
-    t.shape[dim] = h;
-    return t;
-  };
+  const auto last_heads = [&](const TensorView& t, int dim) { return t.narrow(dim, H - h, H); };  // of a full view
   const auto alloc = [](DType t, std::vector<int64_t> shape) {
     auto d = device_zeros(t, shape);
     EXPECT_TRUE(d.ok()) << d.status().to_string();
@@ -191,16 +187,9 @@ TEST_P(CudnnLongCall, DqMatchesCallsOfItsLastRows) {
   if (free_bytes < need) GTEST_SKIP() << "needs " << (need >> 30) << " GiB free";
   AttentionParams params;
   params.mask = MaskSpec::causal();
-  const auto heads = [&](const DeviceTensor& t) {  // heads [0, h) of a q-side tensor
-    TensorView v = t.view;
-    v.shape[2] = h;
-    return v;
-  };
-  const auto rows = [](TensorView v, int64_t b, int64_t first, int64_t end) {  // batch b, rows [first, end)
-    v.data = static_cast<char*>(v.data) + (b * v.strides[0] + first * v.strides[1]) * int64_t(dtype_size(v.dtype));
-    v.shape[0] = 1;
-    v.shape[1] = end - first;
-    return v;
+  const auto heads = [&](const DeviceTensor& t) { return t.view.narrow(2, 0, h); };  // of a q-side tensor
+  const auto rows = [](const TensorView& v, int64_t b, int64_t first, int64_t end) {  // batch b, rows [first, end)
+    return v.narrow(0, b, b + 1).narrow(1, first, end);
   };
   const auto filled = [&](int64_t tensor_heads, int64_t used, uint64_t seed) {
     DeviceTensor t = device_zeros(DType::kBF16, {B, S, tensor_heads, D}).value();
@@ -208,9 +197,7 @@ TEST_P(CudnnLongCall, DqMatchesCallsOfItsLastRows) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < used; ++i) {
         const int64_t shift = 1 + (b * 131 + i * 97) % (S - 1);  // rows [shift, S) first
-        TensorView head = t.view;
-        head.data = static_cast<char*>(head.data) + i * head.strides[2] * 2;
-        head.shape[2] = 1;
+        const TensorView head = t.view.narrow(2, i, i + 1);
         EXPECT_TRUE(flash_cast(rows(one.view, 0, shift, S), rows(head, b, 0, S - shift)).ok());
         EXPECT_TRUE(flash_cast(rows(one.view, 0, 0, shift), rows(head, b, S - shift, S)).ok());
       }

@@ -46,6 +46,8 @@ struct TensorView {
   // Elements from `data` to the last one the view reaches, inclusive (0 when empty): the
   // extent of memory it covers, with non-negative strides.
   int64_t span_elements() const;
+  // Indices [begin, end) along `dim`: the same memory, the offset and that extent changed.
+  TensorView narrow(int dim, int64_t begin, int64_t end) const;
   bool is_contiguous() const;
   bool same_shape(const TensorView& other) const;
   std::string shape_string() const;  // "[2, 128, 8, 64] fp32"

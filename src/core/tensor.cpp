@@ -40,6 +40,13 @@ int64_t TensorView::span_elements() const {
   return last + 1;
 }
 
+TensorView TensorView::narrow(int dim, int64_t begin, int64_t end) const {
+  TensorView t = *this;
+  t.data = static_cast<char*>(t.data) + begin * t.strides[dim] * int64_t(dtype_size(t.dtype));
+  t.shape[dim] = end - begin;
+  return t;
+}
+
 bool TensorView::is_contiguous() const {
   int64_t stride = 1;
   for (int i = ndim - 1; i >= 0; --i) {

@@ -186,11 +186,7 @@ namespace {
 using Impl = GpuRingContext::Impl;
 
 // Rows [begin, end) along `dim` of a view.
-TensorView rows_of(TensorView t, int dim, int64_t begin, int64_t end) {
-  t.data = static_cast<char*>(t.data) + begin * t.strides[dim] * int64_t(dtype_size(t.dtype));
-  t.shape[dim] = end - begin;
-  return t;
-}
+TensorView rows_of(const TensorView& t, int dim, int64_t begin, int64_t end) { return t.narrow(dim, begin, end); }
 
 // Heads [first, first + count) of a [B, S, H, D] (dim 2) or [B, H, S] (dim 1) view.
 TensorView heads_of(const TensorView& t, int dim, int64_t first, int64_t count) {

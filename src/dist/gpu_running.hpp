@@ -152,11 +152,7 @@ class Running {
     return Status::Ok();
   }
   bool covers_all(const Pending& p) const { return p.begin == 0 && p.end == rows_; }
-  static TensorView rows(TensorView t, int64_t b, int64_t e) {
-    t.data = static_cast<char*>(t.data) + b * t.strides[1] * int64_t(dtype_size(t.dtype));
-    t.shape[1] = e - b;
-    return t;
-  }
+  static TensorView rows(const TensorView& t, int64_t b, int64_t e) { return t.narrow(1, b, e); }
   TensorView stat_rows(TensorView t, int64_t b, int64_t e) const {
     if (!merging_) return t;
     t.data = static_cast<char*>(t.data) + b * t.strides[2] * int64_t(dtype_size(t.dtype));

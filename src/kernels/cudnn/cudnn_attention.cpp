@@ -258,12 +258,6 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
 // bytes against the call's O(S^2) work). The forward was measured right on such views.
 constexpr int64_t kCudnnMaxSpan = int64_t(1) << 31;  // elements a view may span (offsets < 2^31)
 
-TensorView heads_of(TensorView t, int64_t first, int64_t count) {  // heads [first, first + count)
-  t.data = static_cast<char*>(t.data) + first * t.strides[2] * int64_t(dtype_size(t.dtype));
-  t.shape[2] = count;
-  return t;
-}
-
 Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const TensorView& k,
                                const TensorView& v, const TensorView& o, const TensorView& dout,
                                const TensorView& lse, const AttentionParams& params,
@@ -292,7 +286,7 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
   Operand ops[8] = {{&q, true, true},  {&o, true, true},  {&dout, true, true}, {&dq, true, false},
                     {&k, false, true}, {&v, false, true}, {&dk, false, false}, {&dv, false, false}};
   const auto slice = [&](const Operand& op, int64_t first, int64_t n) {  // K/V heads [first, first + n)
-    return op.q_side ? heads_of(*op.view, first * ratio, n * ratio) : heads_of(*op.view, first, n);
+    return op.q_side ? op.view->narrow(2, first * ratio, (first + n) * ratio) : op.view->narrow(2, first, first + n);
   };
   // A span depends on shape and strides alone: the first chunk, the widest, says which
   // operands need copies. Their places follow the LSE copy's in one buffer (so no offset of
