@@ -44,6 +44,14 @@ std::vector<double> to_dense_f64(const TensorView& t, const std::vector<int64_t>
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// O /= l, and the row's LSE from its max m and sum l; a row that sees no key (m = -inf) keeps
+// O = 0 and gets LSE = -inf.
+double finish_row(double* o, double m, double l, int64_t D) {
+  if (m == cpu::kNegInf) return cpu::kNegInf;
+  for (int64_t d = 0; d < D; ++d) o[d] /= l;
+  return m + std::log(l);
+}
+
 // The oracle over a few query rows of a long sequence (query_side_only): O, LSE and dQ of
 // q_rows, in list order. The keys are streamed: each (batch, head) converts a key row when it
 // reads it, once per pass, and uses it for every chosen row that sees it. So the work is the
@@ -95,18 +103,11 @@ ReferenceResult query_rows_oracle(const TensorView& q, const TensorView& k, cons
             if (score == cpu::kNegInf) continue;  // as the dense form (only -inf inputs get here)
             const double p = std::exp(score - m[r]);
             l[r] += p;
-            double* o = &O[at(r)];
-            axpy(p, vj.data(), o, D);
+            axpy(p, vj.data(), &O[at(r)], D);
           }
       for (int64_t r = 0; r < R; ++r) {
-        if (m[r] == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
-          lse[r] = cpu::kNegInf;
-          continue;
-        }
-        double* o = &O[at(r)];
-        for (int64_t d = 0; d < D; ++d) o[d] /= l[r];
-        lse[r] = m[r] + std::log(l[r]);
-        if (backward) delta[r] = dot(&dO[at(r)], o, D);
+        lse[r] = finish_row(&O[at(r)], m[r], l[r], D);
+        if (backward && lse[r] != cpu::kNegInf) delta[r] = dot(&dO[at(r)], &O[at(r)], D);
       }
       if (!backward) continue;
       for (int64_t j = 0; j < Sk; ++j)  // pass 3: dQ_r = scale * sum_j ds_rj k_j
@@ -114,8 +115,7 @@ ReferenceResult query_rows_oracle(const TensorView& q, const TensorView& k, cons
           for (const int64_t r : seeing) {
             const double p = std::exp(dot(&Q[at(r)], kj.data(), D, scale) - lse[r]);
             const double ds = p * (dot(&dO[at(r)], vj.data(), D) - delta[r]);
-            double* dq = &dQ[at(r)];
-            axpy(scale * ds, kj.data(), dq, D);
+            axpy(scale * ds, kj.data(), &dQ[at(r)], D);
           }
     }
   return res;
@@ -179,20 +179,14 @@ StatusOr<ReferenceResult> reference_attention(const TensorView& q, const TensorV
           m = std::max(m, s[j]);
         }
         double* o = &O[((b * Sq + i) * H + h) * D];
-        if (m == cpu::kNegInf) {  // no visible key: O = 0, LSE = -inf
-          L[stat(b, h, i)] = cpu::kNegInf;
-          continue;
-        }
         double l = 0;
         for (int64_t j = 0; j < Sk; ++j) {
           if (s[j] == cpu::kNegInf) continue;
           const double p = std::exp(s[j] - m);
           l += p;
-          const double* vj = krow(V, b, j, h / G);
-          axpy(p, vj, o, D);
+          axpy(p, krow(V, b, j, h / G), o, D);
         }
-        for (int64_t d = 0; d < D; ++d) o[d] /= l;
-        L[stat(b, h, i)] = m + std::log(l);
+        L[stat(b, h, i)] = finish_row(o, m, l, D);
       }
     }
   if (!backward) return res;
