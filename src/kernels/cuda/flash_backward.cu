@@ -77,23 +77,18 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   // Walk the (query head, query block) pairs that see these keys, prefetching the next pair's
   // Q and dO into the other buffer while the current one is computed.
   const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
-  auto visible = [&](int qb, bool* full) {  // uniform over the CTA
-    bool sees = false, sees_all = true;
+  auto visible = [&](int qb) {  // uniform over the CTA
+    bool sees = false;
     for (int r = 0; r < 2; ++r) {
       const RowInterval row = row_interval(p.mask, qb * kBlockM + warp * 16 + g + 8 * r, p.seq_q);
-      if (row.valid) {
-        sees = sees || (row.lo <= kp_last && row.hi >= kp_first);
-        sees_all = sees_all && row.lo <= kp_first && row.hi >= kp_last;
-      }
+      sees = sees || (row.valid && row.lo <= kp_last && row.hi >= kp_first);
     }
-    const bool any = __syncthreads_or(sees);
-    *full = __syncthreads_and(sees_all) && valid_keys == kBlockN;
-    return any;
+    return __syncthreads_or(sees) != 0;
   };
-  auto advance = [&](int* hh, int* qb, bool* full) {
+  auto advance = [&](int* hh, int* qb) {
     do {
       if (++*qb == q_blocks) *qb = 0, ++*hh;
-    } while (*hh < p.group && !visible(*qb, full));
+    } while (*hh < p.group && !visible(*qb));
   };
   auto load_q_block = [&](int hh, int qb, int buf) {
     const int h = kvh * p.group + hh;
@@ -105,14 +100,12 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
               p.do_strides[1], qb * kBlockM, p.seq_q);
   };
   int cur_hh = 0, cur_qb = -1, buf = 0;
-  bool full = false;
-  advance(&cur_hh, &cur_qb, &full);
+  advance(&cur_hh, &cur_qb);
   if (cur_hh < p.group) load_q_block(cur_hh, cur_qb, 0);
   cp_async_commit();
   while (cur_hh < p.group) {
     int next_hh = cur_hh, next_qb = cur_qb;
-    bool next_full = false;
-    advance(&next_hh, &next_qb, &next_full);
+    advance(&next_hh, &next_qb);
     if (next_hh < p.group) load_q_block(next_hh, next_qb, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // everything but the prefetch just issued has landed
@@ -120,8 +113,6 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
     const int h = kvh * p.group + cur_hh, q0 = cur_qb * kBlockM;
     Elem* const q_tile = q_smem + buf * kBlockM * kDim;
     Elem* const do_tile = do_smem + buf * kBlockM * kDim;
-    RowInterval rows[2];
-    for (int r = 0; r < 2; ++r) rows[r] = row_interval(p.mask, q0 + warp * 16 + g + 8 * r, p.seq_q);
     // S and dP for this warp's 16 query rows.
     float s[kBlockN / 8][4], dp[kBlockN / 8][4];
     for (int j = 0; j < kBlockN / 8; ++j)
@@ -141,27 +132,31 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
         mma_16816<Elem>(dp[2 * jp + 1], da, vb[2], vb[3]);
       }
     }
-    // P = exp2(S scale log2e - LSE log2e) (0 outside the mask), dS = P (dP - D).
+    // P = exp2(S scale log2e - LSE log2e) (0 outside the mask), dS = P (dP - D). Each of the
+    // thread's two rows sees the columns [col_lo, col_hi] of these keys (none for a missing
+    // row or one with LSE -inf), kept relative to the thread's first column 2 t4, so the
+    // per-element mask is two compares with constants and a select: no branches.
     float lse2[2], delta_row[2];
+    int col_lo[2], col_hi[2];
     for (int r = 0; r < 2; ++r) {
       const int row = q0 + warp * 16 + g + 8 * r;
-      const bool ok = row < p.seq_q;
+      const RowInterval iv = row_interval(p.mask, row, p.seq_q);
       const int64_t li = (int64_t(b) * p.heads + h) * p.seq_q + row;
-      lse2[r] = ok ? p.lse[li] * 1.4426950408889634f : -INFINITY;
-      delta_row[r] = ok ? p.delta[li] : 0.f;
+      const float lse = iv.valid ? p.lse[li] : -INFINITY;
+      delta_row[r] = iv.valid ? p.delta[li] : 0.f;
+      col_lo[r] = 1, col_hi[r] = 0;
+      if (lse > -INFINITY) visible_columns(p.mask, kp_first, iv, valid_keys, &col_lo[r], &col_hi[r]);
+      lse2[r] = lse > -INFINITY ? lse * 1.4426950408889634f : 0.f;
+      col_lo[r] -= 2 * t4;
+      col_hi[r] -= 2 * t4;
     }
     uint32_t ds_frag[kBlockN / 16][4];
     for (int j = 0; j < kBlockN / 8; ++j) {
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, col = j * 8 + 2 * t4 + (e % 2);
-        bool visible = lse2[r] > -INFINITY;
-        if (!full) {
-          const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
-          visible = visible && col < valid_keys && kp >= rows[r].lo && kp <= rows[r].hi;
-        }
-        const float prob = visible ? exp2f(s[j][e] * p.scale_log2 - lse2[r]) : 0.f;
-        s[j][e] = prob;
-        dp[j][e] = prob * (dp[j][e] - delta_row[r]);
+        const int r = e / 2, col = j * 8 + (e % 2);  // less 2 t4
+        const float prob = exp2f(s[j][e] * p.scale_log2 - lse2[r]);
+        s[j][e] = col >= col_lo[r] && col <= col_hi[r] ? prob : 0.f;
+        dp[j][e] = s[j][e] * (dp[j][e] - delta_row[r]);
       }
       // Stage P and dS as [query][key] for the transposed products.
       for (int r = 0; r < 2; ++r) {
@@ -226,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
       }
     }
     __syncthreads();  // the next pair writes P and dS, and two pairs on, this Q/dO buffer
-    cur_hh = next_hh, cur_qb = next_qb, full = next_full, buf ^= 1;
+    cur_hh = next_hh, cur_qb = next_qb, buf ^= 1;
   }
   cp_async_wait<0>();
 

@@ -102,6 +102,23 @@ __device__ __forceinline__ void visible_key_range(const MaskRuns& m, const TileB
   *end = int(e > b ? e : b);
 }
 
+// Columns c in [0, n) of a key block whose column 0 sits at position first (columns step by
+// m.k_stride) that a row with interval [row.lo, row.hi] sees: [*c_lo, *c_hi], empty when
+// *c_lo > *c_hi. Worked out once per row, so the per-element mask is two int compares.
+__device__ __forceinline__ void visible_columns(const MaskRuns& m, int64_t first, const RowInterval& row,
+                                                int n, int* c_lo, int* c_hi) {
+  int64_t lo, hi;
+  if (m.k_stride == 1) {  // the usual case: no division
+    lo = row.lo - first;
+    hi = row.hi - first;
+  } else {  // ceil and floor of the offsets in steps of k_stride
+    lo = row.lo <= first ? 0 : -floor_div(first - row.lo, m.k_stride);
+    hi = row.hi < first ? -1 : floor_div(row.hi - first, m.k_stride);
+  }
+  *c_lo = int(lo < 0 ? 0 : lo > n ? n : lo);
+  *c_hi = int(hi < -1 ? -1 : hi > n - 1 ? n - 1 : hi);
+}
+
 // Whether every valid row sees every key of rows [key0, key0 + n).
 __device__ __forceinline__ bool tile_fully_visible(const MaskRuns& m, const TileBounds& t, int key0, int n) {
   const int64_t first = m.k_offset + m.k_stride * int64_t(key0);
