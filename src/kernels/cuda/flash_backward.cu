@@ -1,7 +1,9 @@
 // Our flash-attention backward on tensor cores, against a given (global) LSE and
 // D = rowsum(dO * O), adding into fp32 dQ, dK, dV. One CTA of 4 warps owns 64 keys of one K/V
 // head and keeps their dK, dV in registers (16 keys per warp) while it walks the query heads
-// of its GQA group and the query blocks that can see these keys:
+// of its GQA group and the query blocks that can see these keys (one run of blocks, found
+// before the walk; each block's Q, dO, LSE and D arrive by cp.async while the one before is
+// computed):
 //   S = Q K^T and dP = dO V^T      (warps split the 64 query rows)
 //   P = exp(S - LSE), dS = P (dP - D), staged in shared memory as [query][key]
 //   dV += P^T dO, dK += dS^T Q     (warps split the 64 keys; ldmatrix.trans reads P^T, dS^T)
@@ -41,7 +43,6 @@ struct BackwardParams {
 template <class Elem, int kDim>
 __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams p) {
   using T = ElemTraits<Elem>;
-  constexpr int kChunks = kDim / 8;
   constexpr int kDimTiles = kDim / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* k_smem = reinterpret_cast<Elem*>(smem_raw);  // [kBlockN][kDim]
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   Elem* do_smem = q_smem + 2 * kBlockM * kDim;
   Elem* p_smem = do_smem + 2 * kBlockM * kDim;       // [kBlockM][kBlockN]
   Elem* ds_smem = p_smem + kBlockM * kBlockN;
+  float* row_smem = reinterpret_cast<float*>(ds_smem + kBlockM * kBlockN);  // [2][LSE, D][kBlockM]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -58,61 +60,57 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   const int64_t kp_first = p.mask.k_offset + p.mask.k_stride * int64_t(key0);
   const int64_t kp_last = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + valid_keys - 1);
 
-  auto load_rows = [&](Elem* dst, const Elem* src, int64_t row_stride, int row0, int rows_total) {
-    for (int c = tid; c < 64 * kChunks; c += kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks;
-      const bool valid = row0 + row < rows_total;
-      cp_async_16(dst + swizzled<kDim>(row, chunk),
-                  src + (valid ? int64_t(row0 + row) * row_stride + chunk * 8 : 0), valid);
-    }
-  };
-  load_rows(k_smem, static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2], p.k_strides[1], key0, p.seq_k);
-  load_rows(v_smem, static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2], p.v_strides[1], key0, p.seq_k);
+  const TileLoader<Elem, kDim, kThreads> loader(tid);
+  loader.load(k_smem, static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2], p.k_strides[1],
+              key0, p.seq_k, kBlockN);
+  loader.load(v_smem, static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2], p.v_strides[1],
+              key0, p.seq_k, kBlockN);
   cp_async_commit();
 
   float dk_acc[kDimTiles][4], dv_acc[kDimTiles][4];
   for (int j = 0; j < kDimTiles; ++j)
     for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
 
-  // Walk the (query head, query block) pairs that see these keys, prefetching the next pair's
-  // Q and dO into the other buffer while the current one is computed.
-  const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
-  auto visible = [&](int qb) {  // uniform over the CTA
-    bool sees = false;
-    for (int r = 0; r < 2; ++r) {
-      const RowInterval row = row_interval(p.mask, qb * kBlockM + warp * 16 + g + 8 * r, p.seq_q);
-      sees = sees || (row.valid && row.lo <= kp_last && row.hi >= kp_first);
-    }
-    return __syncthreads_or(sees) != 0;
-  };
-  auto advance = [&](int* hh, int* qb) {
-    do {
-      if (++*qb == q_blocks) *qb = 0, ++*hh;
-    } while (*hh < p.group && !visible(*qb));
-  };
+  // The query rows that see some of these keys are one run, and so are those that see all of
+  // them (rows_with), worked out once: the CTA walks the query blocks over the first run, in
+  // each query head of its GQA group, with no per-block visibility test; a block inside the
+  // second run needs no per-row mask.
+  int seen_begin, seen_end, full_begin, full_end;
+  rows_with(p.mask, p.seq_q, kp_first, kp_last, &seen_begin, &seen_end);
+  rows_with(p.mask, p.seq_q, kp_last, kp_first, &full_begin, &full_end);
+  const int qb_begin = seen_begin / kBlockM;
+  const int qb_count = seen_end > seen_begin ? (seen_end + kBlockM - 1) / kBlockM - qb_begin : 0;
+
+  // Each (query head, query block) pair's Q, dO, LSE and D go to one of two buffers by
+  // cp.async; the next pair's are loaded while the current one is computed.
   auto load_q_block = [&](int hh, int qb, int buf) {
-    const int h = kvh * p.group + hh;
-    load_rows(q_smem + buf * kBlockM * kDim,
-              static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2], p.q_strides[1],
-              qb * kBlockM, p.seq_q);
-    load_rows(do_smem + buf * kBlockM * kDim,
-              static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2],
-              p.do_strides[1], qb * kBlockM, p.seq_q);
+    const int h = kvh * p.group + hh, q0 = qb * kBlockM;
+    loader.load(q_smem + buf * kBlockM * kDim, static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2],
+                p.q_strides[1], q0, p.seq_q, kBlockM);
+    loader.load(do_smem + buf * kBlockM * kDim,
+                static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2], p.do_strides[1], q0,
+                p.seq_q, kBlockM);
+    static_assert(kThreads == 2 * kBlockM, "one LSE or D value per thread");
+    const int row = q0 + tid % kBlockM;
+    const float* from = (tid < kBlockM ? p.lse : p.delta) + (int64_t(b) * p.heads + h) * p.seq_q;
+    cp_async_4(row_smem + buf * 2 * kBlockM + tid, row < p.seq_q ? from + row : from, row < p.seq_q);
   };
-  int cur_hh = 0, cur_qb = -1, buf = 0;
-  advance(&cur_hh, &cur_qb);
-  if (cur_hh < p.group) load_q_block(cur_hh, cur_qb, 0);
+  int cur_hh = 0, cur_qb = 0, buf = 0;
+  if (qb_count > 0) load_q_block(0, qb_begin, 0);
   cp_async_commit();
-  while (cur_hh < p.group) {
-    int next_hh = cur_hh, next_qb = cur_qb;
-    advance(&next_hh, &next_qb);
-    if (next_hh < p.group) load_q_block(next_hh, next_qb, buf ^ 1);
+  for (int step = 0; step < qb_count * p.group; ++step) {
+    const int next_qb = cur_qb + 1 == qb_count ? 0 : cur_qb + 1;
+    const int next_hh = next_qb == 0 ? cur_hh + 1 : cur_hh;
+    if (next_hh < p.group) load_q_block(next_hh, qb_begin + next_qb, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // everything but the prefetch just issued has landed
     __syncthreads();
-    const int h = kvh * p.group + cur_hh, q0 = cur_qb * kBlockM;
+    const int h = kvh * p.group + cur_hh, q0 = (qb_begin + cur_qb) * kBlockM;
+    const bool full = valid_keys == kBlockN && q0 >= full_begin && min(q0 + kBlockM, p.seq_q) <= full_end;
     Elem* const q_tile = q_smem + buf * kBlockM * kDim;
     Elem* const do_tile = do_smem + buf * kBlockM * kDim;
+    const float* const lse_tile = row_smem + buf * 2 * kBlockM;
+    const float* const delta_tile = lse_tile + kBlockM;
     // S and dP for this warp's 16 query rows.
     float s[kBlockN / 8][4], dp[kBlockN / 8][4];
     for (int j = 0; j < kBlockN / 8; ++j)
@@ -140,12 +138,13 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
     int col_lo[2], col_hi[2];
     for (int r = 0; r < 2; ++r) {
       const int row = q0 + warp * 16 + g + 8 * r;
-      const RowInterval iv = row_interval(p.mask, row, p.seq_q);
-      const int64_t li = (int64_t(b) * p.heads + h) * p.seq_q + row;
-      const float lse = iv.valid ? p.lse[li] : -INFINITY;
-      delta_row[r] = iv.valid ? p.delta[li] : 0.f;
+      const float lse = lse_tile[warp * 16 + g + 8 * r];
+      delta_row[r] = delta_tile[warp * 16 + g + 8 * r];  // zero past the last row
       col_lo[r] = 1, col_hi[r] = 0;
-      if (lse > -INFINITY) visible_columns(p.mask, kp_first, iv, valid_keys, &col_lo[r], &col_hi[r]);
+      if (row < p.seq_q && lse > -INFINITY) {
+        if (full) col_lo[r] = 0, col_hi[r] = kBlockN - 1;
+        else visible_columns(p.mask, kp_first, row_interval(p.mask, row, p.seq_q), valid_keys, &col_lo[r], &col_hi[r]);
+      }
       lse2[r] = lse > -INFINITY ? lse * 1.4426950408889634f : 0.f;
       col_lo[r] -= 2 * t4;
       col_hi[r] -= 2 * t4;
@@ -243,7 +242,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
 
 template <class Elem, int kDim>
 Status launch_backward(const BackwardParams& p, cudaStream_t stream) {
-  const size_t smem = (size_t(2 * kBlockN + 4 * kBlockM) * kDim + 2 * kBlockM * kBlockN) * sizeof(Elem);
+  const size_t smem = (size_t(2 * kBlockN + 4 * kBlockM) * kDim + 2 * kBlockM * kBlockN) * sizeof(Elem) +
+                      2 * 2 * kBlockM * sizeof(float);
   auto kernel = backward_kernel<Elem, kDim>;
   SP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid((p.seq_k + kBlockN - 1) / kBlockN, p.kv_heads, p.batch);

@@ -102,6 +102,30 @@ __device__ __forceinline__ void visible_key_range(const MaskRuns& m, const TileB
   *end = int(e > b ? e : b);
 }
 
+// Rows [*begin, *end) of [0, seq_q) whose intervals end at or after position hi_at_least and
+// start at or before position lo_at_most. The rows' intervals start and end at positions that
+// never decrease with the row (positions step forward by q_stride > 0, documents are in
+// order, the window is fixed), so each test holds on a suffix or a prefix of the rows and the
+// rows passing both are one run: two binary searches find it. With (first, last) of a key
+// block it gives the rows that see some of its keys; with (last, first), those that see all.
+__device__ __forceinline__ void rows_with(const MaskRuns& m, int seq_q, int64_t hi_at_least,
+                                          int64_t lo_at_most, int* begin, int* end) {
+  int a = 0, b = seq_q;  // the first row with hi >= hi_at_least
+  while (a < b) {
+    const int mid = a + (b - a) / 2;
+    if (row_interval(m, mid, seq_q).hi >= hi_at_least) b = mid;
+    else a = mid + 1;
+  }
+  int c = a, d = seq_q;  // past the last row with lo <= lo_at_most
+  while (c < d) {
+    const int mid = c + (d - c) / 2;
+    if (row_interval(m, mid, seq_q).lo <= lo_at_most) c = mid + 1;
+    else d = mid;
+  }
+  *begin = a;
+  *end = c;
+}
+
 // Columns c in [0, n) of a key block whose column 0 sits at position first (columns step by
 // m.k_stride) that a row with interval [row.lo, row.hi] sees: [*c_lo, *c_hi], empty when
 // *c_lo > *c_hi. Worked out once per row, so the per-element mask is two int compares.

@@ -47,7 +47,6 @@ template <class Elem, int kDim>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p) {
   using T = ElemTraits<Elem>;
   constexpr int kBlockN = kBlockNFor<kDim>;
-  constexpr int kChunks = kDim / 8;      // 16-byte chunks per row
   constexpr int kDimTiles = kDim / 8;    // n-tiles of the output
   constexpr int kKeySteps = kBlockN / 16;
   constexpr int kRows = 2 * kMTiles;     // rows each thread holds
@@ -79,28 +78,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   const int tile_begin = key_begin / kBlockN;
   const int tile_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : tile_begin;
 
-  // cp.async of rows [row0, row0 + tile_rows) into a swizzled tile. Thread tid copies chunk
-  // tid % kChunks of rows tid / kChunks + i kRowsPerPass; kRowsPerPass is a multiple of 8, so
-  // those rows share one swizzle and each pass moves both addresses by a constant.
-  constexpr int kRowsPerPass = kThreads / kChunks;
-  static_assert(kRowsPerPass % 8 == 0, "rows of one pass must share the swizzle");
-  const int lane_row = tid / kChunks, lane_chunk = tid % kChunks;
-  const int lane_smem = swizzled<kDim>(lane_row, lane_chunk);
-  auto load_rows = [&](Elem* dst, const Elem* src, int64_t row_stride, int row0, int rows_total,
-                       int tile_rows) {
-    const Elem* from = src + int64_t(row0 + lane_row) * row_stride + lane_chunk * 8;
-    Elem* to = dst + lane_smem;
-    for (int row = lane_row; row < tile_rows; row += kRowsPerPass) {
-      const bool valid = row0 + row < rows_total;
-      cp_async_16(to, valid ? from : src, valid);
-      from += kRowsPerPass * row_stride;
-      to += kRowsPerPass * kDim;
-    }
-  };
-  load_rows(q_smem, q_base, p.q_strides[1], q0, p.seq_q, kBlockM);
+  const TileLoader<Elem, kDim, kThreads> loader(tid);
+  loader.load(q_smem, q_base, p.q_strides[1], q0, p.seq_q, kBlockM);
   if (tile_begin < tile_end) {
-    load_rows(k_smem, k_base, p.k_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
-    load_rows(v_smem, v_base, p.v_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
+    loader.load(k_smem, k_base, p.k_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
+    loader.load(v_smem, v_base, p.v_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
   }
   cp_async_commit();
 
@@ -145,8 +127,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     Elem* k_tile = k_smem + buf * kBlockN * kDim;
     Elem* v_tile = v_smem + buf * kBlockN * kDim;
     if (tile + 1 < tile_end) {  // prefetch the next tile into the other buffer
-      load_rows(k_smem + (buf ^ 1) * kBlockN * kDim, k_base, p.k_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
-      load_rows(v_smem + (buf ^ 1) * kBlockN * kDim, v_base, p.v_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
+      loader.load(k_smem + (buf ^ 1) * kBlockN * kDim, k_base, p.k_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
+      loader.load(v_smem + (buf ^ 1) * kBlockN * kDim, v_base, p.v_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
     }
     cp_async_commit();
     cp_async_wait<1>();

@@ -84,6 +84,13 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
                "l"(src), "r"(src_bytes));
 }
+// 4-byte copy (cp.async.ca: the 16-byte .cg form needs 16-byte aligned rows); src_bytes = 0
+// writes zeros.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -108,6 +115,32 @@ struct SwizzleOffsets {
   }
   // Byte offset within a row of 16-byte chunk 2 ks + c0.
   __device__ __forceinline__ int of(int ks) const { return bytes[ks & 3] + (ks >> 2) * 128; }
+};
+
+// cp.async of a tile of rows x kDim elements into an XOR-swizzled shared tile by a CTA of
+// kThreads threads. Thread tid copies 16-byte chunk tid % kChunks of rows tid / kChunks +
+// i kRowsPerPass; kRowsPerPass is a multiple of 8, so those rows share one swizzle and each
+// pass moves both addresses by a constant (no per-row address arithmetic).
+template <class Elem, int kDim, int kThreads>
+struct TileLoader {
+  static constexpr int kChunks = kDim / 8, kRowsPerPass = kThreads / kChunks;
+  static_assert(kRowsPerPass % 8 == 0, "rows of one pass must share the swizzle");
+  int lane_row, lane_chunk, lane_smem;
+  __device__ __forceinline__ explicit TileLoader(int tid)
+      : lane_row(tid / kChunks), lane_chunk(tid % kChunks), lane_smem(swizzled<kDim>(lane_row, lane_chunk)) {}
+  // Rows [row0, row0 + tile_rows) of src (row_stride elements apart) into dst; rows at or past
+  // rows_total are written as zeros.
+  __device__ __forceinline__ void load(Elem* dst, const Elem* src, int64_t row_stride, int row0,
+                                       int rows_total, int tile_rows) const {
+    const Elem* from = src + int64_t(row0 + lane_row) * row_stride + lane_chunk * 8;
+    Elem* to = dst + lane_smem;
+    for (int row = lane_row; row < tile_rows; row += kRowsPerPass) {
+      const bool valid = row0 + row < rows_total;
+      cp_async_16(to, valid ? from : src, valid);
+      from += kRowsPerPass * row_stride;
+      to += kRowsPerPass * kDim;
+    }
+  }
 };
 
 }  // namespace seqpar::cuda
