@@ -193,28 +193,33 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
       }
     }
 
-    // dQ += scale * dS K for this warp's 16 query rows, added into global fp32.
-    for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
-      float dq[2][4] = {};
+    // dQ += scale * dS K for this warp's 16 query rows, added into global fp32. Two d-pairs
+    // at a time, so four accumulator chains are in flight (with two, each mma mostly waited
+    // for the one before it).
+    constexpr int kPairsAtOnce = 2;
+    for (int d0 = 0; d0 < kDimTiles / 2; d0 += kPairsAtOnce) {
+      float dq[2 * kPairsAtOnce][4] = {};
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
         const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        uint32_t kb[4];
-        ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, dpair * 2 + lane / 16));
-        mma_16816<Elem>(dq[0], ds_frag[ks], kb[0], kb[1]);
-        mma_16816<Elem>(dq[1], ds_frag[ks], kb[2], kb[3]);
+        for (int pp = 0; pp < kPairsAtOnce; ++pp) {
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, (d0 + pp) * 2 + lane / 16));
+          mma_16816<Elem>(dq[2 * pp], ds_frag[ks], kb[0], kb[1]);
+          mma_16816<Elem>(dq[2 * pp + 1], ds_frag[ks], kb[2], kb[3]);
+        }
       }
       for (int r = 0; r < 2; ++r) {
         const int row = q0 + warp * 16 + g + 8 * r;
         if (row >= p.seq_q) continue;
         float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
-        for (int half = 0; half < 2; ++half) {
-          const int col = dpair * 16 + half * 8 + 2 * t4;
+        for (int n = 0; n < 2 * kPairsAtOnce; ++n) {
+          const int col = d0 * 16 + n * 8 + 2 * t4;
 #if __CUDA_ARCH__ >= 900  // one vector atomic for the adjacent pair
           atomicAdd(reinterpret_cast<float2*>(dq_row + col),
-                    make_float2(p.scale * dq[half][2 * r], p.scale * dq[half][2 * r + 1]));
+                    make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]));
 #else
-          atomicAdd(dq_row + col, p.scale * dq[half][2 * r]);
-          atomicAdd(dq_row + col + 1, p.scale * dq[half][2 * r + 1]);
+          atomicAdd(dq_row + col, p.scale * dq[n][2 * r]);
+          atomicAdd(dq_row + col + 1, p.scale * dq[n][2 * r + 1]);
 #endif
         }
       }
