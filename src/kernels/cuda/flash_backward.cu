@@ -61,10 +61,22 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   const int64_t kp_last = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + valid_keys - 1);
 
   const TileLoader<Elem, kDim, kThreads> loader(tid);
-  loader.load(k_smem, static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2], p.k_strides[1],
-              key0, p.seq_k, kBlockN);
-  loader.load(v_smem, static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2], p.v_strides[1],
-              key0, p.seq_k, kBlockN);
+  // ldmatrix addresses (bytes) of the transposed products, as per-thread bases plus
+  // immediates. For dO, Q and K (the B operands, read transposed) a lane reads row
+  // lane % 8 + 8 ((lane / 8) % 2) of each 16-row block at chunk 2 d + lane / 16; those rows
+  // have row & 7 = lane & 7, so the swizzle is a per-thread offset (sw_t). For P and dS (the
+  // A operands) it reads row (lane / 16) 8 + lane % 8 at chunk 2 warp + (lane / 8) % 2.
+  constexpr uint32_t kRowBytes = kDim * 2, kTileBytes = kBlockM * kRowBytes;
+  const SwizzleOffsets sw_t(lane / 16, lane & 7);
+  const uint32_t k_rows = smem_address(k_smem) + (lane % 8 + ((lane / 8) % 2) * 8) * kRowBytes;
+  const uint32_t q_rows0 = k_rows + uint32_t(q_smem - k_smem) * 2;  // Q buffer 0; dO is kTileBytes * 2 on
+  const uint32_t p_rows = smem_address(p_smem) + ((lane / 16) * 8 + lane % 8) * kBlockN * 2 +
+                          (((warp * 2 + (lane / 8) % 2) ^ (lane & 7)) << 4);
+  const uint32_t ds_rows = p_rows + kBlockM * kBlockN * 2;
+  loader.template load<kBlockN>(k_smem, static_cast<const Elem*>(p.k) + b * p.k_strides[0] + kvh * p.k_strides[2], p.k_strides[1],
+              key0, p.seq_k);
+  loader.template load<kBlockN>(v_smem, static_cast<const Elem*>(p.v) + b * p.v_strides[0] + kvh * p.v_strides[2], p.v_strides[1],
+              key0, p.seq_k);
   cp_async_commit();
 
   float dk_acc[kDimTiles][4], dv_acc[kDimTiles][4];
@@ -85,11 +97,11 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
   // cp.async; the next pair's are loaded while the current one is computed.
   auto load_q_block = [&](int hh, int qb, int buf) {
     const int h = kvh * p.group + hh, q0 = qb * kBlockM;
-    loader.load(q_smem + buf * kBlockM * kDim, static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2],
-                p.q_strides[1], q0, p.seq_q, kBlockM);
-    loader.load(do_smem + buf * kBlockM * kDim,
+    loader.template load<kBlockM>(q_smem + buf * kBlockM * kDim, static_cast<const Elem*>(p.q) + b * p.q_strides[0] + h * p.q_strides[2],
+                p.q_strides[1], q0, p.seq_q);
+    loader.template load<kBlockM>(do_smem + buf * kBlockM * kDim,
                 static_cast<const Elem*>(p.dout) + b * p.do_strides[0] + h * p.do_strides[2], p.do_strides[1], q0,
-                p.seq_q, kBlockM);
+                p.seq_q);
     static_assert(kThreads == 2 * kBlockM, "one LSE or D value per thread");
     const int row = q0 + tid % kBlockM;
     const float* from = (tid < kBlockM ? p.lse : p.delta) + (int64_t(b) * p.heads + h) * p.seq_q;
@@ -174,18 +186,15 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
     __syncthreads();
 
     // dV += P^T dO and dK += dS^T Q for this warp's 16 keys.
+    const uint32_t q_rows = q_rows0 + buf * kTileBytes, do_rows = q_rows + 2 * kTileBytes;
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const int i = lane / 8;
-      const int row = kk * 16 + (i / 2) * 8 + (lane % 8);
-      const int chunk = warp * 2 + (i % 2);
       uint32_t pa[4], dsa[4];
-      ldmatrix_x4_trans(pa, p_smem + swizzled<kBlockN>(row, chunk));
-      ldmatrix_x4_trans(dsa, ds_smem + swizzled<kBlockN>(row, chunk));
+      ldmatrix_x4_trans_at(pa, p_rows + kk * 16 * kBlockN * 2);
+      ldmatrix_x4_trans_at(dsa, ds_rows + kk * 16 * kBlockN * 2);
       for (int dpair = 0; dpair < kDimTiles / 2; ++dpair) {
-        const int qrow = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
         uint32_t ob[4], qb4[4];
-        ldmatrix_x4_trans(ob, do_tile + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
-        ldmatrix_x4_trans(qb4, q_tile + swizzled<kDim>(qrow, dpair * 2 + lane / 16));
+        ldmatrix_x4_trans_at(ob, do_rows + kk * 16 * kRowBytes + sw_t.of(dpair));
+        ldmatrix_x4_trans_at(qb4, q_rows + kk * 16 * kRowBytes + sw_t.of(dpair));
         mma_16816<Elem>(dv_acc[2 * dpair], pa, ob[0], ob[1]);
         mma_16816<Elem>(dv_acc[2 * dpair + 1], pa, ob[2], ob[3]);
         mma_16816<Elem>(dk_acc[2 * dpair], dsa, qb4[0], qb4[1]);
@@ -197,23 +206,27 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
     // at a time, so four accumulator chains are in flight (with two, each mma mostly waited
     // for the one before it).
     constexpr int kPairsAtOnce = 2;
+    float* dq_rows[2];  // this thread's two rows of dQ (null past the last row)
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + 8 * r;
+      dq_rows[r] = row < p.seq_q ? p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2] + 2 * t4
+                                 : nullptr;
+    }
     for (int d0 = 0; d0 < kDimTiles / 2; d0 += kPairsAtOnce) {
       float dq[2 * kPairsAtOnce][4] = {};
       for (int ks = 0; ks < kBlockN / 16; ++ks) {
-        const int key = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
         for (int pp = 0; pp < kPairsAtOnce; ++pp) {
           uint32_t kb[4];
-          ldmatrix_x4_trans(kb, k_smem + swizzled<kDim>(key, (d0 + pp) * 2 + lane / 16));
+          ldmatrix_x4_trans_at(kb, k_rows + ks * 16 * kRowBytes + sw_t.of(d0 + pp));
           mma_16816<Elem>(dq[2 * pp], ds_frag[ks], kb[0], kb[1]);
           mma_16816<Elem>(dq[2 * pp + 1], ds_frag[ks], kb[2], kb[3]);
         }
       }
       for (int r = 0; r < 2; ++r) {
-        const int row = q0 + warp * 16 + g + 8 * r;
-        if (row >= p.seq_q) continue;
-        float* dq_row = p.dq + b * p.dq_strides[0] + int64_t(row) * p.dq_strides[1] + h * p.dq_strides[2];
+        float* const dq_row = dq_rows[r];
+        if (!dq_row) continue;
         for (int n = 0; n < 2 * kPairsAtOnce; ++n) {
-          const int col = d0 * 16 + n * 8 + 2 * t4;
+          const int col = d0 * 16 + n * 8;
 #if __CUDA_ARCH__ >= 900  // one vector atomic for the adjacent pair
           atomicAdd(reinterpret_cast<float2*>(dq_row + col),
                     make_float2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]));

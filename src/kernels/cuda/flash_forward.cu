@@ -79,10 +79,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
   const int tile_end = key_end > key_begin ? (key_end + kBlockN - 1) / kBlockN : tile_begin;
 
   const TileLoader<Elem, kDim, kThreads> loader(tid);
-  loader.load(q_smem, q_base, p.q_strides[1], q0, p.seq_q, kBlockM);
+  loader.template load<kBlockM>(q_smem, q_base, p.q_strides[1], q0, p.seq_q);
   if (tile_begin < tile_end) {
-    loader.load(k_smem, k_base, p.k_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
-    loader.load(v_smem, v_base, p.v_strides[1], tile_begin * kBlockN, p.seq_k, kBlockN);
+    loader.template load<kBlockN>(k_smem, k_base, p.k_strides[1], tile_begin * kBlockN, p.seq_k);
+    loader.template load<kBlockN>(v_smem, v_base, p.v_strides[1], tile_begin * kBlockN, p.seq_k);
   }
   cp_async_commit();
 
@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     Elem* k_tile = k_smem + buf * kBlockN * kDim;
     Elem* v_tile = v_smem + buf * kBlockN * kDim;
     if (tile + 1 < tile_end) {  // prefetch the next tile into the other buffer
-      loader.load(k_smem + (buf ^ 1) * kBlockN * kDim, k_base, p.k_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
-      loader.load(v_smem + (buf ^ 1) * kBlockN * kDim, v_base, p.v_strides[1], (tile + 1) * kBlockN, p.seq_k, kBlockN);
+      loader.template load<kBlockN>(k_smem + (buf ^ 1) * kBlockN * kDim, k_base, p.k_strides[1], (tile + 1) * kBlockN, p.seq_k);
+      loader.template load<kBlockN>(v_smem + (buf ^ 1) * kBlockN * kDim, v_base, p.v_strides[1], (tile + 1) * kBlockN, p.seq_k);
     }
     cp_async_commit();
     cp_async_wait<1>();

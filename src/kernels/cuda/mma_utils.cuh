@@ -128,17 +128,18 @@ struct TileLoader {
   int lane_row, lane_chunk, lane_smem;
   __device__ __forceinline__ explicit TileLoader(int tid)
       : lane_row(tid / kChunks), lane_chunk(tid % kChunks), lane_smem(swizzled<kDim>(lane_row, lane_chunk)) {}
-  // Rows [row0, row0 + tile_rows) of src (row_stride elements apart) into dst; rows at or past
+  // Rows [row0, row0 + kTileRows) of src (row_stride elements apart) into dst; rows at or past
   // rows_total are written as zeros.
+  template <int kTileRows>
   __device__ __forceinline__ void load(Elem* dst, const Elem* src, int64_t row_stride, int row0,
-                                       int rows_total, int tile_rows) const {
+                                       int rows_total) const {
+    static_assert(kTileRows % kRowsPerPass == 0, "whole passes");
     const Elem* from = src + int64_t(row0 + lane_row) * row_stride + lane_chunk * 8;
-    Elem* to = dst + lane_smem;
-    for (int row = lane_row; row < tile_rows; row += kRowsPerPass) {
-      const bool valid = row0 + row < rows_total;
-      cp_async_16(to, valid ? from : src, valid);
+#pragma unroll
+    for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
+      const bool valid = row0 + lane_row + pass * kRowsPerPass < rows_total;
+      cp_async_16(dst + lane_smem + pass * kRowsPerPass * kDim, valid ? from : src, valid);
       from += kRowsPerPass * row_stride;
-      to += kRowsPerPass * kDim;
     }
   }
 };
