@@ -1,9 +1,8 @@
 // Our flash-attention forward on tensor cores (see include/seqpar/flash_cuda.hpp): one CTA of
 // 4 warps takes 128 query rows of one head (32 per warp, two m-tiles sharing each K/V
-// fragment); K/V tiles of 64 keys stream through
-// double-buffered shared memory (cp.async); scores, the online softmax and the output
-// accumulator stay in registers; P goes from the score accumulators straight into the A
-// operand of the P*V product. Each query row has an interval [lo, hi] of visible key
+// fragment); K/V tiles of 64 keys (32 at D = 128) stream through double-buffered shared
+// memory (cp.async); scores, the online softmax and the output accumulator stay in
+// registers; P, packed to the input dtype in registers, is the A operand of the P*V product. Each query row has an interval [lo, hi] of visible key
 // positions (band and document), so whole tiles outside every row's interval are skipped and
 // tiles inside every row's interval run unmasked.
 #include <cuda_runtime.h>
@@ -155,12 +154,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
 
     const int key0 = tile * kBlockN;
     const int valid_keys = min(kBlockN, p.seq_k - key0);
+    // Scores stay unscaled: the scale goes into the row maxima (one multiply per row) and
+    // into the exponent's fma. With a negative scale the largest scaled score is the smallest
+    // raw one, so the "maximum" below is then a minimum and masked scores are +inf.
+    const bool scale_up = p.scale_log2 > 0.f;
+    const float masked = scale_up ? -INFINITY : INFINITY;
     const bool full = valid_keys == kBlockN && tile_fully_visible(p.mask, cta, key0, kBlockN);
-    if (full) {
-      for (int mt = 0; mt < kMTiles; ++mt)
-        for (int j = 0; j < kBlockN / 8; ++j)
-          for (int e = 0; e < 4; ++e) s[mt][j][e] *= p.scale_log2;
-    } else {
+    if (!full) {
       for (int x = 0; x < kRows; ++x) {
         const RowInterval row = row_interval(p.mask, q0 + tile_row(x), p.seq_q);
         const int mt = x / 2, e0 = 2 * (x % 2);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
             const int col = j * 8 + 2 * t4 + (e % 2);
             const int64_t kp = p.mask.k_offset + p.mask.k_stride * int64_t(key0 + col);
             const bool visible = col < valid_keys && kp >= row.lo && kp <= row.hi;
-            s[mt][j][e] = visible ? s[mt][j][e] * p.scale_log2 : -INFINITY;
+            if (!visible) s[mt][j][e] = masked;
           }
       }
     }
@@ -183,10 +183,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
     bool grows = false;
     for (int x = 0; x < kRows; ++x) {
       const int mt = x / 2, e0 = 2 * (x % 2);
-      float mx = -INFINITY;
-      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][e0], s[mt][j][e0 + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      row_max[x] = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      auto top = [&](float a, float c) { return scale_up ? fmaxf(a, c) : fminf(a, c); };
+      float mx = masked;
+      for (int j = 0; j < kBlockN / 8; ++j) mx = top(mx, top(s[mt][j][e0], s[mt][j][e0 + 1]));
+      mx = top(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      row_max[x] = top(mx, __shfl_xor_sync(0xffffffff, mx, 2)) * p.scale_log2;
       grows = grows || row_max[x] > m[x] + kRescaleSlack;  // also when m is -inf and a key is visible
     }
     if (__any_sync(0xffffffff, grows)) {
@@ -204,34 +205,37 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const ForwardParams p
         }
       }
     }
+    // P packed in pairs as the P V product takes it: pk[mt][j][x % 2] holds the P of row x at
+    // columns (j 8 + 2 t4, + 1); the rounded sum is taken from the packed values.
+    uint32_t pk[kMTiles][kBlockN / 8][2];
     for (int x = 0; x < kRows; ++x) {
       const int mt = x / 2, e0 = 2 * (x % 2);
       if (m[x] == -INFINITY) {  // nothing visible in this row yet
-        for (int j = 0; j < kBlockN / 8; ++j) s[mt][j][e0] = s[mt][j][e0 + 1] = 0.f;
+        for (int j = 0; j < kBlockN / 8; ++j) pk[mt][j][x % 2] = 0u;
         continue;
       }
       float row_sum = 0.f, row_sum_mma = 0.f;
-      for (int j = 0; j < kBlockN / 8; ++j)
-        for (int e = e0; e < e0 + 2; ++e) {
-          const float prob = exp2f(s[mt][j][e] - m[x]);
-          s[mt][j][e] = T::round(prob);
-          row_sum += prob;
-          row_sum_mma += s[mt][j][e];
-        }
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const float p0 = exp2f(fmaf(s[mt][j][e0], p.scale_log2, -m[x]));
+        const float p1 = exp2f(fmaf(s[mt][j][e0 + 1], p.scale_log2, -m[x]));
+        pk[mt][j][x % 2] = T::pack(p0, p1);
+        const float2 rounded = T::unpack(pk[mt][j][x % 2]);
+        row_sum += p0 + p1;
+        row_sum_mma += rounded.x + rounded.y;
+      }
       l[x] += row_sum;
       l_mma[x] += row_sum_mma;
     }
 
-    // O += P V, with P re-packed from the score accumulators as the A operand; one V
-    // fragment, kMTiles mmas.
+    // O += P V, with the packed P as the A operand; one V fragment, kMTiles mmas.
     const uint32_t v_rows = smem_address(v_tile) + v_lane_row * kDim * 2;
     for (int ks = 0; ks < kKeySteps; ++ks) {
       uint32_t pa[kMTiles][4];
       for (int mt = 0; mt < kMTiles; ++mt) {
-        pa[mt][0] = T::pack(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-        pa[mt][1] = T::pack(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-        pa[mt][2] = T::pack(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-        pa[mt][3] = T::pack(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+        pa[mt][0] = pk[mt][2 * ks][0];
+        pa[mt][1] = pk[mt][2 * ks][1];
+        pa[mt][2] = pk[mt][2 * ks + 1][0];
+        pa[mt][3] = pk[mt][2 * ks + 1][1];
       }
       for (int dp = 0; dp < kDimTiles / 2; ++dp) {
         uint32_t vb[4];

@@ -25,6 +25,9 @@ struct ElemTraits<__nv_bfloat16> {
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
   __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
+  __device__ static float2 unpack(uint32_t v) {  // pack's two values as the mma sees them
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  }
 };
 template <>
 struct ElemTraits<__half> {
@@ -35,6 +38,7 @@ struct ElemTraits<__half> {
   __device__ static float to_float(__half x) { return __half2float(x); }
   __device__ static __half from_float(float x) { return __float2half_rn(x); }
   __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
+  __device__ static float2 unpack(uint32_t v) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
 };
 
 // d += a * b on tensor cores.
