@@ -135,6 +135,7 @@ struct FlashCase {
   PositionRun q_run, k_run;
   DType dtype;
   bool split_keys;  // run as two calls, the second continuing from the first
+  double scale = 0.0;  // 0: 1/sqrt(D)
 };
 
 std::string flash_name(const FlashCase& c) {
@@ -145,7 +146,8 @@ std::string flash_name(const FlashCase& c) {
          std::to_string(c.heads) + "_" + std::to_string(c.kv_heads) + "_D" +
          std::to_string(c.head_dim) + "_" + mask + "_q" + std::to_string(c.q_run.offset) + "x" +
          std::to_string(c.q_run.stride) + "_k" + std::to_string(c.k_run.offset) + "x" +
-         std::to_string(c.k_run.stride) + "_" + dtype_name(c.dtype) + (c.split_keys ? "_split" : "");
+         std::to_string(c.k_run.stride) + "_" + dtype_name(c.dtype) + (c.split_keys ? "_split" : "") +
+         (c.scale < 0 ? "_negative_scale" : c.scale > 0 ? "_scale" : "");
 }
 
 TensorView key_rows(const TensorView& t, int64_t from, int64_t n) {
@@ -170,6 +172,7 @@ struct FlashSetup {
     const int64_t total = std::max(c.q_run.offset + c.q_run.stride * c.seq_q,
                                    c.k_run.offset + c.k_run.stride * c.seq_k);
     params.mask = parse_mask(c.mask, total).value();
+    params.scale = c.scale;
     for (int64_t i = 0; i < c.seq_q; ++i) qp[i] = c.q_run.offset + c.q_run.stride * i;
     for (int64_t j = 0; j < c.seq_k; ++j) kp[j] = c.k_run.offset + c.k_run.stride * j;
     host_params = params;
@@ -248,6 +251,9 @@ std::vector<FlashCase> flash_cases() {
   cases.push_back({4096, 4096, 2, 1, 128, "causal", from0, from0, DType::kBF16, false});
   cases.push_back({500, 500, 8, 1, 128, "causal", from0, from0, DType::kBF16, false});  // GQA 8:1
   cases.push_back({500, 500, 8, 1, 64, "window:30,30", from0, from0, DType::kF16, true});
+  // A negative scale: the largest scaled score is the smallest raw one.
+  cases.push_back({300, 300, 4, 2, 128, "causal", from0, from0, DType::kBF16, true, -0.09});
+  cases.push_back({200, 200, 2, 2, 64, "window:40,10", from0, from0, DType::kF16, false, -0.125});
   return cases;
 }
 
