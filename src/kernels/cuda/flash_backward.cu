@@ -161,22 +161,30 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const BackwardParams
       col_lo[r] -= 2 * t4;
       col_hi[r] -= 2 * t4;
     }
-    uint32_t ds_frag[kBlockN / 16][4];
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, col = j * 8 + (e % 2);  // less 2 t4
-        const float prob = exp2f(s[j][e] * p.scale_log2 - lse2[r]);
-        s[j][e] = col >= col_lo[r] && col <= col_hi[r] ? prob : 0.f;
-        dp[j][e] = s[j][e] * (dp[j][e] - delta_row[r]);
+    auto p_and_ds = [&](auto visible) {  // visible(r, col): whether the element counts
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, col = j * 8 + (e % 2);  // less 2 t4
+          const float prob = exp2f(s[j][e] * p.scale_log2 - lse2[r]);
+          s[j][e] = visible(r, col) ? prob : 0.f;
+          dp[j][e] = s[j][e] * (dp[j][e] - delta_row[r]);
+        }
+        // Stage P and dS as [query][key] for the transposed products.
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + g + 8 * r;
+          const int at = swizzled<kBlockN>(row, j) + 2 * t4;
+          *reinterpret_cast<uint32_t*>(p_smem + at) = T::pack(s[j][2 * r], s[j][2 * r + 1]);
+          *reinterpret_cast<uint32_t*>(ds_smem + at) = T::pack(dp[j][2 * r], dp[j][2 * r + 1]);
+        }
       }
-      // Stage P and dS as [query][key] for the transposed products.
-      for (int r = 0; r < 2; ++r) {
-        const int row = warp * 16 + g + 8 * r;
-        const int at = swizzled<kBlockN>(row, j) + 2 * t4;
-        *reinterpret_cast<uint32_t*>(p_smem + at) = T::pack(s[j][2 * r], s[j][2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(ds_smem + at) = T::pack(dp[j][2 * r], dp[j][2 * r + 1]);
-      }
+    };
+    if (full) {  // a row sees every column or none: one select per row, not two compares each
+      const bool row_sees[2] = {col_lo[0] <= col_hi[0], col_lo[1] <= col_hi[1]};
+      p_and_ds([&](int r, int) { return row_sees[r]; });
+    } else {
+      p_and_ds([&](int r, int col) { return col >= col_lo[r] && col <= col_hi[r]; });
     }
+    uint32_t ds_frag[kBlockN / 16][4];
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
       ds_frag[ks][0] = T::pack(dp[2 * ks][0], dp[2 * ks][1]);
       ds_frag[ks][1] = T::pack(dp[2 * ks][2], dp[2 * ks][3]);

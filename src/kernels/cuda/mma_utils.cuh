@@ -139,6 +139,14 @@ struct TileLoader {
                                        int rows_total) const {
     static_assert(kTileRows % kRowsPerPass == 0, "whole passes");
     const Elem* from = src + int64_t(row0 + lane_row) * row_stride + lane_chunk * 8;
+    if (row0 + kTileRows <= rows_total) {  // the whole tile exists: no per-row test
+#pragma unroll
+      for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
+        cp_async_16(dst + lane_smem + pass * kRowsPerPass * kDim, from, true);
+        from += kRowsPerPass * row_stride;
+      }
+      return;
+    }
 #pragma unroll
     for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
       const bool valid = row0 + lane_row + pass * kRowsPerPass < rows_total;
