@@ -5,9 +5,13 @@
 #   2. Nsight Compute on one forward and one backward launch at S = 32K, H = 32, D = 128,
 #      causal, bf16: speed of light, occupancy, warp stall reasons, the tensor pipe's share,
 #      shared-memory bank conflicts (ncu --clock-control none: the clocks are left alone);
-#      then a second pass splitting the conflicts into loads and stores, with the stall reasons.
+#      then a second pass splitting the conflicts into loads and stores, with the stall reasons;
+#   3. a third, source-level pass (SourceCounters): executions and stall samples of every SASS
+#      instruction, summarised by scripts/ncu_source_summary.py (opcodes per mma, stall reasons,
+#      the instructions that stall most).
 # Results go to $OUT (or ./gpu_out): ptxas.txt, spills.txt, ncu_{fwd,bwd}.csv,
-# ncu_{fwd,bwd}_shared.csv (the second pass), and a short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
+# ncu_{fwd,bwd}_shared.csv (the second pass), ncu_{fwd,bwd}_source.csv (the third), and a
+# short summary on stdout. Needs the build of scripts/gpu_check.sh (it runs its build stage).
 # Env: SEQS (default 32768), MASKS (default causal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +44,7 @@ awk '/Compiling entry/ { match($0, /(forward|backward)_kernelI[^E]*/); name = su
 [ -s "$out/spills.txt" ] && { echo "== local loads/stores per kernel (addresses in spills.txt)"; grep -E " (STL|LDL)" "$out/spills.txt" | cut -d' ' -f1-3 | sort | uniq -c; }
 
 # 2. Nsight Compute on the benchmark's kernels.
-logs="$(mktemp -d)"  # build and ncu logs: $OUT keeps six files (the device tool returns eight)
+logs="$(mktemp -d)"  # build and ncu logs: $OUT keeps eight files (what the device tool returns)
 OUT="$logs/build" BUILD_TARGETS=bench_gpu_attention bash scripts/gpu_check.sh build > "$logs/build.txt" 2>&1 ||
   { echo "build failed"; tail -20 "$logs/build.txt"; exit 1; }
 ncu_bin="$(command -v ncu || echo "$cuda_bin/ncu")"
@@ -92,4 +96,15 @@ for kernel in forward_kernel backward_kernel; do
   ncu_run "$kernel" "ncu_${short}_shared" \
     --metrics 'l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_atom.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_misc.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__sass_inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_red.sum,smsp__inst_executed_op_ldgsts.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   summarise "$out/ncu_${short}_shared.csv"
+  # The third pass: per-instruction counters, exported as CSV from the report.
+  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats -f -o "$logs/${short}_source" \
+    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
+    > "$logs/${short}_source.log" 2>&1 &&
+    "$ncu_bin" -i "$logs/${short}_source.ncu-rep" --page source --csv --print-source sass \
+      > "$out/ncu_${short}_source.csv" 2>> "$logs/${short}_source.log"
+  rc=$?
+  echo "== ncu $kernel, source level -> ncu_${short}_source.csv (rc $rc)"
+  if [ $rc -eq 0 ]; then python3 scripts/ncu_source_summary.py "$out/ncu_${short}_source.csv" --top 5
+  else tail -n 15 "$logs/${short}_source.log"; fi
 done
