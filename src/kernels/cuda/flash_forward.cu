@@ -2,9 +2,10 @@
 // 4 warps takes 128 query rows of one head (32 per warp, two m-tiles sharing each K/V
 // fragment); K/V tiles of 64 keys (32 at D = 128) stream through double-buffered shared
 // memory (cp.async); scores, the online softmax and the output accumulator stay in
-// registers; P, packed to the input dtype in registers, is the A operand of the P*V product. Each query row has an interval [lo, hi] of visible key
-// positions (band and document), so whole tiles outside every row's interval are skipped and
-// tiles inside every row's interval run unmasked.
+// registers; P, packed to the input dtype in registers, is the A operand of the P*V product.
+// Each query row has an interval [lo, hi] of visible key positions (band and document), so
+// whole tiles outside every row's interval are skipped and tiles inside every row's interval
+// run unmasked.
 #include <cuda_runtime.h>
 
 #include <climits>
