@@ -1,12 +1,17 @@
 // CPU kernels: the oracle checked by finite differences, the fast kernels checked against the
 // oracle over masks, GQA ratios, head dims, uneven lengths and both dtypes; continuation,
-// fully masked rows and the -inf-safe merge.
+// fully masked rows and the -inf-safe merge. Also the mask arithmetic of our CUDA kernels
+// (kernels/cuda/mask_runs.hpp, plain C++ on the host) against brute force.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <tuple>
+#include <vector>
 
+#include "kernels/cuda/mask_runs.hpp"
 #include "seqpar/attention.hpp"
 #include "test_util.hpp"
 
@@ -345,6 +350,74 @@ TEST(Merge, EqualsOneCallAndIsSafeForInfinities) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(lse.data<double>()[i], want_lse[i]) << i;
     EXPECT_EQ(o.data<double>()[i * 2], want_o[i]) << i;
+  }
+}
+
+// ---- the CUDA kernels' mask arithmetic, on the host ------------------------------------------
+
+// Position runs and masks as the kernels get them: offsets, strides, windows bounded or not on
+// either side, and documents in order (the first from 0, the last past every position).
+cuda::MaskRuns random_mask_runs(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  cuda::MaskRuns m{};
+  m.q_offset = pick(0, 400);
+  m.q_stride = pick(0, 2) ? 1 : pick(2, 4);
+  m.k_offset = pick(0, 400);
+  m.k_stride = pick(0, 2) ? 1 : pick(2, 4);
+  m.window_left = pick(0, 2) ? -1 : pick(0, 150);
+  m.window_right = pick(0, 2) ? pick(0, 1) * pick(0, 40) : -1;
+  if (pick(0, 2) == 0) {
+    m.num_docs = int(pick(1, 6));
+    std::vector<int64_t> cuts;
+    for (int d = 1; d < m.num_docs; ++d) cuts.push_back(pick(1, 2000));
+    std::sort(cuts.begin(), cuts.end());
+    m.doc_offsets[0] = 0;
+    for (int d = 1; d < m.num_docs; ++d) m.doc_offsets[d] = std::max(cuts[d - 1], m.doc_offsets[d - 1] + 1);
+    m.doc_offsets[m.num_docs] = m.doc_offsets[m.num_docs - 1] + 4000;
+  }
+  return m;
+}
+
+// The backward walks only the rows rows_with returns, so they must be exactly the rows whose
+// intervals touch (or cover) the key block: a wrong run loses or double-counts gradients.
+TEST(MaskRuns, RowsWithFindsExactlyTheRowsThatSeeAKeyBlock) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const cuda::MaskRuns m = random_mask_runs(rng);
+    const int seq_q = int(std::uniform_int_distribution<int>(1, 300)(rng));
+    const int key0 = int(std::uniform_int_distribution<int>(0, 300)(rng));
+    const int keys = int(std::uniform_int_distribution<int>(1, 64)(rng));
+    const int64_t first = m.k_offset + m.k_stride * key0, last = first + m.k_stride * (keys - 1);
+    int seen_begin, seen_end, full_begin, full_end;
+    cuda::rows_with(m, seq_q, first, last, &seen_begin, &seen_end);
+    cuda::rows_with(m, seq_q, last, first, &full_begin, &full_end);
+    for (int row = 0; row < seq_q; ++row) {
+      const cuda::RowInterval iv = cuda::row_interval(m, row, seq_q);
+      const bool sees = iv.lo <= last && iv.hi >= first, sees_all = iv.lo <= first && iv.hi >= last;
+      ASSERT_EQ(sees, row >= seen_begin && row < seen_end) << "trial " << trial << " row " << row;
+      ASSERT_EQ(sees_all, row >= full_begin && row < full_end) << "trial " << trial << " row " << row;
+    }
+  }
+}
+
+// visible_columns turns a row's interval into the block's columns it sees; each column's
+// position must fall in the interval exactly when it is in [c_lo, c_hi].
+TEST(MaskRuns, VisibleColumnsAreTheColumnsInsideTheRowsInterval) {
+  std::mt19937_64 rng(12);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const cuda::MaskRuns m = random_mask_runs(rng);
+    const int seq_q = 300;
+    const int row = int(std::uniform_int_distribution<int>(0, seq_q - 1)(rng));
+    const int key0 = int(std::uniform_int_distribution<int>(0, 300)(rng));
+    const int n = int(std::uniform_int_distribution<int>(1, 64)(rng));
+    const int64_t first = m.k_offset + m.k_stride * key0;
+    const cuda::RowInterval iv = cuda::row_interval(m, row, seq_q);
+    int c_lo, c_hi;
+    cuda::visible_columns(m, first, iv, n, &c_lo, &c_hi);
+    for (int c = 0; c < n; ++c) {
+      const int64_t kp = first + m.k_stride * c;
+      ASSERT_EQ(kp >= iv.lo && kp <= iv.hi, c >= c_lo && c <= c_hi) << "trial " << trial << " column " << c;
+    }
   }
 }
 
