@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 
 #include "seqpar/cudnn_attention.hpp"
@@ -509,6 +510,26 @@ TEST(FlashForward, RowMaximaThatKeepGrowing) {
   why = testing::check_lowp_rule("LSE", cast(to_host(lse->view).value(), DType::kF64), plain.lse, oracle->lse,
                                  DType::kF32);
   EXPECT_TRUE(why.empty()) << why;
+}
+
+// A scale fp32 cannot carry (as scale * log2 e, denormals flushed) is refused before any GPU
+// work, by both kernels: this runs without a GPU.
+TEST(FlashKernels, RefuseAScaleFp32CannotCarry) {
+  const HostTensor q = testing::random_tensor(DType::kBF16, {1, 8, 2, 64}, 1);
+  const HostTensor acc(DType::kF32, {1, 8, 2, 64}), lse(DType::kF32, {1, 2, 8});
+  for (double scale : {1e-60, -1e-45, 1e60, std::numeric_limits<double>::infinity(),
+                       std::numeric_limits<double>::quiet_NaN()}) {
+    AttentionParams params;
+    params.scale = scale;
+    Status s = flash_attention_forward(q.view(), q.view(), q.view(), params, {}, acc.view(), lse.view(), false,
+                                       TensorView{});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << scale;
+    EXPECT_NE(s.message().find("scale"), std::string::npos) << s.message();
+    s = flash_attention_backward(q.view(), q.view(), q.view(), q.view(), lse.view(), lse.view(), params, {},
+                                 acc.view(), acc.view(), acc.view());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << scale;
+    EXPECT_NE(s.message().find("scale"), std::string::npos) << s.message();
+  }
 }
 
 TEST(FlashForward, RefusesBadInput) {

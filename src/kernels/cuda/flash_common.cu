@@ -35,6 +35,12 @@ Status check_flash_inputs(const TensorView& q, const TensorView& k, const Tensor
                      std::string("our CUDA kernels take bf16 or fp16, not ") + dtype_name(q.dtype));
   *prob = {q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], 0.0};
   prob->scale = params.scale != 0.0 ? params.scale : 1.0 / std::sqrt(double(prob->head_dim));
+  // The kernels carry scale * log2(e) in fp32 with denormals flushed: past these bounds it
+  // would be 0 or inf, and the masked scores' products NaN.
+  const double scale_log2 = std::abs(prob->scale) * 1.4426950408889634;
+  SP_CHECK_ARG(std::isfinite(prob->scale) && scale_log2 >= 1e-37 && scale_log2 <= 1e37,
+               "our CUDA kernels take an attention scale of magnitude 1e-37 to 1e37, not " +
+                   std::to_string(params.scale));
   SP_CHECK_SUPPORTED(prob->head_dim == 64 || prob->head_dim == 128,
                      "our CUDA kernels take head dim 64 or 128, not " + std::to_string(prob->head_dim));
   SP_CHECK_ARG(prob->kv_heads > 0 && prob->heads % prob->kv_heads == 0,
