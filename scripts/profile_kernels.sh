@@ -67,12 +67,16 @@ for r in rows[1:]:
         print(f"  {r[name_i]}: {r[value_i]} {r[unit_i]}")
 EOF
 }
-ncu_run() {  # ncu_run KERNEL OUTPUT_STEM NCU_ARGS...: one launch after the warm-ups
+ncu_launch() {  # ncu_launch KERNEL NCU_ARGS...: ncu on one launch of KERNEL after the warm-ups
+  local kernel="$1"
+  shift
+  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 "$@" \
+    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}"
+}
+ncu_run() {  # ncu_run KERNEL OUTPUT_STEM NCU_ARGS...: the details page as CSV
   local kernel="$1" stem="$2"
   shift 2
-  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 "$@" --csv --page details \
-    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
-    > "$out/$stem.csv" 2> "$logs/$stem.err"
+  ncu_launch "$kernel" "$@" --csv --page details > "$out/$stem.csv" 2> "$logs/$stem.err"
   local rc=$?
   echo "== ncu $kernel -> $stem.csv (rc $rc)"
   [ $rc -eq 0 ] || tail -n 15 "$logs/$stem.err"
@@ -97,9 +101,7 @@ for kernel in forward_kernel backward_kernel; do
     --metrics 'l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldgsts.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_atom.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_misc.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum,smsp__sass_inst_executed_op_shared_st.sum,smsp__inst_executed_op_global_red.sum,smsp__inst_executed_op_ldgsts.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   summarise "$out/ncu_${short}_shared.csv"
   # The third pass: per-instruction counters, exported as CSV from the report.
-  "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
-    --section SourceCounters --section WarpStateStats -f -o "$logs/${short}_source" \
-    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}" \
+  ncu_launch "$kernel" --section SourceCounters --section WarpStateStats -f -o "$logs/${short}_source" \
     > "$logs/${short}_source.log" 2>&1 &&
     "$ncu_bin" -i "$logs/${short}_source.ncu-rep" --page source --csv --print-source sass \
       > "$out/ncu_${short}_source.csv" 2>> "$logs/${short}_source.log"

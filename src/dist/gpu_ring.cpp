@@ -185,12 +185,10 @@ namespace {
 
 using Impl = GpuRingContext::Impl;
 
-// Rows [begin, end) along `dim` of a view.
-TensorView rows_of(const TensorView& t, int dim, int64_t begin, int64_t end) { return t.narrow(dim, begin, end); }
 
 // Heads [first, first + count) of a [B, S, H, D] (dim 2) or [B, H, S] (dim 1) view.
 TensorView heads_of(const TensorView& t, int dim, int64_t first, int64_t count) {
-  return rows_of(t, dim, first, first + count);
+  return t.narrow(dim, first, first + count);
 }
 
 // The local work of one (query shard, K/V shard) pair.
@@ -220,7 +218,7 @@ AttentionParams dense_params(const AttentionParams& params, bool causal) {
 StatusOr<TensorView> stat_rows(Impl& I, const char* name, const TensorView& stats, int64_t begin,
                                int64_t end, cudaStream_t s) {
   SP_ASSIGN_OR_RETURN(TensorView out, I.buffer(name, DType::kF32, {stats.shape[0], stats.shape[1], end - begin}));
-  SP_RETURN_IF_ERROR(flash_cast(rows_of(stats, 2, begin, end), out, s));
+  SP_RETURN_IF_ERROR(flash_cast(stats.narrow(2, begin, end), out, s));
   return out;
 }
 
@@ -261,10 +259,10 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const Tenso
         SP_ASSIGN_OR_RETURN(lse_v, stat_rows(I, "lse_rows", out.lse(), qr.begin, qr.end, s));
       }
       SP_RETURN_IF_ERROR(flash_attention_forward(
-          rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
-          rows_of(v, 1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
-          rows_of(out.acc(), 1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
-      if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, rows_of(out.lse(), 2, qr.begin, qr.end), s));
+          q.narrow(1, qr.begin, qr.end), k.narrow(1, kr.begin, kr.end),
+          v.narrow(1, kr.begin, kr.end), pair.params, run_positions(qr, kr),
+          out.acc().narrow(1, qr.begin, qr.end), lse_v, /*accumulate=*/true, TensorView{}, s));
+      if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_v, out.lse().narrow(2, qr.begin, qr.end), s));
       ++*calls;
       return Status::Ok();
     });
@@ -280,8 +278,8 @@ Status block_forward(Impl& I, const Pair& pair, const TensorView& q, const Tenso
       SP_ASSIGN_OR_RETURN(lse_part, I.buffer("lse_part", DType::kF32, {B, H, nq}));
     }
     SP_RETURN_IF_ERROR(cudnn_attention_forward(
-        rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
-        rows_of(v, 1, c.k_begin, c.k_end), dense_params(pair.params, c.causal), o_part, lse_part, s));
+        q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end),
+        v.narrow(1, c.k_begin, c.k_end), dense_params(pair.params, c.causal), o_part, lse_part, s));
     out.hold(o_part, lse_part, c.q_begin, c.q_end);
     ++*calls;
   }
@@ -309,10 +307,10 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
         SP_ASSIGN_OR_RETURN(delta_v, stat_rows(I, "delta_rows", delta, qr.begin, qr.end, s));
       }
       SP_RETURN_IF_ERROR(flash_attention_backward(
-          rows_of(q, 1, qr.begin, qr.end), rows_of(k, 1, kr.begin, kr.end),
-          rows_of(v, 1, kr.begin, kr.end), rows_of(dout, 1, qr.begin, qr.end), lse_v, delta_v,
-          pair.params, run_positions(qr, kr), rows_of(dq.acc(), 1, qr.begin, qr.end),
-          rows_of(dk.acc(), 1, kr.begin, kr.end), rows_of(dv.acc(), 1, kr.begin, kr.end), s));
+          q.narrow(1, qr.begin, qr.end), k.narrow(1, kr.begin, kr.end),
+          v.narrow(1, kr.begin, kr.end), dout.narrow(1, qr.begin, qr.end), lse_v, delta_v,
+          pair.params, run_positions(qr, kr), dq.acc().narrow(1, qr.begin, qr.end),
+          dk.acc().narrow(1, kr.begin, kr.end), dv.acc().narrow(1, kr.begin, kr.end), s));
       ++*calls;
       return Status::Ok();
     });
@@ -335,9 +333,9 @@ Status block_backward(Impl& I, const Pair& pair, const TensorView& q, const Tens
     SP_ASSIGN_OR_RETURN(const TensorView dk_part, part(dk, c.k_begin, c.k_end, Hkv));
     SP_ASSIGN_OR_RETURN(const TensorView dv_part, part(dv, c.k_begin, c.k_end, Hkv));
     SP_RETURN_IF_ERROR(cudnn_attention_backward(
-        rows_of(q, 1, c.q_begin, c.q_end), rows_of(k, 1, c.k_begin, c.k_end),
-        rows_of(v, 1, c.k_begin, c.k_end), rows_of(o, 1, c.q_begin, c.q_end),
-        rows_of(dout, 1, c.q_begin, c.q_end), lse_c, dense_params(pair.params, c.causal), dq_part,
+        q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end),
+        v.narrow(1, c.k_begin, c.k_end), o.narrow(1, c.q_begin, c.q_end),
+        dout.narrow(1, c.q_begin, c.q_end), lse_c, dense_params(pair.params, c.causal), dq_part,
         dk_part, dv_part, s));
     dq.hold(dq_part, TensorView{}, c.q_begin, c.q_end);
     dk.hold(dk_part, TensorView{}, c.k_begin, c.k_end);

@@ -153,12 +153,7 @@ class Running {
   }
   bool covers_all(const Pending& p) const { return p.begin == 0 && p.end == rows_; }
   static TensorView rows(const TensorView& t, int64_t b, int64_t e) { return t.narrow(1, b, e); }
-  TensorView stat_rows(TensorView t, int64_t b, int64_t e) const {
-    if (!merging_) return t;
-    t.data = static_cast<char*>(t.data) + b * t.strides[2] * int64_t(dtype_size(t.dtype));
-    t.shape[2] = e - b;
-    return t;
-  }
+  TensorView stat_rows(const TensorView& t, int64_t b, int64_t e) const { return merging_ ? t.narrow(2, b, e) : t; }
   // to (, to_lse) = from (, from_lse), cast.
   Status assign(const TensorView& from, const TensorView& from_lse, const TensorView& to,
                 const TensorView& to_lse, cudaStream_t s) const {

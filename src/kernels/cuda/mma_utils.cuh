@@ -22,9 +22,6 @@ struct ElemTraits<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-  __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
   __device__ static float2 unpack(uint32_t v) {  // pack's two values as the mma sees them
     return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
   }
@@ -35,9 +32,6 @@ struct ElemTraits<__half> {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  __device__ static float to_float(__half x) { return __half2float(x); }
-  __device__ static __half from_float(float x) { return __float2half_rn(x); }
-  __device__ static float round(float x) { return to_float(from_float(x)); }  // as the mma sees it
   __device__ static float2 unpack(uint32_t v) { return __half22float2(*reinterpret_cast<__half2*>(&v)); }
 };
 
@@ -64,7 +58,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ldmatrix from a 32-bit shared-memory address (smem_address). The forward precomputes these
+// ldmatrix from a 32-bit shared-memory address (smem_address). The kernels precompute these
 // per thread, so that each load in an unrolled loop is a base plus an immediate.
 __device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -78,9 +72,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t 
 }
 // The same from a generic pointer into shared memory.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4_at(r, smem_address(p)); }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  ldmatrix_x4_trans_at(r, smem_address(p));
-}
 
 // 16-byte global -> shared copy; src_bytes = 0 writes zeros (rows past the end).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
