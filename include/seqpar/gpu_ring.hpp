@@ -76,7 +76,7 @@ class GpuRingContext {
   // attention), arrived (the exchange waited for), added / out / hop (results moved on).
   StatusOr<std::vector<std::pair<std::string, double>>> take_trace();
 
-  struct Impl;  // buffers, plans, streams (src/dist/gpu_ring.cpp)
+  struct Impl;  // buffers, plans, streams (src/parallel/gpu_ring.cpp)
   Impl& impl() { return *impl_; }
 
  private:

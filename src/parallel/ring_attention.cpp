@@ -6,18 +6,18 @@
 #include <cstring>
 #include <vector>
 
-#include "dist/ring_common.hpp"
+#include "parallel/ring_common.hpp"
 
 namespace seqpar {
 namespace {
 
-using dist::add_into;
-using dist::check_backward_args;
-using dist::check_ring_args;
-using dist::copy_bshd;
-using dist::pair_visible;
-using dist::ShardBuffer;
-using dist::wrap;
+using parallel::add_into;
+using parallel::check_backward_args;
+using parallel::check_ring_args;
+using parallel::copy_bshd;
+using parallel::pair_visible;
+using parallel::ShardBuffer;
+using parallel::wrap;
 
 // Where a rank stands at one ring step: the K/V shard it holds (it started with its own and
 // receives from the previous rank each step), the shard arriving for the next step, and its

@@ -9,7 +9,7 @@
 #include "seqpar/comm.hpp"
 #include "seqpar/layout.hpp"
 
-namespace seqpar::dist {
+namespace seqpar::parallel {
 
 inline int wrap(int r, int p) { return ((r % p) + p) % p; }
 
@@ -103,4 +103,4 @@ inline bool pair_visible(const AttentionParams& params, const std::vector<int64_
   return mask.classify(0, q_pos.size(), 0, k_pos.size()) != cpu::TileKind::kEmpty;
 }
 
-}  // namespace seqpar::dist
+}  // namespace seqpar::parallel

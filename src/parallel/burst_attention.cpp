@@ -6,19 +6,19 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dist/ring_common.hpp"
+#include "parallel/ring_common.hpp"
 #include "seqpar/block_plan.hpp"
 
 namespace seqpar {
 namespace {
 
-using dist::add_into;
-using dist::check_backward_args;
-using dist::check_ring_args;
-using dist::copy_bshd;
-using dist::pair_visible;
-using dist::ShardBuffer;
-using dist::wrap;
+using parallel::add_into;
+using parallel::check_backward_args;
+using parallel::check_ring_args;
+using parallel::copy_bshd;
+using parallel::pair_visible;
+using parallel::ShardBuffer;
+using parallel::wrap;
 
 // D and LSE of a query shard, [B, H, rows] each, in one buffer for the longest shard.
 struct RowStatsBuffer {
@@ -206,7 +206,7 @@ TrafficBytes gpu_expected_bytes(const Layout& layout, int rank, BackwardSchedule
                          : 2 * batch * rows * kv_heads * head_dim * dtype_size(dtype);
   const std::vector<int64_t> q_pos = layout.positions(burst ? peer : rank);
   const std::vector<int64_t> k_pos = layout.positions(burst ? rank : peer);
-  if (!dist::pair_visible(params, q_pos, k_pos)) return bytes;
+  if (!parallel::pair_visible(params, q_pos, k_pos)) return bytes;
   const BlockPlan plan = plan_block_pair(q_pos, k_pos, params.mask);
   if (!own_kernels && plan.dense && plan.calls.size() == 1) {
     const BlockCall& c = plan.calls[0];

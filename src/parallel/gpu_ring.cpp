@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/cuda_check.hpp"
-#include "dist/gpu_running.hpp"
-#include "dist/ring_common.hpp"
+#include "parallel/gpu_running.hpp"
+#include "parallel/ring_common.hpp"
 #include "seqpar/block_plan.hpp"
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
@@ -25,8 +25,8 @@
 
 namespace seqpar {
 
-using dist::Running;
-using dist::wrap;
+using parallel::Running;
+using parallel::wrap;
 
 struct GpuRingContext::Impl {
   std::map<std::string, DeviceBuffer> buffers;
@@ -125,7 +125,7 @@ struct GpuRingContext::Impl {
     auto it = visible_pairs.find({q_rank, k_rank});
     if (it == visible_pairs.end())
       it = visible_pairs.emplace(std::pair{q_rank, k_rank},
-                                 dist::pair_visible(params, layout.positions(q_rank),
+                                 parallel::pair_visible(params, layout.positions(q_rank),
                                                     layout.positions(k_rank)))
                .first;
     return it->second;

@@ -1,4 +1,4 @@
-// Running results of the GPU executor (src/dist/gpu_ring.cpp): a sum (gradients) or an
+// Running results of the GPU executor (src/parallel/gpu_ring.cpp): a sum (gradients) or an
 // (O, LSE) merge over the rows of one head group, fed the local calls' low-precision parts with
 // as few passes over memory (and as little workspace) as possible.
 #pragma once
@@ -13,7 +13,7 @@
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/tensor.hpp"
 
-namespace seqpar::dist {
+namespace seqpar::parallel {
 
 // The running result of one head group takes the cuDNN calls' low-precision parts lazily, to
 // save passes over memory (they cost most at small shards) and workspace:
@@ -180,4 +180,4 @@ class Running {
   bool in_out_ = false;  // the output holds the result so far
 };
 
-}  // namespace seqpar::dist
+}  // namespace seqpar::parallel
