@@ -28,6 +28,9 @@ const char* phase_name(Phase phase);
 struct CommCounters {
   std::array<int64_t, kNumPhases> bytes_sent{};
   std::array<int64_t, kNumPhases> bytes_received{};
+  // Bytes sent to each peer rank (index: the peer's rank in this communicator), per phase: the
+  // measured split by link class (intra-node, inter-node) is summed from it.
+  std::vector<std::array<int64_t, kNumPhases>> sent_to;
   int64_t sent(Phase p) const { return bytes_sent[static_cast<int>(p)]; }
   int64_t received(Phase p) const { return bytes_received[static_cast<int>(p)]; }
 };

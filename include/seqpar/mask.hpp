@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct MaskSpec {
     return (window_left < 0 || qp - kp <= window_left) &&
            (window_right < 0 || kp - qp <= window_right);
   }
+  // Whether any key at positions k_pos is visible from any query at positions q_pos: exact,
+  // O(|q_pos| log |k_pos|). The planner and the schedules decide from it which shard pairs
+  // compute and which blocks travel.
+  bool sees_any(std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) const;
   // "full", "causal", "window:L,R", "docs:N"
   std::string describe() const;
   // Offsets start at 0, never decrease and end at a total at least `seq_len`.

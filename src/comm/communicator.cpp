@@ -77,7 +77,11 @@ Status Communicator::check_specs(std::span<const SendSpec> sends,
 
 void Communicator::count(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
   const int p = static_cast<int>(phase_);
-  for (const SendSpec& s : sends) counters_.bytes_sent[p] += static_cast<int64_t>(s.bytes);
+  if (counters_.sent_to.size() < static_cast<size_t>(size())) counters_.sent_to.resize(size());
+  for (const SendSpec& s : sends) {
+    counters_.bytes_sent[p] += static_cast<int64_t>(s.bytes);
+    counters_.sent_to[s.peer][p] += static_cast<int64_t>(s.bytes);
+  }
   for (const RecvSpec& r : recvs) counters_.bytes_received[p] += static_cast<int64_t>(r.bytes);
 }
 

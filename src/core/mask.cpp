@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 namespace seqpar {
 
@@ -17,6 +18,26 @@ MaskSpec MaskSpec::documents(std::vector<int64_t> offsets, bool causal_inside) {
   MaskSpec m = causal_inside ? causal() : none();
   m.doc_offsets = std::move(offsets);
   return m;
+}
+
+bool MaskSpec::sees_any(std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) const {
+  std::vector<int64_t> keys(k_pos.begin(), k_pos.end());
+  std::sort(keys.begin(), keys.end());
+  if (keys.empty()) return false;
+  for (const int64_t qp : q_pos) {
+    // The keys a query sees form one interval: its band, cut to its document.
+    int64_t lo = window_left < 0 ? keys.front() : qp - window_left;
+    int64_t hi = window_right < 0 ? keys.back() : qp + window_right;
+    if (has_documents()) {
+      const auto next = std::upper_bound(doc_offsets.begin(), doc_offsets.end(), qp);
+      if (next == doc_offsets.begin() || next == doc_offsets.end()) continue;  // outside every document
+      lo = std::max(lo, *(next - 1));
+      hi = std::min(hi, *next - 1);
+    }
+    const auto first = std::lower_bound(keys.begin(), keys.end(), lo);
+    if (first != keys.end() && *first <= hi) return true;
+  }
+  return false;
 }
 
 std::string MaskSpec::describe() const {

@@ -1,0 +1,59 @@
+// The local-attention backend interface every executor computes through (ggml's backend table
+// is the model): each backend says whether it supports a problem, and why not, and runs the
+// step kinds a schedule needs on one shard pair. Masks are in global positions
+// (params.q_positions / k_positions give each local row's position).
+//   forward     continues a running (O, LSE): merges these keys into it, as if all keys so far
+//               had been seen in one call (O = 0, LSE = -inf before the first);
+//   backward    *adds* this pair's dQ, dK, dV, against the final LSE and D = rowsum(dO * O);
+//   delta       D = rowsum(dO * O);
+//   merge       (O, LSE) <- merge((O, LSE), (O_part, LSE_part)), -inf safe;
+//   accumulate  acc += x (same shape and dtype).
+// Shapes as in attention.hpp: q, o, dout, dq [B, S_q, H, D]; k, v, dk, dv [B, S_k, H_kv, D];
+// lse, delta [B, H, S_q]. `stream` is the CUDA stream of device backends (CPU ones ignore it).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "seqpar/attention.hpp"
+
+namespace seqpar {
+
+struct BackendCaps {
+  bool takes_delta = true;          // backward reads D (else it recomputes D from O: packs carry O)
+  bool writes_parts = false;        // forward/backward write a fresh part the caller merges or adds
+  bool needs_dense_blocks = false;  // only full or top-left causal blocks (the planner splits pairs)
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual const char* name() const = 0;
+  virtual BackendCaps caps() const = 0;
+  // Empty when this backend runs attention over tensors like q (dtype, device, head dim) with
+  // these params; else the reason it refuses them.
+  virtual std::string supports(const TensorView& q, const AttentionParams& params) const = 0;
+
+  [[nodiscard]] virtual Status forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const AttentionParams& params, const TensorView& o,
+                                       const TensorView& lse, void* stream) const = 0;
+  [[nodiscard]] virtual Status backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& dout, const TensorView& lse,
+                                        const TensorView& delta, const AttentionParams& params,
+                                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                        void* stream) const = 0;
+  [[nodiscard]] virtual Status delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                                     void* stream) const = 0;
+  [[nodiscard]] virtual Status merge(const TensorView& o, const TensorView& lse, const TensorView& o_part,
+                                     const TensorView& lse_part, void* stream) const = 0;
+  [[nodiscard]] virtual Status accumulate(const TensorView& acc, const TensorView& x, void* stream) const = 0;
+};
+
+// The fast blocked CPU kernels (fp32, fp64).
+const AttentionBackend& cpu_kernel_backend();
+// The fp64 oracle as a backend: plain loops, every step computed in fp64 (fp32 or fp64 tensors).
+const AttentionBackend& cpu_oracle_backend();
+// Every backend this build has (GPU ones where CUDA is built), for the backend test.
+std::vector<const AttentionBackend*> all_backends();
+
+}  // namespace seqpar

@@ -1,0 +1,76 @@
+// Planning a distributed attention problem (include/seqpar/distributed_attention.hpp): the
+// schedule request from the layout and mask, the algorithm (named, or auto's choice), and this
+// rank's steps. The executors run what this hands them.
+#include <algorithm>
+#include <limits>
+
+#include "seqpar/distributed_attention.hpp"
+
+namespace seqpar {
+namespace {
+
+// The busiest rank's pairs (compute steps) and bytes over both passes.
+struct Cost {
+  int computes = 0;
+  int64_t bytes = 0;
+};
+Cost cost_of(const Algorithm& a, const ScheduleRequest& req, const Layout& layout, const BlockBytes& bytes) {
+  Cost c;
+  const std::vector<RankSchedule> all = all_rank_schedules(a, req);
+  for (int r = 0; r < req.ranks; ++r) {
+    c.computes = std::max(c.computes, count_computes(all[r].forward));
+    int64_t b = 0;
+    for (Pass p : {Pass::kForward, Pass::kBackward}) b += walk_bytes(all[r].pass(p), r, layout, bytes, req.topology).total;
+    c.bytes = std::max(c.bytes, b);
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<RankSchedule> all_rank_schedules(const Algorithm& algorithm, const ScheduleRequest& request) {
+  std::vector<RankSchedule> all;
+  for (int r = 0; r < request.ranks; ++r) all.push_back(algorithm.make_schedule(request, r));
+  return all;
+}
+
+StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout& layout,
+                                       const AttentionParams& params, const BlockBytes& bytes, int rank,
+                                       const AttentionBackend& backend) {
+  SP_CHECK_ARG(!params.q_positions && !params.k_positions,
+               "distributed attention takes positions from the layout; leave q/k_positions null");
+  SP_CHECK_ARG(rank >= 0 && rank < layout.ranks(), "rank " + std::to_string(rank) + " is not one of the layout's " +
+                                                       std::to_string(layout.ranks()));
+  SP_CHECK_ARG(options.topology.ranks_per_node >= 0, "ranks per node must be positive (0: one node)");
+  SP_CHECK_ARG(bytes.kv_heads > 0 && bytes.heads % bytes.kv_heads == 0,
+               "query heads (" + std::to_string(bytes.heads) + ") must be a multiple of K/V heads (" +
+                   std::to_string(bytes.kv_heads) + ")");
+  SP_RETURN_IF_ERROR(params.mask.validate(layout.seq_len()));
+  AttentionPlan plan{nullptr, layout, params};
+  plan.rank = rank;
+  plan.backend = &backend;
+  plan.block_bytes = bytes;
+  plan.request = make_schedule_request(layout, params.mask, bytes.heads, bytes.kv_heads, options.topology);
+  if (options.algorithm == "auto") {
+    Cost best{std::numeric_limits<int>::max(), std::numeric_limits<int64_t>::max()};
+    for (const Algorithm* a : all_algorithms()) {
+      if (!a->supports(plan.request).empty()) continue;
+      const Cost c = cost_of(*a, plan.request, layout, bytes);
+      if (c.computes < best.computes || (c.computes == best.computes && c.bytes < best.bytes)) {
+        best = c;
+        plan.algorithm = a;
+      }
+    }
+    plan.choice = std::string("auto chose ") + plan.algorithm->name + ": the busiest rank computes " +
+                  std::to_string(best.computes) + " pairs and sends " + std::to_string(best.bytes) + " bytes";
+  } else {
+    plan.algorithm = find_algorithm(options.algorithm);
+    SP_CHECK_ARG(plan.algorithm, "unknown algorithm '" + options.algorithm + "' (one of " + algorithm_names() + "|auto)");
+    const std::string why_not = plan.algorithm->supports(plan.request);
+    SP_CHECK_SUPPORTED(why_not.empty(), why_not);
+  }
+  plan.schedule = plan.algorithm->make_schedule(plan.request, rank);
+  return plan;
+}
+
+}  // namespace seqpar

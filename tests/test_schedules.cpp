@@ -1,0 +1,373 @@
+// Every algorithm as a schedule: validated symbolically (matched, deadlock-free, each visible
+// pair once, results home) for every layout, mask and P in 1..8; run on P thread ranks by the
+// CPU executor against the fp64 oracle; bytes measured by the communicator equal the bytes
+// walked from the steps, which equal the papers' closed forms. DistFlashAttn's round count and
+// odd-P erratum, the double ring's per-link split, and masks that skip transfers.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <mutex>
+
+#include "parallel/algorithms/plan_events.hpp"
+#include "seqpar/burst.hpp"
+#include "seqpar/distributed_attention.hpp"
+#include "test_util.hpp"
+
+namespace seqpar {
+namespace {
+
+struct Problem {
+  int64_t seq = 0, heads = 4, kv_heads = 2, head_dim = 16;
+  DType dtype = DType::kF64;
+  BlockBytes bytes() const { return {1, heads, kv_heads, head_dim, dtype, dtype, dtype, true}; }
+};
+
+struct RankResults {
+  HostTensor o, lse, dq, dk, dv;
+  std::vector<CommCounters> counters;
+  std::vector<PassStats> fwd;
+};
+
+// Shards the global inputs, plans and runs forward + backward on P thread ranks, unshards.
+RankResults run_ranks(const Problem& g, const Layout& layout, const AttentionParams& params, const PlanOptions& options,
+              const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& dout,
+              Status* status, const AttentionBackend& backend = cpu_kernel_backend()) {
+  const int P = layout.ranks();
+  const DType t = g.dtype;
+  RankResults run{HostTensor(t, {1, g.seq, g.heads, g.head_dim}), HostTensor(t, {1, g.heads, g.seq}),
+          HostTensor(t, {1, g.seq, g.heads, g.head_dim}), HostTensor(t, {1, g.seq, g.kv_heads, g.head_dim}),
+          HostTensor(t, {1, g.seq, g.kv_heads, g.head_dim}), std::vector<CommCounters>(P),
+          std::vector<PassStats>(P)};
+  std::mutex mu;
+  *status = run_local_ranks(P, [&](Communicator& comm) -> Status {
+    omp_set_num_threads(1);
+    const int r = comm.rank();
+    const int64_t n = layout.local_len(r);
+    SP_ASSIGN_OR_RETURN(const AttentionPlan plan, plan_attention(options, layout, params, g.bytes(), r, backend));
+    HostTensor lq(t, {1, n, g.heads, g.head_dim}), lk(t, {1, n, g.kv_heads, g.head_dim});
+    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk, llse(t, {1, g.heads, n});
+    SP_RETURN_IF_ERROR(layout.shard(q.view(), 1, r, lq.view()));
+    SP_RETURN_IF_ERROR(layout.shard(k.view(), 1, r, lk.view()));
+    SP_RETURN_IF_ERROR(layout.shard(v.view(), 1, r, lv.view()));
+    SP_RETURN_IF_ERROR(layout.shard(dout.view(), 1, r, ldo.view()));
+    const ShardTensors st{lq.view(), lk.view(), lv.view(), lo.view(), llse.view(),
+                          ldo.view(), ldq.view(), ldk.view(), ldv.view()};
+    SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, st, &run.fwd[r]));
+    SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, st));
+    std::lock_guard lock(mu);
+    run.counters[r] = comm.counters();
+    SP_RETURN_IF_ERROR(layout.unshard(lo.view(), 1, r, run.o.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(llse.view(), 2, r, run.lse.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(ldq.view(), 1, r, run.dq.view()));
+    SP_RETURN_IF_ERROR(layout.unshard(ldk.view(), 1, r, run.dk.view()));
+    return layout.unshard(ldv.view(), 1, r, run.dv.view());
+  });
+  return run;
+}
+
+// Nodes for the double ring: two nodes when P is even and above 2, else one rank a node.
+Topology topology_for(int P) { return {P % 2 == 0 && P > 2 ? P / 2 : 1}; }
+
+const char* kMasks[] = {"full", "causal", "window:9,3", "window:5,0", "docs:3"};
+
+// (algorithm, layout, P)
+using Case = std::tuple<std::string, LayoutKind, int>;
+class AlgorithmVsOracle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
+  const auto& [name, kind, P] = GetParam();
+  const Algorithm* algorithm = find_algorithm(name);
+  ASSERT_NE(algorithm, nullptr);
+  Problem g;
+  g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
+  g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
+  const Layout layout = Layout::create(kind, g.seq, P).value();
+  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
+  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
+  const HostTensor v = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 3);
+  const HostTensor dout = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 4);
+  const PlanOptions options{name, topology_for(P)};
+  int supported = 0;
+  for (const char* mask_text : kMasks) {
+    SCOPED_TRACE(mask_text);
+    AttentionParams params;
+    params.mask = parse_mask(mask_text, g.seq).value();
+    const ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads, options.topology);
+    const std::string why_not = algorithm->supports(req);
+    Status status;
+    if (!why_not.empty()) {  // refused with its reason, by the planner too
+      run_ranks(g, layout, params, options, q, k, v, dout, &status);
+      EXPECT_EQ(status.code(), StatusCode::kUnsupported) << status.to_string();
+      EXPECT_NE(status.message().find(why_not), std::string::npos) << status.message();
+      continue;
+    }
+    ++supported;
+    const std::vector<RankSchedule> all = all_rank_schedules(*algorithm, req);
+    for (Pass pass : {Pass::kForward, Pass::kBackward})
+      ASSERT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
+    const RankResults run = run_ranks(g, layout, params, options, q, k, v, dout, &status);
+    ASSERT_TRUE(status.ok()) << status.to_string();
+    auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
+    ASSERT_TRUE(ref.ok());
+    EXPECT_LE(testing::max_abs_diff(run.o, ref->o), 1e-10) << "O";
+    EXPECT_LE(testing::max_abs_diff(run.lse, ref->lse), 1e-10) << "LSE";
+    EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), 1e-10) << "dQ";
+    EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), 1e-10) << "dK";
+    EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(run.counters[r].sent(Phase::kForward),
+                walk_bytes(all[r].forward, r, layout, g.bytes(), options.topology).total) << "rank " << r;
+      EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
+                walk_bytes(all[r].backward, r, layout, g.bytes(), options.topology).total) << "rank " << r;
+      EXPECT_EQ(run.counters[r].sent(Phase::kOther), 0) << "rank " << r;
+    }
+  }
+  // Every algorithm runs the full mask or, for DistFlashAttn, causal-like masks on contiguous.
+  if (name != "distflash" || kind == LayoutKind::kContiguous || P == 1) EXPECT_GT(supported, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AlgorithmVsOracle,
+                         ::testing::Combine(::testing::Values("ring", "burst", "ring-return", "burst-return",
+                                                              "distflash", "double-ring"),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
+                                                              LayoutKind::kStriped),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + "_" + layout_name(std::get<1>(info.param)) +
+                                           "_P" + std::to_string(std::get<2>(info.param));
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+// fp32 and the oracle backend: the executor is backend-agnostic.
+TEST(AlgorithmVsOracle, Fp32AndOracleBackend) {
+  Problem g;
+  g.seq = 61;
+  g.dtype = DType::kF32;
+  const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, 3).value();
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 5);
+  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 6);
+  const HostTensor v = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 7);
+  const HostTensor dout = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 8);
+  auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
+  ASSERT_TRUE(ref.ok());
+  for (const AttentionBackend* backend : all_backends()) {
+    if (!backend->supports(q.view(), params).empty()) continue;
+    SCOPED_TRACE(backend->name());
+    Status status;
+    const RankResults run = run_ranks(g, layout, params, {"burst"}, q, k, v, dout, &status, *backend);
+    ASSERT_TRUE(status.ok()) << status.to_string();
+    for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.dq, &ref->dq}, {&run.dk, &ref->dk}})
+      EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-5 * std::max(1.0, testing::max_abs(*want)));
+  }
+}
+
+// Walked bytes of one rank's pass.
+int64_t walked(const std::string& algo, const Layout& layout, const MaskSpec& mask, const Problem& g, int rank,
+               Pass pass, Topology topology = {}, int link = -1) {
+  const ScheduleRequest req = make_schedule_request(layout, mask, g.heads, g.kv_heads, topology);
+  const RankSchedule s = find_algorithm(algo)->make_schedule(req, rank);
+  const WalkedBytes w = walk_bytes(s.pass(pass), rank, layout, g.bytes(), topology);
+  return link < 0 ? w.total : w.by_link[link];
+}
+
+// With the full mask the walks equal the papers' closed forms: the ring 2(P-1) K/V shards
+// forward and P dK/dV hops backward; Burst's backward (P-1) query packs and P dQ hops.
+TEST(ScheduleBytes, ClosedFormsOfRingAndBurst) {
+  Problem g;
+  g.dtype = DType::kF32;
+  for (int P : {1, 2, 3, 4, 8}) {
+    g.seq = 64 * P + 3;
+    const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
+    for (int r = 0; r < P; ++r) {
+      const TrafficBytes ring = ring_expected_bytes(layout, r, 1, g.kv_heads, g.head_dim, g.dtype, g.dtype);
+      EXPECT_EQ(walked("ring", layout, MaskSpec::none(), g, r, Pass::kForward), ring.forward);
+      EXPECT_EQ(walked("ring", layout, MaskSpec::none(), g, r, Pass::kBackward), ring.backward);
+      EXPECT_EQ(walked("burst", layout, MaskSpec::none(), g, r, Pass::kBackward),
+                burst_backward_expected_bytes(layout, r, 1, g.heads, g.head_dim, g.dtype, g.dtype));
+      // Returned once: (P-1) parts instead of P hops.
+      EXPECT_LE(walked("ring-return", layout, MaskSpec::none(), g, r, Pass::kBackward), ring.backward);
+    }
+  }
+}
+
+// The double ring on I nodes of L ranks, full mask, equal shards: each rank receives (and so
+// sends) P - I K/V shards over intra-node links and I - 1 over inter-node links forward; the
+// flat ring puts a node boundary on every hop of the ranks at a node's edge.
+TEST(ScheduleBytes, DoubleRingSplitsByLinkClass) {
+  Problem g;
+  g.dtype = DType::kF32;
+  for (auto [P, L] : {std::pair{8, 4}, {8, 2}, {6, 3}, {4, 2}}) {
+    const int I = P / L;
+    g.seq = 32 * P;
+    const Layout layout = Layout::create(LayoutKind::kContiguous, g.seq, P).value();
+    const int64_t kv = 2 * (g.seq / P) * g.kv_heads * g.head_dim * 4;
+    const Topology topo{L};
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(walked("double-ring", layout, MaskSpec::none(), g, r, Pass::kForward, topo, 0), (P - I) * kv);
+      EXPECT_EQ(walked("double-ring", layout, MaskSpec::none(), g, r, Pass::kForward, topo, 1), (I - 1) * kv);
+    }
+    // Measured by the counters, split by the peers' nodes.
+    AttentionParams full;
+    const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
+    const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
+    Status status;
+    const RankResults run = run_ranks(g, layout, full, {"double-ring", topo}, q, k, k, q, &status);
+    ASSERT_TRUE(status.ok()) << status.to_string();
+    for (int r = 0; r < P; ++r) {
+      int64_t inter = 0;
+      for (int peer = 0; peer < P; ++peer)
+        if (topo.node_of(peer) != topo.node_of(r)) inter += run.counters[r].sent_to[peer][0];
+      EXPECT_EQ(inter, (I - 1) * kv) << "rank " << r;
+    }
+  }
+}
+
+// DistFlashAttn: floor(P/2) + 1 rounds (5 at P = 8), and the report's per-worker receives at
+// P = 8 in units of one shard of one tensor: forward [3,4,5,6,8,9,10,11] (K/V 2, Q 1, O 1),
+// backward with O in the pack [17,16,15,14,14,13,12,11] (K/V 2, Q/dO/O 3, dQ 1, dK/dV 2).
+TEST(DistFlash, RoundsAndReportVolumes) {
+  for (int P = 1; P <= 9; ++P) {
+    const Layout layout = Layout::create(LayoutKind::kContiguous, 8 * P, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 1, 1);
+    const auto all = all_rank_schedules(*find_algorithm("distflash"), req);
+    int rounds = 0;
+    for (const auto& s : all)
+      for (const Step& step : s.forward)
+        if (step.kind == StepKind::kCompute) rounds = std::max(rounds, step.round + 1);
+    EXPECT_EQ(rounds, P / 2 + 1) << "P = " << P;
+    for (Pass pass : {Pass::kForward, Pass::kBackward}) EXPECT_TRUE(validate_schedules(all, req, pass).ok());
+  }
+  const Layout layout = Layout::create(LayoutKind::kContiguous, 64, 8).value();
+  const auto all = all_rank_schedules(*find_algorithm("distflash"), make_schedule_request(layout, MaskSpec::causal(), 1, 1));
+  const auto units = [](BlockKind kind) {
+    switch (kind) {
+      case BlockKind::kKV: case BlockKind::kDKV: return 2;
+      case BlockKind::kQueryPack: return 3;
+      default: return 1;  // Q, O, dQ
+    }
+  };
+  const int forward[] = {3, 4, 5, 6, 8, 9, 10, 11}, backward[] = {17, 16, 15, 14, 14, 13, 12, 11};
+  for (int r = 0; r < 8; ++r)
+    for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+      int received = 0;
+      for (const Step& s : all[r].pass(pass))
+        for (const Transfer& t : s.recvs) received += units(t.block.kind);
+      EXPECT_EQ(received, (pass == Pass::kForward ? forward : backward)[r]) << "rank " << r;
+    }
+}
+
+// Erratum (report 002, section 2.3): Algorithm 2 as printed skips the helpers' work in the last
+// round for every P (t != floor(P/2)); for odd P that drops (P-1)/2 causal pairs. Built
+// literally, the validator finds a pair never computed; the library's guard (t != P/2, even P
+// only) covers every pair once.
+TEST(DistflashErratum, PrintedGuardLosesPairsForOddP) {
+  for (int P : {3, 5, 7}) {
+    const Layout layout = Layout::create(LayoutKind::kContiguous, 4 * P, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 1, 1);
+    parallel::PlanEvents printed;
+    for (int p = 0; p < P; ++p) printed.compute(p, 0, p, p);
+    for (int t = 1; t <= P / 2; ++t)
+      for (int p = 0; p < P; ++p) {
+        if (p >= t) {
+          printed.compute(p, t, p, p - t);
+          printed.move(p - t, p, t - 1, t - 1, {BlockKind::kKV, p - t});
+        } else if (t != P / 2) {  // the printed guard
+          const int r = p - t + P;
+          printed.compute(p, t, r, p);
+          printed.move(r, p, t - 1, t - 1, {BlockKind::kQuery, r});
+          printed.move(p, r, t + 1, t + 1, {BlockKind::kOutput, r}, Combine::kMerge);
+        }
+      }
+    std::vector<RankSchedule> literal;
+    for (int r = 0; r < P; ++r) literal.push_back({parallel::project(printed, r), {}});
+    const Status s = validate_schedules(literal, req, Pass::kForward);
+    EXPECT_FALSE(s.ok()) << "P = " << P;
+    EXPECT_NE(s.message().find("computed 0 times"), std::string::npos) << s.message();
+    EXPECT_TRUE(validate_schedules(all_rank_schedules(*find_algorithm("distflash"), req), req, Pass::kForward).ok());
+  }
+}
+
+// The validator catches what a broken schedule does: a dropped send, a result left away from
+// home, a pair computed twice (planted faults).
+TEST(ScheduleValidator, CatchesPlantedFaults) {
+  const Layout layout = Layout::create(LayoutKind::kContiguous, 32, 4).value();
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::none(), 1, 1);
+  auto all = all_rank_schedules(*find_algorithm("ring"), req);
+  ASSERT_TRUE(validate_schedules(all, req, Pass::kBackward).ok());
+  auto no_send = all;  // rank 1 forgets its first send: rank 2 waits forever
+  for (Step& s : no_send[1].backward)
+    if (s.kind == StepKind::kPost && !s.sends.empty()) {
+      s.sends.erase(s.sends.begin());
+      break;
+    }
+  EXPECT_FALSE(validate_schedules(no_send, req, Pass::kBackward).ok());
+  auto twice = all;  // rank 0 computes its diagonal pair twice
+  for (size_t i = 0; i < twice[0].forward.size(); ++i)
+    if (twice[0].forward[i].kind == StepKind::kCompute) {
+      twice[0].forward.insert(twice[0].forward.begin() + i, twice[0].forward[i]);
+      break;
+    }
+  EXPECT_FALSE(validate_schedules(twice, req, Pass::kForward).ok());
+  auto no_home = all;  // dK/dV's last hop home dropped on every rank
+  for (auto& s : no_home) {
+    s.backward.pop_back();  // the final wait
+    s.backward.pop_back();  // the final post
+  }
+  EXPECT_FALSE(validate_schedules(no_home, req, Pass::kBackward).ok());
+}
+
+// Masks that skip transfers: window 4096 on the contiguous layout, 64K tokens, 8 ranks. Each
+// shard's K/V reach only the next rank, so the ring sends at most a quarter of the bytes of the
+// ring that carries every block all the way (measured by the counters).
+TEST(MaskSkipsTransfers, Window4096At64KTokensOn8Ranks) {
+  Problem g;
+  g.seq = 65536;
+  g.heads = g.kv_heads = 1;
+  g.head_dim = 8;
+  g.dtype = DType::kF32;
+  const Layout layout = Layout::create(LayoutKind::kContiguous, g.seq, 8).value();
+  AttentionParams params;
+  params.mask = parse_mask("window:4096,0", g.seq).value();
+  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, 1, g.head_dim}, 1);
+  Status status;
+  const RankResults run = run_ranks(g, layout, params, {"ring"}, q, q, q, q, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  int64_t sent = 0, full_ring = 0;
+  for (int r = 0; r < 8; ++r) {
+    sent += run.counters[r].sent(Phase::kForward) + run.counters[r].sent(Phase::kBackward);
+    const TrafficBytes all_the_way = ring_expected_bytes(layout, r, 1, 1, g.head_dim, g.dtype, g.dtype);
+    full_ring += all_the_way.forward + all_the_way.backward;
+  }
+  EXPECT_LE(sent * 4, full_ring) << sent << " of " << full_ring;
+  // Causal contiguous: a shard's K/V go only to later ranks; the full ring sends twice as many.
+  EXPECT_EQ(walked("ring", layout, MaskSpec::causal(), g, 6, Pass::kForward),
+            7 * 2 * (g.seq / 8) * g.head_dim * 4);
+  EXPECT_EQ(walked("ring", layout, MaskSpec::causal(), g, 7, Pass::kForward), 0);
+}
+
+TEST(AlgorithmRegistry, NamesAndRefusals) {
+  EXPECT_EQ(algorithm_names(), "ring|burst|ring-return|burst-return|distflash|double-ring");
+  const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 4).value();
+  AttentionParams causal;
+  causal.mask = MaskSpec::causal();
+  Problem g;
+  auto plan = plan_attention({"distflash"}, layout, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(plan.status().message().find("use ring or burst"), std::string::npos);
+  plan = plan_attention({"no-such"}, layout, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  plan = plan_attention({"double-ring", {3}}, layout, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  // auto: DistFlashAttn's balance wins on contiguous causal; zigzag balances the ring already.
+  const Layout contiguous = Layout::create(LayoutKind::kContiguous, 64, 4).value();
+  plan = plan_attention({"auto"}, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_STREQ(plan->algorithm->name, "distflash") << plan->choice;
+}
+
+}  // namespace
+}  // namespace seqpar
