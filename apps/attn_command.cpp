@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -22,6 +23,7 @@
 
 #include "npy.hpp"
 #include "seqpar/burst.hpp"
+#include "seqpar/distributed_attention.hpp"
 #include "seqpar/gpu.hpp"
 #include "seqpar/gpu_ring.hpp"
 #include "seqpar/nccl_comm.hpp"
@@ -336,33 +338,36 @@ Inputs local_inputs(const Job& job, const Layout& layout, int rank) {
           make_input(job, kV, job.kv_heads, rows), make_input(job, kDout, job.opt.heads, rows)};
 }
 
-// Forward + backward on CPU ranks (fp32/fp64 host tensors).
-Status compute_cpu(Communicator& comm, const Job& job, const Layout& layout,
-                   const AttentionParams& params, BackwardSchedule schedule, const Inputs& in,
+// How blocks travel between CPU ranks: every tensor in the compute dtype, the pack carries D.
+BlockBytes cpu_block_bytes(const Job& job) {
+  return {job.opt.batch, job.opt.heads, job.kv_heads, job.opt.head_dim, job.dtype, job.dtype, job.dtype, true};
+}
+
+// Forward + backward on CPU ranks (fp32/fp64 host tensors), through the single algorithm API.
+Status compute_cpu(Communicator& comm, const Job& job, const AttentionPlan& plan, const Inputs& in,
                    RankOutputs* r) {
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
-  const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
+  const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = plan.layout.local_len(me);
   const DType t = job.dtype;
-  const HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   r->out = HostTensor(t, {B, n, H, D});
   r->lse = HostTensor(t, {B, H, n});
   r->dq = HostTensor(t, {B, n, H, D});
   r->dk = HostTensor(t, {B, n, Hkv, D});
   r->dv = HostTensor(t, {B, n, Hkv, D});
+  const ShardTensors tensors{in.q.view(), in.k.view(), in.v.view(), r->out.view(), r->lse.view(),
+                             in.dout.view(), r->dq.view(), r->dk.view(), r->dv.view()};
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
-  SP_RETURN_IF_ERROR(ring_attention_forward(comm, layout, params, q.view(), k.view(), v.view(),
-                                            r->out.view(), r->lse.view(), &r->fwd_stats));
+  PassStats stats;
+  SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, tensors, &stats));
+  r->fwd_stats.pairs_computed = stats.pairs_computed;
+  r->fwd_stats.pairs_skipped = plan.layout.ranks() - stats.pairs_computed;
   r->times[0] = std::chrono::duration<double>(Clock::now() - t0).count();
   SP_RETURN_IF_ERROR(comm.barrier());
   if (me == 0) progress("running backward");
   t0 = Clock::now();
-  const auto backward = schedule == BackwardSchedule::kRing ? ring_attention_backward
-                                                            : burst_attention_backward;
-  SP_RETURN_IF_ERROR(backward(comm, layout, params, q.view(), k.view(), v.view(), r->out.view(),
-                              r->lse.view(), dout.view(), r->dq.view(), r->dk.view(), r->dv.view(),
-                              nullptr));
+  SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, tensors));
   r->times[1] = std::chrono::duration<double>(Clock::now() - t0).count();
   return Status::Ok();
 }
@@ -454,27 +459,35 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   AttentionParams params;
   params.mask = job.mask;
 
-  // ring and burst share the forward (K/V travel); they differ in the backward.
+  // GPU ranks: ring and burst share the forward (K/V travel) and differ in the backward.
   BackwardSchedule schedule = o.algo == "burst" ? BackwardSchedule::kBurst : BackwardSchedule::kRing;
 #ifdef SEQPAR_HAVE_CUDA
   const bool own_kernels = on_gpu && gpu_ring_uses_own_kernels(GpuRingOptions{}, t, D, params);
 #else
   const bool own_kernels = false;
 #endif
-  if (o.algo == "auto")
-    schedule = on_gpu ? choose_gpu_backward(layout, params, B, H, Hkv, D, t, own_kernels)
-                      : choose_backward(layout, B, H, Hkv, D, t, t);
+  if (on_gpu && o.algo == "auto") schedule = choose_gpu_backward(layout, params, B, H, Hkv, D, t, own_kernels);
+  // CPU ranks: any algorithm, planned once; every rank's schedule for the byte walk.
+  std::optional<AttentionPlan> plan;
+  std::vector<RankSchedule> schedules;
+  if (!on_gpu) {
+    SP_ASSIGN_OR_RETURN(plan, plan_attention({o.algo, {o.ranks_per_node}}, layout, params, cpu_block_bytes(job), me,
+                                             cpu_kernel_backend()));
+    schedules = all_rank_schedules(*plan->algorithm, plan->request);
+  }
+  const std::string algo_used = on_gpu ? backward_schedule_name(schedule) : plan->algorithm->name;
   if (me == 0) {
     progress("running the forward on " + std::to_string(P) + (on_gpu ? " GPU ranks" : " ranks"));
     if (o.algo == "auto")
-      progress(std::string("auto chose the ") + backward_schedule_name(schedule) +
-               " backward (fewer bytes for H=" + std::to_string(H) + ", H_kv=" + std::to_string(Hkv) + ")");
+      progress(on_gpu ? "auto chose the " + algo_used + " backward (fewer bytes for H=" + std::to_string(H) +
+                            ", H_kv=" + std::to_string(Hkv) + ")"
+                      : plan->choice);
   }
   RankOutputs result;
   {
     Inputs in = local_inputs(job, layout, me);
     SP_RETURN_IF_ERROR(on_gpu ? compute_cuda(comm, job, layout, params, schedule, in, false, "", &result)
-                              : compute_cpu(comm, job, layout, params, schedule, in, &result));
+                              : compute_cpu(comm, job, *plan, in, &result));
   }
   const HostTensor &out = result.out, &lse = result.lse, &dq = result.dq, &dk = result.dk, &dv = result.dv;
   double* times = result.times;
@@ -484,9 +497,14 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   const CommCounters counters = comm.counters();
   const PhaseScope other(comm, Phase::kOther);
   SP_RETURN_IF_ERROR(comm.all_reduce(times, 2, DType::kF64, ReduceOp::kMax));
-  int64_t mine[4] = {counters.sent(Phase::kForward), counters.sent(Phase::kBackward),
-                     fwd_stats.pairs_computed, fwd_stats.pairs_skipped};
-  std::vector<int64_t> per_rank(4 * P);
+  const Topology topology{o.ranks_per_node};
+  int64_t inter = 0;  // sent to ranks of other nodes, both passes
+  for (int peer = 0; peer < static_cast<int>(counters.sent_to.size()); ++peer)
+    if (topology.node_of(peer) != topology.node_of(me))
+      inter += counters.sent_to[peer][0] + counters.sent_to[peer][1];
+  int64_t mine[5] = {counters.sent(Phase::kForward), counters.sent(Phase::kBackward),
+                     fwd_stats.pairs_computed, fwd_stats.pairs_skipped, inter};
+  std::vector<int64_t> per_rank(5 * P);
   SP_RETURN_IF_ERROR(comm.all_gather(mine, per_rank.data(), sizeof(mine)));
   const double score_flops = double(B) * H * double(o.seq) * o.seq * D;
   std::string check_mode = o.check;
@@ -653,20 +671,26 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   nlohmann::ordered_json sent_fwd = nlohmann::json::array(), sent_bwd = nlohmann::json::array();
   nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
   bool bytes_ok = true;
+  nlohmann::ordered_json sent_inter = nlohmann::json::array(), want_inter = nlohmann::json::array();
   for (int r = 0; r < P; ++r) {
     TrafficBytes want;
+    int64_t walked_inter = 0;
     if (on_gpu) {
       want = gpu_expected_bytes(layout, r, schedule, params, B, H, Hkv, D, t, own_kernels);
-    } else {
-      want = ring_expected_bytes(layout, r, B, Hkv, D, t, t);
-      if (schedule == BackwardSchedule::kBurst)
-        want.backward = burst_backward_expected_bytes(layout, r, B, H, D, t, t);
+    } else {  // walked from the schedule's steps
+      const WalkedBytes f = walk_bytes(schedules[r].forward, r, layout, plan->block_bytes, topology);
+      const WalkedBytes b = walk_bytes(schedules[r].backward, r, layout, plan->block_bytes, topology);
+      want = {f.total, b.total};
+      walked_inter = f.by_link[1] + b.by_link[1];
     }
-    sent_fwd.push_back(per_rank[4 * r]);
-    sent_bwd.push_back(per_rank[4 * r + 1]);
+    sent_fwd.push_back(per_rank[5 * r]);
+    sent_bwd.push_back(per_rank[5 * r + 1]);
     want_fwd.push_back(want.forward);
     want_bwd.push_back(want.backward);
-    bytes_ok = bytes_ok && want.forward == per_rank[4 * r] && want.backward == per_rank[4 * r + 1];
+    sent_inter.push_back(per_rank[5 * r + 4]);
+    want_inter.push_back(walked_inter);
+    bytes_ok = bytes_ok && want.forward == per_rank[5 * r] && want.backward == per_rank[5 * r + 1] &&
+               (on_gpu || walked_inter == per_rank[5 * r + 4]);
   }
   const double fwd_flops = 4.0 * B * H * D * visible_pairs(job.mask, o.seq);
   const double bwd_flops = 2.5 * fwd_flops;
@@ -683,8 +707,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     progress("wrote q, k, v, dO, O, LSE, dQ, dK, dV (global token order) to " + o.dump_dir);
   }
 
-  std::printf("seqpar attn: %s (%s backward), %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per rank)\n",
-              o.algo.c_str(), backward_schedule_name(schedule), o.layout.c_str(), job.mask.describe().c_str(), P,
+  std::printf(on_gpu ? "seqpar attn: %s (%s backward), %s" : "seqpar attn: %s (%s), %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per rank)\n",
+              o.algo.c_str(), algo_used.c_str(), o.layout.c_str(), job.mask.describe().c_str(), P,
               job.comm_backend.c_str(), job.threads_per_rank, job.threads_per_rank > 1 ? "s" : "");
   std::printf("problem: B=%ld S=%ld H=%ld H_kv=%ld D=%ld %s\n", long(B), long(o.seq), long(H),
               long(Hkv), long(D), dtype_name(t));
@@ -693,7 +717,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   for (int pass = 0; pass < 2; ++pass) {
     int64_t sent_max = 0, want_max = 0;
     for (int r = 0; r < P; ++r) {
-      sent_max = std::max<int64_t>(sent_max, per_rank[4 * r + pass]);
+      sent_max = std::max<int64_t>(sent_max, per_rank[5 * r + pass]);
       want_max = std::max<int64_t>(want_max, pass ? want_bwd[r].get<int64_t>() : want_fwd[r].get<int64_t>());
     }
     std::printf("%-10s %10.3f %12.2f %16s %16s %6s\n", pass ? "backward" : "forward", times[pass],
@@ -701,7 +725,7 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
                 human_bytes(want_max).c_str(), bytes_ok ? "equal" : "DIFFER");
   }
   std::string pairs;
-  for (int r = 0; r < P; ++r) pairs += (r ? " " : "") + std::to_string(per_rank[4 * r + 2]);
+  for (int r = 0; r < P; ++r) pairs += (r ? " " : "") + std::to_string(per_rank[5 * r + 2]);
   std::printf("forward block pairs computed per rank: %s (of %d)\n", pairs.c_str(), P);
   if (check_mode == "none") {
     std::printf("check: skipped (--check none)\n");
@@ -747,7 +771,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["algo"] = o.algo;
-    j["backward_schedule"] = backward_schedule_name(schedule);
+    j[on_gpu ? "backward_schedule" : "algorithm"] = algo_used;
+    if (!on_gpu) j["ranks_per_node"] = o.ranks_per_node;
     j["layout"] = o.layout;
     j["mask"] = job.mask.describe();
     j["ranks"] = P;
@@ -783,9 +808,10 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
     j["check_passed"] = check_ok;
     j["bytes_sent_per_rank"] = {{"forward", sent_fwd}, {"backward", sent_bwd}};
     j["bytes_expected_per_rank"] = {{"forward", want_fwd}, {"backward", want_bwd}};
+    if (!on_gpu) j["inter_node_bytes_per_rank"] = {{"sent", sent_inter}, {"walked", want_inter}};
     j["bytes_match"] = bytes_ok;
     nlohmann::ordered_json computed = nlohmann::json::array();
-    for (int r = 0; r < P; ++r) computed.push_back(per_rank[4 * r + 2]);
+    for (int r = 0; r < P; ++r) computed.push_back(per_rank[5 * r + 2]);
     j["fwd_pairs_computed_per_rank"] = computed;
     std::printf("%s\n", j.dump().c_str());
   }
@@ -797,8 +823,12 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
 StatusOr<Job> resolve(const AttnOptions& opt, bool ranks_given, bool under_mpi, bool under_torchrun) {
   Job job;
   job.opt = opt;
-  SP_CHECK_ARG(opt.algo == "ring" || opt.algo == "burst" || opt.algo == "auto",
-               "unknown or unavailable algorithm '" + opt.algo + "' (available: ring, burst, auto)");
+  const bool gpu_algo = opt.algo == "ring" || opt.algo == "burst" || opt.algo == "auto";
+  SP_CHECK_ARG(opt.algo == "auto" || find_algorithm(opt.algo),
+               "unknown algorithm '" + opt.algo + "' (available: " + algorithm_names() + "|auto)");
+  SP_CHECK_SUPPORTED(opt.device != "cuda" || gpu_algo,
+                     "GPU ranks run ring, burst and auto so far; " + opt.algo + " runs on CPU ranks");
+  SP_CHECK_ARG(opt.ranks_per_node >= 0, "--ranks-per-node must be positive (0: one node)");
   SP_CHECK_ARG(opt.device == "cpu" || opt.device == "cuda",
                "unknown device '" + opt.device + "' (available: cpu, cuda)");
   const bool on_gpu = opt.device == "cuda";
@@ -882,6 +912,40 @@ int run_attn(const AttnOptions& options, bool ranks_given) {
     std::fprintf(stderr, "seqpar attn: error: %s\n", job.status().to_string().c_str());
     return 2;
   }
+  // The plan (the algorithm refusing this problem is a bad argument) and --print-schedule.
+  {
+    const AttnOptions& o = job->opt;
+    const auto layout = Layout::create(parse_layout(o.layout).value(), o.seq, job->ranks).value();
+    AttentionParams params;
+    params.mask = job->mask;
+    const int shown = std::max(0, o.print_schedule);
+    const std::string algo = o.device == "cuda" && o.algo == "auto" ? "ring" : o.algo;
+    auto plan = plan_attention({algo, {o.ranks_per_node}}, layout, params, cpu_block_bytes(job.value()),
+                               std::min(shown, job->ranks - 1), cpu_kernel_backend());
+    if (!plan.ok()) {
+      std::fprintf(stderr, "seqpar attn: error: %s\n", plan.status().to_string().c_str());
+      return 2;
+    }
+    if (o.print_schedule >= 0) {
+      if (o.print_schedule >= job->ranks) {
+        std::fprintf(stderr, "seqpar attn: error: --print-schedule %d but there are %d ranks\n", o.print_schedule,
+                     job->ranks);
+        return 2;
+      }
+      const Topology topology{o.ranks_per_node};
+      std::printf("%s (%s)%s: rank %d of %d, %s layout, %s mask\n", plan->algorithm->name, plan->algorithm->summary,
+                  plan->choice.empty() ? "" : (" [" + plan->choice + "]").c_str(), shown, job->ranks, o.layout.c_str(),
+                  job->mask.describe().c_str());
+      for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+        const WalkedBytes w = walk_bytes(plan->schedule.pass(pass), shown, layout, plan->block_bytes, topology);
+        std::printf("%s: %d pair%s, sends %ld bytes (intra %ld, inter %ld)\n%s", pass == Pass::kForward ? "forward" : "backward",
+                    count_computes(plan->schedule.pass(pass)), count_computes(plan->schedule.pass(pass)) == 1 ? "" : "s",
+                    long(w.total), long(w.by_link[0]), long(w.by_link[1]),
+                    describe_steps(plan->schedule.pass(pass), topology, shown).c_str());
+      }
+      return 0;
+    }
+  }
   int exit_code = 1;
   const bool on_gpu = job->opt.device == "cuda";
   if (on_gpu) nccl_exit_process_on_failure(true);
@@ -920,10 +984,15 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
       "oracle. Ranks are threads of this process, or MPI processes when started by mpirun.\n"
       "Exit code: 0 when the check passes and measured bytes equal the formula, 1 when not, "
       "2 for bad arguments.");
-  cmd->add_option("--algo", o.algo,
-                  "ring (K/V and dK/dV travel), burst (BurstAttention: Q, dO, D, LSE and dQ travel "
-                  "in the backward), auto (the backward that moves fewer bytes)")
+  std::string algo_help = "CPU ranks: one of";
+  for (const Algorithm* a : all_algorithms()) algo_help += std::string("\n  ") + a->name + ": " + a->summary;
+  algo_help += "\n  auto: the busiest rank computes the fewest pairs, then sends the fewest bytes"
+               "\nGPU ranks: ring, burst, auto (the backward that moves fewer bytes)";
+  cmd->add_option("--algo", o.algo, algo_help)->capture_default_str();
+  cmd->add_option("--ranks-per-node", o.ranks_per_node,
+                  "ranks per node (the double ring's inner ring; bytes split intra/inter); 0: one node")
       ->capture_default_str();
+  cmd->add_option("--print-schedule", o.print_schedule, "print this rank's steps (forward, backward) and exit");
   cmd->add_option("--layout", o.layout, "sequence layout: contiguous, zigzag, striped")
       ->capture_default_str();
   cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N (causal inside N documents)")

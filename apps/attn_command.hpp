@@ -22,6 +22,8 @@ struct AttnOptions {
   int64_t kv_heads = 0;  // 0: same as heads
   int64_t head_dim = 64;
   int ranks = 4;
+  int ranks_per_node = 0;   // nodes of this many consecutive ranks (double ring, link classes); 0: one node
+  int print_schedule = -1;  // >= 0: print this rank's steps and exit
   int threads_per_rank = 0;  // 0: cores / ranks
   int64_t sample_rows = 64;
   int head_groups = 0;  // cuda: 0 = automatic

@@ -129,21 +129,43 @@ TEST(Cli, Fp64MatchesOracleTightly) {
   for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << g;
 }
 
-TEST(Cli, BurstAndAutoReportTheirBackward) {
+TEST(Cli, AlgorithmsAndAutoReportWhatRan) {
   Result r = run_tool("attn --algo burst --seq 200 --heads 4 --head-dim 16 --ranks 3 --dtype fp64 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = last_json_line(r.output);
-  EXPECT_EQ(j["backward_schedule"], "burst");
+  EXPECT_EQ(j["algorithm"], "burst");
   EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
   EXPECT_LE(j["max_abs_err"]["dq"].get<double>(), 1e-10);
-  // MHA: auto picks Burst; GQA 8:1: auto picks the ring, and says so.
+  // Two ranks, MHA: Burst's pack returned once moves the fewest bytes; GQA 8:1: the ring's K/V.
   r = run_tool("attn --algo auto --seq 200 --heads 8 --head-dim 16 --ranks 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(last_json_line(r.output)["backward_schedule"], "burst");
+  EXPECT_EQ(last_json_line(r.output)["algorithm"], "burst-return");
   r = run_tool("attn --algo auto --seq 200 --heads 8 --kv-heads 1 --head-dim 16 --ranks 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(last_json_line(r.output)["backward_schedule"], "ring");
-  EXPECT_NE(r.output.find("auto chose the ring backward"), std::string::npos) << r.output;
+  EXPECT_EQ(last_json_line(r.output)["algorithm"], "ring-return");
+  EXPECT_NE(r.output.find("auto chose ring-return"), std::string::npos) << r.output;
+  // DistFlashAttn on contiguous causal; the double ring on two nodes, bytes split by link.
+  r = run_tool("attn --algo distflash --layout contiguous --seq 301 --heads 4 --head-dim 16 --ranks 5 --dtype fp64 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(last_json_line(r.output)["max_abs_err"]["dk"].get<double>(), 1e-10);
+  r = run_tool("attn --algo double-ring --ranks-per-node 2 --seq 301 --heads 4 --head-dim 16 --ranks 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  j = last_json_line(r.output);
+  EXPECT_EQ(j["inter_node_bytes_per_rank"]["sent"], j["inter_node_bytes_per_rank"]["walked"]);
+  EXPECT_GT(j["inter_node_bytes_per_rank"]["sent"][0].get<int64_t>(), 0);
+  // Refused with the reason, as a bad argument.
+  r = run_tool("attn --algo distflash --layout zigzag --seq 64 --ranks 4");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("use ring or burst"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PrintSchedule) {
+  const Result r = run_tool("attn --algo distflash --layout contiguous --seq 64 --ranks 8 --print-schedule 7");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 7 of 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("forward: 5 pairs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("recv O[7]<-r0 (merge)"), std::string::npos) << r.output;
+  EXPECT_EQ(run_tool("attn --seq 64 --ranks 2 --print-schedule 2").exit_code, 2);
 }
 
 TEST(Cli, SampledCheckOnLargerProblem) {
@@ -192,7 +214,7 @@ TEST(Cli, BadArgumentsFailClearly) {
       {"attn --heads 6 --kv-heads 4", "divisible"},
       {"attn --mask triangle", "unknown mask"},
       {"attn --layout diagonal", "unknown layout"},
-      {"attn --algo magic", "available: ring, burst, auto"},
+      {"attn --algo magic", "available: ring|burst|"},
       {"attn --dtype bf16", "fp32 or fp64"},
       {"attn --seq 5 --ranks 4 --layout zigzag", "at least 8 tokens"},
       {"attn --seq -3", "positive"},

@@ -1,6 +1,6 @@
-// Ring attention on P local ranks against the fp64 oracle of the same global problem: every
-// layout and mask, P in {1, 2, 3, 4, 8}, GQA, uneven lengths, fp64 and fp32; the measured bytes
-// of every rank against the formula; pairs skipped under a causal mask.
+// The GPU executor's byte formulas (ring, Burst, the two-rank return), BurstAttention's
+// erratum regression, and the refusals of the CPU executor. Every algorithm against the oracle
+// is in test_schedules.cpp.
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "seqpar/burst.hpp"
-#include "seqpar/ring.hpp"
+#include "seqpar/distributed_attention.hpp"
 #include "test_util.hpp"
 
 namespace seqpar {
@@ -19,154 +19,34 @@ struct GlobalProblem {
   DType dtype = DType::kF64;
 };
 
+// Runs `algo` forward + backward on P thread ranks through the single algorithm API.
 struct RingRun {
-  HostTensor o, lse, dq, dk, dv;
-  std::vector<CommCounters> counters;
-  std::vector<RingStats> fwd_stats;
+  HostTensor dq;
 };
-
-// Shards the global inputs, runs forward + backward on P thread ranks, unshards the results.
-RingRun run_ring(const GlobalProblem& g, const Layout& layout, const AttentionParams& params,
-                 const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                 const HostTensor& dout, Status* status,
-                 BackwardSchedule backward = BackwardSchedule::kRing) {
-  const int P = layout.ranks();
-  const DType t = g.dtype;
-  RingRun run{HostTensor(t, {g.batch, g.seq, g.heads, g.head_dim}),
-              HostTensor(t, {g.batch, g.heads, g.seq}),
-              HostTensor(t, {g.batch, g.seq, g.heads, g.head_dim}),
-              HostTensor(t, {g.batch, g.seq, g.kv_heads, g.head_dim}),
-              HostTensor(t, {g.batch, g.seq, g.kv_heads, g.head_dim}),
-              std::vector<CommCounters>(P), std::vector<RingStats>(P)};
-  std::mutex unshard_mu;
-  *status = run_local_ranks(P, [&](Communicator& comm) -> Status {
-    omp_set_num_threads(1);
+RingRun run_algorithm(const GlobalProblem& g, const Layout& layout, const AttentionParams& params,
+                      const std::string& algo, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                      const HostTensor& dout, Status* status) {
+  RingRun run{HostTensor(g.dtype, {g.batch, g.seq, g.heads, g.head_dim})};
+  std::mutex mu;
+  const BlockBytes bytes{g.batch, g.heads, g.kv_heads, g.head_dim, g.dtype, g.dtype, g.dtype, true};
+  *status = run_local_ranks(layout.ranks(), [&](Communicator& comm) -> Status {
     const int r = comm.rank();
     const int64_t n = layout.local_len(r);
+    const DType t = g.dtype;
     HostTensor lq(t, {g.batch, n, g.heads, g.head_dim}), lk(t, {g.batch, n, g.kv_heads, g.head_dim});
-    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk;
-    HostTensor llse(t, {g.batch, g.heads, n});
+    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk, llse(t, {g.batch, g.heads, n});
     SP_RETURN_IF_ERROR(layout.shard(q.view(), 1, r, lq.view()));
     SP_RETURN_IF_ERROR(layout.shard(k.view(), 1, r, lk.view()));
     SP_RETURN_IF_ERROR(layout.shard(v.view(), 1, r, lv.view()));
     SP_RETURN_IF_ERROR(layout.shard(dout.view(), 1, r, ldo.view()));
-    SP_RETURN_IF_ERROR(ring_attention_forward(comm, layout, params, lq.view(), lk.view(),
-                                              lv.view(), lo.view(), llse.view(),
-                                              &run.fwd_stats[r]));
-    const auto run_backward = backward == BackwardSchedule::kRing ? ring_attention_backward
-                                                                   : burst_attention_backward;
-    SP_RETURN_IF_ERROR(run_backward(comm, layout, params, lq.view(), lk.view(), lv.view(),
-                                    lo.view(), llse.view(), ldo.view(), ldq.view(), ldk.view(),
-                                    ldv.view(), nullptr));
-    std::lock_guard lock(unshard_mu);
-    run.counters[r] = comm.counters();
-    SP_RETURN_IF_ERROR(layout.unshard(lo.view(), 1, r, run.o.view()));
-    SP_RETURN_IF_ERROR(layout.unshard(llse.view(), 2, r, run.lse.view()));
-    SP_RETURN_IF_ERROR(layout.unshard(ldq.view(), 1, r, run.dq.view()));
-    SP_RETURN_IF_ERROR(layout.unshard(ldk.view(), 1, r, run.dk.view()));
-    return layout.unshard(ldv.view(), 1, r, run.dv.view());
+    SP_ASSIGN_OR_RETURN(const AttentionPlan plan, plan_attention({algo}, layout, params, bytes, r, cpu_kernel_backend()));
+    const ShardTensors st{lq.view(), lk.view(), lv.view(), lo.view(), llse.view(), ldo.view(), ldq.view(), ldk.view(), ldv.view()};
+    SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, st));
+    SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, st));
+    std::lock_guard lock(mu);
+    return layout.unshard(ldq.view(), 1, r, run.dq.view());
   });
   return run;
-}
-
-// (layout, P, mask, dtype)
-using RingCase = std::tuple<LayoutKind, int, std::string, DType>;
-class RingVsOracle : public ::testing::TestWithParam<RingCase> {};
-
-TEST_P(RingVsOracle, MatchesOracleAndByteFormula) {
-  const auto& [kind, P, mask_text, dtype] = GetParam();
-  GlobalProblem g;
-  g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
-  g.dtype = dtype;
-  g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
-  const HostTensor q = testing::random_tensor(dtype, {1, g.seq, g.heads, g.head_dim}, 1);
-  const HostTensor k = testing::random_tensor(dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
-  const HostTensor v = testing::random_tensor(dtype, {1, g.seq, g.kv_heads, g.head_dim}, 3);
-  const HostTensor dout = testing::random_tensor(dtype, {1, g.seq, g.heads, g.head_dim}, 4);
-  AttentionParams params;
-  params.mask = parse_mask(mask_text, g.seq).value();
-  const Layout layout = Layout::create(kind, g.seq, P).value();
-
-  Status status;
-  const RingRun run = run_ring(g, layout, params, q, k, v, dout, &status);
-  ASSERT_TRUE(status.ok()) << status.to_string();
-  auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
-  ASSERT_TRUE(ref.ok());
-  // fp64 runs match the oracle to 1e-10; fp32 to 1e-5 of the largest value.
-  auto tol = [&](const HostTensor& r) {
-    return dtype == DType::kF64 ? 1e-10 : 1e-5 * std::max(1.0, testing::max_abs(r));
-  };
-  EXPECT_LE(testing::max_abs_diff(run.o, ref->o), tol(ref->o)) << "O";
-  EXPECT_LE(testing::max_abs_diff(run.lse, ref->lse), tol(ref->lse)) << "LSE";
-  EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), tol(ref->dq)) << "dQ";
-  EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), tol(ref->dk)) << "dK";
-  EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), tol(ref->dv)) << "dV";
-
-  for (int r = 0; r < P; ++r) {
-    const TrafficBytes want =
-        ring_expected_bytes(layout, r, g.batch, g.kv_heads, g.head_dim, dtype, dtype);
-    EXPECT_EQ(run.counters[r].sent(Phase::kForward), want.forward) << "rank " << r;
-    EXPECT_EQ(run.counters[r].sent(Phase::kBackward), want.backward) << "rank " << r;
-    EXPECT_EQ(run.counters[r].sent(Phase::kOther), 0) << "rank " << r;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    All, RingVsOracle,
-    ::testing::Combine(::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
-                                         LayoutKind::kStriped),
-                       ::testing::Values(1, 2, 3, 4, 8),
-                       ::testing::Values("full", "causal", "window:9,3", "docs:3"),
-                       ::testing::Values(DType::kF64, DType::kF32)));
-
-// BurstAttention's backward (corrected schedule) against the oracle, and its bytes.
-using BurstCase = std::tuple<LayoutKind, int, std::string>;
-class BurstVsOracle : public ::testing::TestWithParam<BurstCase> {};
-
-TEST_P(BurstVsOracle, MatchesOracleAndByteFormula) {
-  const auto& [kind, P, mask_text] = GetParam();
-  GlobalProblem g;
-  g.seq = 16 * P + 5;
-  g.kv_heads = P % 2 ? 1 : 2;
-  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 5);
-  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 6);
-  const HostTensor v = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 7);
-  const HostTensor dout = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 8);
-  AttentionParams params;
-  params.mask = parse_mask(mask_text, g.seq).value();
-  const Layout layout = Layout::create(kind, g.seq, P).value();
-  Status status;
-  const RingRun run = run_ring(g, layout, params, q, k, v, dout, &status, BackwardSchedule::kBurst);
-  ASSERT_TRUE(status.ok()) << status.to_string();
-  auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
-  ASSERT_TRUE(ref.ok());
-  EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), 1e-10) << "dQ";
-  EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), 1e-10) << "dK";
-  EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
-  for (int r = 0; r < P; ++r)
-    EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
-              burst_backward_expected_bytes(layout, r, 1, g.heads, g.head_dim, g.dtype, g.dtype))
-        << "rank " << r;
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    All, BurstVsOracle,
-    ::testing::Combine(::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
-                                         LayoutKind::kStriped),
-                       ::testing::Values(1, 2, 3, 4, 8),
-                       ::testing::Values("full", "causal", "window:9,3", "docs:3")));
-
-TEST(BurstBytes, ClosedFormAndChoice) {
-  for (int P : {2, 4, 8}) {
-    const int64_t S = 64 * P, B = 1, H = 8, D = 64, n = S / P;
-    const Layout layout = Layout::create(LayoutKind::kZigzag, S, P).value();
-    // (P-1) sends of Q, dO (B n H D each) and D, LSE (B H n each), plus P hops of dQ.
-    EXPECT_EQ(burst_backward_expected_bytes(layout, 0, B, H, D, DType::kF32, DType::kF32),
-              (P - 1) * (2 * B * n * H * D + 2 * B * H * n) * 4 + P * B * n * H * D * 4);
-    // MHA: Burst moves less than the ring's K/V + dK/dV rotation; GQA 8:1: the ring does.
-    EXPECT_EQ(choose_backward(layout, B, H, H, D, DType::kF32, DType::kF32), BackwardSchedule::kBurst);
-    EXPECT_EQ(choose_backward(layout, B, H, 1, D, DType::kF32, DType::kF32), BackwardSchedule::kRing);
-  }
 }
 
 // GPU ranks: Q, dO, O travel in bf16 and LSE in fp32, dQ and the ring's dK/dV in fp32.
@@ -177,11 +57,6 @@ TEST(BurstBytes, GpuPackAndChoice) {
     EXPECT_EQ(burst_backward_expected_bytes(layout, 1, B, H, D, DType::kBF16, DType::kF32,
                                             BurstPack::kOutputLse),
               (P - 1) * (3 * B * n * H * D * 2 + B * H * n * 4) + P * B * n * H * D * 4);
-    // Per token, head and dim: Burst ~ (P-1)*6 + P*4 bytes, the ring (P-1)*4 + P*8 with MHA.
-    EXPECT_EQ(choose_backward(layout, B, H, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse),
-              BackwardSchedule::kBurst);
-    EXPECT_EQ(choose_backward(layout, B, H, H / 8, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse),
-              BackwardSchedule::kRing);
   }
 }
 
@@ -291,7 +166,7 @@ TEST(BurstErratum, PrintedAlgorithm4LosesDqUpdates) {
   EXPECT_GT(testing::max_abs_diff(dq_literal, ref->dq), 1e-2);   // the printed schedule is wrong
 
   Status status;
-  const RingRun fixed = run_ring(g, layout, params, q, k, v, dout, &status, BackwardSchedule::kBurst);
+  const RingRun fixed = run_algorithm(g, layout, params, "burst", q, k, v, dout, &status);
   ASSERT_TRUE(status.ok()) << status.to_string();
   EXPECT_LE(testing::max_abs_diff(fixed.dq, ref->dq), 1e-10);  // the corrected schedule is right
 }
@@ -310,38 +185,31 @@ TEST(RingBytes, ClosedFormWhenEven) {
   }
 }
 
-TEST(RingSkipping, CausalContiguousSkipsFuturePairs) {
-  GlobalProblem g;
-  g.seq = 64;
-  const int P = 4;
-  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
-  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
-  AttentionParams params;
-  params.mask = MaskSpec::causal();
-  Status status;
-  const RingRun run = run_ring(g, Layout::create(LayoutKind::kContiguous, g.seq, P).value(),
-                               params, q, k, k, q, &status);
-  ASSERT_TRUE(status.ok()) << status.to_string();
-  for (int r = 0; r < P; ++r) {
-    EXPECT_EQ(run.fwd_stats[r].pairs_computed, r + 1);
-    EXPECT_EQ(run.fwd_stats[r].pairs_skipped, P - 1 - r);
-  }
-}
-
 TEST(RingArgs, Refusals) {
   const Layout layout = Layout::create(LayoutKind::kContiguous, 32, 2).value();
+  const BlockBytes bytes{1, 2, 2, 8, DType::kF32, DType::kF32, DType::kF32, true};
+  auto plan = plan_attention({"ring"}, layout, {}, bytes, 0, cpu_kernel_backend());
+  ASSERT_TRUE(plan.ok());
   auto comms = make_local_communicators(1);  // wrong rank count for the layout
   HostTensor q(DType::kF32, {1, 16, 2, 8}), lse(DType::kF32, {1, 2, 16});
-  Status s = ring_attention_forward(*comms[0], layout, {}, q.view(), q.view(), q.view(), q.view(),
-                                    lse.view());
+  ShardTensors t{q.view(), q.view(), q.view(), q.view(), lse.view()};
+  Status s = run_forward_cpu(*comms[0], plan.value(), t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("2 ranks"), std::string::npos) << s.message();
   const Layout one = Layout::create(LayoutKind::kContiguous, 32, 1).value();
-  s = ring_attention_forward(*comms[0], one, {}, q.view(), q.view(), q.view(), q.view(), lse.view());
+  plan = plan_attention({"ring"}, one, {}, bytes, 0, cpu_kernel_backend());
+  ASSERT_TRUE(plan.ok());
+  s = run_forward_cpu(*comms[0], plan.value(), t);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // 16 rows, layout says 32
   HostTensor qb(DType::kBF16, {1, 32, 2, 8}), lb(DType::kBF16, {1, 2, 32});
-  s = ring_attention_forward(*comms[0], one, {}, qb.view(), qb.view(), qb.view(), qb.view(), lb.view());
+  t = {qb.view(), qb.view(), qb.view(), qb.view(), lb.view()};
+  s = run_forward_cpu(*comms[0], plan.value(), t);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  AttentionParams positions;
+  const int64_t pos[1] = {0};
+  positions.q_positions = pos;
+  EXPECT_EQ(plan_attention({"ring"}, one, positions, bytes, 0, cpu_kernel_backend()).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

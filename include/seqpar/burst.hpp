@@ -5,7 +5,7 @@
 // more hop home (P hops). This is the corrected schedule of the report: the printed
 // Algorithm 4 sends dQ before adding the step's contribution and loses dQ updates (a test keeps
 // that regression). With MHA this moves about half the bytes of the ring backward; with GQA the
-// ring's K/V rotation can move less: choose_backward picks by the bytes.
+// ring's K/V rotation can move less: choose_gpu_backward picks by the bytes.
 //
 // Local shapes on rank r as in ring.hpp. The CPU path computes in fp32 or fp64.
 #pragma once
@@ -15,14 +15,6 @@
 #include "seqpar/ring.hpp"
 
 namespace seqpar {
-
-// Writes (overwrites) dq, dk, dv; o and lse are the forward's results.
-Status burst_attention_backward(Communicator& comm, const Layout& layout,
-                                const AttentionParams& params, const TensorView& q,
-                                const TensorView& k, const TensorView& v, const TensorView& o,
-                                const TensorView& lse, const TensorView& dout,
-                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                RingStats* stats = nullptr);
 
 // What travels with Q and dO. CPU ranks send D = rowsum(dO * O) and LSE in the compute
 // dtype; GPU ranks send O (bf16) and LSE (fp32), since cuDNN's backward recomputes D from O
@@ -41,11 +33,6 @@ int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t ba
 
 enum class BackwardSchedule { kRing, kBurst };
 const char* backward_schedule_name(BackwardSchedule schedule);
-// The schedule whose backward moves fewer bytes on the busiest rank (ties go to Burst).
-BackwardSchedule choose_backward(const Layout& layout, int64_t batch, int64_t heads,
-                                 int64_t kv_heads, int64_t head_dim, DType dtype,
-                                 DType accumulator_dtype, BurstPack pack = BurstPack::kDeltaLse);
-
 // Bytes rank `rank` sends on GPU ranks (K/V and the packs in `dtype`, accumulators in fp32).
 // With two ranks nothing accumulates in transit: after the pack, each rank returns what it
 // computed for its peer (if the peer's pair sees anything): the one dense call's part over that

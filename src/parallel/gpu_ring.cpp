@@ -125,8 +125,7 @@ struct GpuRingContext::Impl {
     auto it = visible_pairs.find({q_rank, k_rank});
     if (it == visible_pairs.end())
       it = visible_pairs.emplace(std::pair{q_rank, k_rank},
-                                 parallel::pair_visible(params, layout.positions(q_rank),
-                                                    layout.positions(k_rank)))
+                                 params.mask.sees_any(layout.positions(q_rank), layout.positions(k_rank)))
                .first;
     return it->second;
   }
