@@ -46,7 +46,7 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
                "query heads (" + std::to_string(bytes.heads) + ") must be a multiple of K/V heads (" +
                    std::to_string(bytes.kv_heads) + ")");
   SP_RETURN_IF_ERROR(params.mask.validate(layout.seq_len()));
-  AttentionPlan plan{nullptr, layout, params};
+  AttentionPlan plan{nullptr, layout, params, {}, {}, 0, nullptr, {}, {}};
   plan.rank = rank;
   plan.backend = &backend;
   plan.block_bytes = bytes;

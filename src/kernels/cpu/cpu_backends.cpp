@@ -31,7 +31,7 @@ Status add_into(const TensorView& acc, const TensorView& x) {
   return Status::Ok();
 }
 
-class CpuKernelBackend final : public AttentionBackend {
+class CpuKernelBackend : public AttentionBackend {
  public:
   const char* name() const override { return "cpu"; }
   BackendCaps caps() const override { return {}; }
@@ -69,11 +69,11 @@ void store_add(const TensorView& t, int64_t offset, double add) {
   convert(&x, DType::kF64, at, t.dtype, 1);
 }
 
-class CpuOracleBackend final : public AttentionBackend {
+// The oracle shares the kernel backend's delta, merge and accumulate (already fp64-exact in
+// fp64); forward and backward are its own.
+class CpuOracleBackend final : public CpuKernelBackend {
  public:
   const char* name() const override { return "oracle"; }
-  BackendCaps caps() const override { return {}; }
-  std::string supports(const TensorView& q, const AttentionParams&) const override { return cpu_supports(q); }
 
   // The oracle's (O, LSE) of these keys alone, in o's dtype, merged into the running result.
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
@@ -121,14 +121,6 @@ class CpuOracleBackend final : public AttentionBackend {
       }
     return Status::Ok();
   }
-  Status delta(const TensorView& o, const TensorView& dout, const TensorView& d, void*) const override {
-    return cpu_attention_delta(o, dout, d);
-  }
-  Status merge(const TensorView& o, const TensorView& lse, const TensorView& o_part, const TensorView& lse_part,
-               void*) const override {
-    return merge_attention_partials(o, lse, o_part, lse_part);
-  }
-  Status accumulate(const TensorView& acc, const TensorView& x, void*) const override { return add_into(acc, x); }
 };
 
 }  // namespace
