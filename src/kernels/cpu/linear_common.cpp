@@ -2,6 +2,7 @@
 #include "linear_common.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace seqpar {
@@ -10,9 +11,12 @@ Status validate_linear_params(const LinearAttentionParams& params, int64_t heads
   const int64_t n = static_cast<int64_t>(params.decay.size());
   SP_CHECK_ARG(n == 1 || n == heads, "decay needs one value or one per query head (" +
                                          std::to_string(heads) + "), got " + std::to_string(n));
-  for (double lambda : params.decay)
+  for (double lambda : params.decay) {
+    char shown[32];
+    std::snprintf(shown, sizeof(shown), "%.17g", lambda);
     SP_CHECK_ARG(lambda > 0.0 && lambda <= 1.0,  // false for NaN too
-                 "every decay must lie in (0, 1], got " + std::to_string(lambda));
+                 std::string("every decay must lie in (0, 1], got ") + shown);
+  }
   SP_CHECK_ARG(std::isfinite(params.scale), "the scale must be finite");
   SP_CHECK_ARG(params.chunk >= 1, "the chunk length must be at least 1, got " +
                                       std::to_string(params.chunk));
