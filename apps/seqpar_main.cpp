@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attn_command.hpp"
+#include "linear_attn_command.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"seqpar: exact attention over very long sequences split across ranks"};
@@ -10,6 +11,8 @@ int main(int argc, char** argv) {
   seqpar::app::AttnOptions attn_options;
   int exit_code = 0;
   seqpar::app::add_attn_command(app, attn_options, &exit_code);
+  seqpar::app::LinearAttnOptions linear_attn_options;
+  seqpar::app::add_linear_attn_command(app, linear_attn_options, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,79 @@
+// LASP: causal linear attention (seqpar/linear_attention.hpp) over a sequence split contiguously
+// across the ranks of a communicator; only d_k x d_v states per head cross ranks, so the bytes
+// do not depend on the sequence length. Two ways to pass them:
+//   lasp   (LASP-1, Sun et al. 2404.02882, Algorithms 2-3 as corrected in the team's report)
+//          a chain: the state goes rank t -> t+1 in the forward, dState t+1 -> t in the
+//          backward; T-1 messages of one state per pass per group.
+//   lasp2  (LASP-2 style) each rank's own state contribution from a zero state, one all_gather
+//          of the T contributions, a local decayed prefix (suffix in the backward).
+// Both overlap the same way: the rank's tokens are processed from a zero state while the
+// neighbour's state is in flight, then the state terms are added.
+//
+// Shapes are those of linear_attention.hpp with S = this rank's local length
+// (layout.local_len(rank)): q, o, dout, dq [B, S_local, H, d_k | d_v]; k, dk [B, S_local, H_kv,
+// d_k]; v, dv [B, S_local, H_kv, d_v]; states [B, H, d_k, d_v] in the inputs' dtype (fp32/fp64).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "seqpar/comm.hpp"
+#include "seqpar/layout.hpp"
+#include "seqpar/linear_attention.hpp"
+
+namespace seqpar {
+
+enum class LaspAlgorithm : uint8_t { kChain, kAllGather, kAuto };
+
+const char* lasp_algorithm_name(LaspAlgorithm algorithm);  // "lasp", "lasp2", "auto"
+StatusOr<LaspAlgorithm> parse_lasp_algorithm(const std::string& name);
+
+// --algo auto: a latency/bandwidth model of one pass's state traffic on the critical path.
+// chain: T-1 dependent hops of (latency + state / bandwidth). all_gather: the Communicator's
+// collectives are rings of T-1 dependent steps of one block each, so the same time, with T-1
+// times the bytes per rank. Under this model the chain is never slower, and auto picks it
+// (ties go to fewer bytes); a log-depth all-gather would change the time term, not the bytes.
+struct LaspLinkModel {
+  double latency_s = 10e-6;
+  double bytes_per_s = 10e9;
+};
+double lasp_chain_seconds(int ranks, int64_t state_bytes, const LaspLinkModel& link);
+double lasp_allgather_seconds(int ranks, int64_t state_bytes, const LaspLinkModel& link);
+LaspAlgorithm choose_lasp_algorithm(int ranks, int64_t state_bytes, const LaspLinkModel& link = {});
+
+// Bytes of one message: a state of every (batch, query head).
+int64_t lasp_state_bytes(int64_t batch, int64_t heads, int64_t dk, int64_t dv, DType dtype);
+// Bytes rank `rank` of `ranks` sends per pass (kChain or kAllGather).
+struct LaspTraffic {
+  int64_t forward = 0, backward = 0;
+};
+LaspTraffic lasp_expected_bytes(LaspAlgorithm algorithm, int ranks, int rank, int64_t state_bytes);
+
+// What the forward keeps for the backward: the state entering this rank's tokens (received, or
+// prefixed from the gathered ones, once; the backward neither receives nor recomputes it).
+struct LaspContext {
+  LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what ran (never kAuto)
+  HostTensor state_in;   // [B, H, d_k, d_v]
+  HostTensor state_out;  // [B, H, d_k, d_v] leaving this rank; the last rank's is the final state
+};
+
+// Forward on this rank: writes o [B, S_local, H, d_v] and fills *ctx. The layout must be
+// contiguous over comm.size() ranks; the sequence starts from a zero state.
+Status lasp_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                    LaspAlgorithm algorithm, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& o, LaspContext* ctx);
+
+// Backward on this rank (the algorithm of ctx): writes dq, dk, dv; no gradient arrives for the
+// final state.
+Status lasp_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                     const LaspContext& ctx, const TensorView& q, const TensorView& k,
+                     const TensorView& v, const TensorView& dout, const TensorView& dq,
+                     const TensorView& dk, const TensorView& dv);
+
+// Data-sequence hybrid (Algorithm 1): a world of W = T x G ranks as G sequence groups of T
+// consecutive ranks (group = rank / T), each running its own sequences. W must be divisible by
+// T (the paper prints the reverse). Collective over `world`.
+StatusOr<std::unique_ptr<Communicator>> make_sequence_group(Communicator& world, int sequence_ranks);
+
+}  // namespace seqpar
