@@ -995,7 +995,12 @@ void add_attn_command(CLI::App& app, AttnOptions& o, int* exit_code) {
   cmd->add_option("--print-schedule", o.print_schedule, "print this rank's steps (forward, backward) and exit");
   cmd->add_option("--layout", o.layout, "sequence layout: contiguous, zigzag, striped")
       ->capture_default_str();
-  cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N (causal inside N documents)")
+  cmd->add_option("--mask", o.mask,
+                  "full | causal | window:L,R | docs:N (causal inside N documents) | "
+                  "bigbird:W,G,R[,B=N] (block-sparse on N-token blocks, default 64: W window "
+                  "blocks each side, G global, R random a row) | bigbird-causal:W,G,R[,B=N] | "
+                  "blocks:PATH | blocks-causal:PATH (pattern file: 'block_size N', then one row "
+                  "of 0/1 per query block)")
       ->capture_default_str();
   cmd->add_option("--seq", o.seq, "total sequence length (need not divide by the ranks)")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 // The `seqpar` tool end to end: a run that must pass its own oracle check with bytes equal to
 // the formula, JSON fields, .npy dumps, and clear errors with exit code 2 for bad arguments.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -129,6 +130,41 @@ TEST(Cli, Fp64MatchesOracleTightly) {
   for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << g;
 }
 
+// Block-sparse masks on CPU ranks: BigBird (causal and not) and a pattern file, checked
+// against the oracle with bytes equal to the walked schedule.
+TEST(Cli, BlockSparseMasksPassTheCheck) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto file = dir / ("seqpar_cli_pattern_" + std::to_string(getpid()) + ".txt");
+  {
+    std::ofstream out(file);
+    out << "block_size 32\n";
+    for (int qb = 0; qb < 4; ++qb) {
+      for (int kb = 0; kb < 4; ++kb) out << (kb == qb || kb == 0 ? "1 " : "0 ");
+      out << "\n";
+    }
+  }
+  const std::pair<std::string, std::string> cases[] = {
+      {"bigbird:1,1,2,B=16", "zigzag"},
+      {"bigbird-causal:1,1,1,B=16", "contiguous --algo distflash"},
+      {"blocks:" + file.string(), "striped"}};
+  for (const auto& [mask, layout] : cases) {
+    const Result r = run_tool("attn --mask " + mask + " --layout " + layout +
+                              " --seq 123 --heads 2 --head-dim 16 --ranks 4 --dtype fp64 --json");
+    ASSERT_EQ(r.exit_code, 0) << mask << "\n" << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_EQ(j["mask"], mask);
+    EXPECT_TRUE(j["check_passed"].get<bool>()) << j.dump();
+    EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
+    for (const char* g : {"o", "lse", "dq", "dk", "dv"}) EXPECT_LE(j["max_abs_err"][g].get<double>(), 1e-10) << g;
+  }
+  // A pattern made for another length is refused with the numbers.
+  const Result r = run_tool("attn --mask blocks:" + file.string() + " --seq 200");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("covers 128 tokens (4 blocks of 32) but the sequence has 200"), std::string::npos)
+      << r.output;
+  std::filesystem::remove(file);
+}
+
 TEST(Cli, AlgorithmsAndAutoReportWhatRan) {
   Result r = run_tool("attn --algo burst --seq 200 --heads 4 --head-dim 16 --ranks 3 --dtype fp64 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -213,6 +249,8 @@ TEST(Cli, BadArgumentsFailClearly) {
   const std::pair<const char*, const char*> cases[] = {
       {"attn --heads 6 --kv-heads 4", "divisible"},
       {"attn --mask triangle", "unknown mask"},
+      {"attn --mask bigbird:1,1", "expected bigbird:W,G,R[,B=N]"},
+      {"attn --mask blocks:/no/such/seqpar/pattern", "cannot read block pattern file"},
       {"attn --layout diagonal", "unknown layout"},
       {"attn --algo magic", "available: ring|burst|"},
       {"attn --dtype bf16", "fp32 or fp64"},

@@ -199,7 +199,9 @@ TEST_P(FastKernelVsOracle, SelfAttentionUnevenLength) {
 
 INSTANTIATE_TEST_SUITE_P(
     Masks, FastKernelVsOracle,
-    ::testing::Combine(::testing::Values("full", "causal", "window:20,5", "window:0,30", "docs:4"),
+    ::testing::Combine(::testing::Values("full", "causal", "window:20,5", "window:0,30", "docs:4",
+                                         "bigbird:1,1,1,B=8", "bigbird-causal:1,1,2,B=16",
+                                         "bigbird:0,0,1,B=64"),
                        ::testing::Values(std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}),
                        ::testing::Values(16, 40, 64), ::testing::Values(DType::kF64, DType::kF32)));
 
@@ -219,6 +221,8 @@ TEST(FastKernel, CrossLengthsBottomRightAndExplicitPositions) {
     pos.q_positions = qp.data();
     pos.k_positions = kp.data();
     expect_matches_oracle(make_inputs({1, 40, 90, 2, 2, 16}, t, 6), pos, "positions");
+    pos.mask = parse_mask("bigbird-causal:1,1,1,B=16", 270).value();  // block-sparse on them
+    expect_matches_oracle(make_inputs({1, 40, 90, 2, 2, 16}, t, 6), pos, "positions, bigbird");
   }
 }
 

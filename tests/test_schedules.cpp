@@ -69,7 +69,23 @@ RankResults run_ranks(const Problem& g, const Layout& layout, const AttentionPar
 // Nodes for the double ring: two nodes when P is even and above 2, else one rank a node.
 Topology topology_for(int P) { return {P % 2 == 0 && P > 2 ? P / 2 : 1}; }
 
-const char* kMasks[] = {"full", "causal", "window:9,3", "window:5,0", "docs:3"};
+// Block-sparse masks on blocks of 4 tokens, so that at 16P + 5 tokens they leave shard pairs
+// and tiles out; the test adds a pattern file written for its length (pattern_file_text).
+const char* kMasks[] = {"full",         "causal",           "window:9,3",
+                        "window:5,0",   "docs:3",           "bigbird:1,1,1,B=4",
+                        "bigbird-causal:1,1,2,B=4", "bigbird-causal:0,0,1,B=4"};
+
+// A pattern file for `seq` tokens in blocks of 3: every query block sees itself, the block two
+// before it and every fifth key block (some after it: not causal-like).
+std::string pattern_file_text(int64_t seq) {
+  const int64_t n = (seq + 2) / 3;
+  std::string text = "# test_schedules pattern\nblock_size 3\n";
+  for (int64_t qb = 0; qb < n; ++qb) {
+    for (int64_t kb = 0; kb < n; ++kb) text += kb == qb || kb == qb - 2 || kb % 5 == 4 ? '1' : '0';
+    text += '\n';
+  }
+  return text;
+}
 
 // (algorithm, layout, P)
 using Case = std::tuple<std::string, LayoutKind, int>;
@@ -89,7 +105,10 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
   const HostTensor dout = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 4);
   const PlanOptions options{name, topology_for(P)};
   int supported = 0;
-  for (const char* mask_text : kMasks) {
+  const testing::TempFile pattern("seqpar_schedules_pattern", pattern_file_text(g.seq));
+  std::vector<std::string> masks(std::begin(kMasks), std::end(kMasks));
+  masks.push_back("blocks:" + pattern.path.string());
+  for (const std::string& mask_text : masks) {
     SCOPED_TRACE(mask_text);
     AttentionParams params;
     params.mask = parse_mask(mask_text, g.seq).value();
@@ -347,6 +366,57 @@ TEST(MaskSkipsTransfers, Window4096At64KTokensOn8Ranks) {
   EXPECT_EQ(walked("ring", layout, MaskSpec::causal(), g, 6, Pass::kForward),
             7 * 2 * (g.seq / 8) * g.head_dim * 4);
   EXPECT_EQ(walked("ring", layout, MaskSpec::causal(), g, 7, Pass::kForward), 0);
+}
+
+// Block-sparse masks skip transfers too: on the contiguous layout a shard's K/V travel only as
+// far as the last rank whose queries see one of its keys (MaskSpec::sees_any, exact with the
+// pattern), so BigBird-causal with one-block windows sends less than causal (measured by the
+// counters), with results equal to the oracle's. The ring's forward is the hop count from the
+// mask's per-element definition.
+TEST(MaskSkipsTransfers, BlockSparseSendsLessThanCausal) {
+  Problem g;
+  g.seq = 1024;
+  g.heads = 2;
+  g.kv_heads = 1;
+  g.head_dim = 8;
+  const int P = 8;
+  const Layout layout = Layout::create(LayoutKind::kContiguous, g.seq, P).value();
+  const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
+  const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
+  const HostTensor v = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 3);
+  AttentionParams causal, sparse;
+  causal.mask = MaskSpec::causal();
+  sparse.mask = parse_mask("bigbird-causal:1,1,1,B=64", g.seq).value();
+  for (const char* algo : {"ring", "burst", "distflash"}) {
+    SCOPED_TRACE(algo);
+    int64_t sent[2] = {0, 0}, forward_sent = 0;  // causal, bigbird-causal
+    for (const AttentionParams* params : {&causal, &sparse}) {
+      Status status;
+      const RankResults run = run_ranks(g, layout, *params, {algo}, q, k, v, q, &status);
+      ASSERT_TRUE(status.ok()) << status.to_string();
+      auto ref = reference_attention(q.view(), k.view(), v.view(), q.view(), *params);
+      ASSERT_TRUE(ref.ok());
+      for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.dq, &ref->dq}, {&run.dk, &ref->dk}})
+        EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
+      forward_sent = 0;
+      for (int r = 0; r < P; ++r) {
+        forward_sent += run.counters[r].sent(Phase::kForward);
+        sent[params == &sparse] += run.counters[r].sent(Phase::kForward) + run.counters[r].sent(Phase::kBackward);
+      }
+    }
+    EXPECT_LT(sent[1], sent[0]) << sent[1] << " of " << sent[0];
+    if (std::string(algo) != "ring") continue;
+    int64_t hops = 0;
+    for (int b = 0; b < P; ++b) {
+      int last = b;
+      for (int a = b + 1; a < P; ++a)
+        for (const int64_t qp : layout.positions(a))
+          for (const int64_t kp : layout.positions(b)) last = sparse.mask.allows(qp, kp) ? a : last;
+      hops += last - b;
+    }
+    EXPECT_LE(hops, 22);  // of causal's 7 + 6 + ... + 1 = 28
+    EXPECT_EQ(forward_sent, hops * 2 * (g.seq / P) * g.kv_heads * g.head_dim * 8);
+  }
 }
 
 TEST(AlgorithmRegistry, NamesAndRefusals) {

@@ -1,7 +1,10 @@
 // Test helpers: random tensors and error measures.
 #include "test_util.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <random>
 
@@ -42,6 +45,17 @@ double max_abs(const HostTensor& t) {
   for (int64_t i = 0; i < x.numel(); ++i)
     if (std::isfinite(x.data<double>()[i])) m = std::max(m, std::abs(x.data<double>()[i]));
   return m;
+}
+
+TempFile::TempFile(const std::string& stem, const std::string& text)
+    : path(std::filesystem::temp_directory_path() /
+           (stem + "_" + std::to_string(getpid()) + ".txt")) {
+  std::ofstream(path) << text;
+}
+
+TempFile::~TempFile() {
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
 }
 
 }  // namespace seqpar::testing

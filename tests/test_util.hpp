@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "seqpar/attention.hpp"
@@ -17,6 +19,16 @@ HostTensor cast(const HostTensor& t, DType dtype);
 double max_abs_diff(const HostTensor& a, const HostTensor& b);
 // Largest |x| (the scale for relative tolerances).
 double max_abs(const HostTensor& t);
+
+// A file in the temp directory holding `text`, named from `stem` and the process id (tests run
+// in parallel processes), removed with the object.
+struct TempFile {
+  std::filesystem::path path;
+  TempFile(const std::string& stem, const std::string& text);
+  ~TempFile();
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+};
 
 }  // namespace seqpar::testing
 

@@ -4,9 +4,10 @@
 // top-left causal mask inside those ranges (key j' visible to query i' iff j' <= i').
 //
 // Masks it plans: full, and causal-like bands (no left window, right bound R >= 0: key p_k
-// visible to query p_q iff p_k <= p_q + R), without documents, over strictly increasing
-// positions. Anything else, or a pattern no few calls can write, has dense = false: run that
-// pair with a kernel that takes positions (ours), over the arithmetic runs of the positions.
+// visible to query p_q iff p_k <= p_q + R), without documents or a block pattern, over strictly
+// increasing positions. Anything else, or a pattern no few calls can write, has dense = false:
+// run that pair with a kernel that takes positions (ours), over the arithmetic runs of the
+// positions.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
 #include <vector>
 
 namespace seqpar {
@@ -20,22 +21,96 @@ MaskSpec MaskSpec::documents(std::vector<int64_t> offsets, bool causal_inside) {
   return m;
 }
 
+MaskSpec MaskSpec::block_sparse(BlockPattern pattern, bool causal) {
+  MaskSpec m = causal ? MaskSpec::causal() : none();
+  m.block_pattern = std::make_shared<const BlockPattern>(std::move(pattern));
+  return m;
+}
+
+namespace {
+
+// Whether position p lies in a document, and that document's [begin, end).
+bool document_of(const std::vector<int64_t>& offsets, int64_t p, int64_t* begin, int64_t* end) {
+  const auto next = std::upper_bound(offsets.begin(), offsets.end(), p);
+  if (next == offsets.begin() || next == offsets.end()) return false;
+  *begin = *(next - 1);
+  *end = *next;
+  return true;
+}
+
+// Whether any key of sorted `keys` lies in [lo, hi].
+bool any_key_in(const std::vector<int64_t>& keys, int64_t lo, int64_t hi) {
+  const auto first = std::lower_bound(keys.begin(), keys.end(), lo);
+  return first != keys.end() && *first <= hi;
+}
+
+// Whether a key of sorted `keys` lies in [lo, hi] inside a block of `row` (sorted) that is one
+// of `key_blocks` (sorted: the blocks holding keys). Walks the shorter of the two lists over
+// the blocks [lo, hi] meets and looks each up in the other.
+bool any_key_in_row(const BlockPattern& pattern, std::span<const int64_t> row,
+                    const std::vector<int64_t>& key_blocks, const std::vector<int64_t>& keys,
+                    int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min(hi, pattern.covered_len() - 1);
+  if (lo > hi) return false;
+  const int64_t B = pattern.block_size(), first_block = lo / B, last_block = hi / B;
+  const auto row_a = std::lower_bound(row.begin(), row.end(), first_block);
+  const auto row_b = std::upper_bound(row_a, row.end(), last_block);
+  const auto keys_a = std::lower_bound(key_blocks.begin(), key_blocks.end(), first_block);
+  const auto keys_b = std::upper_bound(keys_a, key_blocks.end(), last_block);
+  auto hit = [&](int64_t kb) {
+    return any_key_in(keys, std::max(lo, kb * B), std::min(hi, kb * B + B - 1));
+  };
+  if (row_b - row_a <= keys_b - keys_a) {
+    for (auto it = row_a; it != row_b; ++it)
+      if (std::binary_search(keys_a, keys_b, *it) && hit(*it)) return true;
+  } else {
+    for (auto it = keys_a; it != keys_b; ++it)
+      if (std::binary_search(row_a, row_b, *it) && hit(*it)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool MaskSpec::allows(int64_t qp, int64_t kp) const {
+  if (!band_allows(qp, kp)) return false;
+  if (block_pattern && !block_pattern->allows(qp, kp)) return false;
+  if (!has_documents()) return true;
+  int64_t begin = 0, end = 0;
+  return document_of(doc_offsets, qp, &begin, &end) && kp >= begin && kp < end;
+}
+
 bool MaskSpec::sees_any(std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) const {
   std::vector<int64_t> keys(k_pos.begin(), k_pos.end());
   std::sort(keys.begin(), keys.end());
   if (keys.empty()) return false;
+  std::vector<int64_t> key_blocks;  // sorted blocks of the pattern that hold keys
+  if (block_pattern) {
+    for (const int64_t kp : keys) {
+      const int64_t kb = block_pattern->block_of(kp);
+      if (kb >= 0 && (key_blocks.empty() || key_blocks.back() != kb)) key_blocks.push_back(kb);
+    }
+  }
   for (const int64_t qp : q_pos) {
-    // The keys a query sees form one interval: its band, cut to its document.
+    // The keys a query sees form one interval: its band, cut to its document; a pattern keeps
+    // the parts of it in the key blocks of the query's row.
     int64_t lo = window_left < 0 ? keys.front() : qp - window_left;
     int64_t hi = window_right < 0 ? keys.back() : qp + window_right;
     if (has_documents()) {
-      const auto next = std::upper_bound(doc_offsets.begin(), doc_offsets.end(), qp);
-      if (next == doc_offsets.begin() || next == doc_offsets.end()) continue;  // outside every document
-      lo = std::max(lo, *(next - 1));
-      hi = std::min(hi, *next - 1);
+      int64_t begin = 0, end = 0;
+      if (!document_of(doc_offsets, qp, &begin, &end)) continue;  // outside every document
+      lo = std::max(lo, begin);
+      hi = std::min(hi, end - 1);
     }
-    const auto first = std::lower_bound(keys.begin(), keys.end(), lo);
-    if (first != keys.end() && *first <= hi) return true;
+    if (block_pattern) {
+      const int64_t qb = block_pattern->block_of(qp);
+      if (qb >= 0 &&
+          any_key_in_row(*block_pattern, block_pattern->row(qb), key_blocks, keys, lo, hi))
+        return true;
+    } else if (any_key_in(keys, lo, hi)) {
+      return true;
+    }
   }
   return false;
 }
@@ -49,13 +124,29 @@ std::string MaskSpec::describe() const {
   } else {
     band = "window:" + std::to_string(window_left) + "," + std::to_string(window_right);
   }
-  if (!has_documents()) return band;
-  return "docs:" + std::to_string(doc_offsets.size() - 1) + (band == "causal" ? "" : "+" + band);
+  std::string text = band;
+  if (block_pattern) {  // its name says "-causal" or not; any other band is added
+    const std::string& name = block_pattern->name();
+    const std::string family = name.substr(0, name.find(':'));
+    const bool causal_name =
+        family.size() >= 7 && family.compare(family.size() - 7, 7, "-causal") == 0;
+    text = name + (band == (causal_name ? "causal" : "full") ? "" : "+" + band);
+  }
+  if (!has_documents()) return text;
+  return "docs:" + std::to_string(doc_offsets.size() - 1) + (text == "causal" ? "" : "+" + text);
 }
 
 Status MaskSpec::validate(int64_t seq_len) const {
   SP_CHECK_ARG(window_left >= -1 && window_right >= -1,
                "mask windows must be >= 0, or -1 for unbounded");
+  if (block_pattern) {
+    SP_CHECK_ARG(block_pattern->covered_len() >= seq_len,
+                 "block pattern " + block_pattern->name() + " covers " +
+                     std::to_string(block_pattern->covered_len()) + " tokens (" +
+                     std::to_string(block_pattern->blocks()) + " blocks of " +
+                     std::to_string(block_pattern->block_size()) + ") but the sequence has " +
+                     std::to_string(seq_len));
+  }
   if (!has_documents()) return Status::Ok();
   SP_CHECK_ARG(doc_offsets.size() >= 2 && doc_offsets.front() == 0,
                "document offsets must start at 0 and hold at least one document");
@@ -106,8 +197,41 @@ StatusOr<MaskSpec> parse_mask(const std::string& text, int64_t seq_len) {
     }
     return MaskSpec::documents(make_document_offsets(seq_len, count));
   }
+  for (const bool causal : {false, true}) {
+    const std::string bigbird = causal ? "bigbird-causal:" : "bigbird:";
+    if (text.rfind(bigbird, 0) == 0) {
+      std::vector<std::string> fields;
+      std::stringstream rest(text.substr(bigbird.size()));
+      for (std::string field; std::getline(rest, field, ',');) fields.push_back(field);
+      int64_t w = 0, g = 0, r = 0, block = kDefaultMaskBlock;
+      const bool ok =
+          (fields.size() == 3 || fields.size() == 4) && parse_int(fields[0], &w) &&
+          parse_int(fields[1], &g) && parse_int(fields[2], &r) && w >= 0 && g >= 0 && r >= 0 &&
+          (fields.size() == 3 ||
+           (fields[3].rfind("B=", 0) == 0 && parse_int(fields[3].substr(2), &block) && block >= 1));
+      if (!ok || text.back() == ',') {
+        return SP_STATUS(StatusCode::kInvalidArgument,
+                         "bad mask '" + text + "': expected " + bigbird +
+                             "W,G,R[,B=N] with W, G, R >= 0 and block size N >= 1");
+      }
+      SP_ASSIGN_OR_RETURN(BlockPattern pattern, bigbird_pattern(seq_len, w, g, r, block, causal));
+      return MaskSpec::block_sparse(std::move(pattern), causal);
+    }
+    const std::string blocks = causal ? "blocks-causal:" : "blocks:";
+    if (text.rfind(blocks, 0) == 0) {
+      SP_CHECK_ARG(text.size() > blocks.size(),
+                   "bad mask '" + text + "': expected " + blocks + "PATH");
+      SP_ASSIGN_OR_RETURN(BlockPattern pattern,
+                          read_block_pattern(text.substr(blocks.size()), text));
+      const MaskSpec mask = MaskSpec::block_sparse(std::move(pattern), causal);
+      SP_RETURN_IF_ERROR(mask.validate(seq_len));  // a file made for another length
+      return mask;
+    }
+  }
   return SP_STATUS(StatusCode::kInvalidArgument,
-                   "unknown mask '" + text + "' (expected full, causal, window:L,R or docs:N)");
+                   "unknown mask '" + text +
+                       "' (expected full, causal, window:L,R, docs:N, bigbird[-causal]:W,G,R[,B=N] "
+                       "or blocks[-causal]:PATH)");
 }
 
 }  // namespace seqpar

@@ -79,8 +79,8 @@ std::vector<PositionRunSpan> arithmetic_runs(const std::vector<int64_t>& positio
 BlockPlan plan_block_pair(const std::vector<int64_t>& q_positions,
                           const std::vector<int64_t>& k_positions, const MaskSpec& mask) {
   BlockPlan plan;
-  if (mask.has_documents() || mask.window_left >= 0 || !increasing(q_positions) ||
-      !increasing(k_positions)) {
+  if (mask.has_documents() || mask.has_block_pattern() || mask.window_left >= 0 ||
+      !increasing(q_positions) || !increasing(k_positions)) {
     plan.dense = false;
     return plan;
   }

@@ -1,6 +1,7 @@
 // Validation and mask evaluation shared by the CPU oracle and the fast CPU kernels.
 #include "attention_common.hpp"
 
+#include <span>
 #include <string>
 
 namespace seqpar::cpu {
@@ -49,16 +50,21 @@ Status validate_qkv(const TensorView& q, const TensorView& k, const TensorView& 
 
 Status validate_mask_positions(const AttentionParams& params, int64_t seq_q, int64_t seq_k) {
   const int64_t implied_len = std::max(seq_q, seq_k);
-  SP_RETURN_IF_ERROR(params.mask.validate(params.q_positions || params.k_positions ? 0
-                                                                                   : implied_len));
-  if (!params.mask.has_documents()) return Status::Ok();
-  const int64_t total = params.mask.doc_offsets.back();
+  const MaskSpec& mask = params.mask;
+  SP_RETURN_IF_ERROR(mask.validate(params.q_positions || params.k_positions ? 0 : implied_len));
+  if (!mask.has_documents() && !mask.has_block_pattern()) return Status::Ok();
+  // Positions must lie in [0, total): inside the documents and the pattern's grid.
+  const int64_t docs_end = mask.has_documents() ? mask.doc_offsets.back() : INT64_MAX;
+  const int64_t grid_end =
+      mask.has_block_pattern() ? mask.block_pattern->covered_len() : INT64_MAX;
+  const int64_t total = std::min(docs_end, grid_end);
+  const char* where = total == docs_end ? "the documents" : "the block pattern's grid";
   auto check = [&](const int64_t* pos, int64_t n, const char* what) -> Status {
     if (!pos) return Status::Ok();
     for (int64_t i = 0; i < n; ++i) {
       SP_CHECK_ARG(pos[i] >= 0 && pos[i] < total,
-                   std::string(what) + " position " + std::to_string(pos[i]) +
-                       " lies outside the documents [0, " + std::to_string(total) + ")");
+                   std::string(what) + " position " + std::to_string(pos[i]) + " lies outside " +
+                       where + " [0, " + std::to_string(total) + ")");
     }
     return Status::Ok();
   };
@@ -85,6 +91,13 @@ MaskEvaluator::MaskEvaluator(const AttentionParams& params, int64_t seq_q, int64
     k_doc_.resize(seq_k);
     for (int64_t i = 0; i < seq_q; ++i) q_doc_[i] = doc_of(q_pos_[i]);
     for (int64_t j = 0; j < seq_k; ++j) k_doc_[j] = doc_of(k_pos_[j]);
+  }
+  if (mask_.has_block_pattern()) {
+    pattern_ = mask_.block_pattern.get();
+    q_block_.resize(seq_q);
+    k_block_.resize(seq_k);
+    for (int64_t i = 0; i < seq_q; ++i) q_block_[i] = pattern_->block_of(q_pos_[i]);
+    for (int64_t j = 0; j < seq_k; ++j) k_block_[j] = pattern_->block_of(k_pos_[j]);
   }
 }
 
@@ -118,9 +131,50 @@ TileKind MaskEvaluator::classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1)
       (wr < 0 || k.pos_max <= q.pos_min + wr) && (wl < 0 || k.pos_min >= q.pos_max - wl);
   const bool docs_full = !has_docs_ || (q.doc_min == q.doc_max && k.doc_min == k.doc_max &&
                                         q.doc_min == k.doc_min);
-  if (band_full && docs_full) return TileKind::kFull;
+  const TileKind pattern = pattern_ ? classify_pattern(i0, i1, j0, j1) : TileKind::kFull;
+  if (pattern == TileKind::kEmpty) return TileKind::kEmpty;
+  if (band_full && docs_full && pattern == TileKind::kFull) return TileKind::kFull;
   // A tile whose rows each see no key could still be "partial" here; the kernel handles it.
   return TileKind::kPartial;
+}
+
+namespace {
+
+// The distinct values of v[a, b), sorted.
+std::vector<int64_t> distinct(const std::vector<int64_t>& v, int64_t a, int64_t b) {
+  std::vector<int64_t> out(v.begin() + a, v.begin() + b);
+  if (!std::is_sorted(out.begin(), out.end())) std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// How many values two sorted lists share: the shorter is looked up in the longer.
+int64_t common_count(std::span<const int64_t> a, std::span<const int64_t> b) {
+  if (a.size() > b.size()) std::swap(a, b);
+  int64_t n = 0;
+  for (const int64_t x : a) n += std::binary_search(b.begin(), b.end(), x);
+  return n;
+}
+
+}  // namespace
+
+TileKind MaskEvaluator::classify_pattern(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+  // Every row of the tile meets every key, so the tile holds exactly the block pairs
+  // (query blocks of its rows) x (key blocks of its keys).
+  const std::vector<int64_t> q_blocks = distinct(q_block_, i0, i1);
+  const std::vector<int64_t> k_blocks = distinct(k_block_, j0, j1);
+  const bool outside = q_blocks.front() < 0 || k_blocks.front() < 0;  // -1 sorts first
+  const std::span<const int64_t> keys(k_blocks.data() + (k_blocks.front() < 0),
+                                      k_blocks.data() + k_blocks.size());
+  bool any = false, all = !outside;
+  for (const int64_t qb : q_blocks) {
+    if (qb < 0) continue;
+    const int64_t seen = common_count(pattern_->row(qb), keys);
+    any = any || seen > 0;
+    all = all && seen == static_cast<int64_t>(keys.size());
+    if (any && !all) return TileKind::kPartial;
+  }
+  return any ? (all ? TileKind::kFull : TileKind::kPartial) : TileKind::kEmpty;
 }
 
 }  // namespace seqpar::cpu

@@ -35,17 +35,20 @@ inline int64_t bhs_offset(const TensorView& t, int64_t b, int64_t h, int64_t s) 
 
 enum class TileKind { kEmpty, kPartial, kFull };
 
-// The mask resolved for one call: global positions and document ids of every local row.
+// The mask resolved for one call: global positions, document ids and pattern blocks of every
+// local row.
 class MaskEvaluator {
  public:
   MaskEvaluator(const AttentionParams& params, int64_t seq_q, int64_t seq_k);
 
   bool allowed(int64_t i, int64_t j) const {
     if (!mask_.band_allows(q_pos_[i], k_pos_[j])) return false;
-    return !has_docs_ || q_doc_[i] == k_doc_[j];
+    if (has_docs_ && q_doc_[i] != k_doc_[j]) return false;
+    return !pattern_ || pattern_->allows_blocks(q_block_[i], k_block_[j]);
   }
-  // Classifies rows [i0, i1) x keys [j0, j1) from min/max of positions and documents: exact
-  // for contiguous runs of positions, conservative (never wrongly empty or full) otherwise.
+  // Classifies rows [i0, i1) x keys [j0, j1): the band and documents from min/max of positions
+  // and documents, exact for contiguous runs of positions and conservative (never wrongly empty
+  // or full) otherwise; the block pattern exactly, from the blocks the rows and keys fall in.
   TileKind classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
   const std::vector<int64_t>& q_positions() const { return q_pos_; }
   const std::vector<int64_t>& k_positions() const { return k_pos_; }
@@ -56,14 +59,19 @@ class MaskEvaluator {
   };
   Range range(const std::vector<int64_t>& pos, const std::vector<int32_t>& doc, int64_t a,
               int64_t b) const;
+  // The pattern alone on the tile: empty, full or partial, exactly.
+  TileKind classify_pattern(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
 
   MaskSpec mask_;
   bool has_docs_ = false;
+  const BlockPattern* pattern_ = nullptr;  // owned by mask_
   std::vector<int64_t> q_pos_, k_pos_;
   std::vector<int32_t> q_doc_, k_doc_;
+  std::vector<int64_t> q_block_, k_block_;  // pattern block of each row, -1 outside its grid
 };
 
-// Checks the positions (if given) lie inside the documents, so the mask is well defined.
+// Checks the positions (if given) lie inside the documents and the block pattern's grid, so the
+// mask is well defined.
 Status validate_mask_positions(const AttentionParams& params, int64_t seq_q, int64_t seq_k);
 
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
