@@ -13,6 +13,13 @@ int main(int argc, char** argv) {
   seqpar::app::add_attn_command(app, attn_options, &exit_code);
   seqpar::app::LinearAttnOptions linear_attn_options;
   seqpar::app::add_linear_attn_command(app, linear_attn_options, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help and the like
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints what was wrong and the usage
+    return 2;     // the README's code for bad arguments, whatever CLI11 numbers the error
+  }
   return exit_code;
 }

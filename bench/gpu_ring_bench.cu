@@ -1,6 +1,6 @@
-// Multi-GPU benchmark of the ring-style schedules: one process, a thread per GPU, NCCL between
-// them. For each total length S: causal bf16 forward + backward with the ring, Burst and auto
-// backwards; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
+// Multi-GPU benchmark of the distributed algorithms: one process, a thread per GPU, NCCL between
+// them. For each total length S: causal bf16 forward + backward with each algorithm asked for
+// (ring, burst, distflash, ..., auto) through the single algorithm API and the GPU executor; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
 // kernel's throughput at S / P tokens, the mean over the GPUs (the scaling reference). One
 // JSON line per run; the PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py
@@ -17,7 +17,7 @@
 
 #include "seqpar/cudnn_attention.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_ring.hpp"
+#include "seqpar/gpu_executor.hpp"
 #include "seqpar/nccl_comm.hpp"
 #include "bench_util.cuh"
 
@@ -178,15 +178,15 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
   cudaGetDevice(&device);
   AttentionParams params;
   params.mask = MaskSpec::causal();
-  const bool own = gpu_ring_uses_own_kernels(GpuRingOptions{}, DType::kBF16, D, params);
-  BackwardSchedule schedule =
-      algo == "ring" ? BackwardSchedule::kRing
-      : algo == "burst" ? BackwardSchedule::kBurst
-                        : choose_gpu_backward(layout, params, 1, H, H, D, DType::kBF16, own);
   SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
+  const std::unique_ptr<AttentionBackend> backend = make_gpu_backend(q.view, params);
+  PlanOptions plan_options{algo, {}};
+  plan_options.head_groups = head_groups;
+  SP_ASSIGN_OR_RETURN(const AttentionPlan plan, plan_attention(plan_options, layout, params,
+                                                               block_bytes_for(q.view, k.view, *backend), me, *backend));
   cudaStreamSynchronize(s);
   SP_RETURN_IF_ERROR(cudnn_release_workspace());  // counted in this configuration's peak
   const int64_t base = device_memory_stats(device).current;
@@ -197,10 +197,8 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    GpuRingOptions ring_options;
-    ring_options.head_groups = head_groups;
-    ring_options.trace = opt.trace;
-    GpuRingContext ctx(ring_options);
+    GpuWorkspace ws(opt.trace);
+    const ShardTensors st{q.view, k.view, v.view, o.view, lse.view, dout.view, dq.view, dk.view, dv.view};
     const bool big = S >= opt.big_from;
     const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
     cudaEvent_t e0, e1, e2;
@@ -211,12 +209,9 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     for (int it = 0; it < warm + iters; ++it) {
       SP_RETURN_IF_ERROR(comm.barrier());
       cudaEventRecord(e0, s);
-      SP_RETURN_IF_ERROR(gpu_ring_attention_forward(comm, layout, params, q.view, k.view, v.view, o.view,
-                                                    lse.view, ctx, s));
+      SP_RETURN_IF_ERROR(run_forward_gpu(comm, plan, st, ws, s));
       cudaEventRecord(e1, s);
-      SP_RETURN_IF_ERROR(gpu_attention_backward(comm, layout, params, schedule, q.view, k.view, v.view,
-                                                o.view, lse.view, dout.view, dq.view, dk.view, dv.view,
-                                                ctx, s));
+      SP_RETURN_IF_ERROR(run_backward_gpu(comm, plan, st, ws, s));
       cudaEventRecord(e2, s);
       SP_RETURN_IF_ERROR(comm.synchronize(s));
       float f = 0, t = 0;
@@ -224,7 +219,7 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
       cudaEventElapsedTime(&t, e0, e2);
       if (it >= warm) fwd_ms.push_back(f), total_ms.push_back(t);
       if (opt.trace) {
-        SP_ASSIGN_OR_RETURN(const auto marks, ctx.take_trace());
+        SP_ASSIGN_OR_RETURN(const auto marks, ws.take_trace());
         if (it + 1 == warm + iters) {
           nlohmann::ordered_json trace = {{"kind", "seqpar_trace"}, {"algo", algo}, {"seq", S},
                                           {"rank", me}, {"marks", marks}};
@@ -241,13 +236,14 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_RETURN_IF_ERROR(comm.all_reduce(stats, 3, DType::kF64, ReduceOp::kMax));
     (*line)["kind"] = "seqpar_ring";
     (*line)["algo"] = algo;
-    (*line)["backward"] = backward_schedule_name(schedule);
+    (*line)["ran"] = plan.algorithm->name;
+    (*line)["backend"] = backend->name();
     (*line)["gpus"] = P;
     (*line)["seq"] = S;
     (*line)["tokens_per_gpu"] = S / P;
     (*line)["heads"] = H;
     (*line)["head_dim"] = D;
-    (*line)["head_groups"] = ctx.counters.head_groups;
+    (*line)["head_groups"] = plan.head_groups;
     (*line)["iters"] = iters;
     (*line)["fwd_ms"] = stats[0];
     (*line)["fwdbwd_ms"] = stats[1];
@@ -309,10 +305,10 @@ Status bench_rank(Communicator& comm, const Options& opt) {
 
 int main(int argc, char** argv) {
   using namespace seqpar;
-  CLI::App app{"Multi-GPU ring/Burst attention benchmark (causal bf16, zigzag, B = 1); JSON lines"};
+  CLI::App app{"Multi-GPU distributed attention benchmark (causal bf16, zigzag, B = 1); JSON lines"};
   Options opt;
   app.add_option("--seqs", opt.seqs, "total sequence lengths")->delimiter(',')->capture_default_str();
-  app.add_option("--algos", opt.algos, "ring, burst, auto")->delimiter(',')->capture_default_str();
+  app.add_option("--algos", opt.algos, "algorithms (algorithm.hpp names) or auto")->delimiter(',')->capture_default_str();
   app.add_option("--gpus", opt.gpus, "GPUs (default: all visible)");
   app.add_option("--heads", opt.heads, "heads (K/V heads too)")->capture_default_str();
   app.add_option("--head-dim", opt.head_dim, "head dim")->capture_default_str();

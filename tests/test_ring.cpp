@@ -1,5 +1,5 @@
-// The GPU executor's byte formulas (ring, Burst, the two-rank return), BurstAttention's
-// erratum regression, and the refusals of the CPU executor. Every algorithm against the oracle
+// GPU block bytes walked from the ring and Burst schedules against the closed forms,
+// BurstAttention's erratum regression, and the refusals of the CPU executor. Every algorithm against the oracle
 // is in test_schedules.cpp.
 #include <gtest/gtest.h>
 
@@ -49,53 +49,24 @@ RingRun run_algorithm(const GlobalProblem& g, const Layout& layout, const Attent
   return run;
 }
 
-// GPU ranks: Q, dO, O travel in bf16 and LSE in fp32, dQ and the ring's dK/dV in fp32.
-TEST(BurstBytes, GpuPackAndChoice) {
-  for (int P : {2, 4}) {
-    const int64_t S = 128 * P, B = 1, H = 32, D = 128, n = S / P;
-    const Layout layout = Layout::create(LayoutKind::kZigzag, S, P).value();
-    EXPECT_EQ(burst_backward_expected_bytes(layout, 1, B, H, D, DType::kBF16, DType::kF32,
-                                            BurstPack::kOutputLse),
-              (P - 1) * (3 * B * n * H * D * 2 + B * H * n * 4) + P * B * n * H * D * 4);
+// GPU ranks (cuDNN's blocks: Q, dO, O in bf16, LSE and the accumulators in fp32): the walked
+// ring and Burst schedules equal the closed forms, two ranks included.
+TEST(GpuBlockBytes, WalkedSchedulesEqualTheClosedForms) {
+  const int64_t B = 1, H = 32, Hkv = 8, D = 128;
+  const BlockBytes gpu{B, H, Hkv, D, DType::kBF16, DType::kF32, DType::kF32, /*pack_has_delta=*/false};
+  for (int P : {2, 3, 4}) {
+    const Layout layout = Layout::create(LayoutKind::kZigzag, 128 * P + 6, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::none(), H, Hkv);
+    for (int r = 0; r < P; ++r) {
+      const TrafficBytes ring = ring_expected_bytes(layout, r, B, Hkv, D, DType::kBF16, DType::kF32);
+      const RankSchedule rs = find_algorithm("ring")->make_schedule(req, r);
+      EXPECT_EQ(walk_bytes(rs.forward, r, layout, gpu, {}).total, ring.forward);
+      EXPECT_EQ(walk_bytes(rs.backward, r, layout, gpu, {}).total, ring.backward);
+      const RankSchedule bs = find_algorithm("burst")->make_schedule(req, r);
+      EXPECT_EQ(walk_bytes(bs.backward, r, layout, gpu, {}).total,
+                burst_backward_expected_bytes(layout, r, B, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse));
+    }
   }
-}
-
-// Two GPU ranks: the pack once, then each rank's result for its peer returned as the one cuDNN
-// call left it (bf16 over that call's rows) or, with our own kernels, in fp32 over every row.
-// Zigzag causal, 8K tokens a rank (chunks c0, c3 on rank 0; c1, c2 on rank 1); u is one rank's
-// q (or MHA k) in bf16.
-TEST(BurstBytes, TwoGpuRanksReturnOnce) {
-  const int64_t S = 16384, B = 1, H = 32, D = 128, n = S / 2, u = B * n * H * D * 2, lse = B * H * n * 4;
-  const Layout layout = Layout::create(LayoutKind::kZigzag, S, 2).value();
-  AttentionParams causal;
-  causal.mask = MaskSpec::causal();
-  const auto bytes = [&](int rank, BackwardSchedule s, int64_t kv_heads, bool own) {
-    return gpu_expected_bytes(layout, rank, s, causal, B, H, kv_heads, D, DType::kBF16, own);
-  };
-  const auto ring = BackwardSchedule::kRing, burst = BackwardSchedule::kBurst;
-  // Ring: K/V, then dK/dV of the peer's keys that this rank's queries see: all 8K of rank 1's
-  // (c3 sees c1 and c2), 4K of rank 0's (c1 and c2 see c0 only).
-  EXPECT_EQ(bytes(0, ring, H, false).forward, 2 * u);
-  EXPECT_EQ(bytes(0, ring, H, false).backward, 2 * u + 2 * u);
-  EXPECT_EQ(bytes(1, ring, H, false).backward, 2 * u + u);
-  // Burst: Q, dO, O and the LSE, then dQ of the peer's queries that see this rank's keys.
-  EXPECT_EQ(bytes(0, burst, H, false).backward, 3 * u + lse + u);
-  EXPECT_EQ(bytes(1, burst, H, false).backward, 3 * u + lse + u / 2);
-  // Our own kernels sum in fp32 and return every row.
-  EXPECT_EQ(bytes(1, ring, H, true).backward, 2 * u + 2 * 2 * u);
-  EXPECT_EQ(bytes(1, burst, H, true).backward, 3 * u + lse + 2 * u);
-  // A pair that sees nothing returns nothing: contiguous causal, rank 0's queries see none of
-  // rank 1's keys.
-  const Layout contiguous = Layout::create(LayoutKind::kContiguous, S, 2).value();
-  EXPECT_EQ(gpu_expected_bytes(contiguous, 0, ring, causal, B, H, H, D, DType::kBF16, false).backward, 2 * u);
-  // MHA: the ring moves 4u on its busiest rank against Burst's 4u + LSE; GQA favours it more.
-  EXPECT_EQ(choose_gpu_backward(layout, causal, B, H, H, D, DType::kBF16, false), ring);
-  EXPECT_EQ(choose_gpu_backward(layout, causal, B, H, H / 8, D, DType::kBF16, false), ring);
-  // More ranks keep the accumulating schedules' counts.
-  const Layout four = Layout::create(LayoutKind::kZigzag, S, 4).value();
-  EXPECT_EQ(gpu_expected_bytes(four, 1, burst, causal, B, H, H, D, DType::kBF16, false).backward,
-            burst_backward_expected_bytes(four, 1, B, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse));
-  EXPECT_EQ(choose_gpu_backward(four, causal, B, H, H, D, DType::kBF16, false), burst);
 }
 
 // Erratum (report 000, section 2.8 item 4): the printed Algorithm 4 puts (Q, dQ, dO, D, lse)

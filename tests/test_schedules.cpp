@@ -441,3 +441,67 @@ TEST(AlgorithmRegistry, NamesAndRefusals) {
 
 }  // namespace
 }  // namespace seqpar
+
+namespace seqpar {
+namespace {
+
+// A device backend for the planner's head-group policy (host logic: nothing runs on it).
+class PlanOnlyDeviceBackend : public AttentionBackend {
+ public:
+  const char* name() const override { return "plan-only"; }
+  BackendCaps caps() const override {
+    BackendCaps c;
+    c.device = true;
+    c.takes_delta = false;
+    return c;
+  }
+  std::string supports(const TensorView&, const AttentionParams&) const override { return {}; }
+  Status forward(const TensorView&, const TensorView&, const TensorView&, const AttentionParams&, const TensorView&,
+                 const TensorView&, void*) const override { return unused(); }
+  Status backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                  const TensorView&, const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
+                  void*) const override { return unused(); }
+  Status delta(const TensorView&, const TensorView&, const TensorView&, void*) const override { return unused(); }
+  Status merge(const TensorView&, const TensorView&, const TensorView&, const TensorView&, void*) const override {
+    return unused();
+  }
+  Status accumulate(const TensorView&, const TensorView&, void*) const override { return unused(); }
+
+ private:
+  static Status unused() { return SP_STATUS(StatusCode::kInternal, "plan-only backend"); }
+};
+
+// Head groups on device backends: small problems stay whole; the MHA shapes measured on
+// 2 x H200 (H = 32, D = 128) split as their peak block bytes pass seven q shards; the 16 GiB
+// cap splits a million tokens a GPU further; every rank plans the same count; an explicit
+// count must divide the K/V heads; CPU backends never split.
+TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
+  const PlanOnlyDeviceBackend device;
+  AttentionParams causal;
+  causal.mask = MaskSpec::causal();
+  const auto groups = [&](const std::string& algo, int P, int64_t per_rank, int64_t H, int64_t Hkv, int rank = 0) {
+    const Layout layout = Layout::create(LayoutKind::kZigzag, per_rank * P, P).value();
+    const BlockBytes bytes{1, H, Hkv, 128, DType::kBF16, DType::kF32, DType::kF32, false};
+    return plan_attention({algo}, layout, causal, bytes, rank, device).value().head_groups;
+  };
+  EXPECT_EQ(groups("ring", 2, 1024, 32, 32), 1);  // under the 256 MiB floor
+  for (const char* algo : {"ring", "burst"}) {
+    SCOPED_TRACE(algo);
+    const int at_64k = groups(algo, 2, 65536, 32, 32);
+    EXPECT_GT(at_64k, 1);  // three fp32 accumulators and two packs pass seven bf16 q shards
+    EXPECT_GE(groups(algo, 2, 1 << 20, 32, 32), at_64k);
+    EXPECT_EQ(groups(algo, 4, 65536, 32, 32, 0), groups(algo, 4, 65536, 32, 32, 3));
+    EXPECT_LE(groups(algo, 2, 65536, 32, 8), at_64k);  // GQA: smaller K/V blocks
+  }
+  const Layout layout = Layout::create(LayoutKind::kZigzag, 4096, 2).value();
+  const BlockBytes bytes{1, 32, 8, 128, DType::kBF16, DType::kF32, DType::kF32, false};
+  PlanOptions three("ring");
+  three.head_groups = 3;
+  EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, device).status().code(), StatusCode::kInvalidArgument);
+  three.head_groups = 4;
+  EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, device).value().head_groups, 4);
+  EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
+}
+
+}  // namespace
+}  // namespace seqpar

@@ -4,7 +4,8 @@
 // (params.q_positions / k_positions give each local row's position).
 //   forward     continues a running (O, LSE): merges these keys into it, as if all keys so far
 //               had been seen in one call (O = 0, LSE = -inf before the first);
-//   backward    *adds* this pair's dQ, dK, dV, against the final LSE and D = rowsum(dO * O);
+//   backward    *adds* this pair's dQ, dK, dV, against the final LSE and D = rowsum(dO * O)
+//               (a backend whose caps say !takes_delta gets O [B, S_q, H, D] as `delta`);
 //   delta       D = rowsum(dO * O);
 //   merge       (O, LSE) <- merge((O, LSE), (O_part, LSE_part)), -inf safe;
 //   accumulate  acc += x (same shape and dtype).
@@ -12,6 +13,8 @@
 // lse, delta [B, H, S_q]. `stream` is the CUDA stream of device backends (CPU ones ignore it).
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +23,12 @@
 namespace seqpar {
 
 struct BackendCaps {
-  bool takes_delta = true;          // backward reads D (else it recomputes D from O: packs carry O)
-  bool writes_parts = false;        // forward/backward write a fresh part the caller merges or adds
-  bool needs_dense_blocks = false;  // only full or top-left causal blocks (the planner splits pairs)
+  bool takes_delta = true;          // backward reads D (else O, passed as `delta`: packs carry O)
+  bool writes_parts = false;        // its kernels write fresh parts it then merges or adds itself
+  bool needs_dense_blocks = false;  // its kernels take only full or top-left causal blocks (it
+                                    // plans each shard pair into such calls itself)
+  bool device = false;              // computes on a GPU: accumulators and row stats are fp32, and
+                                    // the planner bounds its workspace with head groups
 };
 
 class AttentionBackend {
@@ -53,7 +59,18 @@ class AttentionBackend {
 const AttentionBackend& cpu_kernel_backend();
 // The fp64 oracle as a backend: plain loops, every step computed in fp64 (fp32 or fp64 tensors).
 const AttentionBackend& cpu_oracle_backend();
-// Every backend this build has (GPU ones where CUDA is built), for the backend test.
+// Every backend this build has (GPU ones where CUDA is built), for the backend test. The GPU
+// instances keep scratch: use them from one thread.
 std::vector<const AttentionBackend*> all_backends();
+
+// GPU backends, one instance per rank (they keep scratch buffers and cached plans); nullptr
+// where this build lacks them. max_call_rows > 0: no cuDNN call spans more rows (a guard and
+// a diagnostic for very long shards).
+std::unique_ptr<AttentionBackend> make_cuda_backend();
+std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0);
+// The GPU backend for problems like (q, params): cuDNN where built, preferred and supported,
+// else our own kernels; nullptr without CUDA.
+std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const AttentionParams& params,
+                                                   bool prefer_cudnn = true, int64_t max_call_rows = 0);
 
 }  // namespace seqpar

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "seqpar/algorithm.hpp"
 #include "seqpar/attention.hpp"
@@ -18,8 +19,18 @@
 namespace seqpar {
 
 struct PlanOptions {
-  std::string algorithm = "auto";  // a name from algorithm.hpp, or auto
+  PlanOptions(std::string algorithm_name = "auto", Topology nodes = {})
+      : algorithm(std::move(algorithm_name)), topology(nodes) {}
+  std::string algorithm;           // a name from algorithm.hpp, or auto
   Topology topology;               // nodes, for the double ring and the per-link byte counts
+  // Device backends: the schedule runs once per head group. 0: the fewest groups whose peak
+  // block bytes (peak_block_bytes, every rank) fit under the budget below; else this many (it
+  // must divide the K/V heads). Seven q shards kept the peak near 36% of PyTorch context
+  // parallel's on two GPUs (docs/RESULTS.md); more groups cost speed.
+  int head_groups = 0;
+  double workspace_limit_shards = 7.0;          // in units of this rank's q shard (input dtype),
+  int64_t workspace_floor_bytes = 256LL << 20;  // but never split a smaller workspace,
+  int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
 };
 
 // A finished plan: the executor runs it as it is and never plans again.
@@ -32,6 +43,7 @@ struct AttentionPlan {
   int rank = 0;
   const AttentionBackend* backend = nullptr;
   BlockBytes block_bytes;  // how this plan's blocks travel (counted by the communicator)
+  int head_groups = 1;     // the schedule runs once per group of heads (device backends)
   std::string choice;      // with auto: what it chose and why
 };
 
@@ -42,6 +54,11 @@ struct AttentionPlan {
 StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout& layout,
                                        const AttentionParams& params, const BlockBytes& bytes, int rank,
                                        const AttentionBackend& backend);
+
+// How blocks travel for tensors like q and k computed by `backend`: inputs in q's dtype; on a
+// device backend fp32 accumulators and row stats, on a CPU one q's dtype; the query pack
+// carries D where the backend takes it, else O.
+BlockBytes block_bytes_for(const TensorView& q, const TensorView& k, const AttentionBackend& backend);
 
 // Every rank's schedules of a request (for validation, printing and byte walks).
 std::vector<RankSchedule> all_rank_schedules(const Algorithm& algorithm, const ScheduleRequest& request);

@@ -15,6 +15,8 @@ namespace seqpar {
 
 // Number of usable CUDA devices (0 when built without CUDA or when none is present).
 int cuda_device_count();
+// Bytes free on the current CUDA device now (0 without CUDA or a device).
+int64_t cuda_free_memory();
 
 // Blocks until the work queued on `stream` is done (no-op without CUDA).
 Status stream_synchronize(void* stream);

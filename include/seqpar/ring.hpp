@@ -1,5 +1,4 @@
-// Ring attention's byte formula and pair counts as the GPU executor (gpu_ring.hpp) reports
-// them. The ring itself, like every algorithm, is a schedule: src/parallel/algorithms/ring.cpp
+// Ring attention's closed-form byte count (what the tests hold the walked schedule to). The ring itself, like every algorithm, is a schedule: src/parallel/algorithms/ring.cpp
 // (algorithm.hpp, distributed_attention.hpp).
 #pragma once
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ enum class BlockKind : uint8_t {
   kDKV,        // dK and dV accumulators         2 x [B, S_s, H_kv, D]
 };
 const char* block_kind_name(BlockKind kind);
+// Results (O; dQ, dK/dV) are made by computes and go home; the rest are inputs.
+inline bool is_result(BlockKind kind) {
+  return kind == BlockKind::kOutput || kind == BlockKind::kDQ || kind == BlockKind::kDKV;
+}
 
 struct Block {
   BlockKind kind = BlockKind::kKV;
@@ -120,6 +125,16 @@ Status validate_schedules(const std::vector<RankSchedule>& schedules, const Sche
 
 // One rank's steps, one per line ("r2 post#3 send KV[1]->3 (intra) recv KV[0]<-1", ...).
 std::string describe_steps(const std::vector<Step>& steps, const Topology& topology, int rank);
+
+// Block lifetimes, as the executors keep blocks (src/parallel/block_lifetimes.cpp).
+// last_input_uses: for each input block of another shard a rank holds in a pass, the index of
+// the step after which it is no longer read or sent (the executors free it there).
+std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank);
+// The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
+// received inputs, results (its own included) and arriving parts, each block sized for the
+// layout's longest shard as the GPU executor allocates them. Head groups divide it.
+int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
+                         const BlockBytes& bytes);
 
 // Computes per step of the pass (for balance reports): the number of kCompute steps.
 int count_computes(const std::vector<Step>& steps);

@@ -92,6 +92,15 @@ int cuda_device_count() {
   return n;
 }
 
+int64_t cuda_free_memory() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return int64_t(free_bytes);
+}
+
 void DeviceBuffer::release() {
   if (data_) retired_.push_back({data_, bytes_});
   for (const auto& [ptr, bytes] : retired_) {

@@ -13,6 +13,7 @@ Status no_cuda() {
 }  // namespace
 
 int cuda_device_count() { return 0; }
+int64_t cuda_free_memory() { return 0; }
 Status stream_synchronize(void*) { return Status::Ok(); }
 Status copy_bytes(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);

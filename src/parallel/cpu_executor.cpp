@@ -49,7 +49,7 @@ class Executor {
     B_ = dims.batch, H_ = dims.heads, Hkv_ = dims.kv_heads, D_ = dims.head_dim, dtype_ = t_.q.dtype;
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
     SP_RETURN_IF_ERROR(make_home());
-    find_last_uses();
+    last_use_ = last_input_uses(steps_, pass_, me_);
     PassStats local;
     for (size_t i = 0; i < steps_.size(); ++i) {
       const Step& s = steps_[i];
@@ -239,27 +239,9 @@ class Executor {
     return Status::Ok();
   }
 
-  // last_use_[b]: the step after which a received input is no longer read or sent.
-  void find_last_uses() {
-    std::map<int, size_t> wait_of;
-    for (size_t i = 0; i < steps_.size(); ++i)
-      if (steps_[i].kind == StepKind::kWait) wait_of[steps_[i].batch] = i;
-    const BlockKind query = pass_ == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
-    for (size_t i = 0; i < steps_.size(); ++i) {
-      const Step& s = steps_[i];
-      if (s.kind == StepKind::kCompute) {
-        for (const Block& b : {Block{query, s.q_shard}, Block{BlockKind::kKV, s.kv_shard}})
-          last_use_[b] = std::max(last_use_[b], i);
-      } else if (s.kind == StepKind::kPost) {
-        for (const Transfer& t : s.sends) last_use_[t.block] = std::max(last_use_[t.block], wait_of[s.batch]);
-      }
-    }
-  }
   void drop_after(size_t step) {
     for (const auto& [block, last] : last_use_)
-      if (last == step && block.shard != me_ &&
-          (block.kind == BlockKind::kKV || block.kind == BlockKind::kQuery || block.kind == BlockKind::kQueryPack))
-        store_.erase(block);
+      if (last == step) store_.erase(block);
   }
 
   Communicator& comm_;

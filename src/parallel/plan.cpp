@@ -26,7 +26,40 @@ Cost cost_of(const Algorithm& a, const ScheduleRequest& req, const Layout& layou
   return c;
 }
 
+// The head groups of a device plan: every rank computes the same count (the groups' messages
+// must match), from every rank's peak.
+StatusOr<int> head_groups_for(const PlanOptions& o, const Algorithm& a, const ScheduleRequest& req,
+                              const Layout& layout, const BlockBytes& bytes) {
+  if (o.head_groups > 0) {
+    SP_CHECK_ARG(bytes.kv_heads % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
+                                                          ") must divide the K/V heads (" +
+                                                          std::to_string(bytes.kv_heads) + ")");
+    return o.head_groups;
+  }
+  const double shard = double(bytes.of(BlockKind::kQuery, layout.max_local_len()));
+  const double limit = std::min(double(o.workspace_limit_bytes),
+                                std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
+  const std::vector<RankSchedule> all = all_rank_schedules(a, req);
+  for (int g = 1; g <= bytes.kv_heads; ++g) {
+    if (bytes.kv_heads % g) continue;
+    BlockBytes group = bytes;
+    group.heads /= g, group.kv_heads /= g;
+    int64_t peak = 0;
+    for (int r = 0; r < req.ranks; ++r)
+      for (Pass p : {Pass::kForward, Pass::kBackward})
+        peak = std::max(peak, peak_block_bytes(all[r].pass(p), p, r, layout, group));
+    if (double(peak) <= limit) return g;
+  }
+  return int(bytes.kv_heads);
+}
+
 }  // namespace
+
+BlockBytes block_bytes_for(const TensorView& q, const TensorView& k, const AttentionBackend& backend) {
+  const BackendCaps caps = backend.caps();
+  const DType rounded = caps.device ? DType::kF32 : q.dtype;
+  return {q.shape[0], q.shape[2], k.shape[2], q.shape[3], q.dtype, rounded, rounded, caps.takes_delta};
+}
 
 std::vector<RankSchedule> all_rank_schedules(const Algorithm& algorithm, const ScheduleRequest& request) {
   std::vector<RankSchedule> all;
@@ -46,7 +79,7 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
                "query heads (" + std::to_string(bytes.heads) + ") must be a multiple of K/V heads (" +
                    std::to_string(bytes.kv_heads) + ")");
   SP_RETURN_IF_ERROR(params.mask.validate(layout.seq_len()));
-  AttentionPlan plan{nullptr, layout, params, {}, {}, 0, nullptr, {}, {}};
+  AttentionPlan plan{nullptr, layout, params, {}, {}, 0, nullptr, {}, 1, {}};
   plan.rank = rank;
   plan.backend = &backend;
   plan.block_bytes = bytes;
@@ -70,6 +103,9 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
     SP_CHECK_SUPPORTED(why_not.empty(), why_not);
   }
   plan.schedule = plan.algorithm->make_schedule(plan.request, rank);
+  if (backend.caps().device) {
+    SP_ASSIGN_OR_RETURN(plan.head_groups, head_groups_for(options, *plan.algorithm, plan.request, layout, bytes));
+  }
   return plan;
 }
 

@@ -100,10 +100,6 @@ std::string describe_steps(const std::vector<Step>& steps, const Topology& topol
 
 namespace {
 
-bool is_result(BlockKind kind) {
-  return kind == BlockKind::kOutput || kind == BlockKind::kDQ || kind == BlockKind::kDKV;
-}
-
 // The symbolic state of one rank: which blocks it holds, and for results the set of (query
 // shard, key shard) pairs summed into them, as q * P + kv.
 struct SymbolicRank {

@@ -135,6 +135,4 @@ const AttentionBackend& cpu_oracle_backend() {
   return backend;
 }
 
-std::vector<const AttentionBackend*> all_backends() { return {&cpu_kernel_backend(), &cpu_oracle_backend()}; }
-
 }  // namespace seqpar

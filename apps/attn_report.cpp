@@ -1,0 +1,187 @@
+// `seqpar attn`'s table and JSON (attn_report.hpp).
+#include "attn_report.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace seqpar::app {
+namespace {
+
+// Visible (query, key) pairs under the band and documents, for FLOP counts: O(S) per batch
+// entry. A block pattern's sparsity is not counted (its FLOP/s read low).
+double visible_pairs(const MaskSpec& mask, int64_t S) {
+  double total = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    int64_t lo = 0, hi = S - 1;
+    if (mask.window_left >= 0) lo = std::max(lo, i - mask.window_left);
+    if (mask.window_right >= 0) hi = std::min(hi, i + mask.window_right);
+    if (mask.has_documents()) {
+      const auto& o = mask.doc_offsets;
+      const auto it = std::upper_bound(o.begin(), o.end(), i);
+      lo = std::max(lo, *(it - 1));
+      hi = std::min(hi, *it - 1);
+    }
+    total += std::max<int64_t>(0, hi - lo + 1);
+  }
+  return total;
+}
+
+void print_check_line(const Job& job, const CheckResult& c) {
+  const bool low_precision = job.dtype == DType::kBF16 || job.dtype == DType::kF16;
+  const auto& e = c.errors;
+  if (c.mode == "none") {
+    std::printf("check: skipped (--check %s)\n", job.opt.check.c_str());
+  } else if (c.mode == "single") {
+    if (c.single_error.empty())
+      std::printf("vs the single-GPU result, every row: |error| / |reference| (Frobenius) O %.2e  dQ %.2e  dK %.2e  "
+                  "dV %.2e (tolerance %.0e); max |error| LSE %.2e (tolerance %.0e)\n",
+                  e["o"].get<double>(), e["dq"].get<double>(), e["dk"].get<double>(), e["dv"].get<double>(),
+                  c.tolerance, e["lse"].get<double>(), kSingleLseTolerance);
+    else
+      std::printf("no single-GPU result (%s): the oracle rows alone check the ranks\n", c.single_error.c_str());
+    for (const auto& [who, err] : c.oracle_errors.items())
+      std::printf("max |error| / max |reference| vs fp64 oracle on %ld query rows, %s: O %.2e  LSE %.2e  dQ %.2e\n",
+                  long(c.oracle_rows), who.c_str(), err["o"].get<double>(), err["lse"].get<double>(),
+                  err["dq"].get<double>());
+    for (size_t i = 0; i < std::min<size_t>(c.disagreeing.size(), 12); ++i) {
+      const auto& d = c.disagreeing[i];
+      std::printf("  disagrees: %s rows [%ld, %ld) heads [%ld, %ld): %.2e\n", d["tensor"].get<std::string>().c_str(),
+                  long(d["rows"][0]), long(d["rows"][1]), long(d["heads"][0]), long(d["heads"][1]),
+                  d["relative_err"].get<double>());
+    }
+    const auto passes_oracle = [&](const char* who) {
+      if (!c.oracle_errors.contains(who)) return false;
+      for (const auto& [name, err] : c.oracle_errors[who].items())
+        if (!(err.get<double>() <= c.tolerance)) return false;
+      return true;
+    };
+    if (!c.disagreeing.empty() && passes_oracle("ranks") != passes_oracle("single"))
+      std::printf("the oracle rows side with the %s result\n", passes_oracle("ranks") ? "ranks'" : "single-GPU");
+    std::printf("check (the ranks within both tolerances): %s\n", c.ok ? "PASS" : "FAIL");
+  } else if (c.mode == "rows") {
+    std::printf("max |error|%s vs fp64 oracle (%ld sampled query rows): O %.2e  LSE %.2e  dQ %.2e  (tolerance %.0e): "
+                "%s\n",
+                low_precision ? " / max |reference|" : "", long(c.rows_checked), e["o"].get<double>(),
+                e["lse"].get<double>(), e["dq"].get<double>(), c.tolerance, c.ok ? "PASS" : "FAIL");
+  } else {
+    std::printf("max |error|%s vs fp64 oracle (%s): O %.2e  LSE %.2e  dQ %.2e  dK %.2e  dV %.2e  (tolerance %.0e): %s\n",
+                low_precision ? " / max |reference|" : "", c.mode.c_str(), e["o"].get<double>(), e["lse"].get<double>(),
+                e["dq"].get<double>(), e["dk"].get<double>(), e["dv"].get<double>(), c.tolerance,
+                c.ok ? "PASS" : "FAIL");
+  }
+}
+
+}  // namespace
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) b /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", b, units[u]);
+  return buf;
+}
+
+void progress(const std::string& text) {
+  static const auto start = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "[seqpar %7.1f s] %s\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), text.c_str());
+}
+
+bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFigures>& ranks, const double times[2],
+                  const CheckResult& check) {
+  const AttnOptions& o = job.opt;
+  const AttentionPlan& plan = *run0.plan;
+  const int P = int(ranks.size());
+  const Topology topology{o.ranks_per_node};
+  const std::vector<RankSchedule> schedules = all_rank_schedules(*plan.algorithm, plan.request);
+  nlohmann::ordered_json sent_fwd = nlohmann::json::array(), sent_bwd = nlohmann::json::array();
+  nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
+  nlohmann::ordered_json sent_inter = nlohmann::json::array(), want_inter = nlohmann::json::array();
+  nlohmann::ordered_json computed = nlohmann::json::array();
+  bool bytes_ok = true;
+  int64_t sent_max[2] = {0, 0}, want_max[2] = {0, 0};
+  for (int r = 0; r < P; ++r) {  // walked from each rank's steps
+    const WalkedBytes f = walk_bytes(schedules[r].forward, r, plan.layout, plan.block_bytes, topology);
+    const WalkedBytes b = walk_bytes(schedules[r].backward, r, plan.layout, plan.block_bytes, topology);
+    const int64_t walked_inter = f.by_link[1] + b.by_link[1];
+    sent_fwd.push_back(ranks[r].sent[0]), sent_bwd.push_back(ranks[r].sent[1]);
+    want_fwd.push_back(f.total), want_bwd.push_back(b.total);
+    sent_inter.push_back(ranks[r].inter), want_inter.push_back(walked_inter);
+    computed.push_back(ranks[r].pairs);
+    bytes_ok = bytes_ok && f.total == ranks[r].sent[0] && b.total == ranks[r].sent[1] && walked_inter == ranks[r].inter;
+    sent_max[0] = std::max(sent_max[0], ranks[r].sent[0]), sent_max[1] = std::max(sent_max[1], ranks[r].sent[1]);
+    want_max[0] = std::max(want_max[0], f.total), want_max[1] = std::max(want_max[1], b.total);
+  }
+  const double fwd_flops = 4.0 * o.batch * o.heads * o.head_dim * visible_pairs(job.mask, o.seq);
+  const double bwd_flops = 2.5 * fwd_flops;
+
+  std::printf("seqpar attn: %s (ran %s on the %s backend), %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per "
+              "rank)\n",
+              o.algo.c_str(), plan.algorithm->name, run0.backend.c_str(), o.layout.c_str(), job.mask.describe().c_str(),
+              P, job.comm_backend.c_str(), job.threads_per_rank, job.threads_per_rank > 1 ? "s" : "");
+  if (!plan.choice.empty()) std::printf("%s\n", plan.choice.c_str());
+  std::printf("problem: B=%ld S=%ld H=%ld H_kv=%ld D=%ld %s%s\n", long(o.batch), long(o.seq), long(o.heads),
+              long(job.kv_heads), long(o.head_dim), dtype_name(job.dtype),
+              job.on_gpu ? (", " + std::to_string(plan.head_groups) + " head group(s)").c_str() : "");
+  std::printf("%-10s %10s %12s %16s %16s %6s\n", "pass", "time (s)", "GFLOP/s", "sent/rank (max)", "expected (max)",
+              "bytes");
+  for (int pass = 0; pass < 2; ++pass)
+    std::printf("%-10s %10.3f %12.2f %16s %16s %6s\n", pass ? "backward" : "forward", times[pass],
+                (pass ? bwd_flops : fwd_flops) / times[pass] / 1e9, human_bytes(double(sent_max[pass])).c_str(),
+                human_bytes(double(want_max[pass])).c_str(), bytes_ok ? "equal" : "DIFFER");
+  std::string pairs;
+  for (int r = 0; r < P; ++r) pairs += (r ? " " : "") + std::to_string(ranks[r].pairs);
+  std::printf("forward block pairs computed per rank: %s (of %d)\n", pairs.c_str(), P);
+  print_check_line(job, check);
+
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["algo"] = o.algo;
+    j["algorithm"] = plan.algorithm->name;
+    j["backend"] = run0.backend;
+    j["ranks_per_node"] = o.ranks_per_node;
+    j["layout"] = o.layout;
+    j["mask"] = job.mask.describe();
+    j["ranks"] = P;
+    j["comm"] = job.comm_backend;
+    j["device"] = o.device;
+    j["dtype"] = dtype_name(job.dtype);
+    j["batch"] = o.batch;
+    j["seq"] = o.seq;
+    j["heads"] = o.heads;
+    j["kv_heads"] = job.kv_heads;
+    j["head_dim"] = o.head_dim;
+    j["threads_per_rank"] = job.threads_per_rank;
+    j["head_groups"] = plan.head_groups;
+    j["fwd_s"] = times[0];
+    j["bwd_s"] = times[1];
+    j["fwd_gflops"] = fwd_flops / times[0] / 1e9;
+    j["bwd_gflops"] = bwd_flops / times[1] / 1e9;
+    j["check"] = check.mode;
+    j["check_rows"] = check.rows_checked;
+    if (check.mode == "single") {
+      j["relative_err"] = check.errors;  // LSE: max |error|
+      j["lse_tolerance"] = kSingleLseTolerance;
+      j["oracle_query_rows"] = check.oracle_rows;
+      j["oracle_err"] = check.oracle_errors;     // max |error| / max |reference| on those rows
+      j["disagreeing_blocks"] = check.disagreeing;  // (tensor, rows, heads: K/V heads for dk, dv) past tolerance
+      if (!check.single_error.empty()) j["single_error"] = check.single_error;
+    } else {
+      j["max_abs_err"] = check.errors;
+    }
+    j["tolerance"] = check.tolerance;
+    j["check_passed"] = check.ok;
+    j["bytes_sent_per_rank"] = {{"forward", sent_fwd}, {"backward", sent_bwd}};
+    j["bytes_expected_per_rank"] = {{"forward", want_fwd}, {"backward", want_bwd}};
+    j["inter_node_bytes_per_rank"] = {{"sent", sent_inter}, {"walked", want_inter}};
+    j["bytes_match"] = bytes_ok;
+    j["fwd_pairs_computed_per_rank"] = computed;
+    std::printf("%s\n", j.dump().c_str());
+  }
+  std::fflush(stdout);
+  return bytes_ok;
+}
+
+}  // namespace seqpar::app

@@ -1,0 +1,74 @@
+// How long the executors keep each block of a schedule (include/seqpar/schedule.hpp): where a
+// received input is last used, and the most block bytes a rank holds at once, which the
+// planner divides into head groups to bound the GPU executor's workspace.
+#include <algorithm>
+#include <set>
+
+#include "seqpar/schedule.hpp"
+
+namespace seqpar {
+
+std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank) {
+  std::map<int, size_t> wait_of;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].kind == StepKind::kWait) wait_of[steps[i].batch] = i;
+  const BlockKind query = pass == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
+  std::map<Block, size_t> last;
+  const auto use = [&](const Block& b, size_t at) {
+    if (b.shard != rank && !is_result(b.kind)) last[b] = std::max(last[b], at);
+  };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    if (s.kind == StepKind::kCompute) {
+      use({query, s.q_shard}, i);
+      use({BlockKind::kKV, s.kv_shard}, i);
+    } else if (s.kind == StepKind::kPost) {
+      for (const Transfer& t : s.sends) use(t.block, wait_of[s.batch]);
+      for (const Transfer& t : s.recvs) use(t.block, wait_of[s.batch]);  // held at least until it arrives
+    }
+  }
+  return last;
+}
+
+int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
+                         const BlockBytes& bytes) {
+  const int64_t rows = layout.max_local_len();
+  const auto size = [&](const Block& b) { return bytes.of(b.kind, rows); };
+  const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
+  std::set<Block> held;
+  std::map<int, std::vector<Block>> arriving, leaving;  // per batch: parts to combine, results sent
+  int64_t live = 0, peak = 0;
+  const auto hold = [&](const Block& b) {
+    if (held.insert(b).second) live += size(b), peak = std::max(peak, live);
+  };
+  const auto drop = [&](const Block& b) {
+    if (held.erase(b)) live -= size(b);
+  };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    if (s.kind == StepKind::kCompute) {
+      hold(pass == Pass::kForward ? Block{BlockKind::kOutput, s.q_shard} : Block{BlockKind::kDQ, s.q_shard});
+      if (pass == Pass::kBackward) hold({BlockKind::kDKV, s.kv_shard});
+    } else if (s.kind == StepKind::kPost) {
+      for (const Transfer& t : s.recvs) {
+        if (t.combine == Combine::kReplace || !held.count(t.block)) {
+          hold(t.block);
+        } else {  // a part that joins the held block at the wait
+          live += size(t.block), peak = std::max(peak, live);
+          arriving[s.batch].push_back(t.block);
+        }
+      }
+      for (const Transfer& t : s.sends)
+        if (is_result(t.block.kind)) leaving[s.batch].push_back(t.block);
+    } else {
+      for (const Block& b : arriving[s.batch]) live -= size(b);
+      for (const Block& b : leaving[s.batch]) drop(b);
+      arriving.erase(s.batch), leaving.erase(s.batch);
+    }
+    for (const auto& [b, at] : last)
+      if (at == i) drop(b);
+  }
+  return peak;
+}
+
+}  // namespace seqpar

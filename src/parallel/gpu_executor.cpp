@@ -1,0 +1,404 @@
+// The GPU executor (include/seqpar/gpu_executor.hpp): runs a plan's steps for each head group
+// on device tensors. Blocks are named as the steps name them and live in pooled device
+// buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
+#include "seqpar/gpu_executor.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/cuda_check.hpp"
+#include "seqpar/flash_cuda.hpp"
+#include "seqpar/gpu.hpp"
+
+namespace seqpar {
+
+struct GpuWorkspace::Impl {
+  // Free device buffers by size: blocks of one kind share one size (the longest shard's), so
+  // after the first group every block finds a buffer.
+  std::multimap<size_t, DeviceBuffer> pool;
+  int64_t pooled = 0;
+  bool tracing = false;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+
+  ~Impl() { drop_marks(); }
+  StatusOr<DeviceBuffer> take(size_t bytes) {
+    auto it = pool.lower_bound(bytes);
+    if (it != pool.end()) {
+      DeviceBuffer b = std::move(it->second);
+      pool.erase(it);
+      return b;
+    }
+    SP_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(bytes));
+    pooled += int64_t(b.bytes());
+    return b;
+  }
+  void give(DeviceBuffer b) {
+    if (b.data()) pool.emplace(b.bytes(), std::move(b));
+  }
+  Status mark(cudaStream_t s, std::string label) {
+    if (!tracing) return Status::Ok();
+    cudaEvent_t e;
+    SP_CUDA_CHECK(cudaEventCreate(&e));
+    marks.emplace_back(std::move(label), e);
+    SP_CUDA_CHECK(cudaEventRecord(e, s));
+    return Status::Ok();
+  }
+  void drop_marks() {
+    for (auto& m : marks) (void)cudaEventDestroy(m.second);
+    marks.clear();
+  }
+};
+
+GpuWorkspace::GpuWorkspace(bool trace) : impl_(std::make_unique<Impl>()) { impl_->tracing = trace; }
+GpuWorkspace::~GpuWorkspace() = default;
+int64_t GpuWorkspace::pool_bytes() const { return impl_->pooled; }
+
+StatusOr<std::vector<std::pair<std::string, double>>> GpuWorkspace::take_trace() {
+  Impl& I = *impl_;
+  std::vector<std::pair<std::string, double>> out;
+  if (I.marks.empty()) return out;
+  SP_CUDA_CHECK(cudaEventSynchronize(I.marks.back().second));
+  for (const auto& [label, e] : I.marks) {
+    float ms = 0;
+    SP_CUDA_CHECK(cudaEventElapsedTime(&ms, I.marks.front().second, e));
+    out.emplace_back(label, ms);
+  }
+  I.drop_marks();
+  return out;
+}
+
+namespace {
+
+size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
+// Parts start 256-byte aligned inside a block's buffer (kernels and NCCL like aligned rows).
+size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// Whether a slice of the caller's tensors can be sent and computed on as it is.
+bool usable_as_is(const TensorView& t) { return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+
+Status check_device(const char* name, const TensorView& t, DType dtype, const std::vector<int64_t>& shape) {
+  bool ok = t.device.kind == DeviceKind::kCuda && t.dtype == dtype && t.ndim == int(shape.size()) &&
+            t.strides[t.ndim - 1] == 1;
+  for (int i = 0; ok && i < t.ndim; ++i) ok = t.shape[i] == shape[i];
+  SP_CHECK_ARG(ok, std::string(name) + " must be a device " + dtype_name(dtype) + " tensor of shape " +
+                       TensorView::contiguous(nullptr, dtype, shape).shape_string() +
+                       " (contiguous last dim) as the layout asks; got " + t.shape_string() + " " +
+                       dtype_name(t.dtype));
+  return Status::Ok();
+}
+
+class GpuExecutor {
+ public:
+  GpuExecutor(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, Pass pass,
+              GpuWorkspace::Impl& ws, cudaStream_t s)
+      : comm_(comm), plan_(plan), t_(t), pass_(pass), steps_(plan.schedule.pass(pass)), ws_(ws), s_(s),
+        me_(comm.rank()) {}
+
+  Status run(PassStats* stats) {
+    SP_RETURN_IF_ERROR(check_args());
+    const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
+    last_use_ = last_input_uses(steps_, pass_, me_);
+    PassStats local;
+    for (int g = 0; g < plan_.head_groups; ++g) {
+      SP_RETURN_IF_ERROR(run_group(g, g == 0 ? &local : nullptr));
+      release_all();
+    }
+    if (stats) *stats = local;
+    return Status::Ok();
+  }
+
+ private:
+  Status check_args() {
+    const Layout& layout = plan_.layout;
+    SP_CHECK_ARG(layout.ranks() == comm_.size(), "the plan is for " + std::to_string(layout.ranks()) +
+                                                     " ranks but the communicator has " + std::to_string(comm_.size()));
+    SP_CHECK_ARG(plan_.rank == me_, "the plan is rank " + std::to_string(plan_.rank) + "'s, this is rank " +
+                                        std::to_string(me_));
+    SP_CHECK_ARG(t_.q.ndim == 4 && t_.k.ndim == 4, "q, k, v must be [B, S, H, D]; got q " + t_.q.shape_string() +
+                                                       ", k " + t_.k.shape_string());
+    const int64_t S = layout.local_len(me_);
+    B_ = t_.q.shape[0], H_ = t_.q.shape[2], Hkv_ = t_.k.shape[2], D_ = t_.q.shape[3], dtype_ = t_.q.dtype;
+    SP_CHECK_ARG(Hkv_ > 0 && H_ % Hkv_ == 0, "query heads must be a multiple of K/V heads");
+    SP_CHECK_ARG(Hkv_ % plan_.head_groups == 0, "head groups (" + std::to_string(plan_.head_groups) +
+                                                    ") must divide the K/V heads (" + std::to_string(Hkv_) + ")");
+    SP_CHECK_ARG(plan_.block_bytes.heads == H_ && plan_.block_bytes.kv_heads == Hkv_ && plan_.block_bytes.head_dim == D_ &&
+                     plan_.block_bytes.batch == B_,
+                 "the plan was made for other dims than these tensors'");
+    const std::string why_not = plan_.backend->supports(t_.q, plan_.params);
+    SP_CHECK_SUPPORTED(why_not.empty(), why_not);
+    SP_CHECK_SUPPORTED(plan_.backend->caps().device, std::string("the GPU executor needs a GPU backend, not ") +
+                                                         plan_.backend->name());
+    const std::vector<int64_t> qs{B_, S, H_, D_}, kvs{B_, S, Hkv_, D_}, stats{B_, H_, S};
+    SP_RETURN_IF_ERROR(check_device("q", t_.q, dtype_, qs));
+    SP_RETURN_IF_ERROR(check_device("k", t_.k, dtype_, kvs));
+    SP_RETURN_IF_ERROR(check_device("v", t_.v, dtype_, kvs));
+    SP_RETURN_IF_ERROR(check_device("o", t_.o, dtype_, qs));
+    SP_RETURN_IF_ERROR(check_device("lse", t_.lse, DType::kF32, stats));
+    if (pass_ == Pass::kBackward) {
+      SP_RETURN_IF_ERROR(check_device("dout", t_.dout, dtype_, qs));
+      SP_RETURN_IF_ERROR(check_device("dq", t_.dq, dtype_, qs));
+      SP_RETURN_IF_ERROR(check_device("dk", t_.dk, dtype_, kvs));
+      SP_RETURN_IF_ERROR(check_device("dv", t_.dv, dtype_, kvs));
+    }
+    return Status::Ok();
+  }
+
+  // A block's parts in wire order (schedule.hpp's BlockKind), for one head group.
+  struct PartShape {
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  std::vector<PartShape> part_shapes(BlockKind kind, int64_t rows) const {
+    const std::vector<int64_t> q{B_, rows, Hg_, D_}, kv{B_, rows, Hkg_, D_}, stats{B_, Hg_, rows};
+    const DType f32 = DType::kF32;
+    switch (kind) {
+      case BlockKind::kKV: return {{dtype_, kv}, {dtype_, kv}};
+      case BlockKind::kQuery: return {{dtype_, q}};
+      case BlockKind::kOutput: return {{f32, q}, {f32, stats}};
+      case BlockKind::kQueryPack:  // Q, dO, D (or O where the backend takes no D), LSE
+        return {{dtype_, q}, {dtype_, q}, takes_delta() ? PartShape{f32, stats} : PartShape{dtype_, q}, {f32, stats}};
+      case BlockKind::kDQ: return {{f32, q}};
+      case BlockKind::kDKV: return {{f32, kv}, {f32, kv}};
+    }
+    return {};
+  }
+  bool takes_delta() const { return plan_.backend->caps().takes_delta; }
+
+  struct Stored {
+    DeviceBuffer buffer;  // empty where every part is a view of the caller's tensors
+    std::vector<TensorView> parts;
+  };
+  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b) {
+    auto st = std::make_unique<Stored>();
+    const int64_t rows = plan_.layout.local_len(b.shard), longest = plan_.layout.max_local_len();
+    size_t capacity = 0;
+    for (const PartShape& p : part_shapes(b.kind, longest))
+      capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
+    SP_ASSIGN_OR_RETURN(st->buffer, ws_.take(capacity));
+    char* at = static_cast<char*>(st->buffer.data());
+    for (const PartShape& p : part_shapes(b.kind, rows)) {
+      st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
+      at += padded(view_bytes(st->parts.back()));
+    }
+    return st;
+  }
+  void release(std::unique_ptr<Stored> st) {
+    if (st) ws_.give(std::move(st->buffer));
+  }
+  void release_all() {
+    for (auto& [b, st] : store_) release(std::move(st));
+    store_.clear();
+  }
+
+  // A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
+  StatusOr<Stored*> result(const Block& b) {
+    auto& slot = store_[b];
+    if (!slot) {
+      SP_ASSIGN_OR_RETURN(slot, make_block(b));
+      for (const TensorView& p : slot->parts) SP_CUDA_CHECK(cudaMemsetAsync(p.data, 0, view_bytes(p), s_));
+      if (b.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_fill(slot->parts[1], -INFINITY, s_));
+    }
+    return slot.get();
+  }
+
+  // This rank's own input block for head group g: the caller's slices where they can be used
+  // as they are, copies (or, for D, computed rows) in a pooled buffer otherwise.
+  Status make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part = -1) {
+    bool all_usable = computed_part < 0;
+    for (const TensorView& t : slices) all_usable = all_usable && usable_as_is(t);
+    if (all_usable) {
+      auto st = std::make_unique<Stored>();
+      st->parts = slices;
+      store_[b] = std::move(st);
+      return Status::Ok();
+    }
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> st, make_block(b));
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (int(i) == computed_part) continue;
+      if (usable_as_is(slices[i])) st->parts[i] = slices[i];
+      else SP_RETURN_IF_ERROR(flash_cast(slices[i], st->parts[i], s_));
+    }
+    store_[b] = std::move(st);
+    return Status::Ok();
+  }
+
+  Status run_group(int g, PassStats* stats) {
+    Hg_ = H_ / plan_.head_groups, Hkg_ = Hkv_ / plan_.head_groups;
+    const auto qh = [&](const TensorView& t) { return t.narrow(2, g * Hg_, (g + 1) * Hg_); };
+    const auto kvh = [&](const TensorView& t) { return t.narrow(2, g * Hkg_, (g + 1) * Hkg_); };
+    const auto stat_h = [&](const TensorView& t) { return t.narrow(1, g * Hg_, (g + 1) * Hg_); };
+    SP_RETURN_IF_ERROR(make_home({BlockKind::kKV, me_}, {kvh(t_.k), kvh(t_.v)}));
+    if (pass_ == Pass::kForward) {
+      SP_RETURN_IF_ERROR(make_home({BlockKind::kQuery, me_}, {qh(t_.q)}));
+    } else if (takes_delta()) {
+      SP_RETURN_IF_ERROR(make_home({BlockKind::kQueryPack, me_}, {qh(t_.q), qh(t_.dout), TensorView{}, stat_h(t_.lse)}, 2));
+      Stored& pack = *store_.at({BlockKind::kQueryPack, me_});
+      SP_RETURN_IF_ERROR(plan_.backend->delta(qh(t_.o), qh(t_.dout), pack.parts[2], s_));
+    } else {
+      SP_RETURN_IF_ERROR(make_home({BlockKind::kQueryPack, me_}, {qh(t_.q), qh(t_.dout), qh(t_.o), stat_h(t_.lse)}));
+    }
+    const char* pass_name = pass_ == Pass::kForward ? "fwd" : "bwd";
+    const std::string group = std::string(pass_name) + " g" + std::to_string(g) + " ";
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      const Step& s = steps_[i];
+      if (stats) stats->rounds = std::max(stats->rounds, s.round + 1);
+      if (s.kind == StepKind::kPost) {
+        SP_RETURN_IF_ERROR(post(s));
+        SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " post"));
+      } else if (s.kind == StepKind::kWait) {
+        SP_RETURN_IF_ERROR(wait(s));
+        SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
+      } else {
+        SP_RETURN_IF_ERROR(compute(s));
+        SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " computed"));
+        if (stats) ++stats->pairs_computed;
+      }
+      for (const auto& [block, last] : last_use_)
+        if (last == i) {
+          auto it = store_.find(block);
+          if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
+        }
+    }
+    SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");
+    // The results, rounded once into the caller's tensors.
+    if (pass_ == Pass::kForward) {
+      SP_ASSIGN_OR_RETURN(Stored* out, result({BlockKind::kOutput, me_}));
+      SP_RETURN_IF_ERROR(flash_cast(out->parts[0], qh(t_.o), s_));
+      SP_RETURN_IF_ERROR(flash_cast(out->parts[1], stat_h(t_.lse), s_));
+    } else {
+      SP_ASSIGN_OR_RETURN(Stored* dq, result({BlockKind::kDQ, me_}));
+      SP_ASSIGN_OR_RETURN(Stored* dkv, result({BlockKind::kDKV, me_}));
+      SP_RETURN_IF_ERROR(flash_cast(dq->parts[0], qh(t_.dq), s_));
+      SP_RETURN_IF_ERROR(flash_cast(dkv->parts[0], kvh(t_.dk), s_));
+      SP_RETURN_IF_ERROR(flash_cast(dkv->parts[1], kvh(t_.dv), s_));
+    }
+    return ws_.mark(s_, group + "out");
+  }
+
+  Status present(const Block& b) const {
+    SP_CHECK_ARG(store_.count(b), std::string("internal: the schedule reads ") + block_kind_name(b.kind) + "[" +
+                                      std::to_string(b.shard) + "], which rank " + std::to_string(me_) + " lacks");
+    return Status::Ok();
+  }
+
+  AttentionParams pair_params(int q_shard, int kv_shard) const {
+    AttentionParams p = plan_.params;
+    p.q_positions = plan_.layout.positions(q_shard).data();
+    p.k_positions = plan_.layout.positions(kv_shard).data();
+    return p;
+  }
+
+  Status compute(const Step& s) {
+    const Block kv{BlockKind::kKV, s.kv_shard};
+    SP_RETURN_IF_ERROR(present(kv));
+    const Stored& keys = *store_.at(kv);
+    const AttentionParams params = pair_params(s.q_shard, s.kv_shard);
+    if (pass_ == Pass::kForward) {
+      const Block q{BlockKind::kQuery, s.q_shard};
+      SP_RETURN_IF_ERROR(present(q));
+      SP_ASSIGN_OR_RETURN(Stored* out, result({BlockKind::kOutput, s.q_shard}));
+      return plan_.backend->forward(store_.at(q)->parts[0], keys.parts[0], keys.parts[1], params, out->parts[0],
+                                    out->parts[1], s_);
+    }
+    const Block q{BlockKind::kQueryPack, s.q_shard};
+    SP_RETURN_IF_ERROR(present(q));
+    const Stored& pack = *store_.at(q);
+    SP_ASSIGN_OR_RETURN(Stored* dq, result({BlockKind::kDQ, s.q_shard}));
+    SP_ASSIGN_OR_RETURN(Stored* dkv, result({BlockKind::kDKV, s.kv_shard}));
+    return plan_.backend->backward(pack.parts[0], keys.parts[0], keys.parts[1], pack.parts[1], pack.parts[3],
+                                   pack.parts[2], params, dq->parts[0], dkv->parts[0], dkv->parts[1], s_);
+  }
+
+  struct Pending {
+    std::unique_ptr<PendingExchange> exchange;
+    std::vector<std::pair<Transfer, std::unique_ptr<Stored>>> arriving;  // parts to add or merge
+    std::vector<Block> leaving;                                            // results sent away
+  };
+
+  Status post(const Step& s) {
+    Pending p;
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    for (const Transfer& t : s.sends) {
+      SP_RETURN_IF_ERROR(present(t.block));
+      for (const TensorView& part : store_.at(t.block)->parts) sends.push_back({t.peer, part.data, view_bytes(part)});
+      if (is_result(t.block.kind)) p.leaving.push_back(t.block);
+    }
+    for (const Transfer& t : s.recvs) {
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block));
+      for (const TensorView& part : into->parts) recvs.push_back({t.peer, part.data, view_bytes(part)});
+      if (t.combine == Combine::kReplace) {
+        auto& slot = store_[t.block];
+        release(std::move(slot));
+        slot = std::move(into);
+      } else {
+        p.arriving.emplace_back(t, std::move(into));
+      }
+    }
+    // Host-driven communicators move device buffers at once: what the stream queued must be done.
+    if (!comm_.stream_ordered()) SP_RETURN_IF_ERROR(stream_synchronize(s_));
+    comm_.set_stream(s_);
+    auto started = comm_.start_exchange(sends, recvs);
+    comm_.clear_stream();  // the caller's stream may not outlive this call
+    SP_RETURN_IF_ERROR(started.status());
+    p.exchange = std::move(started).value();
+    pending_[s.batch] = std::move(p);
+    return Status::Ok();
+  }
+
+  Status wait(const Step& s) {
+    auto it = pending_.find(s.batch);
+    SP_CHECK_ARG(it != pending_.end(), "internal: a wait for a batch never posted");
+    Pending& p = it->second;
+    SP_RETURN_IF_ERROR(p.exchange->wait_on_stream(s_));
+    for (const Block& b : p.leaving) {
+      auto left = store_.find(b);
+      if (left != store_.end()) release(std::move(left->second)), store_.erase(left);
+    }
+    for (auto& [t, got] : p.arriving) {
+      auto& slot = store_[t.block];
+      if (!slot) {
+        slot = std::move(got);
+        continue;
+      }
+      if (t.combine == Combine::kMerge) {
+        SP_RETURN_IF_ERROR(plan_.backend->merge(slot->parts[0], slot->parts[1], got->parts[0], got->parts[1], s_));
+      } else {
+        for (size_t i = 0; i < slot->parts.size(); ++i)
+          SP_RETURN_IF_ERROR(plan_.backend->accumulate(slot->parts[i], got->parts[i], s_));
+      }
+      release(std::move(got));  // stream order: the next use of its buffer comes after these adds
+    }
+    pending_.erase(it);
+    return Status::Ok();
+  }
+
+  Communicator& comm_;
+  const AttentionPlan& plan_;
+  const ShardTensors& t_;
+  Pass pass_;
+  const std::vector<Step>& steps_;
+  GpuWorkspace::Impl& ws_;
+  cudaStream_t s_;
+  int me_;
+  int64_t B_ = 0, H_ = 0, Hkv_ = 0, D_ = 0, Hg_ = 0, Hkg_ = 0;
+  DType dtype_ = DType::kBF16;
+  std::map<Block, std::unique_ptr<Stored>> store_;
+  std::map<int, Pending> pending_;
+  std::map<Block, size_t> last_use_;
+};
+
+}  // namespace
+
+Status run_forward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
+                       void* stream, PassStats* stats) {
+  return GpuExecutor(comm, plan, t, Pass::kForward, ws.impl(), static_cast<cudaStream_t>(stream)).run(stats);
+}
+
+Status run_backward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
+                        void* stream, PassStats* stats) {
+  return GpuExecutor(comm, plan, t, Pass::kBackward, ws.impl(), static_cast<cudaStream_t>(stream)).run(stats);
+}
+
+}  // namespace seqpar

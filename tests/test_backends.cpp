@@ -1,0 +1,204 @@
+// Every local-attention backend of this build (all_backends(): the CPU kernels, the fp64
+// oracle, and on a GPU our CUDA kernels and cuDNN) runs every step kind a schedule needs
+// against the fp64 oracle computed whole (ggml's test-backend-ops is the model): forward
+// continued over two key blocks, backward added over two key blocks against the final LSE and
+// D (or O), delta, merge and accumulate. Rows sit at explicit global positions (two query runs,
+// two key runs), as in a zigzag or striped shard. CPU backends run fp64 (1e-10); GPU backends
+// bf16 under the bf16 rule. A backend that refuses a mask must say why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "seqpar/backend.hpp"
+#include "seqpar/gpu.hpp"
+#include "test_util.hpp"
+
+namespace seqpar {
+namespace {
+
+using testing::cast;
+
+constexpr int64_t kB = 1, kH = 4, kHkv = 2, kD = 64, kSq = 70, kSk = 90, kHalf = 45;
+
+struct Problem {
+  std::vector<int64_t> q_pos, k_pos;
+  AttentionParams params;  // positions point into q_pos, k_pos
+  HostTensor q, k, v, dout;
+  ReferenceResult ref;  // whole, in fp64
+  HostTensor delta;     // rowsum(dO * O) of the oracle
+};
+
+Problem make_problem(const std::string& mask, DType dtype) {
+  Problem p;
+  for (int64_t i = 0; i < kSq; ++i) p.q_pos.push_back(i < kSq / 2 ? 100 + i : 300 + i - kSq / 2);
+  // Keys in two runs, the second ahead of some queries: dense blocks for cuDNN's planner too
+  // (strided shards are the GPU schedule test's).
+  for (int64_t j = 0; j < kSk; ++j) p.k_pos.push_back(j < kHalf ? 60 + j : 290 + j - kHalf);
+  p.params.mask = parse_mask(mask, 400).value();
+  p.params.q_positions = p.q_pos.data();
+  p.params.k_positions = p.k_pos.data();
+  p.q = testing::random_tensor(dtype, {kB, kSq, kH, kD}, 31);
+  p.k = testing::random_tensor(dtype, {kB, kSk, kHkv, kD}, 32);
+  p.v = testing::random_tensor(dtype, {kB, kSk, kHkv, kD}, 33);
+  p.dout = testing::random_tensor(dtype, {kB, kSq, kH, kD}, 34);
+  p.ref = reference_attention(p.q.view(), p.k.view(), p.v.view(), p.dout.view(), p.params).value();
+  p.delta = HostTensor(DType::kF64, {kB, kH, kSq});
+  (void)cpu_oracle_backend().delta(p.ref.o.view(), cast(p.dout, DType::kF64).view(), p.delta.view(), nullptr);
+  return p;
+}
+
+// Tensors where a backend computes: host for CPU backends, device for GPU ones.
+struct Place {
+  Place(bool on_device, DType input_dtype, DType acc_dtype) : device(on_device), input(input_dtype), acc(acc_dtype) {}
+  bool device;
+  DType input, acc;  // inputs; running results and row stats
+  StatusOr<TensorView> put(const HostTensor& h, DType dtype, std::vector<DeviceTensor>* keep) const {
+    const HostTensor c = cast(h, dtype);
+    if (!device) {
+      keep_host.push_back(c);
+      return keep_host.back().view();
+    }
+    SP_ASSIGN_OR_RETURN(DeviceTensor d, to_device(c));
+    keep->push_back(std::move(d));
+    return keep->back().view;
+  }
+  StatusOr<HostTensor> get(const TensorView& t) const {
+    if (!device) {  // a whole contiguous tensor this place made
+      HostTensor h(t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim));
+      std::memcpy(h.view().data, t.data, h.bytes());
+      return cast(h, DType::kF64);
+    }
+    SP_ASSIGN_OR_RETURN(HostTensor h, to_host(t));
+    return cast(h, DType::kF64);
+  }
+  mutable std::deque<HostTensor> keep_host;
+};
+
+HostTensor filled(DType dtype, const std::vector<int64_t>& shape, double value) {
+  HostTensor t(DType::kF64, shape);
+  for (int64_t i = 0; i < t.view().numel(); ++i) t.view().as<double>()[i] = value;
+  return cast(t, dtype);
+}
+
+// Keys [begin, end) of the pair: the K/V rows and their positions.
+AttentionParams keys_of(const Problem& p, int64_t begin) {
+  AttentionParams a = p.params;
+  a.k_positions = p.k_pos.data() + begin;
+  return a;
+}
+
+class BackendVsOracle : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackendVsOracle, EveryStepKind) {
+  const std::string mask = GetParam();
+  for (const AttentionBackend* backend : all_backends()) {
+    SCOPED_TRACE(backend->name());
+    const BackendCaps caps = backend->caps();
+    if (caps.device && cuda_device_count() == 0) continue;  // GPU backends need a device
+    const Place at{caps.device, caps.device ? DType::kBF16 : DType::kF64, caps.device ? DType::kF32 : DType::kF64};
+    const Problem p = make_problem(mask, at.input);
+    std::vector<DeviceTensor> keep;
+    const TensorView q = at.put(p.q, at.input, &keep).value();
+    const std::string why_not = backend->supports(q, p.params);
+    if (!why_not.empty()) {  // refused, with a reason
+      EXPECT_GT(why_not.size(), 10u);
+      continue;
+    }
+    const TensorView k = at.put(p.k, at.input, &keep).value(), v = at.put(p.v, at.input, &keep).value();
+    const TensorView dout = at.put(p.dout, at.input, &keep).value();
+    const auto check = [&](const char* what, const TensorView& got, const HostTensor& want, const HostTensor* plain) {
+      const HostTensor ours = at.get(got).value();
+      if (!caps.device) {
+        EXPECT_LE(testing::max_abs_diff(ours, want), 1e-10) << what;
+      } else if (plain) {
+        const std::string why = testing::check_lowp_rule(what, ours, *plain, want, DType::kF32);
+        EXPECT_TRUE(why.empty()) << why;
+      } else {  // fp32 arithmetic on fp32 data
+        EXPECT_LE(testing::max_abs_diff(ours, want), 1e-5 * std::max(1.0, testing::max_abs(want))) << what;
+      }
+    };
+    const ReferenceResult plain =
+        caps.device ? testing::plain_lowp_attention(p.q, p.k, p.v, &p.dout, p.params, at.input) : ReferenceResult{};
+    const bool lowp = caps.device;
+
+    // forward: continued over two key blocks from the empty result.
+    const TensorView o = at.put(filled(at.acc, {kB, kSq, kH, kD}, 0), at.acc, &keep).value();
+    const TensorView lse = at.put(filled(at.acc, {kB, kH, kSq}, -INFINITY), at.acc, &keep).value();
+    for (int64_t b : {int64_t(0), kHalf})
+      ASSERT_TRUE(backend->forward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), keys_of(p, b), o, lse,
+                                   nullptr).ok());
+    check("O", o, p.ref.o, lowp ? &plain.o : nullptr);
+    check("LSE", lse, p.ref.lse, lowp ? &plain.lse : nullptr);
+
+    // backward: added over two key blocks, against the final LSE and D (or O).
+    const TensorView g_lse = at.put(p.ref.lse, at.acc, &keep).value();
+    const TensorView g_d = caps.takes_delta ? at.put(p.delta, at.acc, &keep).value()
+                                            : at.put(p.ref.o, at.input, &keep).value();
+    const TensorView dq = at.put(filled(at.acc, {kB, kSq, kH, kD}, 0), at.acc, &keep).value();
+    const TensorView dk = at.put(filled(at.acc, {kB, kSk, kHkv, kD}, 0), at.acc, &keep).value();
+    const TensorView dv = at.put(filled(at.acc, {kB, kSk, kHkv, kD}, 0), at.acc, &keep).value();
+    for (int64_t b : {int64_t(0), kHalf})
+      ASSERT_TRUE(backend->backward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), dout, g_lse, g_d,
+                                    keys_of(p, b), dq, dk.narrow(1, b, b + kHalf), dv.narrow(1, b, b + kHalf), nullptr)
+                      .ok());
+    check("dQ", dq, p.ref.dq, lowp ? &plain.dq : nullptr);
+    check("dK", dk, p.ref.dk, lowp ? &plain.dk : nullptr);
+    check("dV", dv, p.ref.dv, lowp ? &plain.dv : nullptr);
+
+    // delta = rowsum(dO * O), on O as the oracle left it (rounded to the inputs' dtype on GPU).
+    const TensorView o_in = at.put(p.ref.o, at.input, &keep).value();
+    const TensorView d = at.put(filled(at.acc, {kB, kH, kSq}, 0), at.acc, &keep).value();
+    ASSERT_TRUE(backend->delta(o_in, dout, d, nullptr).ok());
+    HostTensor d_want(DType::kF64, {kB, kH, kSq});
+    ASSERT_TRUE(cpu_oracle_backend()
+                    .delta(cast(cast(p.ref.o, at.input), DType::kF64).view(), cast(p.dout, DType::kF64).view(),
+                           d_want.view(), nullptr)
+                    .ok());
+    check("D", d, d_want, nullptr);
+
+    // merge: the oracle's two halves merged equal the whole.
+    AttentionParams first = keys_of(p, 0), second = keys_of(p, kHalf);
+    const HostTensor qd = cast(p.q, DType::kF64), kd = cast(p.k, DType::kF64), vd = cast(p.v, DType::kF64);
+    HostTensor o1 = filled(DType::kF64, {kB, kSq, kH, kD}, 0), l1 = filled(DType::kF64, {kB, kH, kSq}, -INFINITY);
+    HostTensor o2 = o1, l2 = l1;
+    ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view().narrow(1, 0, kHalf), vd.view().narrow(1, 0, kHalf),
+                                             first, o1.view(), l1.view(), nullptr).ok());
+    ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view().narrow(1, kHalf, kSk),
+                                             vd.view().narrow(1, kHalf, kSk), second, o2.view(), l2.view(), nullptr)
+                    .ok());
+    const TensorView mo = at.put(o1, at.acc, &keep).value(), ml = at.put(l1, at.acc, &keep).value();
+    ASSERT_TRUE(backend->merge(mo, ml, at.put(o2, at.acc, &keep).value(), at.put(l2, at.acc, &keep).value(), nullptr).ok());
+    HostTensor whole_o = filled(DType::kF64, {kB, kSq, kH, kD}, 0), whole_l = filled(DType::kF64, {kB, kH, kSq}, -INFINITY);
+    ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view(), vd.view(), p.params, whole_o.view(), whole_l.view(),
+                                             nullptr).ok());
+    check("merged O", mo, whole_o, nullptr);
+    check("merged LSE", ml, whole_l, nullptr);
+
+    // accumulate: acc += x.
+    const HostTensor x = cast(testing::random_tensor(DType::kF64, {kB, kSq, kH, kD}, 35), at.acc);
+    const HostTensor y = cast(testing::random_tensor(DType::kF64, {kB, kSq, kH, kD}, 36), at.acc);
+    const TensorView acc = at.put(y, at.acc, &keep).value();
+    ASSERT_TRUE(backend->accumulate(acc, at.put(x, at.acc, &keep).value(), nullptr).ok());
+    HostTensor sum = cast(y, DType::kF64);
+    const HostTensor xd = cast(x, DType::kF64);
+    for (int64_t i = 0; i < sum.view().numel(); ++i) sum.view().as<double>()[i] += xd.view().as<double>()[i];
+    check("accumulated", acc, sum, nullptr);
+    if (caps.device) {
+      ASSERT_TRUE(stream_synchronize(nullptr).ok());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
+                         ::testing::Values("full", "causal", "window:40,0", "window:30,10", "docs:3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace seqpar
