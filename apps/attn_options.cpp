@@ -76,7 +76,8 @@ Status check_fits_memory(const Job& job, int ranks_in_process) {
                                       (job.need_global ? ", the whole tensors and the oracle on rank 0" : "") +
                                       "), and " + human_bytes(host) +
                                       " is available: lower --seq, --batch or --heads, use more processes "
-                                      "(mpirun), or --check rows / none");
+                                      "(mpirun), or --check rows / none (or --ignore-memory-estimate, where "
+                                      "memory grows as it is used)");
   if (job.on_gpu && (job.launch == Launch::kThreads || job.launch == Launch::kSharedGpu)) {
     const double free_bytes = double(cuda_free_memory());
     SP_CHECK_ARG(need.device_per_gpu <= free_bytes,
@@ -152,6 +153,9 @@ void add_attn_options(CLI::App& cmd, AttnOptions& o) {
       ->capture_default_str();
   cmd.add_option("--seed", o.seed, "seed of the random inputs")->capture_default_str();
   cmd.add_flag("--json", o.json, "also print one JSON object with the results");
+  cmd.add_flag("--ignore-memory-estimate", o.ignore_memory_estimate,
+               "run even when the estimated memory exceeds what the system reports available (machines "
+               "whose memory grows as it is used)");
   cmd.add_option("--dump", o.dump_dir, "write q, k, v, dO, O, LSE, dQ, dK, dV as .npy (global order)");
 }
 
@@ -231,7 +235,7 @@ StatusOr<Job> resolve_job(const AttnOptions& opt, bool ranks_given, bool under_m
   const int ranks_here =
       (under_mpi || under_torchrun) && local_size ? std::max(1, std::atoi(local_size)) : job.ranks;
   // Before the layout and the mask, which allocate per token.
-  SP_RETURN_IF_ERROR(check_fits_memory(job, under_mpi || under_torchrun ? 1 : job.ranks));
+  if (!opt.ignore_memory_estimate) SP_RETURN_IF_ERROR(check_fits_memory(job, under_mpi || under_torchrun ? 1 : job.ranks));
   SP_ASSIGN_OR_RETURN(job.mask, parse_mask(opt.mask, opt.seq));
   SP_RETURN_IF_ERROR(Layout::create(kind, opt.seq, job.ranks).status());
   if (!opt.dump_dir.empty()) SP_RETURN_IF_ERROR(check_dump_folder(opt.dump_dir));

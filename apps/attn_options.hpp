@@ -35,6 +35,7 @@ struct AttnOptions {
   int64_t max_call_rows = 0;  // cuda: 0 = no limit on the rows of one cuDNN call
   uint64_t seed = 1234;
   bool json = false;
+  bool ignore_memory_estimate = false;  // run even when the estimate exceeds what is available
   std::string dump_dir;
 };
 

@@ -11,7 +11,7 @@ namespace {
 
 // A rank that fails makes the others return an error instead of waiting for it.
 TEST(NcclCommunicator, FailingRankAbortsTheOthers) {
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  if (cuda_device_count() < 2 || !nccl_available()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   const Status s = run_nccl_local_ranks(2, [](Communicator& comm) -> Status {
     if (comm.rank() == 1) return SP_STATUS(StatusCode::kInternal, "rank 1 gives up");
     auto buf = DeviceBuffer::allocate(1 << 20);
@@ -27,7 +27,7 @@ TEST(NcclCommunicator, FailingRankAbortsTheOthers) {
 }
 
 TEST(NcclCommunicator, HostCollectives) {
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  if (cuda_device_count() < 2 || !nccl_available()) GTEST_SKIP() << "needs two CUDA devices and NCCL";
   const Status s = run_nccl_local_ranks(2, [](Communicator& comm) -> Status {
     double x[2] = {1.0 + comm.rank(), 10.0 * comm.rank()};
     SP_RETURN_IF_ERROR(comm.all_reduce(x, 2, DType::kF64, ReduceOp::kSum));

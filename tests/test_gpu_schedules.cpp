@@ -32,6 +32,7 @@ struct Case {
   bool own_kernels = false;  // our kernels even where cuDNN would take the problem
   int64_t max_call_rows = 0;
   int ranks_per_node = 0;
+  int64_t batch = 1;
 };
 
 std::string name(const Case& c) {
@@ -40,7 +41,8 @@ std::string name(const Case& c) {
                   "_Hkv" + std::to_string(c.kv_heads) + "_D" + std::to_string(c.head_dim) + "_G" +
                   std::to_string(c.head_groups) + (c.own_kernels ? "_own" : "") +
                   (c.max_call_rows ? "_rows" + std::to_string(c.max_call_rows) : "") +
-                  (c.ranks_per_node ? "_L" + std::to_string(c.ranks_per_node) : "");
+                  (c.ranks_per_node ? "_L" + std::to_string(c.ranks_per_node) : "") +
+                  (c.batch > 1 ? "_B" + std::to_string(c.batch) : "");
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -76,17 +78,17 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
                 const HostTensor& dout, const AttentionParams& params, Globals* out) {
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(c.layout, c.seq, c.ranks));
   const DType t = q.view().dtype;
-  out->o = HostTensor(t, {1, c.seq, c.heads, c.head_dim});
-  out->lse = HostTensor(DType::kF32, {1, c.heads, c.seq});
-  out->dq = HostTensor(t, {1, c.seq, c.heads, c.head_dim});
-  out->dk = HostTensor(t, {1, c.seq, c.kv_heads, c.head_dim});
-  out->dv = HostTensor(t, {1, c.seq, c.kv_heads, c.head_dim});
+  out->o = HostTensor(t, {c.batch, c.seq, c.heads, c.head_dim});
+  out->lse = HostTensor(DType::kF32, {c.batch, c.heads, c.seq});
+  out->dq = HostTensor(t, {c.batch, c.seq, c.heads, c.head_dim});
+  out->dk = HostTensor(t, {c.batch, c.seq, c.kv_heads, c.head_dim});
+  out->dv = HostTensor(t, {c.batch, c.seq, c.kv_heads, c.head_dim});
   std::mutex mu;
   auto rank_fn = [&](Communicator& comm) -> Status {
     const int r = comm.rank();
     const int64_t n = layout.local_len(r);
     auto local = [&](const HostTensor& g, int64_t heads) -> StatusOr<DeviceTensor> {
-      HostTensor shard(t, {1, n, heads, c.head_dim});
+      HostTensor shard(t, {c.batch, n, heads, c.head_dim});
       SP_RETURN_IF_ERROR(layout.shard(g.view(), 1, r, shard.view()));
       return to_device(shard);
     };
@@ -94,11 +96,11 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     SP_ASSIGN_OR_RETURN(DeviceTensor lk, local(k, c.kv_heads));
     SP_ASSIGN_OR_RETURN(DeviceTensor lv, local(v, c.kv_heads));
     SP_ASSIGN_OR_RETURN(DeviceTensor ldo, local(dout, c.heads));
-    SP_ASSIGN_OR_RETURN(DeviceTensor lo, device_zeros(t, {1, n, c.heads, c.head_dim}));
-    SP_ASSIGN_OR_RETURN(DeviceTensor llse, device_zeros(DType::kF32, {1, c.heads, n}));
-    SP_ASSIGN_OR_RETURN(DeviceTensor ldq, device_zeros(t, {1, n, c.heads, c.head_dim}));
-    SP_ASSIGN_OR_RETURN(DeviceTensor ldk, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
-    SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {1, n, c.kv_heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor lo, device_zeros(t, {c.batch, n, c.heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor llse, device_zeros(DType::kF32, {c.batch, c.heads, n}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldq, device_zeros(t, {c.batch, n, c.heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldk, device_zeros(t, {c.batch, n, c.kv_heads, c.head_dim}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {c.batch, n, c.kv_heads, c.head_dim}));
     const std::unique_ptr<AttentionBackend> backend =
         make_gpu_backend(lq.view, params, /*prefer_cudnn=*/!c.own_kernels, c.max_call_rows);
     SP_CHECK_SUPPORTED(backend != nullptr, "no GPU backend in this build");
@@ -142,12 +144,13 @@ class GpuScheduleVsOracle : public ::testing::TestWithParam<Case> {};
 TEST_P(GpuScheduleVsOracle, MeetsTheLowPrecisionRule) {
   const Case c = GetParam();
   if (cuda_device_count() < (c.nccl ? c.ranks : 1)) GTEST_SKIP() << "needs more CUDA devices";
+  if (c.nccl && !nccl_available()) GTEST_SKIP() << "this build has no NCCL";
   SCOPED_TRACE(name(c));
   const DType t = DType::kBF16;
-  const HostTensor q = testing::random_tensor(t, {1, c.seq, c.heads, c.head_dim}, 21);
-  const HostTensor k = testing::random_tensor(t, {1, c.seq, c.kv_heads, c.head_dim}, 22);
-  const HostTensor v = testing::random_tensor(t, {1, c.seq, c.kv_heads, c.head_dim}, 23);
-  const HostTensor dout = testing::random_tensor(t, {1, c.seq, c.heads, c.head_dim}, 24);
+  const HostTensor q = testing::random_tensor(t, {c.batch, c.seq, c.heads, c.head_dim}, 21);
+  const HostTensor k = testing::random_tensor(t, {c.batch, c.seq, c.kv_heads, c.head_dim}, 22);
+  const HostTensor v = testing::random_tensor(t, {c.batch, c.seq, c.kv_heads, c.head_dim}, 23);
+  const HostTensor dout = testing::random_tensor(t, {c.batch, c.seq, c.heads, c.head_dim}, 24);
   AttentionParams params;
   params.mask = parse_mask(c.mask, c.seq).value();
   Globals ours;
@@ -194,6 +197,13 @@ std::vector<Case> cases() {
   all.push_back({"burst", 2, St, "causal", 1001, 8, 1, 64});
   for (const char* algo : {"ring-return", "burst-return"}) all.push_back({algo, 2, Z, "causal", 2050, 6, 6, 64, 2});
   all.push_back({"ring", 2, C, "window:300,0", 1500, 4, 4, 64, 2});
+  // Two batch entries in two head groups: the groups' LSE and output slices are strided (copied
+  // in and cast out), on both backends.
+  for (bool own : {false, true}) {
+    Case c{"burst", 3, Z, "causal", 600, 4, 2, 64, 2, false, own};
+    c.batch = 2;
+    all.push_back(c);
+  }
   // cuDNN calls of at most 100 rows: every pair tiled into many parts.
   for (const char* algo : {"ring", "burst"}) all.push_back({algo, 4, Z, "causal", 1000, 4, 4, 64, 2, false, false, 100});
   // NCCL, one GPU per rank (skipped below that many GPUs).

@@ -21,8 +21,25 @@ struct GpuWorkspace::Impl {
   int64_t pooled = 0;
   bool tracing = false;
   std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  // The end of the last call's work, on its stream: released buffers may still be in use
+  // there, so a call on another stream waits for it before reusing them.
+  cudaEvent_t done = nullptr;
+  cudaStream_t done_on = nullptr;
 
-  ~Impl() { drop_marks(); }
+  ~Impl() {
+    drop_marks();
+    if (done && !device_abandoned()) (void)cudaEventDestroy(done);
+  }
+  Status begin(cudaStream_t s) {
+    if (done && done_on != s) SP_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
+    return Status::Ok();
+  }
+  Status end(cudaStream_t s) {
+    if (!done) SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventRecord(done, s));
+    done_on = s;
+    return Status::Ok();
+  }
   StatusOr<DeviceBuffer> take(size_t bytes) {
     auto it = pool.lower_bound(bytes);
     if (it != pool.end()) {
@@ -99,13 +116,14 @@ class GpuExecutor {
     SP_RETURN_IF_ERROR(check_args());
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
     last_use_ = last_input_uses(steps_, pass_, me_);
+    SP_RETURN_IF_ERROR(ws_.begin(s_));
     PassStats local;
     for (int g = 0; g < plan_.head_groups; ++g) {
       SP_RETURN_IF_ERROR(run_group(g, g == 0 ? &local : nullptr));
       release_all();
     }
     if (stats) *stats = local;
-    return Status::Ok();
+    return ws_.end(s_);
   }
 
  private:
@@ -113,6 +131,9 @@ class GpuExecutor {
     const Layout& layout = plan_.layout;
     SP_CHECK_ARG(layout.ranks() == comm_.size(), "the plan is for " + std::to_string(layout.ranks()) +
                                                      " ranks but the communicator has " + std::to_string(comm_.size()));
+    SP_CHECK_SUPPORTED(comm_.stream_ordered() || comm_.backend_name() == "local",
+                       "the GPU executor moves device buffers: it needs NCCL or the local communicator (thread "
+                       "ranks), not " + comm_.backend_name());
     SP_CHECK_ARG(plan_.rank == me_, "the plan is rank " + std::to_string(plan_.rank) + "'s, this is rank " +
                                         std::to_string(me_));
     SP_CHECK_ARG(t_.q.ndim == 4 && t_.k.ndim == 4, "q, k, v must be [B, S, H, D]; got q " + t_.q.shape_string() +

@@ -19,6 +19,21 @@ PairPositions pair_positions(const AttentionParams& params, int64_t seq_q, int64
   return p;
 }
 
+namespace {
+// FNV-1a over the positions (null: the default positions, hashed as such).
+uint64_t positions_hash(const int64_t* p, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  if (!p) return h ^ 0x5eed;
+  for (int64_t i = 0; i < n; ++i) h = (h ^ uint64_t(p[i])) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+PairKey pair_key(const AttentionParams& params, int64_t seq_q, int64_t seq_k) {
+  return {positions_hash(params.q_positions, seq_q), seq_q, positions_hash(params.k_positions, seq_k), seq_k,
+          int(params.mask.align)};
+}
+
 BackendCaps CudaKernelBackend::caps() const {
   BackendCaps c;
   c.device = true;
@@ -39,7 +54,7 @@ std::string CudaKernelBackend::supports(const TensorView& q, const AttentionPara
 
 const std::pair<std::vector<PositionRunSpan>, std::vector<PositionRunSpan>>& CudaKernelBackend::runs(
     const AttentionParams& params, int64_t seq_q, int64_t seq_k) const {
-  const auto key = std::tuple{params.q_positions, seq_q, params.k_positions, seq_k, int(params.mask.align)};
+  const PairKey key = pair_key(params, seq_q, seq_k);
   auto it = runs_.find(key);
   if (it == runs_.end()) {
     const PairPositions p = pair_positions(params, seq_q, seq_k);

@@ -22,6 +22,11 @@ struct PairPositions {
   std::vector<int64_t> q, k;
 };
 PairPositions pair_positions(const AttentionParams& params, int64_t seq_q, int64_t seq_k);
+// What the caches of a pair's plans are keyed by: the contents of its positions (a hash of each
+// list and the lengths) and the alignment, never where the lists live, so a backend that
+// outlives one plan cannot serve another layout's runs from a reused address.
+using PairKey = std::tuple<uint64_t, int64_t, uint64_t, int64_t, int>;
+PairKey pair_key(const AttentionParams& params, int64_t seq_q, int64_t seq_k);
 
 class CudaKernelBackend : public AttentionBackend {
  public:
@@ -52,9 +57,7 @@ class CudaKernelBackend : public AttentionBackend {
   const std::pair<std::vector<PositionRunSpan>, std::vector<PositionRunSpan>>& runs(const AttentionParams& params,
                                                                                    int64_t seq_q, int64_t seq_k) const;
   mutable std::map<int, DeviceBuffer> scratch_;
-  mutable std::map<std::tuple<const int64_t*, int64_t, const int64_t*, int64_t, int>,
-                   std::pair<std::vector<PositionRunSpan>, std::vector<PositionRunSpan>>>
-      runs_;
+  mutable std::map<PairKey, std::pair<std::vector<PositionRunSpan>, std::vector<PositionRunSpan>>> runs_;
 };
 
 // The cuDNN backend (nullptr when seqpar was built without cuDNN). max_call_rows > 0 tiles

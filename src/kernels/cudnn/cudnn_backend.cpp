@@ -91,7 +91,7 @@ class CudnnBackend : public CudaKernelBackend {
   }
   // The pair's dense calls, planned once per pair of position lists and mask.
   StatusOr<const BlockPlan*> plan_of(const AttentionParams& params, int64_t seq_q, int64_t seq_k) const {
-    auto key = std::tuple{params.q_positions, seq_q, params.k_positions, seq_k, params.mask.describe()};
+    auto key = std::pair{pair_key(params, seq_q, seq_k), params.mask.describe()};
     auto it = plans_.find(key);
     if (it == plans_.end()) {
       const PairPositions p = pair_positions(params, seq_q, seq_k);
@@ -102,7 +102,7 @@ class CudnnBackend : public CudaKernelBackend {
     return &it->second;
   }
   int64_t max_call_rows_;
-  mutable std::map<std::tuple<const int64_t*, int64_t, const int64_t*, int64_t, std::string>, BlockPlan> plans_;
+  mutable std::map<std::pair<PairKey, std::string>, BlockPlan> plans_;
 };
 
 }  // namespace
