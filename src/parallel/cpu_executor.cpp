@@ -204,8 +204,7 @@ class Executor {
       SP_RETURN_IF_ERROR(present(t.block));
       const HostTensor& data = store_.at(t.block)->data;
       sends.push_back({t.peer, data.view().data, data.bytes()});
-      if (t.block.kind == BlockKind::kOutput || t.block.kind == BlockKind::kDQ || t.block.kind == BlockKind::kDKV)
-        p.leaving.push_back(t.block);
+      if (is_result(t.block.kind)) p.leaving.push_back(t.block);
     }
     for (const Transfer& t : s.recvs) {
       std::unique_ptr<Stored> into = make_block(t.block);
