@@ -1,0 +1,208 @@
+// `seqpar train` (train_command.hpp): options -> TrainOptions, the ranks, the step lines, the
+// checkpoints and the loss plot.
+#include "train_command.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "seqpar/trainer.hpp"
+
+namespace seqpar::app {
+namespace {
+
+StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
+  SP_CHECK_SUPPORTED(c.device == "cpu", "seqpar train runs on CPU ranks so far (--device cpu); GPU training is not "
+                                        "built yet");
+  TrainOptions o;
+  if (!c.config.empty()) {
+    SP_ASSIGN_OR_RETURN(o.model, load_model_config(c.config));
+  } else {
+    SP_ASSIGN_OR_RETURN(o.model, model_preset(c.model));
+  }
+  if (c.vocab > 0) o.model.vocab = c.vocab;
+  SP_RETURN_IF_ERROR(o.model.validate());
+  SP_CHECK_ARG(c.seq >= 2 && c.batch >= 1 && c.steps >= 1, "--seq must be at least 2, --batch and --steps positive");
+  SP_CHECK_ARG(c.save_every >= 0, "--save-every must not be negative");
+  SP_CHECK_ARG(c.save_every == 0 || !c.save.empty(), "--save-every needs --save PATH");
+  o.data = c.data;
+  o.seq = c.seq, o.batch = c.batch, o.steps = c.steps;
+  o.algorithm = c.algo;
+  SP_ASSIGN_OR_RETURN(o.layout, parse_layout(c.layout));
+  SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks).status());
+  o.ranks_per_node = c.ranks_per_node;
+  SP_ASSIGN_OR_RETURN(o.checkpointing, parse_checkpointing(c.checkpointing));
+  o.optimizer.lr = c.lr;
+  o.optimizer.warmup_steps = c.warmup;
+  o.optimizer.total_steps = c.steps;
+  o.optimizer.weight_decay = c.weight_decay;
+  o.optimizer.clip_norm = c.clip;
+  SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
+  o.seed = c.seed;
+  return o;
+}
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", double(bytes) / (1 << 20));
+  return buf;
+}
+
+// The loss curve as a small standalone SVG (a polyline over step and loss axes).
+Status write_plot(const std::string& path, const std::vector<double>& losses, const std::string& title) {
+  std::ofstream out(path);
+  SP_CHECK_ARG(out.good(), "cannot write the plot " + path);
+  const double W = 640, H = 360, L = 60, R = 20, T = 30, Bm = 40;
+  const double top = *std::max_element(losses.begin(), losses.end()) * 1.05;
+  const double n = double(std::max<size_t>(2, losses.size()) - 1);
+  out << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n"
+      << "<rect width='100%' height='100%' fill='white'/>\n<text x='" << L << "' y='18'>" << title << "</text>\n"
+      << "<line x1='" << L << "' y1='" << H - Bm << "' x2='" << W - R << "' y2='" << H - Bm << "' stroke='black'/>\n"
+      << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - Bm << "' stroke='black'/>\n";
+  for (int i = 0; i <= 4; ++i) {
+    const double v = top * i / 4, y = H - Bm - (H - Bm - T) * i / 4;
+    out << "<text x='" << L - 6 << "' y='" << y + 4 << "' text-anchor='end'>" << std::round(v * 100) / 100 << "</text>\n";
+  }
+  out << "<text x='" << (W + L) / 2 << "' y='" << H - 8 << "' text-anchor='middle'>step (0 to " << losses.size() - 1
+      << ")</text>\n<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='";
+  for (size_t i = 0; i < losses.size(); ++i)
+    out << L + (W - L - R) * double(i) / n << "," << H - Bm - (H - Bm - T) * std::max(0.0, losses[i]) / top << " ";
+  out << "'/>\n</svg>\n";
+  SP_CHECK_ARG(out.good(), "writing the plot " + path + " failed");
+  return Status::Ok();
+}
+
+Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads) {
+  omp_set_num_threads(threads);
+  const bool lead = comm.rank() == 0;
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(o, comm));
+  if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
+  if (lead) {
+    const AttentionPlan& plan = trainer->model().attention_plan();
+    std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %ld sequences x %ld tokens a step over %d ranks "
+                         "(%s layout, %s attention%s), checkpointing %s\n",
+                 o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), long(o.batch),
+                 long(o.seq), comm.size(), c.layout.c_str(), plan.algorithm->name,
+                 plan.choice.empty() ? "" : (": " + plan.choice).c_str(), checkpointing_name(o.checkpointing));
+    if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", c.resume.c_str(), long(trainer->steps_done()));
+  }
+  std::vector<double> losses;
+  while (trainer->steps_done() < o.steps) {
+    StepReport r;
+    const Status s = trainer->step(&r);
+    if (!s.ok()) {
+      if (lead && !c.save.empty()) std::fprintf(stderr, "seqpar train: the last good checkpoint is %s\n", c.save.c_str());
+      return s;
+    }
+    losses.push_back(r.loss);
+    if (lead) {
+      if (c.json) {
+        const nlohmann::ordered_json j = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                                          {"tokens", r.tokens}, {"seconds", r.seconds},
+                                          {"tokens_per_s", double(r.tokens) / r.seconds},
+                                          {"activation_bytes", r.activation_bytes}, {"bytes_sent", r.bytes_sent}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("step %4ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s  activations %s  sent %s\n",
+                    long(r.step + 1), long(o.steps), r.loss, r.lr, r.grad_norm, double(r.tokens) / r.seconds,
+                    mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(trainer->save(c.save));
+  }
+  if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
+  if (lead && !c.plot.empty() && !losses.empty()) {
+    SP_RETURN_IF_ERROR(write_plot(c.plot, losses, "seqpar train: loss, " + c.data + ", " + std::to_string(o.seq) +
+                                                     " tokens over " + std::to_string(comm.size()) + " ranks"));
+    std::fprintf(stderr, "seqpar train: wrote the loss curve to %s\n", c.plot.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int run_train(const TrainCliOptions& c) {
+  const bool under_mpi = launched_by_mpi();
+  std::unique_ptr<Communicator> world;
+  if (under_mpi) {
+    auto comm = make_mpi_world_communicator();
+    if (!comm.ok()) {
+      std::fprintf(stderr, "seqpar train: error: %s\n", comm.status().to_string().c_str());
+      return 1;
+    }
+    world = std::move(comm).value();
+  }
+  const int ranks = world ? world->size() : c.ranks;
+  if (!world && (ranks < 1 || ranks > 256)) {
+    std::fprintf(stderr, "seqpar train: error: --ranks must be between 1 and 256\n");
+    return 2;
+  }
+  auto options = resolve(c, ranks);
+  if (!options.ok()) {
+    std::fprintf(stderr, "seqpar train: error: %s\n", options.status().to_string().c_str());
+    return 2;
+  }
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
+  model::set_blas_threads(world || ranks == 1 ? threads : 1);
+  const Status s = world ? train_rank(*world, c, options.value(), threads)
+                         : run_local_ranks(ranks, [&](Communicator& comm) { return train_rank(comm, c, options.value(), threads); });
+  if (!s.ok()) {
+    std::fprintf(stderr, "seqpar train: error: %s\n", s.to_string().c_str());
+    if (world) world->abort(s.message());
+    return s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kUnsupported ? 2 : 1;
+  }
+  return 0;
+}
+
+void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a LLaMA-style model with each sequence split over N ranks (threads, or MPI processes under mpirun): "
+      "attention through the distributed algorithms, gradients summed over the ranks, AdamW.\n"
+      "Exit code: 0 when training finished, 1 on a runtime failure (a non-finite loss: the last saved checkpoint "
+      "is kept), 2 for bad arguments.");
+  cmd->add_option("--model", o.model, "preset: " + model_preset_names())->capture_default_str();
+  cmd->add_option("--config", o.config, "a JSON model config (our names or Hugging Face's config.json names)");
+  cmd->add_option("--vocab", o.vocab, "override the model's vocabulary size");
+  cmd->add_option("--data", o.data,
+                  "recall (the embedded long-range task: the last token's target is a key placed in the second "
+                  "quarter; its loss starts at ln 8 = 2.08 and falls only through attention across ranks) | "
+                  "tokens:PATH[:u16|u32] (a flat token file) | text:PATH (bytes, vocab 256)")
+      ->capture_default_str();
+  cmd->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  cmd->add_option("--ranks", o.ranks, "sequence-parallel ranks (threads); under mpirun: the process count")
+      ->capture_default_str();
+  cmd->add_option("--algo", o.algo, "the attention algorithm (see seqpar attn --help) or auto")->capture_default_str();
+  cmd->add_option("--layout", o.layout, "contiguous, zigzag or striped")->capture_default_str();
+  cmd->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (the double ring); 0: one node")
+      ->capture_default_str();
+  cmd->add_option("--checkpointing", o.checkpointing,
+                  "none | full (re-run each layer in the backward) | attention (keep the attention's output and "
+                  "LSE: the backward never re-runs attention or its communication)")
+      ->capture_default_str();
+  cmd->add_option("--lr", o.lr, "peak learning rate (linear warmup, cosine to a tenth)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "warmup steps")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay (matrices)")->capture_default_str();
+  cmd->add_option("--clip", o.clip, "clip gradients to this global norm (0: no clipping)")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of the parameters and the data")->capture_default_str();
+  cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: cores / ranks)");
+  cmd->add_option("--save", o.save, "write a checkpoint here at the end (and with --save-every)");
+  cmd->add_option("--save-every", o.save_every, "also save every N steps");
+  cmd->add_option("--resume", o.resume, "continue from this checkpoint (same model and options)");
+  cmd->add_option("--plot", o.plot, "write the loss curve as an SVG here");
+  cmd->add_flag("--json", o.json, "print one JSON line per step in place of the text line");
+  cmd->add_option("--device", o.device, "cpu (GPU training is not built yet)")->capture_default_str();
+  cmd->callback([&o, exit_code] { *exit_code = run_train(o); });
+}
+
+}  // namespace seqpar::app

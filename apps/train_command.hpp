@@ -1,0 +1,41 @@
+// `seqpar train`: trains the LLaMA-style model of include/seqpar/model.hpp with each sequence
+// split over the ranks (threads, or MPI processes under mpirun), printing a line per step, JSON
+// lines with --json, and the loss curve as an SVG at the end.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace seqpar::app {
+
+struct TrainCliOptions {
+  std::string model = "tiny";  // preset
+  std::string config;          // JSON model config (overrides the preset)
+  int64_t vocab = 0;           // > 0: overrides the model's vocabulary
+  std::string data = "recall";
+  int64_t seq = 256;
+  int64_t batch = 32;
+  int64_t steps = 150;
+  int ranks = 2;
+  std::string algo = "auto";
+  std::string layout = "zigzag";
+  int ranks_per_node = 0;
+  std::string checkpointing = "none";
+  double lr = 3e-3;
+  int64_t warmup = 10;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  uint64_t seed = 1234;
+  int threads_per_rank = 0;
+  std::string save;
+  int64_t save_every = 0;
+  std::string resume;
+  std::string plot;
+  bool json = false;
+  std::string device = "cpu";
+};
+
+void add_train_command(CLI::App& app, TrainCliOptions& options, int* exit_code);
+int run_train(const TrainCliOptions& options);
+
+}  // namespace seqpar::app

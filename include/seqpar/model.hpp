@@ -1,0 +1,59 @@
+// The LLaMA-style model the training engine trains: its shape (ModelConfig, presets and JSON
+// config files), and its parameters as one flat buffer of named tensors in Hugging Face's Llama
+// naming (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...), so the
+// optimizer, the gradient reduction and ZeRO see one array and safetensors export is a table walk.
+//   per layer: x += o_proj(attention(rope(q_proj(n1(x))), rope(k_proj(n1(x))), v_proj(n1(x))))
+//              x += down_proj(silu(gate_proj(n2(x))) * up_proj(n2(x)))
+//   then norm, and the LM head (tied to the embedding, or its own lm_head.weight).
+// Linear weights are [out, in] as in PyTorch (y = x W^T). RoPE is Hugging Face's rotate-half
+// form over global positions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "seqpar/status.hpp"
+
+namespace seqpar {
+
+struct ModelConfig {
+  int64_t vocab = 64;
+  int64_t hidden = 64;
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t ffn = 128;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tied = true;  // the LM head is the embedding
+
+  int64_t head_dim() const { return hidden / heads; }
+  // Heads divide hidden, K/V heads divide heads, an even head dim (RoPE pairs), all positive.
+  Status validate() const;
+  std::string describe() const;
+};
+
+// tiny (tests and the default run), 125m, 1b (Llama-3.2-1B's shape: 16 layers, hidden 2048,
+// 32 heads, 8 K/V heads, FFN 8192, vocab 128256, tied).
+StatusOr<ModelConfig> model_preset(const std::string& name);
+std::string model_preset_names();
+// A JSON file with any of the fields above (Hugging Face's names are accepted too:
+// hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+// intermediate_size, vocab_size, rope_theta, rms_norm_eps, tie_word_embeddings).
+StatusOr<ModelConfig> load_model_config(const std::string& path);
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // elements into the flat buffer
+  int64_t numel = 0;
+  bool decays = false;  // AdamW's weight decay applies (matrices; not norms)
+};
+std::vector<ParamInfo> parameter_table(const ModelConfig& config);
+int64_t parameter_count(const ModelConfig& config);
+
+// Normal(0, 0.02) matrices and unit norm weights, from a seed (the same on every rank).
+void init_parameters(const ModelConfig& config, uint64_t seed, float* params);
+
+}  // namespace seqpar

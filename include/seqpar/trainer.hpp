@@ -1,0 +1,68 @@
+// The training loop on one rank: every rank of the communicator draws the same batch, trains
+// on its shard of each sequence (sequence parallel), and the gradients are summed over the
+// ranks before the optimizer step, so every rank holds the same parameters after each step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seqpar/optimizer.hpp"
+#include "seqpar/train_data.hpp"
+#include "seqpar/transformer.hpp"
+
+namespace seqpar {
+
+namespace model {
+// Threads BLAS (OpenBLAS's own pool) may use for one matrix product: 1 when ranks are threads.
+void set_blas_threads(int threads);
+}  // namespace model
+
+struct TrainOptions {
+  ModelConfig model;
+  std::string data = "recall";
+  int64_t seq = 256;
+  int64_t batch = 8;  // sequences per step
+  int64_t steps = 100;
+  std::string algorithm = "auto";
+  LayoutKind layout = LayoutKind::kZigzag;
+  int ranks_per_node = 0;
+  Checkpointing checkpointing = Checkpointing::kNone;
+  AdamWOptions optimizer;
+  uint64_t seed = 1234;  // parameters and data
+};
+
+struct StepReport {
+  int64_t step = 0;           // 0-based, the step just taken
+  double loss = 0;            // mean over the batch's counted targets, every rank
+  double grad_norm = 0;       // before clipping
+  double lr = 0;
+  int64_t tokens = 0;         // tokens in the batch (all ranks)
+  double seconds = 0;         // this step, wall clock
+  int64_t activation_bytes = 0;  // this rank's peak of activations
+  int64_t bytes_sent = 0;     // this rank's attention traffic this step
+};
+
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> create(const TrainOptions& options, Communicator& comm);
+  ~Trainer();
+  Status step(StepReport* report);
+  int64_t steps_done() const;
+  const std::vector<float>& parameters() const;
+  const Transformer<float>& model() const;
+
+  // Saves (rank 0 writes; every rank calls) and restores the whole state: parameters, the
+  // optimizer's moments and step, the data position. Resuming continues bit for bit.
+  Status save(const std::string& path) const;
+  Status load(const std::string& path);
+
+  struct Impl;
+
+ private:
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace seqpar

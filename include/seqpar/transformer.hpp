@@ -1,0 +1,73 @@
+// One rank's forward and backward through the model of model.hpp on its shard of the sequence:
+// the layers of src/model/layers.hpp, attention through the distributed algorithms
+// (distributed_attention.hpp, any --algo, on CPU ranks), RoPE at the layout's global positions,
+// and the fused LM head + cross-entropy. Activation checkpointing policies:
+//   none       every layer keeps its activations;
+//   full       a layer keeps its input alone and re-runs its forward (attention and its
+//              communication included) in the backward;
+//   attention  DistFlashAttn's rematerialisation-aware policy: a layer keeps its input and the
+//              attention's output O and LSE, so the backward re-runs the projections and the MLP
+//              but never the attention forward or its communication.
+// T is float (training) or double (the fp64 version the tests compare with).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "seqpar/distributed_attention.hpp"
+#include "seqpar/model.hpp"
+
+namespace seqpar {
+
+enum class Checkpointing : uint8_t { kNone, kFull, kAttention };
+StatusOr<Checkpointing> parse_checkpointing(const std::string& name);  // none | full | attention
+const char* checkpointing_name(Checkpointing policy);
+
+// This rank's rows of a batch of `batch` sequences: [batch, seq] inputs and targets (a negative
+// target is not counted), and the global position of each local row.
+struct ShardBatch {
+  int64_t batch = 1;
+  int64_t seq = 0;
+  std::vector<int32_t> inputs, targets;
+  std::vector<int64_t> positions;
+};
+
+struct StepLoss {
+  double loss_sum = 0;   // sum over this rank's counted targets
+  int64_t counted = 0;   // this rank's counted targets
+  int64_t activation_bytes_peak = 0;  // activations and recomputation buffers, at most
+};
+
+template <class T>
+class Transformer {
+ public:
+  // Plans the attention (options.algorithm over `layout`, causal, `batch` sequences a step) for
+  // this rank. The communicator must outlive the model.
+  static StatusOr<std::unique_ptr<Transformer>> create(const ModelConfig& config, Checkpointing policy,
+                                                       const PlanOptions& options, const Layout& layout,
+                                                       int64_t batch, Communicator& comm);
+  ~Transformer();
+
+  // Forward and backward of this rank's shard: adds scale * d(sum of its losses)/d(params) into
+  // grads (both flat, parameter_table's layout). Every rank of the communicator calls it with
+  // its shard of the same batch (the attention talks). scale: 1 / the global count of counted
+  // targets, so the ranks' gradients sum to the gradient of the mean loss.
+  Status forward_backward(const T* params, T* grads, const ShardBatch& batch, double scale, StepLoss* loss);
+  // The loss alone (no activations kept).
+  Status forward(const T* params, const ShardBatch& batch, StepLoss* loss);
+
+  const AttentionPlan& attention_plan() const;
+
+  struct Impl;
+
+ private:
+  explicit Transformer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template class Transformer<float>;
+extern template class Transformer<double>;
+
+}  // namespace seqpar

@@ -1,0 +1,65 @@
+// The model's CPU layers, each a pair of plain functions (forward; backward adding into the
+// parameter gradients), templated on float (training) and double (the fp64 versions the tests
+// hold them to). Rows are tokens: activations are [rows, dim] row-major, which is also
+// [B, S, H, D] for the attention's q, k, v. One file per layer: linear.cpp (and gemm through
+// BLAS), embedding.cpp, rmsnorm.cpp, rope.cpp, swiglu.cpp, lm_head_loss.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace seqpar::model {
+
+// Threads BLAS may use for one product (OpenBLAS's own pool; ranks that are threads want 1 each).
+void set_blas_threads(int threads);
+
+// C[M, N] = alpha op(A) op(B) + beta C, row-major; op transposes when asked (BLAS).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, const T* B, T beta, T* C);
+
+// y[rows, out] = x[rows, in] w[out, in]^T.
+template <class T>
+void linear_forward(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out);
+// dx (= or += with accumulate_dx) dy w; dw += dy^T x.
+template <class T>
+void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t in, int64_t out,
+                     bool accumulate_dx);
+
+// x[r] = table[tokens[r]]; dtable[tokens[r]] += dx[r].
+template <class T>
+void embedding_forward(const int32_t* tokens, const T* table, T* x, int64_t rows, int64_t dim);
+template <class T>
+void embedding_backward(const int32_t* tokens, const T* dx, T* dtable, int64_t rows, int64_t dim);
+
+// y = w * x / sqrt(mean(x^2) + eps) per row; rstd[r] = 1 / sqrt(mean(x_r^2) + eps).
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps);
+// dx += d(norm)/dx^T dy; dw += sum_r dy_r * x_r * rstd_r.
+template <class T>
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t rows, int64_t dim);
+
+// Rotates x [batch, seq, heads, head_dim] in place by Hugging Face's rotate-half RoPE at the
+// global positions[s] of each row s: pairs (i, i + D/2) turn by positions[s] * theta^(-2i/D).
+// inverse turns them back (the backward: the rotation's transpose).
+template <class T>
+void rope_apply(T* x, const int64_t* positions, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                double theta, bool inverse);
+
+// a = silu(g) * u elementwise; the backward gives dg and du (overwritten).
+template <class T>
+void swiglu_forward(const T* g, const T* u, T* a, int64_t n);
+template <class T>
+void swiglu_backward(const T* g, const T* u, const T* da, T* dg, T* du, int64_t n);
+
+// The LM head and cross-entropy, fused: logits x w^T are made `chunk` rows at a time and never
+// all at once. Rows whose target is negative are not counted. The forward returns the sum of
+// (logsumexp - logit[target]) over counted rows and keeps each row's logsumexp; the backward
+// recomputes each chunk's logits and writes dx = scale (softmax - onehot) w and adds
+// dw += scale (softmax - onehot)^T x (scale: 1 / the global count of counted rows).
+template <class T>
+void lm_head_loss_forward(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                          int64_t chunk, T* lse, double* loss_sum, int64_t* counted);
+template <class T>
+void lm_head_loss_backward(const T* x, const T* w, const int32_t* targets, const T* lse, int64_t rows, int64_t dim,
+                           int64_t vocab, int64_t chunk, double scale, T* dx, T* dw);
+
+}  // namespace seqpar::model

@@ -1,0 +1,120 @@
+// Model shapes, presets, JSON configs and the parameter table (include/seqpar/model.hpp).
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "seqpar/model.hpp"
+
+namespace seqpar {
+
+Status ModelConfig::validate() const {
+  SP_CHECK_ARG(vocab >= 2 && hidden >= 2 && layers >= 1 && heads >= 1 && kv_heads >= 1 && ffn >= 1,
+               "model sizes must be positive (vocab >= 2): " + describe());
+  SP_CHECK_ARG(hidden % heads == 0, "the hidden size (" + std::to_string(hidden) + ") must be divisible by the heads (" +
+                                        std::to_string(heads) + ")");
+  SP_CHECK_ARG(heads % kv_heads == 0, "the heads (" + std::to_string(heads) + ") must be divisible by the K/V heads (" +
+                                          std::to_string(kv_heads) + ")");
+  SP_CHECK_ARG(head_dim() % 2 == 0, "the head dim (" + std::to_string(head_dim()) + ") must be even for RoPE");
+  SP_CHECK_ARG(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta must be positive");
+  SP_CHECK_ARG(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps must be positive");
+  return Status::Ok();
+}
+
+std::string ModelConfig::describe() const {
+  return "vocab " + std::to_string(vocab) + ", hidden " + std::to_string(hidden) + ", " + std::to_string(layers) +
+         " layers, " + std::to_string(heads) + " heads (" + std::to_string(kv_heads) + " K/V), FFN " +
+         std::to_string(ffn) + (tied ? ", tied head" : ", untied head");
+}
+
+StatusOr<ModelConfig> model_preset(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") return c;
+  if (name == "125m") {
+    c.vocab = 32000, c.hidden = 768, c.layers = 12, c.heads = 12, c.kv_heads = 12, c.ffn = 2048;
+    return c;
+  }
+  if (name == "1b") {
+    c.vocab = 128256, c.hidden = 2048, c.layers = 16, c.heads = 32, c.kv_heads = 8, c.ffn = 8192;
+    c.rope_theta = 500000.0;
+    return c;
+  }
+  return SP_STATUS(StatusCode::kInvalidArgument,
+                   "unknown model preset '" + name + "' (available: " + model_preset_names() + ")");
+}
+
+std::string model_preset_names() { return "tiny, 125m, 1b"; }
+
+StatusOr<ModelConfig> load_model_config(const std::string& path) {
+  std::ifstream in(path);
+  SP_CHECK_ARG(in.good(), "cannot read model config " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return SP_STATUS(StatusCode::kInvalidArgument, "model config " + path + " is not JSON: " + e.what());
+  }
+  ModelConfig c;
+  try {
+    const auto take = [&](const char* ours, const char* hf, auto& field) {
+      if (j.contains(ours)) field = j[ours].get<std::decay_t<decltype(field)>>();
+      else if (j.contains(hf)) field = j[hf].get<std::decay_t<decltype(field)>>();
+    };
+    take("vocab", "vocab_size", c.vocab);
+    take("hidden", "hidden_size", c.hidden);
+    take("layers", "num_hidden_layers", c.layers);
+    take("heads", "num_attention_heads", c.heads);
+    take("kv_heads", "num_key_value_heads", c.kv_heads);
+    take("ffn", "intermediate_size", c.ffn);
+    take("rope_theta", "rope_theta", c.rope_theta);
+    take("norm_eps", "rms_norm_eps", c.norm_eps);
+    take("tied", "tie_word_embeddings", c.tied);
+  } catch (const std::exception& e) {
+    return SP_STATUS(StatusCode::kInvalidArgument, "model config " + path + ": " + e.what());
+  }
+  SP_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+std::vector<ParamInfo> parameter_table(const ModelConfig& c) {
+  std::vector<ParamInfo> t;
+  int64_t at = 0;
+  const auto add = [&](std::string name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const bool matrix = shape.size() == 2;
+    t.push_back({std::move(name), std::move(shape), at, n, matrix});
+    at += n;
+  };
+  const int64_t D = c.head_dim();
+  add("model.embed_tokens.weight", {c.vocab, c.hidden});
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {c.hidden});
+    add(p + "self_attn.q_proj.weight", {c.heads * D, c.hidden});
+    add(p + "self_attn.k_proj.weight", {c.kv_heads * D, c.hidden});
+    add(p + "self_attn.v_proj.weight", {c.kv_heads * D, c.hidden});
+    add(p + "self_attn.o_proj.weight", {c.hidden, c.heads * D});
+    add(p + "post_attention_layernorm.weight", {c.hidden});
+    add(p + "mlp.gate_proj.weight", {c.ffn, c.hidden});
+    add(p + "mlp.up_proj.weight", {c.ffn, c.hidden});
+    add(p + "mlp.down_proj.weight", {c.hidden, c.ffn});
+  }
+  add("model.norm.weight", {c.hidden});
+  if (!c.tied) add("lm_head.weight", {c.vocab, c.hidden});
+  return t;
+}
+
+int64_t parameter_count(const ModelConfig& c) {
+  const auto t = parameter_table(c);
+  return t.back().offset + t.back().numel;
+}
+
+void init_parameters(const ModelConfig& c, uint64_t seed, float* params) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (const ParamInfo& p : parameter_table(c))
+    for (int64_t i = 0; i < p.numel; ++i) params[p.offset + i] = p.shape.size() == 1 ? 1.0f : normal(rng);
+}
+
+}  // namespace seqpar

@@ -1,0 +1,270 @@
+// One rank's pass through the model (include/seqpar/transformer.hpp): the layer loop, what each
+// checkpointing policy keeps, and the attention through the CPU executor.
+#include "seqpar/transformer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "model/layers.hpp"
+
+namespace seqpar {
+
+StatusOr<Checkpointing> parse_checkpointing(const std::string& name) {
+  if (name == "none") return Checkpointing::kNone;
+  if (name == "full") return Checkpointing::kFull;
+  if (name == "attention") return Checkpointing::kAttention;
+  return SP_STATUS(StatusCode::kInvalidArgument,
+                   "unknown checkpointing policy '" + name + "' (available: none, full, attention)");
+}
+
+const char* checkpointing_name(Checkpointing policy) {
+  switch (policy) {
+    case Checkpointing::kNone: return "none";
+    case Checkpointing::kFull: return "full";
+    case Checkpointing::kAttention: return "attention";
+  }
+  return "?";
+}
+
+namespace {
+
+using model::linear_backward;
+using model::linear_forward;
+
+// Where a layer's weights (or their gradients) sit in the flat buffer.
+template <class P>
+struct LayerSlots {
+  P n1, wq, wk, wv, wo, n2, wg, wu, wd;
+};
+
+// A layer's activations, all of them (what the backward reads); each policy keeps some.
+template <class T>
+struct LayerActs {
+  std::vector<T> x_in, h1, rstd1, q, k, v, o, lse, x_mid, h2, rstd2, g, u;
+  int64_t bytes() const {
+    size_t n = 0;
+    for (const auto* v : {&x_in, &h1, &rstd1, &q, &k, &v, &o, &lse, &x_mid, &h2, &rstd2, &g, &u}) n += v->size();
+    return int64_t(n * sizeof(T));
+  }
+};
+
+}  // namespace
+
+template <class T>
+struct Transformer<T>::Impl {
+  ModelConfig c;
+  Checkpointing policy;
+  Communicator& comm;
+  AttentionPlan plan;
+  std::vector<ParamInfo> table;
+  int64_t embed_at = 0, final_norm_at = 0, head_at = 0;
+  std::vector<LayerSlots<int64_t>> layers;
+
+  // This step's shapes.
+  int64_t B = 0, S = 0, rows = 0;
+  const std::vector<int64_t>* positions = nullptr;
+
+  Impl(const ModelConfig& config, Checkpointing p, Communicator& cm, AttentionPlan pl)
+      : c(config), policy(p), comm(cm), plan(std::move(pl)), table(parameter_table(config)) {
+    size_t i = 0;
+    embed_at = table[i++].offset;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      LayerSlots<int64_t> s;
+      for (int64_t* slot : {&s.n1, &s.wq, &s.wk, &s.wv, &s.wo, &s.n2, &s.wg, &s.wu, &s.wd}) *slot = table[i++].offset;
+      layers.push_back(s);
+    }
+    final_norm_at = table[i++].offset;
+    head_at = c.tied ? embed_at : table[i].offset;
+  }
+
+  template <class P>
+  LayerSlots<P> slots(P base, int64_t l) const {
+    const LayerSlots<int64_t>& s = layers[size_t(l)];
+    return {base + s.n1, base + s.wq, base + s.wk, base + s.wv, base + s.wo, base + s.n2, base + s.wg, base + s.wu,
+            base + s.wd};
+  }
+
+  static constexpr DType dtype() { return sizeof(T) == 8 ? DType::kF64 : DType::kF32; }
+  static TensorView view(T* data, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(data, dtype(), shape);
+  }
+
+  // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
+  // With attention_kept, a.o and a.lse already hold the attention's result: it is not re-run.
+  Status layer_forward(const T* params, int64_t l, LayerActs<T>& a, T* x_out, bool attention_kept) {
+    const auto w = slots(params, l);
+    const int64_t hid = c.hidden, H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), F = c.ffn;
+    a.h1.resize(size_t(rows * hid)), a.rstd1.resize(size_t(rows));
+    model::rmsnorm_forward(a.x_in.data(), w.n1, a.h1.data(), a.rstd1.data(), rows, hid, c.norm_eps);
+    a.q.resize(size_t(rows * H * D)), a.k.resize(size_t(rows * Hkv * D)), a.v.resize(size_t(rows * Hkv * D));
+    linear_forward(a.h1.data(), w.wq, a.q.data(), rows, hid, H * D);
+    linear_forward(a.h1.data(), w.wk, a.k.data(), rows, hid, Hkv * D);
+    linear_forward(a.h1.data(), w.wv, a.v.data(), rows, hid, Hkv * D);
+    model::rope_apply(a.q.data(), positions->data(), B, S, H, D, c.rope_theta, false);
+    model::rope_apply(a.k.data(), positions->data(), B, S, Hkv, D, c.rope_theta, false);
+    if (!attention_kept) {
+      a.o.resize(size_t(rows * H * D)), a.lse.resize(size_t(B * H * S));
+      const ShardTensors t{view(a.q.data(), {B, S, H, D}),   view(a.k.data(), {B, S, Hkv, D}),
+                           view(a.v.data(), {B, S, Hkv, D}), view(a.o.data(), {B, S, H, D}),
+                           view(a.lse.data(), {B, H, S}),    {}, {}, {}, {}};
+      SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, t));
+    }
+    a.x_mid.resize(size_t(rows * hid));
+    linear_forward(a.o.data(), w.wo, a.x_mid.data(), rows, H * D, hid);
+    for (int64_t i = 0; i < rows * hid; ++i) a.x_mid[size_t(i)] += a.x_in[size_t(i)];
+    a.h2.resize(size_t(rows * hid)), a.rstd2.resize(size_t(rows));
+    model::rmsnorm_forward(a.x_mid.data(), w.n2, a.h2.data(), a.rstd2.data(), rows, hid, c.norm_eps);
+    a.g.resize(size_t(rows * F)), a.u.resize(size_t(rows * F));
+    linear_forward(a.h2.data(), w.wg, a.g.data(), rows, hid, F);
+    linear_forward(a.h2.data(), w.wu, a.u.data(), rows, hid, F);
+    std::vector<T> act(size_t(rows * F));
+    model::swiglu_forward(a.g.data(), a.u.data(), act.data(), rows * F);
+    linear_forward(act.data(), w.wd, x_out, rows, F, hid);
+    for (int64_t i = 0; i < rows * hid; ++i) x_out[i] += a.x_mid[size_t(i)];
+    return Status::Ok();
+  }
+
+  // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
+  Status layer_backward(const T* params, T* grads, int64_t l, LayerActs<T>& a, std::vector<T>& dx) {
+    const auto w = slots(params, l);
+    const auto dw = slots(grads, l);
+    const int64_t hid = c.hidden, H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), F = c.ffn;
+    // MLP: x_out = x_mid + down(silu(g) * u).
+    std::vector<T> act(size_t(rows * F)), dact(size_t(rows * F)), dg(size_t(rows * F)), du(size_t(rows * F));
+    model::swiglu_forward(a.g.data(), a.u.data(), act.data(), rows * F);
+    linear_backward(act.data(), w.wd, dx.data(), dact.data(), dw.wd, rows, F, hid, false);
+    model::swiglu_backward(a.g.data(), a.u.data(), dact.data(), dg.data(), du.data(), rows * F);
+    std::vector<T> dh(size_t(rows * hid));
+    linear_backward(a.h2.data(), w.wg, dg.data(), dh.data(), dw.wg, rows, hid, F, false);
+    linear_backward(a.h2.data(), w.wu, du.data(), dh.data(), dw.wu, rows, hid, F, true);
+    model::rmsnorm_backward(a.x_mid.data(), w.n2, a.rstd2.data(), dh.data(), dx.data(), dw.n2, rows, hid);
+    // Attention: x_mid = x_in + o_proj(attention(q, k, v)).
+    std::vector<T> dout(size_t(rows * H * D)), dq(size_t(rows * H * D)), dk(size_t(rows * Hkv * D)),
+        dv(size_t(rows * Hkv * D));
+    linear_backward(a.o.data(), w.wo, dx.data(), dout.data(), dw.wo, rows, H * D, hid, false);
+    const ShardTensors t{view(a.q.data(), {B, S, H, D}),   view(a.k.data(), {B, S, Hkv, D}),
+                         view(a.v.data(), {B, S, Hkv, D}), view(a.o.data(), {B, S, H, D}),
+                         view(a.lse.data(), {B, H, S}),    view(dout.data(), {B, S, H, D}),
+                         view(dq.data(), {B, S, H, D}),    view(dk.data(), {B, S, Hkv, D}),
+                         view(dv.data(), {B, S, Hkv, D})};
+    SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, t));
+    model::rope_apply(dq.data(), positions->data(), B, S, H, D, c.rope_theta, true);
+    model::rope_apply(dk.data(), positions->data(), B, S, Hkv, D, c.rope_theta, true);
+    linear_backward(a.h1.data(), w.wq, dq.data(), dh.data(), dw.wq, rows, hid, H * D, false);
+    linear_backward(a.h1.data(), w.wk, dk.data(), dh.data(), dw.wk, rows, hid, Hkv * D, true);
+    linear_backward(a.h1.data(), w.wv, dv.data(), dh.data(), dw.wv, rows, hid, Hkv * D, true);
+    model::rmsnorm_backward(a.x_in.data(), w.n1, a.rstd1.data(), dh.data(), dx.data(), dw.n1, rows, hid);
+    return Status::Ok();
+  }
+
+  // What a policy keeps of a layer's activations after its forward.
+  void keep_for_policy(LayerActs<T>& a) const {
+    if (policy == Checkpointing::kNone) return;
+    LayerActs<T> kept;
+    kept.x_in = std::move(a.x_in);
+    if (policy == Checkpointing::kAttention) kept.o = std::move(a.o), kept.lse = std::move(a.lse);
+    a = std::move(kept);
+  }
+
+  Status check_batch(const ShardBatch& b) {
+    SP_CHECK_ARG(b.batch >= 1 && b.seq >= 1, "a shard needs at least one sequence and one row");
+    SP_CHECK_ARG(int64_t(b.inputs.size()) == b.batch * b.seq && int64_t(b.targets.size()) == b.batch * b.seq &&
+                     int64_t(b.positions.size()) == b.seq,
+                 "a shard's inputs and targets are [batch, seq] and its positions [seq]");
+    SP_CHECK_ARG(b.seq == plan.layout.local_len(plan.rank),
+                 "this rank holds " + std::to_string(plan.layout.local_len(plan.rank)) + " rows of each sequence, not " +
+                     std::to_string(b.seq));
+    for (int32_t t : b.inputs) SP_CHECK_ARG(t >= 0 && t < c.vocab, "input token " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
+    for (int32_t t : b.targets) SP_CHECK_ARG(t < c.vocab, "target token " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
+    B = b.batch, S = b.seq, rows = B * S, positions = &b.positions;
+    return Status::Ok();
+  }
+
+  Status run(const T* params, T* grads, const ShardBatch& b, double scale, StepLoss* loss) {
+    SP_RETURN_IF_ERROR(check_batch(b));
+    const bool backward = grads != nullptr;
+    const int64_t hid = c.hidden;
+    std::vector<LayerActs<T>> kept(size_t(c.layers));
+    std::vector<T> x(size_t(rows * hid)), next(size_t(rows * hid));
+    model::embedding_forward(b.inputs.data(), params + embed_at, x.data(), rows, hid);
+    int64_t kept_bytes = 0, peak = 0;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      LayerActs<T>& a = kept[size_t(l)];
+      a.x_in = x;
+      SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), false));
+      peak = std::max(peak, kept_bytes + a.bytes());
+      if (backward) keep_for_policy(a);
+      else a = {};
+      kept_bytes += a.bytes();
+      std::swap(x, next);
+    }
+    std::vector<T> hf(static_cast<size_t>(rows * hid)), rstd_f(static_cast<size_t>(rows)), lse(static_cast<size_t>(rows));
+    const T* final_norm = params + final_norm_at;
+    model::rmsnorm_forward(x.data(), final_norm, hf.data(), rstd_f.data(), rows, hid, c.norm_eps);
+    const int64_t chunk = 1024;
+    model::lm_head_loss_forward(hf.data(), params + head_at, b.targets.data(), rows, hid, c.vocab, chunk, lse.data(),
+                                &loss->loss_sum, &loss->counted);
+    if (backward) {
+      std::vector<T> dhf(size_t(rows * hid)), dx(size_t(rows * hid), T(0));
+      model::lm_head_loss_backward(hf.data(), params + head_at, b.targets.data(), lse.data(), rows, hid, c.vocab, chunk,
+                                   scale, dhf.data(), grads + head_at);
+      model::rmsnorm_backward(x.data(), final_norm, rstd_f.data(), dhf.data(), dx.data(), grads + final_norm_at, rows,
+                              hid);
+      for (int64_t l = c.layers - 1; l >= 0; --l) {
+        LayerActs<T>& a = kept[size_t(l)];
+        if (policy != Checkpointing::kNone)  // recompute what was dropped
+          SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), policy == Checkpointing::kAttention));
+        peak = std::max(peak, kept_bytes + (policy == Checkpointing::kNone ? 0 : a.bytes()));
+        SP_RETURN_IF_ERROR(layer_backward(params, grads, l, a, dx));
+        kept_bytes -= a.bytes();
+        a = {};
+      }
+      model::embedding_backward(b.inputs.data(), dx.data(), grads + embed_at, rows, hid);
+    }
+    loss->activation_bytes_peak = peak + int64_t((x.size() + next.size() + hf.size() + rstd_f.size() + lse.size()) * sizeof(T));
+    return Status::Ok();
+  }
+};
+
+template <class T>
+StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConfig& config, Checkpointing policy,
+                                                                 const PlanOptions& options, const Layout& layout,
+                                                                 int64_t batch, Communicator& comm) {
+  SP_RETURN_IF_ERROR(config.validate());
+  SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
+                                                  " ranks, the communicator has " + std::to_string(comm.size()));
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const DType t = Impl::dtype();
+  const BlockBytes bytes{batch, config.heads, config.kv_heads, config.head_dim(), t, t, t, true};
+  SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(options, layout, params, bytes, comm.rank(), cpu_kernel_backend()));
+  return std::unique_ptr<Transformer>(
+      new Transformer(std::make_unique<Impl>(config, policy, comm, std::move(plan))));
+}
+
+template <class T>
+Transformer<T>::Transformer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+template <class T>
+Transformer<T>::~Transformer() = default;
+
+template <class T>
+Status Transformer<T>::forward_backward(const T* params, T* grads, const ShardBatch& batch, double scale,
+                                        StepLoss* loss) {
+  SP_CHECK_ARG(grads != nullptr, "forward_backward needs a gradient buffer");
+  return impl_->run(params, grads, batch, scale, loss);
+}
+
+template <class T>
+Status Transformer<T>::forward(const T* params, const ShardBatch& batch, StepLoss* loss) {
+  return impl_->run(params, nullptr, batch, 0.0, loss);
+}
+
+template <class T>
+const AttentionPlan& Transformer<T>::attention_plan() const {
+  return impl_->plan;
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+
+}  // namespace seqpar
