@@ -33,9 +33,12 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.save_every == 0 || !c.save.empty(), "--save-every needs --save PATH");
   o.data = c.data;
   o.seq = c.seq, o.batch = c.batch, o.steps = c.steps;
+  o.data_parallel = c.data_parallel, o.zero_stage = c.zero;
+  SP_CHECK_ARG(c.data_parallel >= 1 && ranks % c.data_parallel == 0,
+               "--data-parallel " + std::to_string(c.data_parallel) + " must divide the " + std::to_string(ranks) + " ranks");
   o.algorithm = c.algo;
   SP_ASSIGN_OR_RETURN(o.layout, parse_layout(c.layout));
-  SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks).status());
+  SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel).status());
   o.ranks_per_node = c.ranks_per_node;
   SP_ASSIGN_OR_RETURN(o.checkpointing, parse_checkpointing(c.checkpointing));
   o.optimizer.lr = c.lr;
@@ -85,11 +88,12 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
   if (lead) {
     const AttentionPlan& plan = trainer->model().attention_plan();
-    std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %ld sequences x %ld tokens a step over %d ranks "
-                         "(%s layout, %s attention%s), checkpointing %s\n",
-                 o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), long(o.batch),
-                 long(o.seq), comm.size(), c.layout.c_str(), plan.algorithm->name,
-                 plan.choice.empty() ? "" : (": " + plan.choice).c_str(), checkpointing_name(o.checkpointing));
+    std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
+                         "each over %d ranks (%s layout, %s attention%s); checkpointing %s; ZeRO %d\n",
+                 o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
+                 long(o.batch), long(o.seq), comm.size() / o.data_parallel, c.layout.c_str(), plan.algorithm->name,
+                 plan.choice.empty() ? "" : (": " + plan.choice).c_str(), checkpointing_name(o.checkpointing),
+                 o.zero_stage);
     if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", c.resume.c_str(), long(trainer->steps_done()));
   }
   std::vector<double> losses;
@@ -181,6 +185,13 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
   cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   cmd->add_option("--ranks", o.ranks, "sequence-parallel ranks (threads); under mpirun: the process count")
+      ->capture_default_str();
+  cmd->add_option("--data-parallel", o.data_parallel,
+                  "data-parallel groups: the ranks form this many groups of consecutive ranks, each with its own "
+                  "--batch sequences split over its ranks")
+      ->capture_default_str();
+  cmd->add_option("--zero", o.zero, "ZeRO stage over all ranks: 0, 1 (optimizer state sharded) or 2 (and gradients "
+                                    "reduce-scattered)")
       ->capture_default_str();
   cmd->add_option("--algo", o.algo, "the attention algorithm (see seqpar attn --help) or auto")->capture_default_str();
   cmd->add_option("--layout", o.layout, "contiguous, zigzag or striped")->capture_default_str();

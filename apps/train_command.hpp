@@ -17,6 +17,8 @@ struct TrainCliOptions {
   int64_t batch = 32;
   int64_t steps = 150;
   int ranks = 2;
+  int data_parallel = 1;
+  int zero = 0;
   std::string algo = "auto";
   std::string layout = "zigzag";
   int ranks_per_node = 0;

@@ -195,6 +195,43 @@ TEST(Train, RecallTaskIsLearnedAcrossRanks) {
   EXPECT_LT(last, 0.5) << "mean loss of the last 10 steps (from " << losses.front() << ")";
 }
 
+// Two data-parallel groups of two sequence ranks, each with its own 2 sequences, train as one
+// rank on all 4 sequences; ZeRO stages 1 and 2 give the parameters of no ZeRO after 5 steps.
+double worst_param_error(const ModelConfig& c, const std::vector<float>& got, const std::vector<float>& want) {
+  std::string which;
+  return worst_tensor_error(c, got, want, &which);
+}
+
+TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
+  TrainOptions o = small_run(5);
+  o.batch = 4;
+  std::vector<double> l_one, l_dp;
+  std::vector<float> p_one, p_dp;
+  ASSERT_TRUE(train(o, 1, 5, "", "", &l_one, &p_one).ok());
+  o.batch = 2, o.data_parallel = 2;
+  const Status s = train(o, 4, 5, "", "", &l_dp, &p_dp);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  for (size_t i = 0; i < l_one.size(); ++i) EXPECT_NEAR(l_dp[i], l_one[i], 1e-5 * l_one[i]) << "step " << i;
+  EXPECT_LT(worst_param_error(o.model, p_dp, p_one), 1e-5);
+  for (int stage : {1, 2}) {
+    o.zero_stage = stage;
+    std::vector<double> l_zero;
+    std::vector<float> p_zero;
+    const Status z = train(o, 4, 5, "", "", &l_zero, &p_zero);
+    ASSERT_TRUE(z.ok()) << z.to_string();
+    EXPECT_LT(worst_param_error(o.model, p_zero, p_dp), 1e-6) << "ZeRO " << stage;
+  }
+  // Resuming a ZeRO-2 run from its checkpoint (moments gathered into the file) is exact too.
+  const std::string path = (std::filesystem::temp_directory_path() / "seqpar_zero_resume.ckpt").string();
+  std::vector<double> a, b;
+  std::vector<float> p_straight, p_part, p_resumed;
+  ASSERT_TRUE(train(o, 4, 5, "", "", &a, &p_straight).ok());
+  ASSERT_TRUE(train(o, 4, 3, "", path, &b, &p_part).ok());
+  ASSERT_TRUE(train(o, 4, 5, path, "", &b, &p_resumed).ok());
+  std::filesystem::remove(path);
+  EXPECT_EQ(p_resumed, p_straight);
+}
+
 TEST(Train, RefusesBadInput) {
   TrainOptions o = small_run(5);
   o.model.heads = 3;
@@ -207,6 +244,12 @@ TEST(Train, RefusesBadInput) {
   o.data = "tokens:/no/such/seqpar/file.bin";
   EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("cannot read"), std::string::npos);
   EXPECT_EQ(parse_checkpointing("most").status().code(), StatusCode::kInvalidArgument);
+  o = small_run(5);
+  o.data_parallel = 2;  // one rank cannot form two groups
+  EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("equal data-parallel groups"), std::string::npos);
+  o = small_run(5);
+  o.zero_stage = 3;
+  EXPECT_EQ(Trainer::create(o, *comms[0]).status().code(), StatusCode::kUnsupported);
 }
 
 }  // namespace

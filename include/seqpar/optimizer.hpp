@@ -23,13 +23,21 @@ Status validate_adamw(const AdamWOptions& options);
 // The rate of 0-based step `step`: lr * (step + 1) / warmup during the warmup, then cosine.
 double learning_rate(const AdamWOptions& options, int64_t step);
 
+// AdamW over the elements [begin, end) of the flat parameter buffer (all of it by default; a
+// ZeRO rank's shard otherwise): the moments exist for those elements alone.
 class AdamW {
  public:
-  AdamW(const ModelConfig& config, const AdamWOptions& options);
-  // Clips grads (already summed over the ranks) to clip_norm by their global norm, then updates
-  // params. Returns the norm before clipping. NaN or inf gradients update nothing.
-  StatusOr<double> step(float* params, float* grads, int64_t step);
-  // The moments and the step count, for checkpoints.
+  AdamW(const ModelConfig& config, const AdamWOptions& options, int64_t begin = 0, int64_t end = -1);
+  // Clips by `norm` (the global norm of the whole gradient, summed over the ranks) and updates
+  // params[begin, end) from grads[begin, end) (both indexed over the whole buffer).
+  Status update(float* params, const float* grads, double norm, int64_t step);
+  // The global norm of a whole gradient (fixed summation order); not finite: an error.
+  static StatusOr<double> norm_of(const float* grads, int64_t count);
+  // norm_of + update, for a rank that holds the whole gradient. Returns the norm before clipping.
+  StatusOr<double> step(float* params, const float* grads, int64_t step);
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  // The moments of [begin, end) and the step count, for checkpoints.
   std::vector<float>& first_moment() { return m_; }
   std::vector<float>& second_moment() { return v_; }
   int64_t steps_taken() const { return t_; }
@@ -38,6 +46,7 @@ class AdamW {
  private:
   AdamWOptions o_;
   std::vector<ParamInfo> table_;
+  int64_t begin_ = 0, end_ = 0;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

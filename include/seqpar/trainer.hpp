@@ -1,6 +1,9 @@
-// The training loop on one rank: every rank of the communicator draws the same batch, trains
-// on its shard of each sequence (sequence parallel), and the gradients are summed over the
-// ranks before the optimizer step, so every rank holds the same parameters after each step.
+// The training loop on one rank. The world's W ranks form data_parallel groups of W / G
+// consecutive ranks; each group trains on its own sequences of the step's global batch, each rank
+// on its shard of those sequences (sequence parallel through the attention algorithms), and the
+// gradients are summed over the whole world before the optimizer step. ZeRO: stage 1 shards the
+// optimizer's moments over the world (each rank updates its slice of the parameters, then an
+// all-gather); stage 2 also reduce-scatters the gradients instead of all-reducing them.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +26,9 @@ struct TrainOptions {
   ModelConfig model;
   std::string data = "recall";
   int64_t seq = 256;
-  int64_t batch = 8;  // sequences per step
+  int64_t batch = 8;  // sequences per step and data-parallel group
+  int data_parallel = 1;  // G: groups (the world's size must be a multiple)
+  int zero_stage = 0;     // 0, 1 or 2
   int64_t steps = 100;
   std::string algorithm = "auto";
   LayoutKind layout = LayoutKind::kZigzag;
@@ -38,7 +43,7 @@ struct StepReport {
   double loss = 0;            // mean over the batch's counted targets, every rank
   double grad_norm = 0;       // before clipping
   double lr = 0;
-  int64_t tokens = 0;         // tokens in the batch (all ranks)
+  int64_t tokens = 0;         // tokens in the global batch (every group)
   double seconds = 0;         // this step, wall clock
   int64_t activation_bytes = 0;  // this rank's peak of activations
   int64_t bytes_sent = 0;     // this rank's attention traffic this step
@@ -50,7 +55,7 @@ class Trainer {
   ~Trainer();
   Status step(StepReport* report);
   int64_t steps_done() const;
-  const std::vector<float>& parameters() const;
+  std::vector<float> parameters() const;  // the whole set (every rank holds it)
   const Transformer<float>& model() const;
 
   // Saves (rank 0 writes; every rank calls) and restores the whole state: parameters, the

@@ -1,5 +1,6 @@
 // AdamW, clipping and the schedule (include/seqpar/optimizer.hpp). Moments in fp32, the update's
 // arithmetic in double per element; the norm summed in a fixed order (the same bits every run).
+#include <algorithm>
 #include <cmath>
 
 #include "seqpar/optimizer.hpp"
@@ -24,34 +25,47 @@ double learning_rate(const AdamWOptions& o, int64_t step) {
   return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ModelConfig& config, const AdamWOptions& options)
-    : o_(options), table_(parameter_table(config)) {
-  const size_t n = size_t(parameter_count(config));
-  m_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
+AdamW::AdamW(const ModelConfig& config, const AdamWOptions& options, int64_t begin, int64_t end)
+    : o_(options), table_(parameter_table(config)), begin_(begin), end_(end < 0 ? parameter_count(config) : end) {
+  end_ = std::max(begin_, std::min(end_, parameter_count(config)));
+  m_.assign(size_t(end_ - begin_), 0.0f);
+  v_.assign(size_t(end_ - begin_), 0.0f);
 }
 
-StatusOr<double> AdamW::step(float* params, float* grads, int64_t step) {
+StatusOr<double> AdamW::norm_of(const float* grads, int64_t count) {
   double sq = 0;
-  for (size_t i = 0; i < m_.size(); ++i) sq += double(grads[i]) * double(grads[i]);
+  for (int64_t i = 0; i < count; ++i) sq += double(grads[i]) * double(grads[i]);
   const double norm = std::sqrt(sq);
+  SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite (norm " + std::to_string(norm) + ")");
+  return norm;
+}
+
+Status AdamW::update(float* params, const float* grads, double norm, int64_t step) {
   SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite (norm " + std::to_string(norm) + ")");
   const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / norm : 1.0;
   ++t_;
   const double lr = learning_rate(o_, step);
   const double c1 = 1.0 - std::pow(o_.beta1, double(t_)), c2 = 1.0 - std::pow(o_.beta2, double(t_));
   for (const ParamInfo& p : table_) {
+    const int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel, end_);
     const double decay = p.decays ? o_.weight_decay : 0.0;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const size_t k = size_t(i - begin_);
       const double g = double(grads[i]) * clip;
-      const double m = o_.beta1 * m_[size_t(i)] + (1 - o_.beta1) * g;
-      const double v = o_.beta2 * v_[size_t(i)] + (1 - o_.beta2) * g * g;
-      m_[size_t(i)] = float(m), v_[size_t(i)] = float(v);
+      const double m = o_.beta1 * m_[k] + (1 - o_.beta1) * g;
+      const double v = o_.beta2 * v_[k] + (1 - o_.beta2) * g * g;
+      m_[k] = float(m), v_[k] = float(v);
       const double update = (m / c1) / (std::sqrt(v / c2) + o_.eps) + decay * double(params[i]);
       params[i] = float(double(params[i]) - lr * update);
     }
   }
+  return Status::Ok();
+}
+
+StatusOr<double> AdamW::step(float* params, const float* grads, int64_t step) {
+  SP_ASSIGN_OR_RETURN(const double norm, norm_of(grads + begin_, end_ - begin_));
+  SP_RETURN_IF_ERROR(update(params, grads, norm, step));
   return norm;
 }
 

@@ -12,14 +12,29 @@ namespace seqpar {
 
 struct Trainer::Impl {
   TrainOptions o;
-  Communicator& comm;
+  Communicator& world;
+  std::unique_ptr<Communicator> group;  // this rank's sequence-parallel group
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<Transformer<float>> model;
   std::unique_ptr<AdamW> adamw;
+  // Parameters and gradients padded to W equal slices (ZeRO's reduce-scatter and all-gather).
   std::vector<float> params, grads;
+  int64_t count = 0, slice = 0;
   int64_t steps = 0;
 
-  Impl(const TrainOptions& options, Communicator& c) : o(options), comm(c) {}
+  Impl(const TrainOptions& options, Communicator& c) : o(options), world(c) {}
+  int64_t slice_begin() const { return std::min(count, world.rank() * slice); }
+  int64_t slice_end() const { return std::min(count, (world.rank() + 1) * slice); }
+
+  // Every rank's slice of `mine` (its part of a [count] array) gathered into `all`.
+  Status gather_slices(const float* mine, std::vector<float>* all) {
+    std::vector<float> send(size_t(slice), 0.0f), recv(size_t(slice * world.size()));
+    std::copy(mine, mine + (slice_end() - slice_begin()), send.begin());
+    SP_RETURN_IF_ERROR(world.all_gather(send.data(), recv.data(), size_t(slice) * sizeof(float)));
+    recv.resize(size_t(count));
+    *all = std::move(recv);
+    return Status::Ok();
+  }
 };
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -29,61 +44,92 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   SP_RETURN_IF_ERROR(options.model.validate());
   SP_RETURN_IF_ERROR(validate_adamw(options.optimizer));
   SP_CHECK_ARG(options.batch >= 1 && options.steps >= 1, "the batch and the steps must be positive");
+  const int W = comm.size(), G = options.data_parallel;
+  SP_CHECK_ARG(G >= 1 && W % G == 0, "the " + std::to_string(W) + " ranks cannot form " + std::to_string(G) +
+                                         " equal data-parallel groups");
+  SP_CHECK_SUPPORTED(options.zero_stage >= 0 && options.zero_stage <= 2,
+                     "ZeRO stage " + std::to_string(options.zero_stage) + " is not built (stages 0, 1 and 2 are)");
   auto impl = std::make_unique<Impl>(options, comm);
+  const int T = W / G;
+  SP_ASSIGN_OR_RETURN(impl->group, comm.split(comm.rank() / T, comm.rank()));
   SP_ASSIGN_OR_RETURN(impl->data, make_training_data(options.data, options.seq, options.seed));
   SP_CHECK_ARG(impl->data->vocab() <= options.model.vocab,
                impl->data->describe() + " has tokens up to " + std::to_string(impl->data->vocab() - 1) +
                    ", beyond the model's vocabulary of " + std::to_string(options.model.vocab) + " (raise --vocab)");
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, comm.size()));
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
   SP_ASSIGN_OR_RETURN(impl->model, Transformer<float>::create(options.model, options.checkpointing,
                                                               PlanOptions(options.algorithm, Topology{options.ranks_per_node}),
-                                                              layout, options.batch, comm));
-  const int64_t n = parameter_count(options.model);
-  impl->params.resize(size_t(n));
-  impl->grads.resize(size_t(n));
+                                                              layout, options.batch, *impl->group));
+  impl->count = parameter_count(options.model);
+  impl->slice = (impl->count + W - 1) / W;
+  impl->params.assign(size_t(impl->slice * W), 0.0f);
+  impl->grads.assign(size_t(impl->slice * W), 0.0f);
   init_parameters(options.model, options.seed, impl->params.data());
-  impl->adamw = std::make_unique<AdamW>(options.model, options.optimizer);
+  impl->adamw = options.zero_stage == 0
+                    ? std::make_unique<AdamW>(options.model, options.optimizer)
+                    : std::make_unique<AdamW>(options.model, options.optimizer, impl->slice_begin(), impl->slice_end());
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
 Status Trainer::step(StepReport* report) {
   Impl& I = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::vector<int32_t>> inputs(size_t(I.o.batch)), targets(size_t(I.o.batch));
-  for (int64_t b = 0; b < I.o.batch; ++b) I.data->next(&inputs[size_t(b)], &targets[size_t(b)]);
-  const Layout& layout = I.model->attention_plan().layout;
-  const ShardBatch shard = shard_batch(layout, I.comm.rank(), inputs, targets);
-  double counted = 0;  // global count of counted targets: the loss is their mean
-  for (const auto& t : targets)
-    for (int32_t x : t) counted += x >= 0;
+  const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
+  // The global batch: G groups of o.batch sequences; this group trains on its own.
+  std::vector<std::vector<int32_t>> inputs, targets;
+  double counted = 0;  // counted targets in the global batch: the loss is their mean
+  for (int64_t s = 0; s < G * I.o.batch; ++s) {
+    std::vector<int32_t> in, tg;
+    I.data->next(&in, &tg);
+    for (int32_t x : tg) counted += x >= 0;
+    if (s / I.o.batch == g) inputs.push_back(std::move(in)), targets.push_back(std::move(tg));
+  }
   SP_CHECK_ARG(counted > 0, "the batch has no target to learn");
-  const int64_t sent_before = I.comm.counters().sent(Phase::kForward) + I.comm.counters().sent(Phase::kBackward);
+  const ShardBatch shard = shard_batch(I.model->attention_plan().layout, I.group->rank(), inputs, targets);
+  const CommCounters& cc = I.group->counters();
+  const int64_t sent_before = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward);
   std::fill(I.grads.begin(), I.grads.end(), 0.0f);
   StepLoss loss;
   SP_RETURN_IF_ERROR(I.model->forward_backward(I.params.data(), I.grads.data(), shard, 1.0 / counted, &loss));
-  const int64_t sent = I.comm.counters().sent(Phase::kForward) + I.comm.counters().sent(Phase::kBackward) - sent_before;
-  {
-    const PhaseScope other(I.comm, Phase::kOther);
-    double loss_sum = loss.loss_sum;
-    SP_RETURN_IF_ERROR(I.comm.all_reduce(&loss_sum, 1, DType::kF64, ReduceOp::kSum));
-    SP_CHECK_ARG(std::isfinite(loss_sum), "the loss is not finite at step " + std::to_string(I.steps) +
-                                              " (lower the learning rate); the parameters were not updated");
-    SP_RETURN_IF_ERROR(I.comm.all_reduce(I.grads.data(), I.grads.size(), DType::kF32, ReduceOp::kSum));
-    report->loss = loss_sum / counted;
+  report->bytes_sent = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward) - sent_before;
+  const PhaseScope other(I.world, Phase::kOther);
+  double loss_sum = loss.loss_sum;
+  SP_RETURN_IF_ERROR(I.world.all_reduce(&loss_sum, 1, DType::kF64, ReduceOp::kSum));
+  SP_CHECK_ARG(std::isfinite(loss_sum), "the loss is not finite at step " + std::to_string(I.steps) +
+                                            " (lower the learning rate); the parameters were not updated");
+  report->loss = loss_sum / counted;
+  const int64_t lo = I.slice_begin(), hi = I.slice_end();
+  if (I.o.zero_stage < 2) {
+    SP_RETURN_IF_ERROR(I.world.all_reduce(I.grads.data(), I.grads.size(), DType::kF32, ReduceOp::kSum));
+    SP_ASSIGN_OR_RETURN(report->grad_norm, AdamW::norm_of(I.grads.data(), I.count));
+  } else {  // each rank gets the sums of its slice alone
+    std::vector<float> mine(size_t(I.slice));
+    SP_RETURN_IF_ERROR(I.world.reduce_scatter(I.grads.data(), mine.data(), size_t(I.slice), DType::kF32, ReduceOp::kSum));
+    std::copy(mine.begin(), mine.begin() + (hi - lo), I.grads.begin() + lo);
+    double sq = 0;
+    for (int64_t i = lo; i < hi; ++i) sq += double(I.grads[size_t(i)]) * double(I.grads[size_t(i)]);
+    SP_RETURN_IF_ERROR(I.world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
+    report->grad_norm = std::sqrt(sq);
   }
-  SP_ASSIGN_OR_RETURN(report->grad_norm, I.adamw->step(I.params.data(), I.grads.data(), I.steps));
+  SP_RETURN_IF_ERROR(I.adamw->update(I.params.data(), I.grads.data(), report->grad_norm, I.steps));
+  if (I.o.zero_stage > 0) {  // every rank's updated slice, everywhere
+    std::vector<float> all;
+    SP_RETURN_IF_ERROR(I.gather_slices(I.params.data() + lo, &all));
+    std::copy(all.begin(), all.end(), I.params.begin());
+  }
   report->step = I.steps;
   report->lr = learning_rate(I.o.optimizer, I.steps);
-  report->tokens = I.o.batch * I.o.seq;
+  report->tokens = G * I.o.batch * I.o.seq;
   report->activation_bytes = loss.activation_bytes_peak;
-  report->bytes_sent = sent;
   ++I.steps;
   report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::Ok();
 }
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
-const std::vector<float>& Trainer::parameters() const { return impl_->params; }
+std::vector<float> Trainer::parameters() const {
+  return std::vector<float>(impl_->params.begin(), impl_->params.begin() + impl_->count);
+}
 const Transformer<float>& Trainer::model() const { return *impl_->model; }
 
 namespace {
@@ -92,29 +138,33 @@ constexpr uint32_t kVersion = 1;
 }  // namespace
 
 Status Trainer::save(const std::string& path) const {
-  const Impl& I = *impl_;
-  SP_RETURN_IF_ERROR(I.comm.barrier());
-  if (I.comm.rank() == 0) {
+  Impl& I = *impl_;
+  std::vector<float> m = I.adamw->first_moment(), v = I.adamw->second_moment();
+  if (I.o.zero_stage > 0) {  // the moments live in slices: the file holds them whole
+    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->first_moment().data(), &m));
+    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->second_moment().data(), &v));
+  }
+  SP_RETURN_IF_ERROR(I.world.barrier());
+  if (I.world.rank() == 0) {
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary);
       SP_CHECK_ARG(out.good(), "cannot write the checkpoint " + tmp);
-      const int64_t n = int64_t(I.params.size()), steps = I.steps, adam_t = I.adamw->steps_taken();
+      const int64_t header[3] = {I.count, I.steps, I.adamw->steps_taken()};
       const uint64_t data_at = I.data->position();
       out.write(kMagic, 8);
       out.write(reinterpret_cast<const char*>(&kVersion), sizeof(kVersion));
-      for (int64_t v : {n, steps, adam_t}) out.write(reinterpret_cast<const char*>(&v), sizeof(v));
+      out.write(reinterpret_cast<const char*>(header), sizeof(header));
       out.write(reinterpret_cast<const char*>(&data_at), sizeof(data_at));
-      const std::vector<float>* saved[] = {&I.params, &I.adamw->first_moment(), &I.adamw->second_moment()};
-      for (const std::vector<float>* v : saved)
-        out.write(reinterpret_cast<const char*>(v->data()), std::streamsize(v->size() * sizeof(float)));
+      for (const float* a : {I.params.data(), m.data(), v.data()})
+        out.write(reinterpret_cast<const char*>(a), std::streamsize(I.count * sizeof(float)));
       SP_CHECK_ARG(out.good(), "writing the checkpoint " + tmp + " failed");
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);  // the last good checkpoint stays whole until then
     SP_CHECK_ARG(!ec, "cannot move the checkpoint into place at " + path + ": " + ec.message());
   }
-  return I.comm.barrier();
+  return I.world.barrier();
 }
 
 Status Trainer::load(const std::string& path) {
@@ -123,21 +173,25 @@ Status Trainer::load(const std::string& path) {
   SP_CHECK_ARG(in.good(), "cannot read the checkpoint " + path);
   char magic[8];
   uint32_t version = 0;
-  int64_t n = 0, steps = 0, adam_t = 0;
+  int64_t header[3] = {0, 0, 0};
   uint64_t data_at = 0;
   in.read(magic, 8);
   in.read(reinterpret_cast<char*>(&version), sizeof(version));
   SP_CHECK_ARG(in.good() && std::memcmp(magic, kMagic, 8) == 0 && version == kVersion,
                path + " is not a seqpar checkpoint (version " + std::to_string(kVersion) + ")");
-  for (int64_t* v : {&n, &steps, &adam_t}) in.read(reinterpret_cast<char*>(v), sizeof(*v));
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
   in.read(reinterpret_cast<char*>(&data_at), sizeof(data_at));
-  SP_CHECK_ARG(n == int64_t(I.params.size()), path + " holds " + std::to_string(n) + " parameters; this model has " +
-                                                  std::to_string(I.params.size()));
-  for (std::vector<float>* v : {&I.params, &I.adamw->first_moment(), &I.adamw->second_moment()})
-    in.read(reinterpret_cast<char*>(v->data()), std::streamsize(v->size() * sizeof(float)));
+  SP_CHECK_ARG(header[0] == I.count, path + " holds " + std::to_string(header[0]) + " parameters; this model has " +
+                                         std::to_string(I.count));
+  std::vector<float> m(size_t(I.count)), v(size_t(I.count));
+  for (float* a : {I.params.data(), m.data(), v.data()})
+    in.read(reinterpret_cast<char*>(a), std::streamsize(I.count * sizeof(float)));
   SP_CHECK_ARG(in.good(), path + " is truncated");
-  I.steps = steps;
-  I.adamw->set_steps_taken(adam_t);
+  const int64_t lo = I.adamw->begin(), hi = I.adamw->end();  // this rank's moments
+  std::copy(m.begin() + lo, m.begin() + hi, I.adamw->first_moment().begin());
+  std::copy(v.begin() + lo, v.begin() + hi, I.adamw->second_moment().begin());
+  I.steps = header[1];
+  I.adamw->set_steps_taken(header[2]);
   I.data->seek(data_at);
   return Status::Ok();
 }
