@@ -199,7 +199,8 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--checkpointing", o.checkpointing,
                   "none | full (re-run each layer in the backward) | attention (keep the attention's output and "
-                  "LSE: the backward never re-runs attention or its communication)")
+                  "LSE: the backward never re-runs attention or its communication) | sequence (BurstEngine's: keep "
+                  "O and LSE of each shard's second half, re-run attention for the first half; striped layout)")
       ->capture_default_str();
   cmd->add_option("--lr", o.lr, "peak learning rate (linear warmup, cosine to a tenth)")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "warmup steps")->capture_default_str();

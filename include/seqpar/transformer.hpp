@@ -8,6 +8,10 @@
 //   attention  DistFlashAttn's rematerialisation-aware policy: a layer keeps its input and the
 //              attention's output O and LSE, so the backward re-runs the projections and the MLP
 //              but never the attention forward or its communication.
+//   sequence   BurstEngine's sequence-level selective checkpointing: a layer keeps its input and
+//              O and LSE of the second half of its shard; the backward re-runs the attention for
+//              the first half alone (a quarter of the causal attention's work, half its traffic).
+//              Needs the striped layout and a sequence that is a multiple of twice the ranks.
 // T is float (training) or double (the fp64 version the tests compare with).
 #pragma once
 
@@ -21,8 +25,8 @@
 
 namespace seqpar {
 
-enum class Checkpointing : uint8_t { kNone, kFull, kAttention };
-StatusOr<Checkpointing> parse_checkpointing(const std::string& name);  // none | full | attention
+enum class Checkpointing : uint8_t { kNone, kFull, kAttention, kSequence };
+StatusOr<Checkpointing> parse_checkpointing(const std::string& name);  // none | full | attention | sequence
 const char* checkpointing_name(Checkpointing policy);
 
 // This rank's rows of a batch of `batch` sequences: [batch, seq] inputs and targets (a negative

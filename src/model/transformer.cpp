@@ -13,8 +13,9 @@ StatusOr<Checkpointing> parse_checkpointing(const std::string& name) {
   if (name == "none") return Checkpointing::kNone;
   if (name == "full") return Checkpointing::kFull;
   if (name == "attention") return Checkpointing::kAttention;
+  if (name == "sequence") return Checkpointing::kSequence;
   return SP_STATUS(StatusCode::kInvalidArgument,
-                   "unknown checkpointing policy '" + name + "' (available: none, full, attention)");
+                   "unknown checkpointing policy '" + name + "' (available: none, full, attention, sequence)");
 }
 
 const char* checkpointing_name(Checkpointing policy) {
@@ -22,6 +23,7 @@ const char* checkpointing_name(Checkpointing policy) {
     case Checkpointing::kNone: return "none";
     case Checkpointing::kFull: return "full";
     case Checkpointing::kAttention: return "attention";
+    case Checkpointing::kSequence: return "sequence";
   }
   return "?";
 }
@@ -41,9 +43,11 @@ struct LayerSlots {
 template <class T>
 struct LayerActs {
   std::vector<T> x_in, h1, rstd1, q, k, v, o, lse, x_mid, h2, rstd2, g, u;
+  std::vector<T> o_late, lse_late;  // sequence policy: O and LSE of the shard's second half
   int64_t bytes() const {
     size_t n = 0;
-    for (const auto* v : {&x_in, &h1, &rstd1, &q, &k, &v, &o, &lse, &x_mid, &h2, &rstd2, &g, &u}) n += v->size();
+    for (const auto* v : {&x_in, &h1, &rstd1, &q, &k, &v, &o, &lse, &x_mid, &h2, &rstd2, &g, &u, &o_late, &lse_late})
+      n += v->size();
     return int64_t(n * sizeof(T));
   }
 };
@@ -56,6 +60,7 @@ struct Transformer<T>::Impl {
   Checkpointing policy;
   Communicator& comm;
   AttentionPlan plan;
+  std::unique_ptr<AttentionPlan> early_plan;  // sequence policy: the first half of the sequence
   std::vector<ParamInfo> table;
   int64_t embed_at = 0, final_norm_at = 0, head_at = 0;
   std::vector<LayerSlots<int64_t>> layers;
@@ -89,9 +94,52 @@ struct Transformer<T>::Impl {
     return TensorView::contiguous(data, dtype(), shape);
   }
 
+  // Where a layer's forward gets the attention's (O, LSE): it runs it; a.o and a.lse hold it
+  // (attention policy); or it runs it for the first half of the shard alone and takes the second
+  // half from a.o_late and a.lse_late (sequence policy).
+  enum class Attn { kRun, kKept, kFirstHalf };
+
+  // Rows [from, to) of each batch entry of a [B, S, cols] array, as a contiguous [B, to - from, cols].
+  std::vector<T> rows_of(const std::vector<T>& x, int64_t cols, int64_t from, int64_t to) const {
+    std::vector<T> out(size_t(B * (to - from) * cols));
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(x.begin() + (b * S + from) * cols, x.begin() + (b * S + to) * cols, out.begin() + b * (to - from) * cols);
+    return out;
+  }
+  // The LSE's columns [from, to) of each (batch, head) row of a [B, H, S] array.
+  std::vector<T> stat_cols(const std::vector<T>& x, int64_t from, int64_t to) const {
+    const int64_t H = c.heads;
+    std::vector<T> out(size_t(B * H * (to - from)));
+    for (int64_t r = 0; r < B * H; ++r) std::copy(x.begin() + r * S + from, x.begin() + r * S + to, out.begin() + r * (to - from));
+    return out;
+  }
+
+  // The attention of the shard's first half (global positions below N/2 under the striped
+  // layout, which see only keys there) into a.o and a.lse, the second half from what was kept.
+  Status first_half_attention(LayerActs<T>& a) {
+    const int64_t H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), half = S / 2;
+    std::vector<T> q = rows_of(a.q, H * D, 0, half), k = rows_of(a.k, Hkv * D, 0, half), v = rows_of(a.v, Hkv * D, 0, half);
+    std::vector<T> o(q.size()), lse(size_t(B * H * half));
+    const ShardTensors t{view(q.data(), {B, half, H, D}),   view(k.data(), {B, half, Hkv, D}),
+                         view(v.data(), {B, half, Hkv, D}), view(o.data(), {B, half, H, D}),
+                         view(lse.data(), {B, H, half}),    {}, {}, {}, {}};
+    SP_RETURN_IF_ERROR(run_forward_cpu(comm, *early_plan, t));
+    a.o.resize(size_t(rows * H * D)), a.lse.resize(size_t(B * H * S));
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(o.begin() + b * half * H * D, o.begin() + (b + 1) * half * H * D, a.o.begin() + b * S * H * D);
+      std::copy(a.o_late.begin() + b * (S - half) * H * D, a.o_late.begin() + (b + 1) * (S - half) * H * D,
+                a.o.begin() + (b * S + half) * H * D);
+    }
+    for (int64_t r = 0; r < B * H; ++r) {
+      std::copy(lse.begin() + r * half, lse.begin() + (r + 1) * half, a.lse.begin() + r * S);
+      std::copy(a.lse_late.begin() + r * (S - half), a.lse_late.begin() + (r + 1) * (S - half), a.lse.begin() + r * S + half);
+    }
+    a.o_late = {}, a.lse_late = {};
+    return Status::Ok();
+  }
+
   // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
-  // With attention_kept, a.o and a.lse already hold the attention's result: it is not re-run.
-  Status layer_forward(const T* params, int64_t l, LayerActs<T>& a, T* x_out, bool attention_kept) {
+  Status layer_forward(const T* params, int64_t l, LayerActs<T>& a, T* x_out, Attn attention) {
     const auto w = slots(params, l);
     const int64_t hid = c.hidden, H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), F = c.ffn;
     a.h1.resize(size_t(rows * hid)), a.rstd1.resize(size_t(rows));
@@ -102,7 +150,8 @@ struct Transformer<T>::Impl {
     linear_forward(a.h1.data(), w.wv, a.v.data(), rows, hid, Hkv * D);
     model::rope_apply(a.q.data(), positions->data(), B, S, H, D, c.rope_theta, false);
     model::rope_apply(a.k.data(), positions->data(), B, S, Hkv, D, c.rope_theta, false);
-    if (!attention_kept) {
+    if (attention == Attn::kFirstHalf) SP_RETURN_IF_ERROR(first_half_attention(a));
+    if (attention == Attn::kRun) {
       a.o.resize(size_t(rows * H * D)), a.lse.resize(size_t(B * H * S));
       const ShardTensors t{view(a.q.data(), {B, S, H, D}),   view(a.k.data(), {B, S, Hkv, D}),
                            view(a.v.data(), {B, S, Hkv, D}), view(a.o.data(), {B, S, H, D}),
@@ -163,6 +212,8 @@ struct Transformer<T>::Impl {
     LayerActs<T> kept;
     kept.x_in = std::move(a.x_in);
     if (policy == Checkpointing::kAttention) kept.o = std::move(a.o), kept.lse = std::move(a.lse);
+    if (policy == Checkpointing::kSequence)
+      kept.o_late = rows_of(a.o, c.heads * c.head_dim(), S / 2, S), kept.lse_late = stat_cols(a.lse, S / 2, S);
     a = std::move(kept);
   }
 
@@ -191,7 +242,7 @@ struct Transformer<T>::Impl {
     for (int64_t l = 0; l < c.layers; ++l) {
       LayerActs<T>& a = kept[size_t(l)];
       a.x_in = x;
-      SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), false));
+      SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), Attn::kRun));
       peak = std::max(peak, kept_bytes + a.bytes());
       if (backward) keep_for_policy(a);
       else a = {};
@@ -213,7 +264,10 @@ struct Transformer<T>::Impl {
       for (int64_t l = c.layers - 1; l >= 0; --l) {
         LayerActs<T>& a = kept[size_t(l)];
         if (policy != Checkpointing::kNone)  // recompute what was dropped
-          SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), policy == Checkpointing::kAttention));
+          SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(),
+                                           policy == Checkpointing::kAttention  ? Attn::kKept
+                                           : policy == Checkpointing::kSequence ? Attn::kFirstHalf
+                                                                                : Attn::kRun));
         peak = std::max(peak, kept_bytes + (policy == Checkpointing::kNone ? 0 : a.bytes()));
         SP_RETURN_IF_ERROR(layer_backward(params, grads, l, a, dx));
         kept_bytes -= a.bytes();
@@ -238,8 +292,20 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   const DType t = Impl::dtype();
   const BlockBytes bytes{batch, config.heads, config.kv_heads, config.head_dim(), t, t, t, true};
   SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(options, layout, params, bytes, comm.rank(), cpu_kernel_backend()));
-  return std::unique_ptr<Transformer>(
-      new Transformer(std::make_unique<Impl>(config, policy, comm, std::move(plan))));
+  auto impl = std::make_unique<Impl>(config, policy, comm, std::move(plan));
+  if (policy == Checkpointing::kSequence) {
+    // BurstEngine's sequence-level checkpointing: under the striped layout a shard's first half
+    // holds exactly the sequence's first half, which attends to nothing beyond it, so the
+    // recompute is the same algorithm over the first N/2 tokens.
+    const int P = layout.ranks();
+    SP_CHECK_SUPPORTED(layout.kind() == LayoutKind::kStriped && layout.seq_len() % (2 * P) == 0,
+                       "sequence-level checkpointing needs the striped layout with the sequence a multiple of twice "
+                       "the ranks (" + std::to_string(2 * P) + ")");
+    SP_ASSIGN_OR_RETURN(const Layout early, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
+    SP_ASSIGN_OR_RETURN(AttentionPlan p, plan_attention(options, early, params, bytes, comm.rank(), cpu_kernel_backend()));
+    impl->early_plan = std::make_unique<AttentionPlan>(std::move(p));
+  }
+  return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
 template <class T>
