@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
 
 namespace seqpar::app {
@@ -48,6 +50,13 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.optimizer.clip_norm = c.clip;
   SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
   o.seed = c.seed;
+  SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 does not keep");
+  for (const std::string* dir : {&c.dump_dir, &c.export_dir}) {
+    if (dir->empty()) continue;
+    std::error_code ec;
+    std::filesystem::create_directories(*dir, ec);
+    SP_CHECK_ARG(!ec, "cannot create the folder " + *dir + ": " + ec.message());
+  }
   return o;
 }
 
@@ -81,11 +90,58 @@ Status write_plot(const std::string& path, const std::vector<double>& losses, co
   return Status::Ok();
 }
 
+// --dump DIR: what another implementation needs to replay the run and compare: config.json,
+// the starting weights, every step's batch (batches.safetensors, I32 inputs_N / targets_N), the
+// first step's summed gradient (grads_step0.safetensors, parameter names), and run.json (the
+// optimizer's settings and our losses).
+struct RunRecord {
+  std::vector<NamedArray> batches;
+  nlohmann::ordered_json losses = nlohmann::json::array();
+};
+
+NamedArray int_array(const std::string& name, const std::vector<std::vector<int32_t>>& rows) {
+  NamedArray a{name, "I32", {int64_t(rows.size()), int64_t(rows.front().size())}, {}};
+  for (const auto& r : rows) {
+    const char* p = reinterpret_cast<const char*>(r.data());
+    a.bytes.insert(a.bytes.end(), p, p + r.size() * sizeof(int32_t));
+  }
+  return a;
+}
+
+Status write_record(const std::string& dir, const TrainOptions& o, const RunRecord& rec) {
+  SP_RETURN_IF_ERROR(save_safetensors(dir + "/batches.safetensors", rec.batches));
+  const nlohmann::ordered_json run = {{"seq", o.seq},
+                                      {"batch", o.batch * o.data_parallel},
+                                      {"lr", o.optimizer.lr},
+                                      {"beta1", o.optimizer.beta1},
+                                      {"beta2", o.optimizer.beta2},
+                                      {"eps", o.optimizer.eps},
+                                      {"weight_decay", o.optimizer.weight_decay},
+                                      {"clip_norm", o.optimizer.clip_norm},
+                                      {"warmup_steps", o.optimizer.warmup_steps},
+                                      {"total_steps", o.optimizer.total_steps},
+                                      {"min_lr_ratio", o.optimizer.min_lr_ratio},
+                                      {"losses", rec.losses}};
+  std::ofstream out(dir + "/run.json");
+  out << run.dump(2) << "\n";
+  SP_CHECK_ARG(out.good(), "cannot write " + dir + "/run.json");
+  return Status::Ok();
+}
+
 Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads) {
   omp_set_num_threads(threads);
   const bool lead = comm.rank() == 0;
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(o, comm));
+  if (!c.init_from.empty()) {
+    SP_ASSIGN_OR_RETURN(const std::vector<float> weights, load_model_safetensors(c.init_from, o.model));
+    SP_RETURN_IF_ERROR(trainer->set_parameters(weights));
+  }
   if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
+  RunRecord record;
+  if (lead && !c.dump_dir.empty()) {
+    SP_RETURN_IF_ERROR(write_hf_config(c.dump_dir + "/config.json", o.model));
+    SP_RETURN_IF_ERROR(save_model_safetensors(c.dump_dir + "/initial.safetensors", o.model, trainer->parameters().data()));
+  }
   if (lead) {
     const AttentionPlan& plan = trainer->model().attention_plan();
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
@@ -105,6 +161,16 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
       return s;
     }
     losses.push_back(r.loss);
+    if (lead && !c.dump_dir.empty()) {
+      const std::string n = std::to_string(r.step);
+      record.batches.push_back(int_array("inputs_" + n, trainer->last_inputs()));
+      record.batches.push_back(int_array("targets_" + n, trainer->last_targets()));
+      record.losses.push_back(r.loss);
+      if (r.step == 0) {
+        SP_ASSIGN_OR_RETURN(const std::vector<float> grad, trainer->last_gradient());
+        SP_RETURN_IF_ERROR(save_model_safetensors(c.dump_dir + "/grads_step0.safetensors", o.model, grad.data()));
+      }
+    }
     if (lead) {
       if (c.json) {
         const nlohmann::ordered_json j = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
@@ -122,6 +188,13 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(trainer->save(c.save));
   }
   if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
+  if (lead && !c.dump_dir.empty()) SP_RETURN_IF_ERROR(write_record(c.dump_dir, o, record));
+  if (lead && !c.export_dir.empty()) {
+    SP_RETURN_IF_ERROR(write_hf_config(c.export_dir + "/config.json", o.model));
+    SP_RETURN_IF_ERROR(save_model_safetensors(c.export_dir + "/model.safetensors", o.model, trainer->parameters().data()));
+    std::fprintf(stderr, "seqpar train: wrote %s/model.safetensors and config.json (transformers: "
+                         "LlamaForCausalLM.from_pretrained)\n", c.export_dir.c_str());
+  }
   if (lead && !c.plot.empty() && !losses.empty()) {
     SP_RETURN_IF_ERROR(write_plot(c.plot, losses, "seqpar train: loss, " + c.data + ", " + std::to_string(o.seq) +
                                                      " tokens over " + std::to_string(comm.size()) + " ranks"));
@@ -212,6 +285,11 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--save-every", o.save_every, "also save every N steps");
   cmd->add_option("--resume", o.resume, "continue from this checkpoint (same model and options)");
   cmd->add_option("--plot", o.plot, "write the loss curve as an SVG here");
+  cmd->add_option("--init-from", o.init_from, "start from these weights (safetensors, Llama naming; F32/F16/BF16)");
+  cmd->add_option("--export", o.export_dir, "write model.safetensors and a Hugging Face config.json here at the end");
+  cmd->add_option("--dump", o.dump_dir,
+                  "record the run here (config, starting weights, every batch, the first step's gradient, losses) "
+                  "for bench/hf_llama_check.py");
   cmd->add_flag("--json", o.json, "print one JSON line per step in place of the text line");
   cmd->add_option("--device", o.device, "cpu (GPU training is not built yet)")->capture_default_str();
   cmd->callback([&o, exit_code] { *exit_code = run_train(o); });

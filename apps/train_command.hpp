@@ -33,6 +33,9 @@ struct TrainCliOptions {
   int64_t save_every = 0;
   std::string resume;
   std::string plot;
+  std::string init_from;  // safetensors weights to start from
+  std::string export_dir;  // model.safetensors + config.json at the end
+  std::string dump_dir;    // the run's record for comparing with another implementation
   bool json = false;
   std::string device = "cpu";
 };

@@ -18,6 +18,7 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 prefix="$PWD/.carry/deps/usr"
+export LD_LIBRARY_PATH="$prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"  # OpenBLAS, carried
 # cuDNN and NCCL may live in PyTorch's wheels rather than the toolkit; link the unversioned
 # names CMake looks for.
 wheel_dir() { python3 -c "import nvidia.$1, os; print(nvidia.$1.__path__[0])" 2>/dev/null || true; }

@@ -2,7 +2,9 @@
 # Copies what the build needs from this machine's OS packages into .carry/deps/usr, for the
 # GPU machine, which cannot download: GoogleTest (static libs), CLI11 and nlohmann-json
 # (header-only), with their CMake package files (which locate files relative to themselves),
-# plus the cuDNN frontend headers in .carry/cudnn_frontend.
+# OpenBLAS (the training engine's CPU products: the shared library, its Fortran runtime and the
+# CBLAS headers, found there by CMake's FindBLAS), plus the cuDNN frontend headers in
+# .carry/cudnn_frontend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -14,4 +16,10 @@ cp -r /usr/include/CLI /usr/include/nlohmann /usr/include/gtest /usr/include/gmo
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$dest/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$dest/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/CLI11 /usr/share/cmake/nlohmann_json "$dest/share/cmake/"
+blas=/usr/lib/x86_64-linux-gnu/openblas-pthread
+cp "$blas/libopenblasp-r0.3.21.so" "$dest/lib/x86_64-linux-gnu/libopenblas.so.0"
+ln -sf libopenblas.so.0 "$dest/lib/x86_64-linux-gnu/libopenblas.so"
+cp -L /lib/x86_64-linux-gnu/libgfortran.so.5 /lib/x86_64-linux-gnu/libquadmath.so.0 "$dest/lib/x86_64-linux-gnu/"
+cp /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/x86_64-linux-gnu/openblas-pthread/openblas_config.h \
+   "$dest/include/"
 du -sh .carry

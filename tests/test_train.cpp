@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 
+#include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
 
 namespace seqpar {
@@ -235,6 +236,33 @@ TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
   ASSERT_TRUE(train(o, 4, 5, path, "", &b, &p_resumed).ok());
   std::filesystem::remove(path);
   EXPECT_EQ(p_resumed, p_straight);
+}
+
+// Weights written as safetensors (Llama naming) read back exactly; a file for another shape, or
+// without a tensor, is refused by name; the header is what the format says.
+TEST(Train, SafetensorsRoundTripAndRefusals) {
+  ModelConfig c = tiny();
+  c.tied = false;
+  std::vector<float> params(size_t(parameter_count(c)));
+  init_parameters(c, 3, params.data());
+  const std::string path = (std::filesystem::temp_directory_path() / "seqpar_weights.safetensors").string();
+  ASSERT_TRUE(save_model_safetensors(path, c, params.data()).ok());
+  auto back = load_model_safetensors(path, c);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back.value(), params);
+  auto arrays = load_safetensors(path);
+  ASSERT_TRUE(arrays.ok());
+  EXPECT_EQ(arrays->size(), parameter_table(c).size());
+  EXPECT_EQ(arrays->front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(arrays->back().name, "lm_head.weight");
+  EXPECT_EQ(arrays->back().shape, (std::vector<int64_t>{c.vocab, c.hidden}));
+  ModelConfig wider = c;
+  wider.ffn = 64;
+  EXPECT_NE(load_model_safetensors(path, wider).status().message().find("another shape"), std::string::npos);
+  ModelConfig deeper = c;
+  deeper.layers = 3;
+  EXPECT_NE(load_model_safetensors(path, deeper).status().message().find("has no model.layers.2"), std::string::npos);
+  std::filesystem::remove(path);
 }
 
 TEST(Train, RefusesBadInput) {

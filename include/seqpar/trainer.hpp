@@ -56,6 +56,14 @@ class Trainer {
   Status step(StepReport* report);
   int64_t steps_done() const;
   std::vector<float> parameters() const;  // the whole set (every rank holds it)
+  // Replaces the parameters (every rank, the same values): a model loaded from safetensors.
+  Status set_parameters(const std::vector<float>& params);
+  // The last step's gradient summed over the ranks, before clipping (ZeRO 0 and 1: whole; with
+  // ZeRO 2 a rank holds the sums of its slice alone, and this refuses).
+  StatusOr<std::vector<float>> last_gradient() const;
+  // The last step's global batch (every group's sequences): [sequences][seq] inputs and targets.
+  const std::vector<std::vector<int32_t>>& last_inputs() const;
+  const std::vector<std::vector<int32_t>>& last_targets() const;
   const Transformer<float>& model() const;
 
   // Saves (rank 0 writes; every rank calls) and restores the whole state: parameters, the

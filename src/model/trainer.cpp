@@ -21,6 +21,7 @@ struct Trainer::Impl {
   std::vector<float> params, grads;
   int64_t count = 0, slice = 0;
   int64_t steps = 0;
+  std::vector<std::vector<int32_t>> last_inputs, last_targets;  // the last step's global batch
 
   Impl(const TrainOptions& options, Communicator& c) : o(options), world(c) {}
   int64_t slice_begin() const { return std::min(count, world.rank() * slice); }
@@ -77,12 +78,14 @@ Status Trainer::step(StepReport* report) {
   const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
   // The global batch: G groups of o.batch sequences; this group trains on its own.
   std::vector<std::vector<int32_t>> inputs, targets;
+  I.last_inputs.assign(size_t(G * I.o.batch), {});
+  I.last_targets.assign(size_t(G * I.o.batch), {});
   double counted = 0;  // counted targets in the global batch: the loss is their mean
   for (int64_t s = 0; s < G * I.o.batch; ++s) {
-    std::vector<int32_t> in, tg;
+    std::vector<int32_t>&in = I.last_inputs[size_t(s)], &tg = I.last_targets[size_t(s)];
     I.data->next(&in, &tg);
     for (int32_t x : tg) counted += x >= 0;
-    if (s / I.o.batch == g) inputs.push_back(std::move(in)), targets.push_back(std::move(tg));
+    if (s / I.o.batch == g) inputs.push_back(in), targets.push_back(tg);
   }
   SP_CHECK_ARG(counted > 0, "the batch has no target to learn");
   const ShardBatch shard = shard_batch(I.model->attention_plan().layout, I.group->rank(), inputs, targets);
@@ -127,6 +130,20 @@ Status Trainer::step(StepReport* report) {
 }
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
+Status Trainer::set_parameters(const std::vector<float>& params) {
+  SP_CHECK_ARG(int64_t(params.size()) == impl_->count, "the model has " + std::to_string(impl_->count) +
+                                                           " parameters, not " + std::to_string(params.size()));
+  std::copy(params.begin(), params.end(), impl_->params.begin());
+  return Status::Ok();
+}
+
+StatusOr<std::vector<float>> Trainer::last_gradient() const {
+  SP_CHECK_SUPPORTED(impl_->o.zero_stage < 2, "under ZeRO 2 no rank holds the whole gradient");
+  return std::vector<float>(impl_->grads.begin(), impl_->grads.begin() + impl_->count);
+}
+const std::vector<std::vector<int32_t>>& Trainer::last_inputs() const { return impl_->last_inputs; }
+const std::vector<std::vector<int32_t>>& Trainer::last_targets() const { return impl_->last_targets; }
+
 std::vector<float> Trainer::parameters() const {
   return std::vector<float>(impl_->params.begin(), impl_->params.begin() + impl_->count);
 }
