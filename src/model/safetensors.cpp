@@ -54,9 +54,9 @@ StatusOr<std::vector<NamedArray>> load_safetensors(const std::string& path) {
   SP_CHECK_ARG(in.good() && length > 0 && length < (1ull << 30), path + " is not a safetensors file");
   std::string text(length, '\0');
   in.read(text.data(), std::streamsize(length));
-  nlohmann::json header;
+  nlohmann::ordered_json header;  // tensors in the header's order
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::ordered_json::parse(text);
   } catch (const std::exception& e) {
     return SP_STATUS(StatusCode::kInvalidArgument, path + ": bad safetensors header: " + e.what());
   }
