@@ -70,7 +70,8 @@ struct Transformer<T>::Impl {
   const std::vector<int64_t>* positions = nullptr;
 
   Impl(const ModelConfig& config, Checkpointing p, Communicator& cm, AttentionPlan pl)
-      : c(config), policy(p), comm(cm), plan(std::move(pl)), table(parameter_table(config)) {
+      : c(config), policy(p), comm(cm), plan(std::move(pl)), table(parameter_table(config)),
+        units(weight_units(config)) {
     size_t i = 0;
     embed_at = table[i++].offset;
     for (int64_t l = 0; l < c.layers; ++l) {
@@ -82,12 +83,15 @@ struct Transformer<T>::Impl {
     head_at = c.tied ? embed_at : table[i].offset;
   }
 
+  // Layer l's weights (or gradients) in a buffer holding its unit, which starts at flat element
+  // unit_begin.
   template <class P>
-  LayerSlots<P> slots(P base, int64_t l) const {
+  LayerSlots<P> slots(P unit, int64_t unit_begin, int64_t l) const {
     const LayerSlots<int64_t>& s = layers[size_t(l)];
-    return {base + s.n1, base + s.wq, base + s.wk, base + s.wv, base + s.wo, base + s.n2, base + s.wg, base + s.wu,
-            base + s.wd};
+    const auto at = [&](int64_t offset) { return unit + (offset - unit_begin); };
+    return {at(s.n1), at(s.wq), at(s.wk), at(s.wv), at(s.wo), at(s.n2), at(s.wg), at(s.wu), at(s.wd)};
   }
+  std::vector<std::pair<int64_t, int64_t>> units;  // weight_units(c)
 
   static constexpr DType dtype() { return sizeof(T) == 8 ? DType::kF64 : DType::kF32; }
   static TensorView view(T* data, std::initializer_list<int64_t> shape) {
@@ -139,8 +143,8 @@ struct Transformer<T>::Impl {
   }
 
   // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
-  Status layer_forward(const T* params, int64_t l, LayerActs<T>& a, T* x_out, Attn attention) {
-    const auto w = slots(params, l);
+  Status layer_forward(const T* unit, int64_t l, LayerActs<T>& a, T* x_out, Attn attention) {
+    const auto w = slots(unit, units[size_t(1 + l)].first, l);
     const int64_t hid = c.hidden, H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), F = c.ffn;
     a.h1.resize(size_t(rows * hid)), a.rstd1.resize(size_t(rows));
     model::rmsnorm_forward(a.x_in.data(), w.n1, a.h1.data(), a.rstd1.data(), rows, hid, c.norm_eps);
@@ -174,9 +178,10 @@ struct Transformer<T>::Impl {
   }
 
   // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
-  Status layer_backward(const T* params, T* grads, int64_t l, LayerActs<T>& a, std::vector<T>& dx) {
-    const auto w = slots(params, l);
-    const auto dw = slots(grads, l);
+  Status layer_backward(const T* unit, T* grad_unit, int64_t l, LayerActs<T>& a, std::vector<T>& dx) {
+    const int64_t begin = units[size_t(1 + l)].first;
+    const auto w = slots(unit, begin, l);
+    const auto dw = slots(grad_unit, begin, l);
     const int64_t hid = c.hidden, H = c.heads, Hkv = c.kv_heads, D = c.head_dim(), F = c.ffn;
     // MLP: x_out = x_mid + down(silu(g) * u).
     std::vector<T> act(size_t(rows * F)), dact(size_t(rows * F)), dg(size_t(rows * F)), du(size_t(rows * F));
@@ -231,18 +236,26 @@ struct Transformer<T>::Impl {
     return Status::Ok();
   }
 
-  Status run(const T* params, T* grads, const ShardBatch& b, double scale, StepLoss* loss) {
+  Status run(WeightStore<T>& store, bool backward, const ShardBatch& b, double scale, StepLoss* loss) {
     SP_RETURN_IF_ERROR(check_batch(b));
-    const bool backward = grads != nullptr;
     const int64_t hid = c.hidden;
+    const auto [e0, e1] = units.front();
+    const auto [f0, f1] = units.back();
     std::vector<LayerActs<T>> kept(size_t(c.layers));
     std::vector<T> x(size_t(rows * hid)), next(size_t(rows * hid));
-    model::embedding_forward(b.inputs.data(), params + embed_at, x.data(), rows, hid);
+    {
+      SP_ASSIGN_OR_RETURN(const T* embed, store.weights(e0, e1));
+      model::embedding_forward(b.inputs.data(), embed + (embed_at - e0), x.data(), rows, hid);
+      SP_RETURN_IF_ERROR(store.release(e0, e1));
+    }
     int64_t kept_bytes = 0, peak = 0;
     for (int64_t l = 0; l < c.layers; ++l) {
       LayerActs<T>& a = kept[size_t(l)];
       a.x_in = x;
-      SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(), Attn::kRun));
+      const auto [u0, u1] = units[size_t(1 + l)];
+      SP_ASSIGN_OR_RETURN(const T* unit, store.weights(u0, u1));
+      SP_RETURN_IF_ERROR(layer_forward(unit, l, a, next.data(), Attn::kRun));
+      SP_RETURN_IF_ERROR(store.release(u0, u1));
       peak = std::max(peak, kept_bytes + a.bytes());
       if (backward) keep_for_policy(a);
       else a = {};
@@ -250,35 +263,98 @@ struct Transformer<T>::Impl {
       std::swap(x, next);
     }
     std::vector<T> hf(static_cast<size_t>(rows * hid)), rstd_f(static_cast<size_t>(rows)), lse(static_cast<size_t>(rows));
-    const T* final_norm = params + final_norm_at;
+    SP_ASSIGN_OR_RETURN(const T* fin, store.weights(f0, f1));
+    const T* embed = nullptr;  // the tied head
+    if (c.tied) {
+      SP_ASSIGN_OR_RETURN(embed, store.weights(e0, e1));
+    }
+    const T* final_norm = fin + (final_norm_at - f0);
+    const T* head = c.tied ? embed + (head_at - e0) : fin + (head_at - f0);
     model::rmsnorm_forward(x.data(), final_norm, hf.data(), rstd_f.data(), rows, hid, c.norm_eps);
     const int64_t chunk = 1024;
-    model::lm_head_loss_forward(hf.data(), params + head_at, b.targets.data(), rows, hid, c.vocab, chunk, lse.data(),
+    model::lm_head_loss_forward(hf.data(), head, b.targets.data(), rows, hid, c.vocab, chunk, lse.data(),
                                 &loss->loss_sum, &loss->counted);
     if (backward) {
       std::vector<T> dhf(size_t(rows * hid)), dx(size_t(rows * hid), T(0));
-      model::lm_head_loss_backward(hf.data(), params + head_at, b.targets.data(), lse.data(), rows, hid, c.vocab, chunk,
-                                   scale, dhf.data(), grads + head_at);
-      model::rmsnorm_backward(x.data(), final_norm, rstd_f.data(), dhf.data(), dx.data(), grads + final_norm_at, rows,
-                              hid);
+      SP_ASSIGN_OR_RETURN(T* d_fin, store.gradient(f0, f1));
+      T* d_embed = nullptr;
+      if (c.tied) {
+        SP_ASSIGN_OR_RETURN(d_embed, store.gradient(e0, e1));
+      }
+      T* d_head = c.tied ? d_embed + (head_at - e0) : d_fin + (head_at - f0);
+      model::lm_head_loss_backward(hf.data(), head, b.targets.data(), lse.data(), rows, hid, c.vocab, chunk, scale,
+                                   dhf.data(), d_head);
+      model::rmsnorm_backward(x.data(), final_norm, rstd_f.data(), dhf.data(), dx.data(), d_fin + (final_norm_at - f0),
+                              rows, hid);
+      SP_RETURN_IF_ERROR(store.gradient_done(f0, f1));
+      SP_RETURN_IF_ERROR(store.release(f0, f1));
+      if (c.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
       for (int64_t l = c.layers - 1; l >= 0; --l) {
         LayerActs<T>& a = kept[size_t(l)];
+        const auto [u0, u1] = units[size_t(1 + l)];
+        SP_ASSIGN_OR_RETURN(const T* unit, store.weights(u0, u1));
         if (policy != Checkpointing::kNone)  // recompute what was dropped
-          SP_RETURN_IF_ERROR(layer_forward(params, l, a, next.data(),
+          SP_RETURN_IF_ERROR(layer_forward(unit, l, a, next.data(),
                                            policy == Checkpointing::kAttention  ? Attn::kKept
                                            : policy == Checkpointing::kSequence ? Attn::kFirstHalf
                                                                                 : Attn::kRun));
         peak = std::max(peak, kept_bytes + (policy == Checkpointing::kNone ? 0 : a.bytes()));
-        SP_RETURN_IF_ERROR(layer_backward(params, grads, l, a, dx));
+        SP_ASSIGN_OR_RETURN(T* grad_unit, store.gradient(u0, u1));
+        SP_RETURN_IF_ERROR(layer_backward(unit, grad_unit, l, a, dx));
+        SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
+        SP_RETURN_IF_ERROR(store.release(u0, u1));
         kept_bytes -= a.bytes();
         a = {};
       }
-      model::embedding_backward(b.inputs.data(), dx.data(), grads + embed_at, rows, hid);
+      if (!c.tied) {
+        SP_ASSIGN_OR_RETURN(d_embed, store.gradient(e0, e1));
+      }
+      model::embedding_backward(b.inputs.data(), dx.data(), d_embed + (embed_at - e0), rows, hid);
+      SP_RETURN_IF_ERROR(store.gradient_done(e0, e1));
+    } else {
+      SP_RETURN_IF_ERROR(store.release(f0, f1));
+      if (c.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
     }
     loss->activation_bytes_peak = peak + int64_t((x.size() + next.size() + hf.size() + rstd_f.size() + lse.size()) * sizeof(T));
     return Status::Ok();
   }
 };
+
+namespace {
+
+// Every rank holds the whole buffer: weights and gradients are views into it.
+template <class T>
+class FlatWeights final : public WeightStore<T> {
+ public:
+  FlatWeights(const T* params, T* grads) : params_(params), grads_(grads) {}
+  StatusOr<const T*> weights(int64_t begin, int64_t) override { return params_ + begin; }
+  Status release(int64_t, int64_t) override { return Status::Ok(); }
+  StatusOr<T*> gradient(int64_t begin, int64_t) override {
+    SP_CHECK_ARG(grads_ != nullptr, "internal: a gradient asked for in a forward-only pass");
+    return grads_ + begin;
+  }
+  Status gradient_done(int64_t, int64_t) override { return Status::Ok(); }
+
+ private:
+  const T* params_;
+  T* grads_;
+};
+
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> weight_units(const ModelConfig& config) {
+  const std::vector<ParamInfo> t = parameter_table(config);
+  std::vector<std::pair<int64_t, int64_t>> units;
+  units.push_back({t[0].offset, t[0].offset + t[0].numel});
+  const size_t per_layer = 9;
+  for (int64_t l = 0; l < config.layers; ++l) {
+    const ParamInfo& first = t[1 + size_t(l) * per_layer];
+    const ParamInfo& last = t[size_t(l + 1) * per_layer];
+    units.push_back({first.offset, last.offset + last.numel});
+  }
+  units.push_back({t[1 + size_t(config.layers) * per_layer].offset, t.back().offset + t.back().numel});
+  return units;
+}
 
 template <class T>
 StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConfig& config, Checkpointing policy,
@@ -317,12 +393,19 @@ template <class T>
 Status Transformer<T>::forward_backward(const T* params, T* grads, const ShardBatch& batch, double scale,
                                         StepLoss* loss) {
   SP_CHECK_ARG(grads != nullptr, "forward_backward needs a gradient buffer");
-  return impl_->run(params, grads, batch, scale, loss);
+  FlatWeights<T> store(params, grads);
+  return impl_->run(store, true, batch, scale, loss);
+}
+
+template <class T>
+Status Transformer<T>::forward_backward(WeightStore<T>& store, const ShardBatch& batch, double scale, StepLoss* loss) {
+  return impl_->run(store, true, batch, scale, loss);
 }
 
 template <class T>
 Status Transformer<T>::forward(const T* params, const ShardBatch& batch, StepLoss* loss) {
-  return impl_->run(params, nullptr, batch, 0.0, loss);
+  FlatWeights<T> store(params, nullptr);
+  return impl_->run(store, false, batch, 0.0, loss);
 }
 
 template <class T>
