@@ -50,7 +50,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.optimizer.clip_norm = c.clip;
   SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
   o.seed = c.seed;
-  SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 does not keep");
+  SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 and 3 do not keep");
   for (const std::string* dir : {&c.dump_dir, &c.export_dir}) {
     if (dir->empty()) continue;
     std::error_code ec;
@@ -138,9 +138,12 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   }
   if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
   RunRecord record;
-  if (lead && !c.dump_dir.empty()) {
-    SP_RETURN_IF_ERROR(write_hf_config(c.dump_dir + "/config.json", o.model));
-    SP_RETURN_IF_ERROR(save_model_safetensors(c.dump_dir + "/initial.safetensors", o.model, trainer->parameters().data()));
+  if (!c.dump_dir.empty()) {
+    SP_ASSIGN_OR_RETURN(const std::vector<float> initial, trainer->gather_parameters());  // every rank
+    if (lead) {
+      SP_RETURN_IF_ERROR(write_hf_config(c.dump_dir + "/config.json", o.model));
+      SP_RETURN_IF_ERROR(save_model_safetensors(c.dump_dir + "/initial.safetensors", o.model, initial.data()));
+    }
   }
   if (lead) {
     const AttentionPlan& plan = trainer->model().attention_plan();
@@ -189,9 +192,13 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   }
   if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
   if (lead && !c.dump_dir.empty()) SP_RETURN_IF_ERROR(write_record(c.dump_dir, o, record));
+  std::vector<float> final_weights;
+  if (!c.export_dir.empty()) {  // every rank
+    SP_ASSIGN_OR_RETURN(final_weights, trainer->gather_parameters());
+  }
   if (lead && !c.export_dir.empty()) {
     SP_RETURN_IF_ERROR(write_hf_config(c.export_dir + "/config.json", o.model));
-    SP_RETURN_IF_ERROR(save_model_safetensors(c.export_dir + "/model.safetensors", o.model, trainer->parameters().data()));
+    SP_RETURN_IF_ERROR(save_model_safetensors(c.export_dir + "/model.safetensors", o.model, final_weights.data()));
     std::fprintf(stderr, "seqpar train: wrote %s/model.safetensors and config.json (transformers: "
                          "LlamaForCausalLM.from_pretrained)\n", c.export_dir.c_str());
   }
@@ -263,8 +270,8 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "data-parallel groups: the ranks form this many groups of consecutive ranks, each with its own "
                   "--batch sequences split over its ranks")
       ->capture_default_str();
-  cmd->add_option("--zero", o.zero, "ZeRO stage over all ranks: 0, 1 (optimizer state sharded) or 2 (and gradients "
-                                    "reduce-scattered)")
+  cmd->add_option("--zero", o.zero, "ZeRO stage over all ranks: 0, 1 (optimizer state sharded), 2 (and gradients "
+                                    "reduce-scattered) or 3 (and parameters, gathered layer by layer)")
       ->capture_default_str();
   cmd->add_option("--algo", o.algo, "the attention algorithm (see seqpar attn --help) or auto")->capture_default_str();
   cmd->add_option("--layout", o.layout, "contiguous, zigzag or striped")->capture_default_str();

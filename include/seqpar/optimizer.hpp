@@ -29,12 +29,10 @@ class AdamW {
  public:
   AdamW(const ModelConfig& config, const AdamWOptions& options, int64_t begin = 0, int64_t end = -1);
   // Clips by `norm` (the global norm of the whole gradient, summed over the ranks) and updates
-  // params[begin, end) from grads[begin, end) (both indexed over the whole buffer).
+  // the parameters [begin, end) from their gradients; both pointers point at element `begin`.
   Status update(float* params, const float* grads, double norm, int64_t step);
   // The global norm of a whole gradient (fixed summation order); not finite: an error.
   static StatusOr<double> norm_of(const float* grads, int64_t count);
-  // norm_of + update, for a rank that holds the whole gradient. Returns the norm before clipping.
-  StatusOr<double> step(float* params, const float* grads, int64_t step);
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   // The moments of [begin, end) and the step count, for checkpoints.

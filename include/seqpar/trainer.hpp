@@ -3,7 +3,9 @@
 // on its shard of those sequences (sequence parallel through the attention algorithms), and the
 // gradients are summed over the whole world before the optimizer step. ZeRO: stage 1 shards the
 // optimizer's moments over the world (each rank updates its slice of the parameters, then an
-// all-gather); stage 2 also reduce-scatters the gradients instead of all-reducing them.
+// all-gather); stage 2 also reduce-scatters the gradients instead of all-reducing them; stage 3
+// keeps each rank's slice of the parameters alone, gathering a unit's (the embedding, a layer)
+// when it computes and reduce-scattering its gradient when done.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +30,7 @@ struct TrainOptions {
   int64_t seq = 256;
   int64_t batch = 8;  // sequences per step and data-parallel group
   int data_parallel = 1;  // G: groups (the world's size must be a multiple)
-  int zero_stage = 0;     // 0, 1 or 2
+  int zero_stage = 0;     // 0, 1, 2 or 3 (parameters sharded too, gathered unit by unit)
   int64_t steps = 100;
   std::string algorithm = "auto";
   LayoutKind layout = LayoutKind::kZigzag;
@@ -55,7 +57,8 @@ class Trainer {
   ~Trainer();
   Status step(StepReport* report);
   int64_t steps_done() const;
-  std::vector<float> parameters() const;  // the whole set (every rank holds it)
+  // The whole parameter set. Every rank calls it (under ZeRO-3 it gathers the slices).
+  StatusOr<std::vector<float>> gather_parameters() const;
   // Replaces the parameters (every rank, the same values): a model loaded from safetensors.
   Status set_parameters(const std::vector<float>& params);
   // The last step's gradient summed over the ranks, before clipping (ZeRO 0 and 1: whole; with

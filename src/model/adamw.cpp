@@ -52,21 +52,15 @@ Status AdamW::update(float* params, const float* grads, double norm, int64_t ste
 #pragma omp parallel for schedule(static)
     for (int64_t i = lo; i < hi; ++i) {
       const size_t k = size_t(i - begin_);
-      const double g = double(grads[i]) * clip;
+      const double g = double(grads[k]) * clip;
       const double m = o_.beta1 * m_[k] + (1 - o_.beta1) * g;
       const double v = o_.beta2 * v_[k] + (1 - o_.beta2) * g * g;
       m_[k] = float(m), v_[k] = float(v);
-      const double update = (m / c1) / (std::sqrt(v / c2) + o_.eps) + decay * double(params[i]);
-      params[i] = float(double(params[i]) - lr * update);
+      const double update = (m / c1) / (std::sqrt(v / c2) + o_.eps) + decay * double(params[k]);
+      params[k] = float(double(params[k]) - lr * update);
     }
   }
   return Status::Ok();
-}
-
-StatusOr<double> AdamW::step(float* params, const float* grads, int64_t step) {
-  SP_ASSIGN_OR_RETURN(const double norm, norm_of(grads + begin_, end_ - begin_));
-  SP_RETURN_IF_ERROR(update(params, grads, norm, step));
-  return norm;
 }
 
 }  // namespace seqpar

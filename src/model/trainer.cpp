@@ -2,13 +2,85 @@
 // "SEQPARCK" + version, the step, the data position, then parameters and both moments (fp32).
 #include "seqpar/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 namespace seqpar {
+namespace {
+
+// ZeRO-3's weights: a rank keeps its slice [lo, hi) of the flat parameters and gradients. A
+// unit's weights are all-gathered when it computes (each rank sends its part of the unit, padded
+// to the largest part) and dropped after; a unit's gradient is made whole on every rank, then
+// reduce-scattered so that each rank adds the sums of its part to its slice.
+class ShardedWeights final : public WeightStore<float> {
+ public:
+  ShardedWeights(Communicator& world, int64_t slice, float* params, float* grads)
+      : world_(world), slice_(slice), params_(params), grads_(grads) {}
+
+  StatusOr<const float*> weights(int64_t begin, int64_t end) override {
+    const int64_t piece = largest_part(begin, end);
+    std::vector<float> send(size_t(piece), 0.0f), recv(size_t(piece * world_.size()));
+    const auto [lo, hi] = part(world_.rank(), begin, end);
+    std::copy(params_ + (lo - mine()), params_ + (hi - mine()), send.begin());
+    SP_RETURN_IF_ERROR(world_.all_gather(send.data(), recv.data(), size_t(piece) * sizeof(float)));
+    std::vector<float>& unit = gathered_[begin];
+    unit.assign(size_t(end - begin), 0.0f);
+    for (int r = 0; r < world_.size(); ++r) {
+      const auto [a, b] = part(r, begin, end);
+      std::copy(recv.begin() + r * piece, recv.begin() + r * piece + (b - a), unit.begin() + (a - begin));
+    }
+    return unit.data();
+  }
+  Status release(int64_t begin, int64_t) override {
+    gathered_.erase(begin);
+    return Status::Ok();
+  }
+  StatusOr<float*> gradient(int64_t begin, int64_t end) override {
+    std::vector<float>& unit = gradients_[begin];
+    unit.assign(size_t(end - begin), 0.0f);
+    return unit.data();
+  }
+  Status gradient_done(int64_t begin, int64_t end) override {
+    const int64_t piece = largest_part(begin, end);
+    std::vector<float> send(size_t(piece * world_.size()), 0.0f), recv(static_cast<size_t>(piece));
+    const std::vector<float>& unit = gradients_.at(begin);
+    for (int r = 0; r < world_.size(); ++r) {
+      const auto [a, b] = part(r, begin, end);
+      std::copy(unit.begin() + (a - begin), unit.begin() + (b - begin), send.begin() + r * piece);
+    }
+    SP_RETURN_IF_ERROR(world_.reduce_scatter(send.data(), recv.data(), size_t(piece), DType::kF32, ReduceOp::kSum));
+    const auto [lo, hi] = part(world_.rank(), begin, end);
+    for (int64_t i = lo; i < hi; ++i) grads_[i - mine()] += recv[size_t(i - lo)];
+    gradients_.erase(begin);
+    return Status::Ok();
+  }
+
+ private:
+  int64_t mine() const { return world_.rank() * slice_; }
+  // Rank r's part of [begin, end): its slice there (possibly empty).
+  std::pair<int64_t, int64_t> part(int r, int64_t begin, int64_t end) const {
+    const int64_t a = std::clamp(r * slice_, begin, end), b = std::clamp((r + 1) * slice_, begin, end);
+    return {a, b};
+  }
+  int64_t largest_part(int64_t begin, int64_t end) const {
+    int64_t m = 1;
+    for (int r = 0; r < world_.size(); ++r) m = std::max(m, part(r, begin, end).second - part(r, begin, end).first);
+    return m;
+  }
+
+  Communicator& world_;
+  int64_t slice_;
+  float* params_;  // this rank's slice
+  float* grads_;
+  std::map<int64_t, std::vector<float>> gathered_, gradients_;
+};
+
+}  // namespace
 
 struct Trainer::Impl {
   TrainOptions o;
@@ -17,7 +89,8 @@ struct Trainer::Impl {
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<Transformer<float>> model;
   std::unique_ptr<AdamW> adamw;
-  // Parameters and gradients padded to W equal slices (ZeRO's reduce-scatter and all-gather).
+  // Parameters and gradients: padded to W equal slices (ZeRO's reduce-scatter and all-gather);
+  // under ZeRO-3 this rank's slice alone.
   std::vector<float> params, grads;
   int64_t count = 0, slice = 0;
   int64_t steps = 0;
@@ -48,8 +121,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   const int W = comm.size(), G = options.data_parallel;
   SP_CHECK_ARG(G >= 1 && W % G == 0, "the " + std::to_string(W) + " ranks cannot form " + std::to_string(G) +
                                          " equal data-parallel groups");
-  SP_CHECK_SUPPORTED(options.zero_stage >= 0 && options.zero_stage <= 2,
-                     "ZeRO stage " + std::to_string(options.zero_stage) + " is not built (stages 0, 1 and 2 are)");
+  SP_CHECK_ARG(options.zero_stage >= 0 && options.zero_stage <= 3,
+               "ZeRO stage " + std::to_string(options.zero_stage) + " does not exist (0, 1, 2 or 3)");
   auto impl = std::make_unique<Impl>(options, comm);
   const int T = W / G;
   SP_ASSIGN_OR_RETURN(impl->group, comm.split(comm.rank() / T, comm.rank()));
@@ -64,8 +137,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   impl->count = parameter_count(options.model);
   impl->slice = (impl->count + W - 1) / W;
   impl->params.assign(size_t(impl->slice * W), 0.0f);
-  impl->grads.assign(size_t(impl->slice * W), 0.0f);
   init_parameters(options.model, options.seed, impl->params.data());
+  if (options.zero_stage == 3) {  // keep this rank's slice alone
+    std::vector<float> mine(impl->params.begin() + impl->slice_begin(), impl->params.begin() + impl->slice_end());
+    mine.resize(size_t(impl->slice), 0.0f);
+    impl->params = std::move(mine);
+  }
+  impl->grads.assign(impl->params.size(), 0.0f);
   impl->adamw = options.zero_stage == 0
                     ? std::make_unique<AdamW>(options.model, options.optimizer)
                     : std::make_unique<AdamW>(options.model, options.optimizer, impl->slice_begin(), impl->slice_end());
@@ -93,7 +171,12 @@ Status Trainer::step(StepReport* report) {
   const int64_t sent_before = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward);
   std::fill(I.grads.begin(), I.grads.end(), 0.0f);
   StepLoss loss;
-  SP_RETURN_IF_ERROR(I.model->forward_backward(I.params.data(), I.grads.data(), shard, 1.0 / counted, &loss));
+  if (I.o.zero_stage == 3) {
+    ShardedWeights store(I.world, I.slice, I.params.data(), I.grads.data());
+    SP_RETURN_IF_ERROR(I.model->forward_backward(store, shard, 1.0 / counted, &loss));
+  } else {
+    SP_RETURN_IF_ERROR(I.model->forward_backward(I.params.data(), I.grads.data(), shard, 1.0 / counted, &loss));
+  }
   report->bytes_sent = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward) - sent_before;
   const PhaseScope other(I.world, Phase::kOther);
   double loss_sum = loss.loss_sum;
@@ -102,7 +185,14 @@ Status Trainer::step(StepReport* report) {
                                             " (lower the learning rate); the parameters were not updated");
   report->loss = loss_sum / counted;
   const int64_t lo = I.slice_begin(), hi = I.slice_end();
-  if (I.o.zero_stage < 2) {
+  // Where this rank's slice sits in its arrays: the whole buffer, or (ZeRO-3) the slice itself.
+  const int64_t at = I.o.zero_stage == 3 ? 0 : lo;
+  if (I.o.zero_stage == 3) {  // the store reduce-scattered every unit's gradient into the slice
+    double sq = 0;
+    for (int64_t i = 0; i < hi - lo; ++i) sq += double(I.grads[size_t(i)]) * double(I.grads[size_t(i)]);
+    SP_RETURN_IF_ERROR(I.world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
+    report->grad_norm = std::sqrt(sq);
+  } else if (I.o.zero_stage < 2) {
     SP_RETURN_IF_ERROR(I.world.all_reduce(I.grads.data(), I.grads.size(), DType::kF32, ReduceOp::kSum));
     SP_ASSIGN_OR_RETURN(report->grad_norm, AdamW::norm_of(I.grads.data(), I.count));
   } else {  // each rank gets the sums of its slice alone
@@ -114,8 +204,9 @@ Status Trainer::step(StepReport* report) {
     SP_RETURN_IF_ERROR(I.world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
     report->grad_norm = std::sqrt(sq);
   }
-  SP_RETURN_IF_ERROR(I.adamw->update(I.params.data(), I.grads.data(), report->grad_norm, I.steps));
-  if (I.o.zero_stage > 0) {  // every rank's updated slice, everywhere
+  const int64_t from = I.o.zero_stage == 0 ? 0 : at;  // AdamW's range starts here
+  SP_RETURN_IF_ERROR(I.adamw->update(I.params.data() + from, I.grads.data() + from, report->grad_norm, I.steps));
+  if (I.o.zero_stage == 1 || I.o.zero_stage == 2) {  // every rank's updated slice, everywhere
     std::vector<float> all;
     SP_RETURN_IF_ERROR(I.gather_slices(I.params.data() + lo, &all));
     std::copy(all.begin(), all.end(), I.params.begin());
@@ -131,21 +222,27 @@ Status Trainer::step(StepReport* report) {
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
 Status Trainer::set_parameters(const std::vector<float>& params) {
-  SP_CHECK_ARG(int64_t(params.size()) == impl_->count, "the model has " + std::to_string(impl_->count) +
-                                                           " parameters, not " + std::to_string(params.size()));
-  std::copy(params.begin(), params.end(), impl_->params.begin());
+  Impl& I = *impl_;
+  SP_CHECK_ARG(int64_t(params.size()) == I.count, "the model has " + std::to_string(I.count) + " parameters, not " +
+                                                      std::to_string(params.size()));
+  if (I.o.zero_stage == 3) std::copy(params.begin() + I.slice_begin(), params.begin() + I.slice_end(), I.params.begin());
+  else std::copy(params.begin(), params.end(), I.params.begin());
   return Status::Ok();
 }
 
 StatusOr<std::vector<float>> Trainer::last_gradient() const {
-  SP_CHECK_SUPPORTED(impl_->o.zero_stage < 2, "under ZeRO 2 no rank holds the whole gradient");
+  SP_CHECK_SUPPORTED(impl_->o.zero_stage < 2, "under ZeRO 2 and 3 no rank holds the whole gradient");
   return std::vector<float>(impl_->grads.begin(), impl_->grads.begin() + impl_->count);
 }
 const std::vector<std::vector<int32_t>>& Trainer::last_inputs() const { return impl_->last_inputs; }
 const std::vector<std::vector<int32_t>>& Trainer::last_targets() const { return impl_->last_targets; }
 
-std::vector<float> Trainer::parameters() const {
-  return std::vector<float>(impl_->params.begin(), impl_->params.begin() + impl_->count);
+StatusOr<std::vector<float>> Trainer::gather_parameters() const {
+  Impl& I = *impl_;
+  if (I.o.zero_stage != 3) return std::vector<float>(I.params.begin(), I.params.begin() + I.count);
+  std::vector<float> all;
+  SP_RETURN_IF_ERROR(I.gather_slices(I.params.data(), &all));
+  return all;
 }
 const Transformer<float>& Trainer::model() const { return *impl_->model; }
 
@@ -161,6 +258,7 @@ Status Trainer::save(const std::string& path) const {
     SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->first_moment().data(), &m));
     SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->second_moment().data(), &v));
   }
+  SP_ASSIGN_OR_RETURN(const std::vector<float> params, gather_parameters());
   SP_RETURN_IF_ERROR(I.world.barrier());
   if (I.world.rank() == 0) {
     const std::string tmp = path + ".tmp";
@@ -173,7 +271,7 @@ Status Trainer::save(const std::string& path) const {
       out.write(reinterpret_cast<const char*>(&kVersion), sizeof(kVersion));
       out.write(reinterpret_cast<const char*>(header), sizeof(header));
       out.write(reinterpret_cast<const char*>(&data_at), sizeof(data_at));
-      for (const float* a : {I.params.data(), m.data(), v.data()})
+      for (const float* a : {params.data(), static_cast<const float*>(m.data()), static_cast<const float*>(v.data())})
         out.write(reinterpret_cast<const char*>(a), std::streamsize(I.count * sizeof(float)));
       SP_CHECK_ARG(out.good(), "writing the checkpoint " + tmp + " failed");
     }
@@ -200,10 +298,11 @@ Status Trainer::load(const std::string& path) {
   in.read(reinterpret_cast<char*>(&data_at), sizeof(data_at));
   SP_CHECK_ARG(header[0] == I.count, path + " holds " + std::to_string(header[0]) + " parameters; this model has " +
                                          std::to_string(I.count));
-  std::vector<float> m(size_t(I.count)), v(size_t(I.count));
-  for (float* a : {I.params.data(), m.data(), v.data()})
+  std::vector<float> params(size_t(I.count)), m(size_t(I.count)), v(size_t(I.count));
+  for (float* a : {params.data(), m.data(), v.data()})
     in.read(reinterpret_cast<char*>(a), std::streamsize(I.count * sizeof(float)));
   SP_CHECK_ARG(in.good(), path + " is truncated");
+  SP_RETURN_IF_ERROR(set_parameters(params));
   const int64_t lo = I.adamw->begin(), hi = I.adamw->end();  // this rank's moments
   std::copy(m.begin() + lo, m.begin() + hi, I.adamw->first_moment().begin());
   std::copy(v.begin() + lo, v.begin() + hi, I.adamw->second_moment().begin());
