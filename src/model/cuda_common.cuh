@@ -1,0 +1,38 @@
+// What the model's CUDA layer files share: bf16 access, launch shapes, the cuBLAS handle of the
+// calling thread, and the error checks.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.hpp"
+#include "model/layers_cuda.hpp"
+
+namespace seqpar::model::cuda {
+
+inline __nv_bfloat16* as_bf16(bf16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+inline const __nv_bfloat16* as_bf16(const bf16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+inline unsigned blocks_for(int64_t n, int threads = 256) {
+  return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535LL * 32));
+}
+
+// One cuBLAS handle per thread (a rank is a thread), set to the stream of each call.
+cublasHandle_t cublas_for(void* stream);
+
+#define SP_CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                                \
+    const cublasStatus_t sp_cublas_status = (expr);                                                   \
+    if (sp_cublas_status != CUBLAS_STATUS_SUCCESS)                                                    \
+      return SP_STATUS(::seqpar::StatusCode::kInternal,                                              \
+                       std::string("cuBLAS: ") + cublasGetStatusString(sp_cublas_status) + " in " #expr); \
+  } while (0)
+
+// Row-major C[M, N] = alpha op(A) op(B) + beta C with bf16 A and B, C of ctype, fp32 compute:
+// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T.
+Status gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
+                 const bf16_t* B, float beta, void* C, cudaDataType_t ctype, void* stream);
+
+}  // namespace seqpar::model::cuda

@@ -1,0 +1,61 @@
+// The CUDA halves of the model's layers (src/model/layers.hpp has the CPU halves and the math):
+// device pointers, work queued on `stream`. Mixed precision as the GPU engine keeps it:
+// weights and the layers' inputs to matrix products in bf16; the residual stream, every
+// gradient that is added to, row statistics and the loss in fp32. Matrix products go through
+// cuBLAS (bf16 inputs, fp32 compute). A bf16 array is passed as `uint16_t*` so this header needs
+// no CUDA include; the .cu files read it as __nv_bfloat16.
+#pragma once
+
+#include <cstdint>
+
+#include "seqpar/status.hpp"
+
+namespace seqpar::model::cuda {
+
+using bf16_t = uint16_t;
+
+// y[rows, out] (bf16) = x[rows, in] w[out, in]^T.
+Status linear_forward(const bf16_t* x, const bf16_t* w, bf16_t* y, int64_t rows, int64_t in, int64_t out,
+                      void* stream);
+// dx[rows, in] (fp32) = (or += with accumulate_dx) dy w; dw[out, in] (fp32) += dy^T x. dy bf16.
+Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
+                       int64_t in, int64_t out, bool accumulate_dx, void* stream);
+
+// x[r] (fp32) = table[tokens[r]] (bf16); dtable (fp32) += scatter of dx (atomics).
+Status embedding_forward(const int32_t* tokens, const bf16_t* table, float* x, int64_t rows, int64_t dim, void* stream);
+Status embedding_backward(const int32_t* tokens, const float* dx, float* dtable, int64_t rows, int64_t dim, void* stream);
+
+// y (bf16) = w * x * rstd from the fp32 residual x; rstd fp32 [rows].
+Status rmsnorm_forward(const float* x, const bf16_t* w, bf16_t* y, float* rstd, int64_t rows, int64_t dim, double eps,
+                       void* stream);
+// dx (fp32) += ..., dw (fp32) += ... from dy (fp32).
+Status rmsnorm_backward(const float* x, const bf16_t* w, const float* rstd, const float* dy, float* dx, float* dw,
+                        int64_t rows, int64_t dim, void* stream);
+
+// In-place RoPE at global positions (device int64 [seq]) on [batch, seq, heads, head_dim]: bf16
+// (q, k in the forward) or fp32 (their gradients, with inverse = true).
+Status rope_apply(bf16_t* x, const int64_t* positions, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                  double theta, bool inverse, void* stream);
+Status rope_apply(float* x, const int64_t* positions, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                  double theta, bool inverse, void* stream);
+
+// a = silu(g) * u (bf16); the backward takes da fp32 and writes dg, du in bf16 (inputs of the
+// next products).
+Status swiglu_forward(const bf16_t* g, const bf16_t* u, bf16_t* a, int64_t n, void* stream);
+Status swiglu_backward(const bf16_t* g, const bf16_t* u, const float* da, bf16_t* dg, bf16_t* du, int64_t n,
+                       void* stream);
+
+// The fused LM head + cross-entropy (lm_head_loss.cpp's algorithm): logits of `chunk` rows at a
+// time in fp32 scratch; row_loss[r] (fp32) = lse - logit[target] for counted rows, else 0; lse
+// fp32 [rows]. The backward writes dx (fp32) and adds dw (fp32), scale (softmax - onehot) in bf16.
+Status lm_head_loss_forward(const bf16_t* x, const bf16_t* w, const int32_t* targets, int64_t rows, int64_t dim,
+                            int64_t vocab, int64_t chunk, float* lse, float* row_loss, void* stream);
+Status lm_head_loss_backward(const bf16_t* x, const bf16_t* w, const int32_t* targets, const float* lse, int64_t rows,
+                             int64_t dim, int64_t vocab, int64_t chunk, double scale, float* dx, float* dw,
+                             void* stream);
+
+// fp32 <-> bf16 copies (weights' compute copies, activations into products).
+Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream);
+Status to_f32(const bf16_t* x, float* y, int64_t n, void* stream);
+
+}  // namespace seqpar::model::cuda

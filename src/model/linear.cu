@@ -1,0 +1,65 @@
+// The CUDA half of linear.cpp: products through cuBLAS, bf16 inputs, fp32 compute; and the
+// fp32 <-> bf16 copies the engine moves weights and activations with.
+#include <algorithm>
+#include <string>
+
+#include "model/cuda_common.cuh"
+
+namespace seqpar::model::cuda {
+
+cublasHandle_t cublas_for(void* stream) {
+  thread_local cublasHandle_t handle = nullptr;
+  if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return nullptr;
+  cublasSetStream(handle, as_stream(stream));
+  return handle;
+}
+
+Status gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A, const bf16_t* B,
+                 float beta, void* C, cudaDataType_t ctype, void* stream) {
+  cublasHandle_t h = cublas_for(stream);
+  SP_CHECK_ARG(h != nullptr, "cannot create a cuBLAS handle");
+  // Column-major view: C^T[N, M] = op(B)^T[N, K] op(A)^T[K, M]; a row-major X[r, c] is X^T.
+  const int lda = int(ta ? M : K), ldb = int(tb ? K : N);
+  SP_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                               &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, ctype, int(N),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return Status::Ok();
+}
+
+Status linear_forward(const bf16_t* x, const bf16_t* w, bf16_t* y, int64_t rows, int64_t in, int64_t out,
+                      void* stream) {
+  return gemm_bf16(false, true, rows, out, in, 1.0f, x, w, 0.0f, y, CUDA_R_16BF, stream);
+}
+
+Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
+                       int64_t in, int64_t out, bool accumulate_dx, void* stream) {
+  if (dx) SP_RETURN_IF_ERROR(gemm_bf16(false, false, rows, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx,
+                                       CUDA_R_32F, stream));
+  return gemm_bf16(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw, CUDA_R_32F, stream);
+}
+
+namespace {
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16(x[i]);
+}
+__global__ void to_f32_kernel(const __nv_bfloat16* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+}  // namespace
+
+Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  to_bf16_kernel<<<blocks_for(n), 256, 0, as_stream(stream)>>>(x, as_bf16(y), n);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+Status to_f32(const bf16_t* x, float* y, int64_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  to_f32_kernel<<<blocks_for(n), 256, 0, as_stream(stream)>>>(as_bf16(x), y, n);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace seqpar::model::cuda

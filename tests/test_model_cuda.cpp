@@ -1,0 +1,190 @@
+// The CUDA halves of the model's layers (src/model/*.cu) against their CPU fp64 versions
+// (src/model/*.cpp) on the same bf16-rounded inputs: forward and backward, with errors relative
+// to the largest reference value within what bf16 storage of the outputs allows (2^-8 of it, x4
+// for results through a bf16 product or a bf16 intermediate). Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/layers.hpp"
+#include "model/layers_cuda.hpp"
+#include "seqpar/dtype.hpp"
+#include "seqpar/gpu.hpp"
+
+namespace seqpar::model {
+namespace {
+
+using cuda::bf16_t;
+
+// Uniform [-scale, scale) values rounded to bf16 (so both sides see the same inputs).
+std::vector<double> bf16_values(size_t n, uint64_t seed, double scale = 1.0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-scale, scale);
+  std::vector<double> v(n);
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = float(u(rng));
+  std::vector<bf16_t> b(n);
+  convert(f.data(), DType::kF32, b.data(), DType::kBF16, n);
+  convert(b.data(), DType::kBF16, v.data(), DType::kF64, n);
+  return v;
+}
+
+template <class T>
+struct Dev {
+  DeviceBuffer buf;
+  T* ptr() { return static_cast<T*>(buf.data()); }
+};
+Dev<bf16_t> up_bf16(const std::vector<double>& v) {
+  std::vector<bf16_t> b(v.size());
+  convert(v.data(), DType::kF64, b.data(), DType::kBF16, v.size());
+  Dev<bf16_t> d{DeviceBuffer::allocate(v.size() * 2).value()};
+  EXPECT_TRUE(copy_bytes(d.ptr(), b.data(), v.size() * 2).ok());
+  return d;
+}
+Dev<float> up_f32(const std::vector<double>& v) {
+  std::vector<float> f(v.begin(), v.end());
+  Dev<float> d{DeviceBuffer::allocate(std::max<size_t>(1, v.size()) * 4).value()};
+  EXPECT_TRUE(copy_bytes(d.ptr(), f.data(), v.size() * 4).ok());
+  return d;
+}
+template <class T>
+Dev<T> up_raw(const std::vector<T>& v) {
+  Dev<T> d{DeviceBuffer::allocate(v.size() * sizeof(T)).value()};
+  EXPECT_TRUE(copy_bytes(d.ptr(), v.data(), v.size() * sizeof(T)).ok());
+  return d;
+}
+std::vector<double> down_f32(Dev<float>& d, size_t n) {
+  std::vector<float> f(n);
+  EXPECT_TRUE(stream_synchronize(nullptr).ok());
+  EXPECT_TRUE(copy_bytes(f.data(), d.ptr(), n * 4).ok());
+  return std::vector<double>(f.begin(), f.end());
+}
+std::vector<double> down_bf16(Dev<bf16_t>& d, size_t n) {
+  std::vector<bf16_t> b(n);
+  EXPECT_TRUE(stream_synchronize(nullptr).ok());
+  EXPECT_TRUE(copy_bytes(b.data(), d.ptr(), n * 2).ok());
+  std::vector<double> v(n);
+  convert(b.data(), DType::kBF16, v.data(), DType::kF64, n);
+  return v;
+}
+
+// max |got - want| / max |want| must be below `ulps` bf16 units (2^-8 each).
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& want, double ulps) {
+  double worst = 0, scale = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i])), scale = std::max(scale, std::abs(want[i]));
+  EXPECT_LE(worst / scale, ulps / 256.0) << what << ": max error " << worst << " of max " << scale;
+}
+
+class ModelCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(ModelCuda, Linear) {
+  const int64_t rows = 37, in = 64, out = 48;
+  auto x = bf16_values(size_t(rows * in), 1), w = bf16_values(size_t(out * in), 2), dy = bf16_values(size_t(rows * out), 3);
+  std::vector<double> y(size_t(rows * out)), dx(size_t(rows * in)), dw(size_t(out * in), 0.0);
+  linear_forward(x.data(), w.data(), y.data(), rows, in, out);
+  linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), rows, in, out, false);
+  auto dX = up_bf16(x), dW = up_bf16(w), dDY = up_bf16(dy);
+  Dev<bf16_t> dY{DeviceBuffer::allocate(y.size() * 2).value()};
+  auto dDX = up_f32(std::vector<double>(dx.size())), dDW = up_f32(std::vector<double>(dw.size(), 0.0));
+  ASSERT_TRUE(cuda::linear_forward(dX.ptr(), dW.ptr(), dY.ptr(), rows, in, out, nullptr).ok());
+  ASSERT_TRUE(cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, in, out, false, nullptr).ok());
+  expect_close("y", down_bf16(dY, y.size()), y, 1);
+  expect_close("dx", down_f32(dDX, dx.size()), dx, 0.05);
+  expect_close("dw", down_f32(dDW, dw.size()), dw, 0.05);
+}
+
+TEST_F(ModelCuda, EmbeddingAndRmsNorm) {
+  const int64_t rows = 29, dim = 96, vocab = 11;
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) tokens[size_t(r)] = int32_t((r * 7) % vocab);
+  auto table = bf16_values(size_t(vocab * dim), 4, 2.0), w = bf16_values(size_t(dim), 5), dy = bf16_values(size_t(rows * dim), 6);
+  std::vector<double> x(size_t(rows * dim)), y(x.size()), rstd(static_cast<size_t>(rows)), dx(x.size(), 0.0), dw(size_t(dim), 0.0),
+      dtable(table.size(), 0.0);
+  embedding_forward(tokens.data(), table.data(), x.data(), rows, dim);
+  rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), rows, dim, 1e-5);
+  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), rows, dim);
+  embedding_backward(tokens.data(), dx.data(), dtable.data(), rows, dim);
+  auto dTok = up_raw(tokens);
+  auto dTable = up_bf16(table), dWn = up_bf16(w);
+  auto dDY = up_f32(dy), dX = up_f32(std::vector<double>(x.size())), dRstd = up_f32(std::vector<double>(rstd.size()));
+  auto dDX = up_f32(std::vector<double>(x.size(), 0.0)), dDW = up_f32(std::vector<double>(size_t(dim), 0.0)),
+       dDTable = up_f32(std::vector<double>(table.size(), 0.0));
+  Dev<bf16_t> dY{DeviceBuffer::allocate(y.size() * 2).value()};
+  ASSERT_TRUE(cuda::embedding_forward(dTok.ptr(), dTable.ptr(), dX.ptr(), rows, dim, nullptr).ok());
+  ASSERT_TRUE(cuda::rmsnorm_forward(dX.ptr(), dWn.ptr(), dY.ptr(), dRstd.ptr(), rows, dim, 1e-5, nullptr).ok());
+  ASSERT_TRUE(cuda::rmsnorm_backward(dX.ptr(), dWn.ptr(), dRstd.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, dim, nullptr).ok());
+  ASSERT_TRUE(cuda::embedding_backward(dTok.ptr(), dDX.ptr(), dDTable.ptr(), rows, dim, nullptr).ok());
+  expect_close("x", down_f32(dX, x.size()), x, 0.01);
+  expect_close("y", down_bf16(dY, y.size()), y, 1);
+  expect_close("dx", down_f32(dDX, dx.size()), dx, 0.05);
+  expect_close("dw", down_f32(dDW, dw.size()), dw, 0.05);
+  expect_close("dtable", down_f32(dDTable, dtable.size()), dtable, 0.05);
+}
+
+TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {
+  const int64_t B = 2, S = 9, H = 3, D = 16;
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = 999983 * s + 5;
+  auto q = bf16_values(size_t(B * S * H * D), 7), dq = bf16_values(q.size(), 8);
+  std::vector<double> q_rot = q, dq_back = dq;
+  rope_apply(q_rot.data(), pos.data(), B, S, H, D, 500000.0, false);
+  rope_apply(dq_back.data(), pos.data(), B, S, H, D, 500000.0, true);
+  auto dQ = up_bf16(q);
+  auto dDQ = up_f32(dq);
+  auto dPos = up_raw(pos);
+  ASSERT_TRUE(cuda::rope_apply(dQ.ptr(), dPos.ptr(), B, S, H, D, 500000.0, false, nullptr).ok());
+  ASSERT_TRUE(cuda::rope_apply(dDQ.ptr(), dPos.ptr(), B, S, H, D, 500000.0, true, nullptr).ok());
+  expect_close("rope", down_bf16(dQ, q.size()), q_rot, 1);
+  expect_close("rope inverse", down_f32(dDQ, dq.size()), dq_back, 0.01);
+  const int64_t n = 300;
+  auto g = bf16_values(size_t(n), 9, 5.0), u = bf16_values(size_t(n), 10), da = bf16_values(size_t(n), 11);
+  std::vector<double> a(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+  swiglu_forward(g.data(), u.data(), a.data(), n);
+  swiglu_backward(g.data(), u.data(), da.data(), dg.data(), du.data(), n);
+  auto dG = up_bf16(g), dU = up_bf16(u);
+  auto dDA = up_f32(da);
+  Dev<bf16_t> dA{DeviceBuffer::allocate(size_t(n) * 2).value()}, dDG{DeviceBuffer::allocate(size_t(n) * 2).value()},
+      dDU{DeviceBuffer::allocate(size_t(n) * 2).value()};
+  ASSERT_TRUE(cuda::swiglu_forward(dG.ptr(), dU.ptr(), dA.ptr(), n, nullptr).ok());
+  ASSERT_TRUE(cuda::swiglu_backward(dG.ptr(), dU.ptr(), dDA.ptr(), dDG.ptr(), dDU.ptr(), n, nullptr).ok());
+  expect_close("a", down_bf16(dA, size_t(n)), a, 1);
+  expect_close("dg", down_bf16(dDG, size_t(n)), dg, 1);
+  expect_close("du", down_bf16(dDU, size_t(n)), du, 1);
+}
+
+TEST_F(ModelCuda, FusedLmHeadLoss) {
+  const int64_t rows = 45, dim = 64, vocab = 1000, chunk = 16;
+  auto x = bf16_values(size_t(rows * dim), 12, 2.0), w = bf16_values(size_t(vocab * dim), 13);
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 5 == 3 ? -1 : int32_t((r * 131) % vocab);
+  const double scale = 1.0 / 36.0;
+  std::vector<double> lse(static_cast<size_t>(rows)), dx(x.size()), dw(w.size(), 0.0);
+  double loss_sum = 0;
+  int64_t counted = 0;
+  lm_head_loss_forward(x.data(), w.data(), targets.data(), rows, dim, vocab, chunk, lse.data(), &loss_sum, &counted);
+  lm_head_loss_backward(x.data(), w.data(), targets.data(), lse.data(), rows, dim, vocab, chunk, scale, dx.data(), dw.data());
+  auto dX = up_bf16(x), dW = up_bf16(w);
+  auto dT = up_raw(targets);
+  auto dLse = up_f32(std::vector<double>(lse.size())), dLoss = up_f32(std::vector<double>(lse.size())),
+       dDX = up_f32(std::vector<double>(dx.size())), dDW = up_f32(std::vector<double>(dw.size(), 0.0));
+  ASSERT_TRUE(cuda::lm_head_loss_forward(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLse.ptr(), dLoss.ptr(), nullptr).ok());
+  ASSERT_TRUE(cuda::lm_head_loss_backward(dX.ptr(), dW.ptr(), dT.ptr(), dLse.ptr(), rows, dim, vocab, chunk, scale, dDX.ptr(),
+                                          dDW.ptr(), nullptr).ok());
+  const std::vector<double> row_loss = down_f32(dLoss, lse.size());
+  double got = 0;
+  for (double l : row_loss) got += l;
+  EXPECT_NEAR(got, loss_sum, 1e-4 * loss_sum);
+  expect_close("lse", down_f32(dLse, lse.size()), lse, 0.01);
+  expect_close("dx", down_f32(dDX, dx.size()), dx, 4);
+  expect_close("dw", down_f32(dDW, dw.size()), dw, 4);
+}
+
+}  // namespace
+}  // namespace seqpar::model
