@@ -1,14 +1,19 @@
 // Our CUDA linear-attention kernels (seqpar/linear_cuda.hpp) against the fp64 oracle under the
 // bf16 rule, with tests/linear_lowp.hpp as the plain low-precision baseline: decay 1, 0.9 and
 // per head, GQA, d_k != d_v, incoming state and dState, lengths that are not multiples of the
-// chunk, many spans; a chain of calls on slices against one call; refusals. The rule's own
-// tests (the baseline is close to the oracle; a decay exponent off by one fails the rule) run
-// anywhere; the GPU tests skip without a device.
+// chunk, many spans; a chain of calls on slices against one call; refusals. Run anywhere: the
+// rule's own tests (the baseline is close to the oracle; a decay exponent off by one fails the
+// rule) and the same cases through a host replay of the kernels' steps (linear_emulator.hpp);
+// the GPU tests skip without a device.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/cuda/linear_host.hpp"
+#include "linear_emulator.hpp"
 #include "linear_lowp.hpp"
 #include "linear_test_util.hpp"
 #include "seqpar/gpu.hpp"
@@ -77,6 +82,29 @@ StatusOr<GpuRun> run_gpu(const Case& c, const Inputs& in, bool backward) {
   return r;
 }
 
+// The steps the GPU would launch, replayed on the host over host tensors.
+StatusOr<GpuRun> run_emulated(const Case& c, const Inputs& in) {
+  const LinearProblem& p = c.p;
+  cuda::LinearCudaDims d;
+  SP_RETURN_IF_ERROR(cuda::check_linear_cuda(in.q.view(), in.k.view(), in.v.view(), p.params(), &d, false));
+  const cuda::LinearPlan plan = cuda::plan_linear(d, c.chunks_per_span);
+  HostTensor o(c.dtype, {p.batch, p.seq, p.heads, p.dv}), s_out(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
+  HostTensor dq(c.dtype, {p.batch, p.seq, p.heads, p.dk}), dk(c.dtype, {p.batch, p.seq, p.kv_heads, p.dk});
+  HostTensor dv(c.dtype, {p.batch, p.seq, p.kv_heads, p.dv}), ds_in(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
+  const TensorView state_in = c.with_states ? in.state_in.view() : TensorView{};
+  const TensorView dstate_out = c.with_states ? in.dstate_out.view() : TensorView{};
+  std::vector<float> ws(std::max(cuda::linear_forward_workspace(d, plan), cuda::linear_backward_workspace(d, plan)) + 1);
+  testing::emulate_linear_steps(cuda::linear_forward_steps(d, plan, p.params(), in.q.view(), in.k.view(),
+                                                           in.v.view(), state_in, o.view(), s_out.view(), ws.data()),
+                                d);
+  testing::emulate_linear_steps(
+      cuda::linear_backward_steps(d, plan, p.params(), in.q.view(), in.k.view(), in.v.view(), state_in,
+                                  in.dout.view(), dstate_out, dq.view(), dk.view(), dv.view(), ds_in.view(), ws.data()),
+      d);
+  return GpuRun{cast(o, DType::kF64),  cast(s_out, DType::kF64), cast(dq, DType::kF64),
+                cast(dk, DType::kF64), cast(dv, DType::kF64),    cast(ds_in, DType::kF64)};
+}
+
 // The oracle (fp64, recurrent form) and the plain low-precision baseline of one case.
 struct Expected {
   LinearReferenceResult oracle, plain;
@@ -116,22 +144,39 @@ std::string name(const Case& c) {
          dtype_name(c.dtype) + "_span" + std::to_string(c.chunks_per_span);
 }
 
+Case make_case(std::string label, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t dk,
+               int64_t dv, std::vector<double> decay, double scale, DType dtype, int64_t chunks_per_span,
+               bool with_states = true) {
+  Case c;
+  c.p.batch = batch, c.p.seq = seq, c.p.heads = heads, c.p.kv_heads = kv_heads, c.p.dk = dk, c.p.dv = dv;
+  c.p.decay = std::move(decay);
+  c.p.scale = scale;
+  c.dtype = dtype;
+  c.chunks_per_span = chunks_per_span;
+  c.with_states = with_states;
+  c.label = std::move(label);
+  return c;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << name(c); }
+
 std::vector<Case> cases() {
   const std::vector<double> per_head{0.999, 0.9, 0.5, 0.99};
-  std::vector<Case> v;
-  // {batch, seq, heads, kv_heads, dk, dv, decay, scale}
-  v.push_back({{1, 1000, 2, 2, 64, 64, {1.0}, 1.0}, DType::kBF16, 0, true, "decay1"});
-  v.push_back({{1, 1000, 2, 2, 128, 128, {0.9}, 1.0}, DType::kBF16, 3, true, "decay09"});
-  v.push_back({{1, 777, 4, 2, 128, 64, per_head, 1.0}, DType::kBF16, 2, true, "perhead_gqa"});
-  v.push_back({{1, 1500, 4, 1, 64, 128, per_head, 0.125}, DType::kBF16, 1, true, "perhead_mqa"});
-  v.push_back({{2, 333, 4, 4, 128, 128, {0.98}, 0.088}, DType::kBF16, 1, true, "batch2"});
-  v.push_back({{1, 300, 2, 1, 64, 64, {0.95}, 1.0}, DType::kF16, 2, true, "fp16"});
-  v.push_back({{1, 130, 2, 2, 64, 128, {0.9}, 1.0}, DType::kBF16, 1, false, "nostate"});
-  v.push_back({{1, 64, 2, 2, 128, 64, {0.8}, 1.0}, DType::kBF16, 0, true, "onechunk"});
-  v.push_back({{1, 1, 2, 2, 64, 64, {0.9}, 1.0}, DType::kBF16, 0, true, "onetoken"});
-  v.push_back({{1, 65, 2, 2, 64, 64, {0.9}, 1.0}, DType::kBF16, 1, true, "chunkplus1"});
-  v.push_back({{1, 4096, 2, 2, 128, 128, {0.999}, 0.088}, DType::kBF16, 0, true, "long"});
-  return v;
+  const DType bf16 = DType::kBF16;
+  return {
+      // label, B, N, H, H_kv, d_k, d_v, decay, scale, dtype, chunks per span (0: auto)
+      make_case("decay1", 1, 1000, 2, 2, 64, 64, {1.0}, 1.0, bf16, 0),
+      make_case("decay09", 1, 1000, 2, 2, 128, 128, {0.9}, 1.0, bf16, 3),
+      make_case("perhead_gqa", 1, 777, 4, 2, 128, 64, per_head, 1.0, bf16, 2),
+      make_case("perhead_mqa", 1, 1500, 4, 1, 64, 128, per_head, 0.125, bf16, 1),
+      make_case("batch2", 2, 333, 4, 4, 128, 128, {0.98}, 0.088, bf16, 1),
+      make_case("fp16", 1, 300, 2, 1, 64, 64, {0.95}, 1.0, DType::kF16, 2),
+      make_case("nostate", 1, 130, 2, 2, 64, 128, {0.9}, 1.0, bf16, 1, false),
+      make_case("onechunk", 1, 64, 2, 2, 128, 64, {0.8}, 1.0, bf16, 0),
+      make_case("onetoken", 1, 1, 2, 2, 64, 64, {0.9}, 1.0, bf16, 0),
+      make_case("chunkplus1", 1, 65, 2, 2, 64, 64, {0.9}, 1.0, bf16, 1),
+      make_case("long", 1, 4096, 2, 2, 128, 128, {0.999}, 0.088, bf16, 0),
+  };
 }
 
 class GpuLinear : public ::testing::TestWithParam<Case> {};
@@ -149,10 +194,24 @@ TEST_P(GpuLinear, MeetsTheLowPrecisionRule) {
 INSTANTIATE_TEST_SUITE_P(Cases, GpuLinear, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return name(info.param); });
 
+class GpuLinearEmulated : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuLinearEmulated, MeetsTheLowPrecisionRule) {
+  const Case& c = GetParam();
+  const Inputs in = make_inputs(c, 101);
+  auto ours = run_emulated(c, in);
+  ASSERT_TRUE(ours.ok()) << ours.status().to_string();
+  const std::string why = check_all(ours.value(), expected(c, in), c.dtype);
+  EXPECT_TRUE(why.empty()) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuLinearEmulated, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return name(info.param); });
+
 // The rule is tight enough to matter: the baseline itself is close to the oracle, and the same
 // baseline with every intra-chunk decay exponent one too large fails the rule. No GPU needed.
 TEST(GpuLinearRule, CatchesADecayExponentOffByOne) {
-  const Case c{{1, 200, 2, 1, 64, 64, {0.9, 0.99}, 1.0}, DType::kBF16, 0, true, "rule"};
+  const Case c = make_case("rule", 1, 200, 2, 1, 64, 64, {0.9, 0.99}, 1.0, DType::kBF16, 0);
   const Inputs in = make_inputs(c, 7);
   const Expected e = expected(c, in);
   for (const auto& [what, plain, oracle] :
@@ -173,7 +232,7 @@ TEST(GpuLinearRule, CatchesADecayExponentOffByOne) {
 // dstate_in -> dstate_out (backward, last slice first), against one call on the whole.
 TEST(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
   SKIP_WITHOUT_GPU();
-  const Case c{{1, 1000, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1}, DType::kBF16, 2, true, "chain"};
+  const Case c = make_case("chain", 1, 1000, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1, DType::kBF16, 2);
   const LinearProblem& p = c.p;
   const Inputs in = make_inputs(c, 23);
   auto whole = run_gpu(c, in, true);

@@ -1,6 +1,6 @@
 // Host side shared by the linear-attention CUDA passes: input checks, the span length, the
-// sweep parameters of one operand triple, and the two small kernels (the span scan and the
-// GQA group sum of dk, dv).
+// steps of a forward and a backward call (which sweep reads which operand, with which state
+// layout), their launcher, and the two small kernels (the span scan, the GQA group sum).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,8 +17,8 @@ namespace cuda {
 namespace {
 
 Status check_tensor(const char* name, const TensorView& t, DType dtype, int64_t d0, int64_t d1,
-                    int64_t d2, int64_t d3, bool contiguous) {
-  bool ok = t.device.kind == DeviceKind::kCuda && t.dtype == dtype && t.ndim == 4 && t.strides[3] == 1;
+                    int64_t d2, int64_t d3, bool contiguous, bool on_device) {
+  bool ok = (t.device.kind == DeviceKind::kCuda) == on_device && t.dtype == dtype && t.ndim == 4 && t.strides[3] == 1;
   const int64_t want[4] = {d0, d1, d2, d3};
   for (int i = 0; ok && i < 4; ++i) ok = t.shape[i] == want[i];
   ok = ok && (!contiguous || t.is_contiguous());
@@ -40,7 +40,7 @@ Status check_tensor(const char* name, const TensorView& t, DType dtype, int64_t 
 }  // namespace
 
 Status check_linear_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const LinearAttentionParams& params, LinearCudaDims* d) {
+                         const LinearAttentionParams& params, LinearCudaDims* d, bool on_device) {
   SP_CHECK_ARG(q.ndim == 4 && k.ndim == 4 && v.ndim == 4,
                "q, k, v must be [B, S, H, D]; got q " + q.shape_string() + ", k " + k.shape_string() +
                    ", v " + v.shape_string());
@@ -60,25 +60,25 @@ Status check_linear_cuda(const TensorView& q, const TensorView& k, const TensorV
   SP_RETURN_IF_ERROR(validate_linear_params(params, d->heads));
   // The kernels carry the scale and log2(1 / lambda) in fp32.
   SP_CHECK_ARG(std::abs(params.scale) <= 1e30, "the scale must be at most 1e30 in magnitude");
-  SP_RETURN_IF_ERROR(check_tensor("q", q, d->dtype, d->batch, d->seq, d->heads, d->dk, false));
-  SP_RETURN_IF_ERROR(check_tensor("k", k, d->dtype, d->batch, d->seq, d->kv_heads, d->dk, false));
-  return check_tensor("v", v, d->dtype, d->batch, d->seq, d->kv_heads, d->dv, false);
+  SP_RETURN_IF_ERROR(check_tensor("q", q, d->dtype, d->batch, d->seq, d->heads, d->dk, false, on_device));
+  SP_RETURN_IF_ERROR(check_tensor("k", k, d->dtype, d->batch, d->seq, d->kv_heads, d->dk, false, on_device));
+  return check_tensor("v", v, d->dtype, d->batch, d->seq, d->kv_heads, d->dv, false, on_device);
 }
 
-Status check_linear_cuda_state(const char* name, const TensorView& t, const LinearCudaDims& d) {
+Status check_linear_cuda_state(const char* name, const TensorView& t, const LinearCudaDims& d, bool on_device) {
   if (t.data == nullptr) return Status::Ok();
-  return check_tensor(name, t, DType::kF32, d.batch, d.heads, d.dk, d.dv, true);
+  return check_tensor(name, t, DType::kF32, d.batch, d.heads, d.dk, d.dv, true, on_device);
 }
 
-Status check_linear_cuda_rows(const char* name, const TensorView& t, const LinearCudaDims& d,
-                              int64_t heads, int64_t dim) {
-  return check_tensor(name, t, d.dtype, d.batch, d.seq, heads, dim, false);
+Status check_linear_cuda_rows(const char* name, const TensorView& t, const LinearCudaDims& d, int64_t heads,
+                              int64_t dim, bool on_device) {
+  return check_tensor(name, t, d.dtype, d.batch, d.seq, heads, dim, false, on_device);
 }
 
-LinearPlan plan_linear(const LinearCudaDims& d, const LinearCudaOptions& options) {
+LinearPlan plan_linear(const LinearCudaDims& d, int64_t chunks_per_span) {
   LinearPlan plan;
   plan.chunks = (d.seq + kLinearChunk - 1) / kLinearChunk;
-  int64_t cps = options.chunks_per_span;
+  int64_t cps = chunks_per_span;
   if (cps <= 0) {
     // About 1024 spans over all (batch, head) pairs fill 132 SMs several times over; spans of
     // at least 4 chunks keep the scan and the state workspace small.
@@ -91,42 +91,159 @@ LinearPlan plan_linear(const LinearCudaDims& d, const LinearCudaOptions& options
   return plan;
 }
 
-Status reserve_workspace(const LinearCudaOptions& options, DeviceBuffer* local, size_t bytes, void** data) {
+Status reserve_workspace(const LinearCudaOptions& options, DeviceBuffer* local, size_t floats, float** data) {
   DeviceBuffer* ws = options.workspace ? options.workspace : local;
-  SP_RETURN_IF_ERROR(ws->reserve(std::max<size_t>(bytes, 256)));
-  *data = ws->data();
+  SP_RETURN_IF_ERROR(ws->reserve(std::max<size_t>(floats * sizeof(float), 256)));
+  *data = static_cast<float*>(ws->data());
   return Status::Ok();
 }
+
+// ---- the steps of one call ------------------------------------------------------------------
+
+namespace {
+
+// An operand of a sweep: a [B, S, heads, d] view and the divisor from the query head to its head.
+struct Operand {
+  TensorView t;
+  int64_t head_div = 1;
+};
 
 void fill_decays(const LinearAttentionParams& params, int64_t heads, float* log2_inv_decay) {
   for (int64_t h = 0; h < heads; ++h)
     log2_inv_decay[h] = static_cast<float>(std::log2(1.0 / head_decay(params, h)));
 }
 
-LinearSweepParams sweep_params(const LinearCudaDims& d, const LinearPlan& plan,
-                               const LinearAttentionParams& params, Operand a, Operand b, Operand c) {
-  LinearSweepParams p{};
+// A span-local state sweep (output = false) of b and c into `states`, or an output sweep of
+// (a, b, c) from the scanned `states` read with strides (ld_b, ld_c) into out's rows.
+LinearStep sweep_step(const LinearCudaDims& d, const LinearPlan& plan, const LinearAttentionParams& params,
+                      bool reverse, Operand a, Operand b, Operand c, float* states) {
+  LinearStep step;
+  step.kind = LinearStep::Kind::kSweep;
+  step.reverse = reverse;
+  LinearSweepParams& p = step.sweep;
   p.a = a.t.data, p.b = b.t.data, p.c = c.t.data;
   p.a_batch = a.t.strides[0], p.a_row = a.t.strides[1], p.a_head = a.t.strides[2];
   p.b_batch = b.t.strides[0], p.b_row = b.t.strides[1], p.b_head = b.t.strides[2];
   p.c_batch = c.t.strides[0], p.c_row = c.t.strides[1], p.c_head = c.t.strides[2];
   p.a_head_div = int(a.head_div), p.b_head_div = int(b.head_div), p.c_head_div = int(c.head_div);
   p.b_width = int(b.t.shape[3]), p.c_width = int(c.t.shape[3]);
+  p.states = states;
   p.seq = d.seq;
   p.heads = int(d.heads);
   p.chunks_per_span = int(plan.chunks_per_span);
   p.num_spans = int(plan.spans);
   p.scale = static_cast<float>(params.scale);
   fill_decays(params, d.heads, p.log2_inv_decay);
-  return p;
+  return step;
 }
 
-// ---- the span scan -------------------------------------------------------------------------
+LinearStep output_step(LinearStep step, const float* states, int64_t ld_b, int64_t ld_c, void* out,
+                       int64_t out_batch, int64_t out_row, int64_t out_head, bool out_fp32) {
+  step.output = true;
+  step.out_fp32 = out_fp32;
+  LinearSweepParams& p = step.sweep;
+  p.states = nullptr;
+  p.t0 = states;
+  p.t0_ld_b = ld_b, p.t0_ld_c = ld_c;
+  p.out = out;
+  p.out_batch = out_batch, p.out_row = out_row, p.out_head = out_head;
+  return step;
+}
+
+LinearStep output_step(LinearStep step, const float* states, int64_t ld_b, int64_t ld_c, const TensorView& out) {
+  return output_step(step, states, ld_b, ld_c, out.data, out.strides[0], out.strides[1], out.strides[2], false);
+}
+
+LinearStep scan_step(const LinearCudaDims& d, const LinearPlan& plan, const LinearAttentionParams& params,
+                     float* states, const TensorView& init, const TensorView& final_state, bool reverse) {
+  LinearStep step;
+  step.kind = LinearStep::Kind::kScan;
+  LinearScanParams& p = step.scan;
+  p.states = states;
+  p.init = static_cast<const float*>(init.data);
+  p.final_state = static_cast<float*>(final_state.data);
+  p.elems = plan.state_elems;
+  p.seq = d.seq;
+  p.span_tokens = plan.chunks_per_span * kLinearChunk;
+  p.heads = int(d.heads);
+  p.num_spans = int(plan.spans);
+  p.reverse = reverse;
+  fill_decays(params, d.heads, p.log2_inv_decay);
+  return step;
+}
+
+}  // namespace
+
+size_t linear_forward_workspace(const LinearCudaDims& d, const LinearPlan& plan) { return plan.state_floats(d); }
+
+size_t linear_backward_workspace(const LinearCudaDims& d, const LinearPlan& plan) {
+  // Both state sets; under GQA also fp32 dk, dv rows per query head, summed per group at the end.
+  const size_t rows = d.group() > 1 ? size_t(d.batch * d.seq * d.heads * (d.dk + d.dv)) : 0;
+  return 2 * plan.state_floats(d) + rows;
+}
+
+std::vector<LinearStep> linear_forward_steps(const LinearCudaDims& d, const LinearPlan& plan,
+                                             const LinearAttentionParams& params, const TensorView& q,
+                                             const TensorView& k, const TensorView& v, const TensorView& state_in,
+                                             const TensorView& o, const TensorView& state_out, float* ws) {
+  const Operand Q{q, 1}, K{k, d.group()}, V{v, d.group()};
+  std::vector<LinearStep> steps;
+  // Each span's own state sum_r lambda^(L-1-r) k_r v_r^T; the scan; the outputs (T = S).
+  steps.push_back(sweep_step(d, plan, params, false, K, K, V, ws));
+  steps.push_back(scan_step(d, plan, params, ws, state_in, state_out, false));
+  if (o.data) steps.push_back(output_step(sweep_step(d, plan, params, false, Q, K, V, nullptr), ws, d.dv, 1, o));
+  return steps;
+}
+
+std::vector<LinearStep> linear_backward_steps(const LinearCudaDims& d, const LinearPlan& plan,
+                                              const LinearAttentionParams& params, const TensorView& q,
+                                              const TensorView& k, const TensorView& v, const TensorView& state_in,
+                                              const TensorView& dout, const TensorView& dstate_out,
+                                              const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                              const TensorView& dstate_in, float* ws) {
+  const Operand Q{q, 1}, K{k, d.group()}, V{v, d.group()}, dO{dout, 1};
+  float* fwd_states = ws;  // S entering each span, [d_k, d_v]
+  float* bwd_states = ws + plan.state_floats(d);  // G leaving each span, [d_k, d_v]
+  float* dk_rows = bwd_states + plan.state_floats(d);
+  float* dv_rows = dk_rows + size_t(d.batch * d.seq * d.heads * d.dk);
+  std::vector<LinearStep> steps;
+  steps.push_back(sweep_step(d, plan, params, false, K, K, V, fwd_states));
+  steps.push_back(scan_step(d, plan, params, fwd_states, state_in, {}, false));
+  // G_prev = lambda^L G + scale sum_t lambda^(t+1) q_t dO_t^T, against time from dstate_out.
+  steps.push_back(sweep_step(d, plan, params, true, Q, Q, dO, bwd_states));
+  steps.push_back(scan_step(d, plan, params, bwd_states, dstate_out, dstate_in, true));
+  // dq_i = sum_{j<=i} scale lambda^(i-j) (dO_i . v_j) k_j + scale lambda^(i+1) S dO_i: T = S^T,
+  // element (b = y, c = x) of S[x][y] at x d_v + y.
+  steps.push_back(output_step(sweep_step(d, plan, params, false, dO, V, K, nullptr), fwd_states, 1, d.dv, dq));
+  // dv_j = sum_{i>=j} scale lambda^(i-j) (q_i . k_j) dO_i + lambda^(m-1-j) G^T k_j: T = G;
+  // dk_j = sum_{i>=j} scale lambda^(i-j) (dO_i . v_j) q_i + lambda^(m-1-j) G v_j: T = G^T.
+  const LinearStep dv_sweep = sweep_step(d, plan, params, true, K, Q, dO, nullptr);
+  const LinearStep dk_sweep = sweep_step(d, plan, params, true, V, dO, Q, nullptr);
+  if (d.group() == 1) {
+    steps.push_back(output_step(dv_sweep, bwd_states, d.dv, 1, dv));
+    steps.push_back(output_step(dk_sweep, bwd_states, 1, d.dv, dk));
+    return steps;
+  }
+  steps.push_back(output_step(dv_sweep, bwd_states, d.dv, 1, dv_rows, d.seq * d.heads * d.dv, d.heads * d.dv,
+                              d.dv, true));
+  steps.push_back(output_step(dk_sweep, bwd_states, 1, d.dv, dk_rows, d.seq * d.heads * d.dk, d.heads * d.dk,
+                              d.dk, true));
+  for (auto [rows, out, dim] : {std::tuple{dv_rows, &dv, d.dv}, {dk_rows, &dk, d.dk}}) {
+    LinearStep sum;
+    sum.kind = LinearStep::Kind::kGroupSum;
+    sum.group_sum = {rows, out->data, out->strides[0], out->strides[1], out->strides[2],
+                     d.batch, d.seq, int(d.heads), int(d.kv_heads), int(dim)};
+    steps.push_back(sum);
+  }
+  return steps;
+}
+
+// ---- the small kernels and the launcher -------------------------------------------------------
 
 namespace {
 
 // One thread per state element of one (batch, head): out_p = carry; carry = lambda^L_p carry +
-// local_p over the spans in time order (or reversed), in place.
+// local_p over the spans in time order (or reversed), in place; then the final carry.
 __global__ void linear_scan_kernel(const __grid_constant__ LinearScanParams p) {
   const int64_t bh = blockIdx.y, e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= p.elems) return;
@@ -139,7 +256,7 @@ __global__ void linear_scan_kernel(const __grid_constant__ LinearScanParams p) {
     const int64_t length = min(p.seq, (span + 1) * p.span_tokens) - span * p.span_tokens;
     const float local = s[span * p.elems];
     s[span * p.elems] = carry;
-    carry = exp2f(-l2 * float(length)) * carry + local;
+    carry = exp2f(-l2 * float(length)) * carry + local;  // lambda^L as one exp2 of the distance
   }
   if (p.final_state) p.final_state[bh * p.elems + e] = carry;
 }
@@ -162,36 +279,39 @@ __global__ void linear_group_sum_kernel(const __grid_constant__ LinearGroupSumPa
 
 }  // namespace
 
-void launch_linear_scan(const LinearScanParams& p, int batch, void* stream) {
-  const dim3 grid(unsigned((p.elems + 255) / 256), unsigned(batch * p.heads));
-  linear_scan_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(p);
-}
-
-template <class Elem>
-void launch_linear_group_sum(const LinearGroupSumParams& p, void* stream) {
-  const int64_t total = p.batch * p.seq * p.kv_heads * p.dim;
-  const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 8192));
-  linear_group_sum_kernel<Elem><<<std::max(blocks, 1u), 256, 0, static_cast<cudaStream_t>(stream)>>>(p);
-}
-template void launch_linear_group_sum<__nv_bfloat16>(const LinearGroupSumParams&, void*);
-template void launch_linear_group_sum<__half>(const LinearGroupSumParams&, void*);
-
-Status scan_spans(const LinearCudaDims& d, const LinearPlan& plan, const LinearAttentionParams& params,
-                  float* states, const TensorView& init, const TensorView& final_state, bool reverse,
-                  void* stream) {
-  LinearScanParams p{};
-  p.states = states;
-  p.init = static_cast<const float*>(init.data);
-  p.final_state = static_cast<float*>(final_state.data);
-  p.elems = plan.state_elems;
-  p.seq = d.seq;
-  p.span_tokens = plan.chunks_per_span * kLinearChunk;
-  p.heads = int(d.heads);
-  p.num_spans = int(plan.spans);
-  p.reverse = reverse;
-  fill_decays(params, d.heads, p.log2_inv_decay);
-  launch_linear_scan(p, int(d.batch), stream);
-  SP_CUDA_CHECK(cudaGetLastError());
+Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDims& d, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const bool bf16 = d.dtype == DType::kBF16;
+  const int batch = int(d.batch);
+  for (const LinearStep& step : steps) {
+    switch (step.kind) {
+      case LinearStep::Kind::kSweep:
+        if (step.sweep.num_spans == 0) continue;  // no tokens
+        if (step.reverse)
+          launch_reverse_sweep(step.sweep, bf16, step.output, step.out_fp32, batch, stream_ptr);
+        else
+          launch_forward_sweep(step.sweep, bf16, step.output, batch, stream_ptr);
+        break;
+      case LinearStep::Kind::kScan: {  // with no spans: the initial state passes through
+        const LinearScanParams& p = step.scan;
+        if (!p.final_state && p.num_spans == 0) continue;
+        linear_scan_kernel<<<dim3(unsigned((p.elems + 255) / 256), unsigned(batch * p.heads)), 256, 0, stream>>>(p);
+        break;
+      }
+      case LinearStep::Kind::kGroupSum: {
+        const LinearGroupSumParams& p = step.group_sum;
+        const int64_t total = p.batch * p.seq * p.kv_heads * p.dim;
+        if (total == 0) continue;
+        const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 8192));
+        if (bf16)
+          linear_group_sum_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(p);
+        else
+          linear_group_sum_kernel<__half><<<blocks, 256, 0, stream>>>(p);
+        break;
+      }
+    }
+    SP_CUDA_CHECK(cudaGetLastError());
+  }
   return Status::Ok();
 }
 

@@ -1,4 +1,4 @@
-// The chunk-sweep kernel of linear_sweep.cuh and its launcher, included by the translation
+// The chunk-sweep kernel of linear_sweep.hpp and its launcher, included by the translation
 // units that instantiate it (linear_forward.cu, linear_backward.cu).
 //
 // A CTA owns one (span, batch * head, 64-column slice of c) and walks the span's chunks one by
@@ -9,7 +9,8 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/linear_sweep.cuh"
+#include "kernels/cuda/linear_sweep.hpp"
+#include "kernels/cuda/mma_utils.cuh"
 
 namespace seqpar::cuda {
 
@@ -285,6 +286,15 @@ void launch_linear_sweep(const LinearSweepParams& p, int batch, void* stream) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const dim3 grid(unsigned(p.num_spans), unsigned(batch * p.heads), unsigned(p.c_width / kLinearSlice));
   kernel<<<grid, kLinearThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+}
+
+// launch_linear_sweep with the width of b (64 or 128) chosen at run time.
+template <class Elem, bool kReverse, bool kOutput, class OutT>
+void launch_sweep_width(const LinearSweepParams& p, int batch, void* stream) {
+  if (p.b_width == 64)
+    launch_linear_sweep<Elem, 64, kReverse, kOutput, OutT>(p, batch, stream);
+  else
+    launch_linear_sweep<Elem, 128, kReverse, kOutput, OutT>(p, batch, stream);
 }
 
 }  // namespace seqpar::cuda

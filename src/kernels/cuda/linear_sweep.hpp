@@ -1,5 +1,5 @@
-// The one chunk-sweep kernel behind every linear-attention pass (forward, dq, dk, dv and both
-// state passes), its flat parameter struct, and the span scan. Every pass has one form:
+// The parameters of the one chunk-sweep kernel behind every linear-attention pass (forward, dq,
+// dk, dv and both state passes), of the span scan and the GQA group sum. Every pass has one form:
 //
 //   out_i = sum_{j in chunk, causal} scale lambda^|i-j| (a_i . b_j) c_j  +  w_i (a_i T)
 //   T     <- lambda^m T + sum_r b_r (u_r c_r)^T                       (after each chunk)
@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/mma_utils.cuh"
+#include <vector>
 
 namespace seqpar::cuda {
 
@@ -68,10 +68,23 @@ struct LinearGroupSumParams {
   int heads, kv_heads, dim;
 };
 
-template <class Elem, int kWidth, bool kReverse, bool kOutput, class OutT>
-void launch_linear_sweep(const LinearSweepParams& p, int batch, void* stream);
-void launch_linear_scan(const LinearScanParams& p, int batch, void* stream);
-template <class Elem>
-void launch_linear_group_sum(const LinearGroupSumParams& p, void* stream);
+// One pass of a forward or backward call, as data: what the GPU launches and what
+// tests/linear_emulator.hpp replays on the host.
+struct LinearStep {
+  enum class Kind { kSweep, kScan, kGroupSum };
+  Kind kind = Kind::kSweep;
+  bool reverse = false;   // sweep against time
+  bool output = false;    // an output sweep (else span-local states)
+  bool out_fp32 = false;  // output rows in fp32 (per-query-head dk, dv under GQA)
+  LinearSweepParams sweep{};
+  LinearScanParams scan{};
+  LinearGroupSumParams group_sum{};
+};
+
+// Launchers, by translation unit: the time-order sweeps in linear_forward.cu, the reverse ones
+// in linear_backward.cu (elem_is_bf16: bf16, else fp16).
+void launch_forward_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, int batch, void* stream);
+void launch_reverse_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool out_fp32, int batch,
+                          void* stream);
 
 }  // namespace seqpar::cuda
