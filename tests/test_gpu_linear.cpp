@@ -280,6 +280,53 @@ TEST(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
   EXPECT_EQ(check_all(chain, single, c.dtype), "");
 }
 
+// Diagnosis rather than acceptance: one backward's steps (both state sweeps and scans, the dq,
+// dv, dk sweeps, the GQA sums) run one at a time on the GPU and in the host replay; after each
+// step every buffer must agree closely (the same rounding points, only the fp32 summation order
+// differs). A failure names the first step and buffer that differ.
+TEST(GpuLinearSteps, EachStepMatchesItsHostReplay) {
+  SKIP_WITHOUT_GPU();
+  const Case c = make_case("steps", 1, 300, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1, DType::kBF16, 2);
+  const LinearProblem& p = c.p;
+  const Inputs in = make_inputs(c, 5);
+  cuda::LinearCudaDims d;
+  ASSERT_TRUE(cuda::check_linear_cuda(in.q.view(), in.k.view(), in.v.view(), p.params(), &d, false).ok());
+  const cuda::LinearPlan plan = cuda::plan_linear(d, c.chunks_per_span);
+  const size_t ws_floats = cuda::linear_backward_workspace(d, plan);
+  // Host buffers, and their device twins: the outputs and the workspace (as [ws_floats] fp32).
+  std::vector<HostTensor> host{HostTensor(c.dtype, {p.batch, p.seq, p.heads, p.dk}),
+                               HostTensor(c.dtype, {p.batch, p.seq, p.kv_heads, p.dk}),
+                               HostTensor(c.dtype, {p.batch, p.seq, p.kv_heads, p.dv}),
+                               HostTensor(DType::kF32, {p.batch, p.heads, p.dk, p.dv}),
+                               HostTensor(DType::kF32, {int64_t(ws_floats)})};
+  const char* names[] = {"dq", "dk", "dv", "dstate_in", "workspace"};
+  std::vector<DeviceTensor> dev;
+  for (const HostTensor& t : host) dev.push_back(to_device(t).value());
+  std::vector<DeviceTensor> inputs;
+  for (const HostTensor* t : {&in.q, &in.k, &in.v, &in.dout, &in.state_in, &in.dstate_out})
+    inputs.push_back(to_device(*t).value());
+  const auto host_steps = cuda::linear_backward_steps(
+      d, plan, p.params(), in.q.view(), in.k.view(), in.v.view(), in.state_in.view(), in.dout.view(),
+      in.dstate_out.view(), host[0].view(), host[1].view(), host[2].view(), host[3].view(), host[4].data<float>());
+  const auto dev_steps = cuda::linear_backward_steps(
+      d, plan, p.params(), inputs[0].view, inputs[1].view, inputs[2].view, inputs[4].view, inputs[3].view,
+      inputs[5].view, dev[0].view, dev[1].view, dev[2].view, dev[3].view, static_cast<float*>(dev[4].view.data));
+  ASSERT_EQ(host_steps.size(), dev_steps.size());
+  for (size_t i = 0; i < host_steps.size(); ++i) {
+    testing::emulate_linear_steps({host_steps[i]}, d);
+    const Status s = cuda::run_linear_steps({dev_steps[i]}, d, nullptr);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (size_t b = 0; b < host.size(); ++b) {
+      const HostTensor got = to_host(dev[b].view).value();
+      const double err = testing::max_abs_diff(got, host[b]), size = testing::max_abs(host[b]);
+      ASSERT_LE(err, 1e-2 * std::max(size, 1e-3))
+          << "step " << i << " (kind " << int(host_steps[i].kind) << (host_steps[i].reverse ? ", reverse" : "")
+          << (host_steps[i].output ? ", output" : ", states") << "): " << names[b] << " differs by " << err
+          << " at magnitude " << size;
+    }
+  }
+}
+
 TEST(GpuLinearChecks, RefusesWhatItCannotDo) {
   SKIP_WITHOUT_GPU();
   const LinearAttentionParams params{{0.9}, 1.0, 64};
