@@ -5,7 +5,7 @@ same way (median of CUDA-event-timed iterations after warm-up). Stops at the fir
 line saying so. Needs the flash-linear-attention and fla-core wheels (README: carrying them).
 Usage: python3 bench/fla_linear_peer.py [--seqs 8192,...] [--heads 16] [--dim 128] [--iters 3]
 Prints one JSON object per line."""
-import argparse, gc, json, math
+import argparse, gc, json
 import torch
 
 from peer_timing import median_seconds  # noqa: E402 (bench/ is the script's folder)
@@ -54,6 +54,9 @@ def main():
                                   peak_GiB=torch.cuda.max_memory_allocated() / 2**30)), flush=True)
         except torch.OutOfMemoryError:
             print(json.dumps(dict(kind="fla_linear", seq=n, heads=H, dim=D, error="OOM")), flush=True)
+            break
+        except Exception as e:  # e.g. a Triton failure: report it and stop
+            print(json.dumps(dict(kind="fla_linear", seq=n, heads=H, dim=D, error=repr(e)[:300])), flush=True)
             break
         finally:
             q = k = v = do = None
