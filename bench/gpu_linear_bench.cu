@@ -1,8 +1,9 @@
 // GPU linear-attention benchmark: our chunked CUDA kernels (seqpar/linear_cuda.hpp), forward
 // and forward+backward, at the peer's shapes (B = 1, H = 16, d = 128, per-head decay
 // lambda_h = exp(-(8/H) h/H - 0.01), scale 1/sqrt(d)); inputs q, k, v, dO uniform in [-1, 1)
-// like bench/fla_linear_peer.py. Median of CUDA-event-timed iterations after warm-up, after a
-// check of the first length against the CPU fp32 kernel. One JSON line per measurement; a line
+// like bench/fla_linear_peer.py; both kernel variants (one tile stage, pipelined). Median of
+// CUDA-event-timed iterations after warm-up, after a check of the first length against the CPU
+// fp32 kernel. One JSON line per measurement; a line
 // with "error": "OOM" ends the sweep when the tensors no longer fit.
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bench_util.cuh"
@@ -77,7 +79,11 @@ int main(int argc, char** argv) {
   int64_t heads = 16, dim = 128;
   int iters = 3, warmup = 1;
   bool json = false;
+  std::vector<std::string> variants{"one_stage", "pipelined"};
   app.add_option("--seqs", seqs, "sequence lengths")->delimiter(',');
+  app.add_option("--variants", variants, "kernel variants: one_stage (one tile stage), pipelined (two)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"one_stage", "pipelined"}));
   app.add_option("--heads", heads, "heads (query = K/V)")->check(CLI::Range(1, 256));
   app.add_option("--dim", dim, "d_k = d_v: 64 or 128")->check(CLI::IsMember({64, 128}));
   app.add_option("--iters", iters, "timed iterations (median)")->check(CLI::PositiveNumber);
@@ -95,7 +101,7 @@ int main(int argc, char** argv) {
   seqpar::DeviceBuffer workspace;
   seqpar::LinearCudaOptions options;
   options.workspace = &workspace;
-  std::printf("%10s %10s %10s %10s %12s %10s %10s\n", "seq", "fwd ms", "fwd TF/s", "fwd GB/s", "fwd+bwd ms",
+  std::printf("%-10s %10s %10s %10s %10s %12s %10s %10s\n", "variant", "seq", "fwd ms", "fwd TF/s", "fwd GB/s", "fwd+bwd ms",
               "f+b TF/s", "f+b GB/s");
   int failures = 0;
   bool checked = false;
@@ -124,50 +130,59 @@ int main(int argc, char** argv) {
     int seed = 1;
     for (auto* t : {&q, &k, &v})
       seqpar::bench::fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>((*t)->view.data), size_t(row_bytes / 2), seed++);
-    auto fwd = [&] {
-      return seqpar::linear_attention_forward_cuda(q->view, k->view, v->view, {}, params, o->view, state->view, options);
-    };
-    bool ok = true;
-    if (!checked && N <= 32768) {  // correctness before timing
-      ok = fwd().ok() && seqpar::stream_synchronize(nullptr).ok();
-      const double rel = check_against_cpu(q->view, k->view, v->view, o->view, params);
-      ok = ok && rel < 2e-2;
-      nlohmann::json j{{"kind", "seqpar_linear_check"}, {"seq", N}, {"max_rel_error_vs_cpu_fp32", rel}, {"ok", ok}};
-      std::printf("%s\n", j.dump().c_str());
-      checked = true;
-    }
-    const double tf = median_ms(fwd, warmup, iters, &ok);
-    nlohmann::json j{{"kind", "seqpar_linear"}, {"seq", N}, {"heads", heads}, {"dim", dim},
-                     {"fwd_ms", tf}, {"fwd_tflops", fwd_flops / tf / 1e9},
-                     {"fwd_GBps", 4 * row_bytes / tf / 1e6}, {"tokens_per_s_fwd", N / tf * 1e3}};
+    // dO and the gradients only when they fit beside the forward's tensors.
     auto dout = alloc(DType::kBF16, shape), dq = alloc(DType::kBF16, shape), dk = alloc(DType::kBF16, shape),
          dv = alloc(DType::kBF16, shape);
-    double tfb = 0;
-    if (dout && dq && dk && dv) {
+    const bool backward_fits = dout && dq && dk && dv;
+    (void)cudaGetLastError();  // a failed allocation above is reported here, not by the next launch
+    if (backward_fits)
       seqpar::bench::fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>(dout->view.data), size_t(row_bytes / 2), seed++);
-      auto fwd_bwd = [&] {
-        const Status s = fwd();
-        if (!s.ok()) return s;
-        return seqpar::linear_attention_backward_cuda(q->view, k->view, v->view, {}, dout->view, {}, params,
-                                                      dq->view, dk->view, dv->view, {}, options);
+    for (const std::string& variant : variants) {
+      options.pipelined = variant == "pipelined";
+      auto fwd = [&] {
+        return seqpar::linear_attention_forward_cuda(q->view, k->view, v->view, {}, params, o->view, state->view,
+                                                     options);
       };
-      tfb = median_ms(fwd_bwd, warmup, iters, &ok);
-      j["fwdbwd_ms"] = tfb;
-      j["fwdbwd_tflops"] = 3 * fwd_flops / tfb / 1e9;
-      j["fwdbwd_GBps"] = 11 * row_bytes / tfb / 1e6;  // fwd: q k v o; bwd: q k v dO dq dk dv
-      j["tokens_per_s_fwdbwd"] = N / tfb * 1e3;
-    } else {
-      j["fwdbwd_error"] = "OOM";
+      bool ok = true;
+      if (!checked && N <= 32768) {  // correctness before timing, once per variant
+        ok = fwd().ok() && seqpar::stream_synchronize(nullptr).ok();
+        const double rel = check_against_cpu(q->view, k->view, v->view, o->view, params);
+        ok = ok && rel < 2e-2;
+        nlohmann::json j{{"kind", "seqpar_linear_check"}, {"variant", variant}, {"seq", N},
+                         {"max_rel_error_vs_cpu_fp32", rel}, {"ok", ok}};
+        std::printf("%s\n", j.dump().c_str());
+      }
+      const double tf = median_ms(fwd, warmup, iters, &ok);
+      nlohmann::json j{{"kind", "seqpar_linear"}, {"variant", variant}, {"seq", N}, {"heads", heads}, {"dim", dim},
+                       {"fwd_ms", tf}, {"fwd_tflops", fwd_flops / tf / 1e9},
+                       {"fwd_GBps", 4 * row_bytes / tf / 1e6}, {"tokens_per_s_fwd", N / tf * 1e3}};
+      double tfb = 0;
+      if (backward_fits) {
+        auto fwd_bwd = [&] {
+          const Status s = fwd();
+          if (!s.ok()) return s;
+          return seqpar::linear_attention_backward_cuda(q->view, k->view, v->view, {}, dout->view, {}, params,
+                                                        dq->view, dk->view, dv->view, {}, options);
+        };
+        tfb = median_ms(fwd_bwd, warmup, iters, &ok);
+        j["fwdbwd_ms"] = tfb;
+        j["fwdbwd_tflops"] = 3 * fwd_flops / tfb / 1e9;
+        j["fwdbwd_GBps"] = 11 * row_bytes / tfb / 1e6;  // fwd: q k v o; bwd: q k v dO dq dk dv
+        j["tokens_per_s_fwdbwd"] = N / tfb * 1e3;
+      } else {
+        j["fwdbwd_error"] = "OOM";
+      }
+      j["ok"] = ok;
+      j["workspace_MiB"] = double(workspace.bytes()) / (1 << 20);
+      if (!ok) ++failures;
+      std::printf("%-10s %10ld %10.3f %10.1f %10.0f %12.3f %10.1f %10.0f\n", variant.c_str(), long(N), tf,
+                  fwd_flops / tf / 1e9, 4 * row_bytes / tf / 1e6, tfb, tfb > 0 ? 3 * fwd_flops / tfb / 1e9 : 0.0,
+                  tfb > 0 ? 11 * row_bytes / tfb / 1e6 : 0.0);
+      if (json) std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
     }
-    j["ok"] = ok;
-    j["workspace_MiB"] = double(workspace.bytes()) / (1 << 20);
-    if (!ok) ++failures;
-    std::printf("%10ld %10.3f %10.1f %10.0f %12.3f %10.1f %10.0f\n", long(N), tf, fwd_flops / tf / 1e9,
-                4 * row_bytes / tf / 1e6, tfb, tfb > 0 ? 3 * fwd_flops / tfb / 1e9 : 0.0,
-                tfb > 0 ? 11 * row_bytes / tfb / 1e6 : 0.0);
-    if (json) std::printf("%s\n", j.dump().c_str());
-    std::fflush(stdout);
-    if (tfb == 0) break;  // the line above says fwdbwd_error: OOM; longer ones fit no better
+    checked = checked || N <= 32768;
+    if (!backward_fits) break;  // the lines above say fwdbwd_error: OOM; longer ones fit no better
   }
   return failures ? 1 : 0;
 }

@@ -4,7 +4,8 @@
 # flags, same carried .carry deps), then runs the named stages; logs and JSON lines go to $OUT
 # (or ./gpu_out). Meant to finish in under 8 minutes (each stage has its own timeout).
 #   tests   test_gpu_linear (GPU cases, their host replay, the rule's own tests)
-#   bench   bench_gpu_linear: ours, B=1 H=16 d=128, N from 8K until the tensors do not fit
+#   bench   bench_gpu_linear: ours (one tile stage, pipelined), B=1 H=16 d=128, N from 8K until
+#           the tensors do not fit
 #   peer    bench/fla_linear_peer.py (chunk_simple_gla), then the table of both
 # Usage: bash scripts/lasp_gpu_check.sh [tests] [bench] [peer]   (none: all three)
 # SEQS overrides the lengths; ITERS the timed iterations (default 3). The fla wheels (README,

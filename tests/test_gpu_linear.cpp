@@ -50,7 +50,7 @@ struct GpuRun {
   HostTensor o, state_out, dq, dk, dv, dstate_in;
 };
 
-StatusOr<GpuRun> run_gpu(const Case& c, const Inputs& in, bool backward) {
+StatusOr<GpuRun> run_gpu(const Case& c, const Inputs& in, bool backward, bool pipelined) {
   const LinearProblem& p = c.p;
   SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
   SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
@@ -68,6 +68,7 @@ StatusOr<GpuRun> run_gpu(const Case& c, const Inputs& in, bool backward) {
   const TensorView dstate_out = c.with_states ? ds_out.view : TensorView{};
   LinearCudaOptions options;
   options.chunks_per_span = c.chunks_per_span;
+  options.pipelined = pipelined;
   SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q.view, k.view, v.view, state_in, p.params(), o.view,
                                                    s_out.view, options));
   if (backward)
@@ -181,14 +182,19 @@ std::vector<Case> cases() {
 
 class GpuLinear : public ::testing::TestWithParam<Case> {};
 
+// Both kernel variants: one tile stage, and two (pipelined).
 TEST_P(GpuLinear, MeetsTheLowPrecisionRule) {
   SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   const Inputs in = make_inputs(c, 101);
-  auto ours = run_gpu(c, in, true);
-  ASSERT_TRUE(ours.ok()) << ours.status().to_string();
-  const std::string why = check_all(ours.value(), expected(c, in), c.dtype);
-  EXPECT_TRUE(why.empty()) << why;
+  const Expected e = expected(c, in);
+  for (bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "one stage");
+    auto ours = run_gpu(c, in, true, pipelined);
+    ASSERT_TRUE(ours.ok()) << ours.status().to_string();
+    const std::string why = check_all(ours.value(), e, c.dtype);
+    EXPECT_TRUE(why.empty()) << why;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuLinear, ::testing::ValuesIn(cases()),
@@ -230,12 +236,14 @@ TEST(GpuLinearRule, CatchesADecayExponentOffByOne) {
 
 // Slices of one sequence, called one after another with state_out -> state_in (forward) and
 // dstate_in -> dstate_out (backward, last slice first), against one call on the whole.
-TEST(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
+class GpuLinearChain : public ::testing::TestWithParam<bool> {};  // pipelined or not
+
+TEST_P(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
   SKIP_WITHOUT_GPU();
   const Case c = make_case("chain", 1, 1000, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1, DType::kBF16, 2);
   const LinearProblem& p = c.p;
   const Inputs in = make_inputs(c, 23);
-  auto whole = run_gpu(c, in, true);
+  auto whole = run_gpu(c, in, true, GetParam());
   ASSERT_TRUE(whole.ok()) << whole.status().to_string();
   const std::vector<int64_t> cuts{0, 300, 364, 1000};  // 300, 64 and 636 tokens
 
@@ -250,6 +258,7 @@ TEST(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
   states.push_back(dev(in.state_in));
   LinearCudaOptions options;
   options.chunks_per_span = c.chunks_per_span;
+  options.pipelined = GetParam();
   for (size_t i = 0; i < parts; ++i) {
     states.push_back(device_zeros(DType::kF32, {1, p.heads, p.dk, p.dv}).value());
     const auto part = [&](const DeviceTensor& t) { return t.view.narrow(1, cuts[i], cuts[i + 1]); };
@@ -280,11 +289,16 @@ TEST(GpuLinearChain, SlicesCalledInTurnMatchOneCall) {
   EXPECT_EQ(check_all(chain, single, c.dtype), "");
 }
 
+INSTANTIATE_TEST_SUITE_P(Variants, GpuLinearChain, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "pipelined" : "one_stage"; });
+
 // Diagnosis rather than acceptance: one backward's steps (both state sweeps and scans, the dq,
 // dv, dk sweeps, the GQA sums) run one at a time on the GPU and in the host replay; after each
 // step every buffer must agree closely (the same rounding points, only the fp32 summation order
 // differs). A failure names the first step and buffer that differ.
-TEST(GpuLinearSteps, EachStepMatchesItsHostReplay) {
+class GpuLinearSteps : public ::testing::TestWithParam<bool> {};  // pipelined or not
+
+TEST_P(GpuLinearSteps, EachStepMatchesItsHostReplay) {
   SKIP_WITHOUT_GPU();
   const Case c = make_case("steps", 1, 300, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1, DType::kBF16, 2);
   const LinearProblem& p = c.p;
@@ -314,7 +328,7 @@ TEST(GpuLinearSteps, EachStepMatchesItsHostReplay) {
   ASSERT_EQ(host_steps.size(), dev_steps.size());
   for (size_t i = 0; i < host_steps.size(); ++i) {
     testing::emulate_linear_steps({host_steps[i]}, d);
-    const Status s = cuda::run_linear_steps({dev_steps[i]}, d, nullptr);
+    const Status s = cuda::run_linear_steps({dev_steps[i]}, d, nullptr, GetParam());
     ASSERT_TRUE(s.ok()) << s.to_string();
     for (size_t b = 0; b < host.size(); ++b) {
       const HostTensor got = to_host(dev[b].view).value();
@@ -326,6 +340,9 @@ TEST(GpuLinearSteps, EachStepMatchesItsHostReplay) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, GpuLinearSteps, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "pipelined" : "one_stage"; });
 
 TEST(GpuLinearChecks, RefusesWhatItCannotDo) {
   SKIP_WITHOUT_GPU();

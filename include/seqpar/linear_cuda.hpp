@@ -35,6 +35,9 @@ struct LinearCudaOptions {
   // cudaFree then waits for the device).
   DeviceBuffer* workspace = nullptr;
   void* stream = nullptr;
+  // Copy the next chunk's tiles while computing this one (two shared-memory stages; for
+  // d = 128 outputs that leaves one CTA per SM instead of two). Off until measured faster.
+  bool pipelined = false;
 };
 
 // Writes o (empty view: not written) and state_out (empty: not written). An empty state_in is

@@ -15,22 +15,22 @@ namespace cuda {
 
 namespace {
 template <class Elem>
-void reverse_sweep(const LinearSweepParams& p, bool output, bool out_fp32, int batch, void* stream) {
+void reverse_sweep(const LinearSweepParams& p, bool output, bool out_fp32, bool pipelined, int batch, void* stream) {
   if (!output)
-    launch_sweep_width<Elem, true, false, float>(p, batch, stream);
+    launch_sweep_width<Elem, true, false, float>(p, pipelined, batch, stream);
   else if (out_fp32)
-    launch_sweep_width<Elem, true, true, float>(p, batch, stream);
+    launch_sweep_width<Elem, true, true, float>(p, pipelined, batch, stream);
   else
-    launch_sweep_width<Elem, true, true, Elem>(p, batch, stream);
+    launch_sweep_width<Elem, true, true, Elem>(p, pipelined, batch, stream);
 }
 }  // namespace
 
-void launch_reverse_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool out_fp32, int batch,
-                          void* stream) {
+void launch_reverse_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool out_fp32,
+                          bool pipelined, int batch, void* stream) {
   if (elem_is_bf16)
-    reverse_sweep<__nv_bfloat16>(p, output, out_fp32, batch, stream);
+    reverse_sweep<__nv_bfloat16>(p, output, out_fp32, pipelined, batch, stream);
   else
-    reverse_sweep<__half>(p, output, out_fp32, batch, stream);
+    reverse_sweep<__half>(p, output, out_fp32, pipelined, batch, stream);
 }
 
 }  // namespace cuda
@@ -56,7 +56,7 @@ Status linear_attention_backward_cuda(const TensorView& q, const TensorView& k, 
   SP_RETURN_IF_ERROR(cuda::reserve_workspace(options, &local, cuda::linear_backward_workspace(d, plan), &ws));
   return cuda::run_linear_steps(cuda::linear_backward_steps(d, plan, params, q, k, v, state_in, dout, dstate_out,
                                                             dq, dk, dv, dstate_in, ws),
-                                d, options.stream);
+                                d, options.stream, options.pipelined);
 }
 
 }  // namespace seqpar

@@ -279,7 +279,8 @@ __global__ void linear_group_sum_kernel(const __grid_constant__ LinearGroupSumPa
 
 }  // namespace
 
-Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDims& d, void* stream_ptr) {
+Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDims& d, void* stream_ptr,
+                        bool pipelined) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool bf16 = d.dtype == DType::kBF16;
   const int batch = int(d.batch);
@@ -288,9 +289,9 @@ Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDi
       case LinearStep::Kind::kSweep:
         if (step.sweep.num_spans == 0) continue;  // no tokens
         if (step.reverse)
-          launch_reverse_sweep(step.sweep, bf16, step.output, step.out_fp32, batch, stream_ptr);
+          launch_reverse_sweep(step.sweep, bf16, step.output, step.out_fp32, pipelined, batch, stream_ptr);
         else
-          launch_forward_sweep(step.sweep, bf16, step.output, batch, stream_ptr);
+          launch_forward_sweep(step.sweep, bf16, step.output, pipelined, batch, stream_ptr);
         break;
       case LinearStep::Kind::kScan: {  // with no spans: the initial state passes through
         const LinearScanParams& p = step.scan;

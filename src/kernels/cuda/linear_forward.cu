@@ -14,19 +14,20 @@ namespace cuda {
 
 namespace {
 template <class Elem>
-void forward_sweep(const LinearSweepParams& p, bool output, int batch, void* stream) {
+void forward_sweep(const LinearSweepParams& p, bool output, bool pipelined, int batch, void* stream) {
   if (output)
-    launch_sweep_width<Elem, false, true, Elem>(p, batch, stream);
+    launch_sweep_width<Elem, false, true, Elem>(p, pipelined, batch, stream);
   else
-    launch_sweep_width<Elem, false, false, float>(p, batch, stream);
+    launch_sweep_width<Elem, false, false, float>(p, pipelined, batch, stream);
 }
 }  // namespace
 
-void launch_forward_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, int batch, void* stream) {
+void launch_forward_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool pipelined, int batch,
+                          void* stream) {
   if (elem_is_bf16)
-    forward_sweep<__nv_bfloat16>(p, output, batch, stream);
+    forward_sweep<__nv_bfloat16>(p, output, pipelined, batch, stream);
   else
-    forward_sweep<__half>(p, output, batch, stream);
+    forward_sweep<__half>(p, output, pipelined, batch, stream);
 }
 
 }  // namespace cuda
@@ -45,7 +46,7 @@ Status linear_attention_forward_cuda(const TensorView& q, const TensorView& k, c
   float* ws = nullptr;
   SP_RETURN_IF_ERROR(cuda::reserve_workspace(options, &local, cuda::linear_forward_workspace(d, plan), &ws));
   return cuda::run_linear_steps(cuda::linear_forward_steps(d, plan, params, q, k, v, state_in, o, state_out, ws),
-                                d, options.stream);
+                                d, options.stream, options.pipelined);
 }
 
 }  // namespace seqpar

@@ -51,8 +51,9 @@ std::vector<LinearStep> linear_backward_steps(const LinearCudaDims& d, const Lin
                                               const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                               const TensorView& dstate_in, float* ws);
 
-// Launches the steps in order on `stream`.
-Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDims& d, void* stream);
+// Launches the steps in order on `stream` (pipelined: the sweeps with two tile stages).
+Status run_linear_steps(const std::vector<LinearStep>& steps, const LinearCudaDims& d, void* stream,
+                        bool pipelined = false);
 
 // options.workspace (or `local`) grown to `floats` fp32 elements; *data its start.
 Status reserve_workspace(const LinearCudaOptions& options, DeviceBuffer* local, size_t floats, float** data);

@@ -82,9 +82,10 @@ struct LinearStep {
 };
 
 // Launchers, by translation unit: the time-order sweeps in linear_forward.cu, the reverse ones
-// in linear_backward.cu (elem_is_bf16: bf16, else fp16).
-void launch_forward_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, int batch, void* stream);
-void launch_reverse_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool out_fp32, int batch,
+// in linear_backward.cu (elem_is_bf16: bf16, else fp16; pipelined: two tile stages).
+void launch_forward_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool pipelined, int batch,
                           void* stream);
+void launch_reverse_sweep(const LinearSweepParams& p, bool elem_is_bf16, bool output, bool out_fp32,
+                          bool pipelined, int batch, void* stream);
 
 }  // namespace seqpar::cuda

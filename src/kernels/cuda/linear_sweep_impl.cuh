@@ -4,7 +4,9 @@
 // A CTA owns one (span, batch * head, 64-column slice of c) and walks the span's chunks one by
 // one, keeping its T slice ([width(b), 64] fp32) in registers: warp w holds rows
 // [w * width / 4, (w + 1) * width / 4). Each chunk's tiles sit in shared memory with rows padded
-// by 16 bytes, so that the eight rows one ldmatrix reads fall in distinct banks.
+// by 16 bytes, so that the eight rows one ldmatrix reads fall in distinct banks. With kStages = 2
+// the tiles of the next chunk are copied while this one is computed (twice the tile memory,
+// which for the width-128 output sweeps leaves room for one CTA per SM instead of two).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,11 +21,16 @@ namespace linear_detail {
 constexpr int kChunk = kLinearChunk, kSlice = kLinearSlice, kThreads = kLinearThreads;
 constexpr int kLdSlice = kSlice + 8;
 
-template <class Elem, int kWidth, bool kOutput>
+// Elements of one stage of copied tiles: b, c and (output sweeps) a.
+template <int kWidth, bool kOutput>
+__host__ __device__ constexpr int stage_elems() {
+  return kChunk * (kWidth + 8) + kChunk * kLdSlice + (kOutput ? kChunk * (kWidth + 8) : 0);
+}
+
+template <class Elem, int kWidth, bool kOutput, int kStages>
 constexpr int smem_bytes() {
-  constexpr int ld_width = kWidth + 8;
-  int elems = kChunk * ld_width + 2 * kChunk * kLdSlice;          // b, c, u*c
-  if (kOutput) elems += kChunk * ld_width + kWidth * kLdSlice;    // a, T as an operand
+  int elems = kStages * stage_elems<kWidth, kOutput>() + kChunk * kLdSlice;  // tiles, u*c
+  if (kOutput) elems += kWidth * kLdSlice;                                  // T as an operand
   return elems * int(sizeof(Elem)) + (kChunk + 1) * int(sizeof(float));
 }
 
@@ -71,19 +78,20 @@ __device__ __forceinline__ void load_tile(Elem* dst, const Elem* src, int64_t ro
 
 }  // namespace linear_detail
 
-template <class Elem, int kWidth, bool kReverse, bool kOutput, class OutT>
+template <class Elem, int kWidth, bool kReverse, bool kOutput, class OutT, int kStages>
 __global__ void __launch_bounds__(kLinearThreads) linear_sweep_kernel(const __grid_constant__ LinearSweepParams p) {
   using namespace linear_detail;
   using Traits = ElemTraits<Elem>;
   constexpr int kLdW = kWidth + 8;
   constexpr int kMT = kWidth / 64;  // 16-row tiles of T per warp
+  constexpr int kStage = stage_elems<kWidth, kOutput>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  Elem* sB = reinterpret_cast<Elem*>(smem_raw);  // [64][kLdW]
-  Elem* sC = sB + kChunk * kLdW;                 // [64][kLdSlice]
-  Elem* sCu = sC + kChunk * kLdSlice;            // [64][kLdSlice]: u_r c_r
-  Elem* sA = sCu + kChunk * kLdSlice;            // [64][kLdW]       (kOutput)
-  Elem* sT = sA + kChunk * kLdW;                 // [kWidth][kLdSlice] (kOutput)
-  float* pw = reinterpret_cast<float*>(kOutput ? sT + kWidth * kLdSlice : sA);  // lambda^t, t <= 64
+  // Per stage: b [64][kLdW], c [64][kLdSlice], a [64][kLdW] (kOutput); then u_r c_r
+  // [64][kLdSlice], T as an operand [kWidth][kLdSlice] (kOutput), lambda^t for t <= 64.
+  Elem* const tiles = reinterpret_cast<Elem*>(smem_raw);
+  Elem* const sCu = tiles + kStages * kStage;
+  Elem* const sT = sCu + kChunk * kLdSlice;
+  float* const pw = reinterpret_cast<float*>(kOutput ? sT + kWidth * kLdSlice : sT);
 
   const int span = blockIdx.x, bh = blockIdx.y, slice = blockIdx.z;
   const int b = bh / p.heads, h = bh % p.heads;
@@ -116,14 +124,36 @@ __global__ void __launch_bounds__(kLinearThreads) linear_sweep_kernel(const __gr
         }
   }
 
-  for (int64_t step = 0; step < end_chunk - first_chunk; ++step) {
-    const int64_t chunk = kReverse ? end_chunk - 1 - step : first_chunk + step;
-    const int64_t row0 = chunk * kChunk;
+  const int64_t steps = end_chunk - first_chunk;
+  const auto chunk_of = [&](int64_t step) { return kReverse ? end_chunk - 1 - step : first_chunk + step; };
+  // Copies the tiles of chunk `step` into `stage`.
+  const auto load_chunk = [&](int64_t step, int stage) {
+    Elem* base = tiles + stage * kStage;
+    const int64_t row0 = chunk_of(step) * kChunk;
+    load_tile<Elem, kWidth, kLdW>(base, B, p.b_row, row0, p.seq, tid);
+    load_tile<Elem, kSlice, kLdSlice>(base + kChunk * kLdW, C, p.c_row, row0, p.seq, tid);
+    if constexpr (kOutput) load_tile<Elem, kWidth, kLdW>(base + kChunk * kLdW + kChunk * kLdSlice, A, p.a_row, row0, p.seq, tid);
+  };
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t row0 = chunk_of(step) * kChunk;
     const int m = int(min(int64_t(kChunk), p.seq - row0));  // rows of this chunk
-    load_tile<Elem, kWidth, kLdW>(sB, B, p.b_row, row0, p.seq, tid);
-    load_tile<Elem, kSlice, kLdSlice>(sC, C, p.c_row, row0, p.seq, tid);
-    if constexpr (kOutput) load_tile<Elem, kWidth, kLdW>(sA, A, p.a_row, row0, p.seq, tid);
-    cp_async_commit();
+    const int stage = kStages == 2 ? int(step & 1) : 0;
+    const Elem* sB = tiles + stage * kStage;
+    const Elem* sC = sB + kChunk * kLdW;
+    const Elem* sA = sC + kChunk * kLdSlice;
+    if constexpr (kStages == 2) {
+      // The other stage was last read in the previous step, which ended with a barrier.
+      if (step == 0) {
+        load_chunk(0, 0);
+        cp_async_commit();
+      }
+      if (step + 1 < steps) load_chunk(step + 1, stage ^ 1);
+      cp_async_commit();  // possibly empty: the wait below always leaves the newest group
+    } else {
+      load_chunk(step, 0);
+      cp_async_commit();
+    }
     if constexpr (kOutput) {  // T as an mma operand, rounded, while the copies fly
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -136,7 +166,7 @@ __global__ void __launch_bounds__(kLinearThreads) linear_sweep_kernel(const __gr
                 Traits::pack(T[mt][nt][2 * half], T[mt][nt][2 * half + 1]);
           }
     }
-    cp_async_wait<0>();
+    cp_async_wait<kStages - 1>();  // this chunk's tiles have landed (the next may be in flight)
     __syncthreads();
     // u_r c_r: the decay (and in reverse the scale) of row r folded into c, rounded.
     for (int idx = tid; idx < kChunk * kSlice / 2; idx += kThreads) {
@@ -278,23 +308,28 @@ __global__ void __launch_bounds__(kLinearThreads) linear_sweep_kernel(const __gr
   }
 }
 
-template <class Elem, int kWidth, bool kReverse, bool kOutput, class OutT>
+template <class Elem, int kWidth, bool kReverse, bool kOutput, class OutT, int kStages>
 void launch_linear_sweep(const LinearSweepParams& p, int batch, void* stream) {
-  auto* kernel = &linear_sweep_kernel<Elem, kWidth, kReverse, kOutput, OutT>;
-  constexpr int smem = linear_detail::smem_bytes<Elem, kWidth, kOutput>();
+  auto* kernel = &linear_sweep_kernel<Elem, kWidth, kReverse, kOutput, OutT, kStages>;
+  constexpr int smem = linear_detail::smem_bytes<Elem, kWidth, kOutput, kStages>();
   // Above the 48 KB default for the output sweeps; the host checks launch errors after.
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const dim3 grid(unsigned(p.num_spans), unsigned(batch * p.heads), unsigned(p.c_width / kLinearSlice));
   kernel<<<grid, kLinearThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
 }
 
-// launch_linear_sweep with the width of b (64 or 128) chosen at run time.
+// launch_linear_sweep with the width of b (64 or 128) and the stages (1, or 2 when pipelined)
+// chosen at run time.
 template <class Elem, bool kReverse, bool kOutput, class OutT>
-void launch_sweep_width(const LinearSweepParams& p, int batch, void* stream) {
-  if (p.b_width == 64)
-    launch_linear_sweep<Elem, 64, kReverse, kOutput, OutT>(p, batch, stream);
+void launch_sweep_width(const LinearSweepParams& p, bool pipelined, int batch, void* stream) {
+  if (p.b_width == 64 && pipelined)
+    launch_linear_sweep<Elem, 64, kReverse, kOutput, OutT, 2>(p, batch, stream);
+  else if (p.b_width == 64)
+    launch_linear_sweep<Elem, 64, kReverse, kOutput, OutT, 1>(p, batch, stream);
+  else if (pipelined)
+    launch_linear_sweep<Elem, 128, kReverse, kOutput, OutT, 2>(p, batch, stream);
   else
-    launch_linear_sweep<Elem, 128, kReverse, kOutput, OutT>(p, batch, stream);
+    launch_linear_sweep<Elem, 128, kReverse, kOutput, OutT, 1>(p, batch, stream);
 }
 
 }  // namespace seqpar::cuda
