@@ -93,7 +93,11 @@ nb::dict attention(const InArray& q_in, const InArray& k_in, const InArray& v_in
   const BlockBytes bytes{B, H, H_kv, D, t, t, t, true};
   const bool backward = dout.has_value();
   HostTensor o(t, {B, S, H, D}), lse(t, {B, H, S}), dq, dk, dv;
-  if (backward) dq = HostTensor(t, {B, S, H, D}), dk = HostTensor(t, {B, S, H_kv, D}), dv = HostTensor(t, {B, S, H_kv, D});
+  if (backward) {
+    dq = HostTensor(t, {B, S, H, D});
+    dk = HostTensor(t, {B, S, H_kv, D});
+    dv = HostTensor(t, {B, S, H_kv, D});
+  }
   std::string algo_run;
   const int threads_per_rank = std::max(1, omp_get_max_threads() / ranks);
 
