@@ -14,7 +14,7 @@ import numpy as np
 from . import _core
 
 __version__: str = _core.__version__
-__all__ = ["attention", "algorithms", "layouts", "shard", "unshard", "positions", "__version__"]
+__all__ = ["attention", "attention_backward", "algorithms", "layouts", "shard", "unshard", "positions", "__version__"]
 
 _LAYOUTS = ("contiguous", "zigzag", "striped")
 
@@ -25,6 +25,23 @@ def _array(x, name: str):
     if isinstance(x, np.ndarray) or hasattr(x, "__dlpack__"):
         return x
     raise TypeError(f"{name} must be an array (numpy or DLPack), not {type(x).__name__}")
+
+
+def _options(causal, window, algo, ranks, layout, scale):
+    """The mask, algorithm and layout arguments as _core takes them, checked."""
+    if isinstance(window, (str, bytes)) or len(window) != 2:
+        raise ValueError(f"window must be a pair (left, right); got {window!r}")
+    left, right = (int(w) for w in window)
+    if causal:
+        right = 0
+    if not isinstance(algo, str) or not isinstance(layout, str):
+        raise TypeError("algo and layout must be strings")
+    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)):
+        raise TypeError(f"ranks must be an int; got {type(ranks).__name__}")
+    if scale is not None and not float(scale) > 0:
+        raise ValueError(f"scale must be positive; got {scale}")
+    return dict(window_left=left, window_right=right, algo=algo, ranks=int(ranks), layout=layout,
+                scale=0.0 if scale is None else float(scale))
 
 
 def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
@@ -43,25 +60,24 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
     (o, dq, dk, dv), or (o, lse, dq, dk, dv) with return_lse.
     Raises ValueError / TypeError with the reason for arguments it cannot run.
     """
-    if isinstance(window, (str, bytes)) or len(window) != 2:
-        raise ValueError(f"window must be a pair (left, right); got {window!r}")
-    left, right = (int(w) for w in window)
-    if causal:
-        right = 0
-    if not isinstance(algo, str) or not isinstance(layout, str):
-        raise TypeError("algo and layout must be strings")
-    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)):
-        raise TypeError(f"ranks must be an int; got {type(ranks).__name__}")
-    if scale is not None and not float(scale) > 0:
-        raise ValueError(f"scale must be positive; got {scale}")
+    opts = _options(causal, window, algo, ranks, layout, scale)
     res = _core.attention(_array(q, "q"), _array(k, "k"), _array(v, "v"),
-                          None if dout is None else _array(dout, "dout"),
-                          left, right, algo, int(ranks), layout,
-                          0.0 if scale is None else float(scale))
+                          None if dout is None else _array(dout, "dout"), **opts)
     head = (res["o"], res["lse"]) if return_lse else (res["o"],)
     if dout is not None:
         return head + (res["dq"], res["dk"], res["dv"])
     return head if return_lse else res["o"]
+
+
+def attention_backward(q, k, v, o, lse, dout, *, causal: bool = False,
+                       window: Tuple[int, int] = (-1, -1), algo: str = "auto", ranks: int = 2,
+                       layout: str = "zigzag", scale: Optional[float] = None):
+    """The backward alone, against o and lse of a forward with the same mask and scale:
+    returns (dq, dk, dv). Arguments as attention(); o: [B, S, H, D], lse: [B, H, S]."""
+    opts = _options(causal, window, algo, ranks, layout, scale)
+    arrays = [_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (dout, "dout"))]
+    res = _core.attention_backward(*arrays, **opts)
+    return res["dq"], res["dk"], res["dv"]
 
 
 def algorithms() -> dict:

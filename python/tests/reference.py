@@ -34,7 +34,7 @@ def attention(q, k, v, dout=None, window=(-1, -1), scale=None):
         lse = (np.log(total) + m)[..., 0]
     p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
     o = np.einsum("bhij,bjhd->bihd", p, vr)
-    out = {"o": o, "lse": lse}
+    out = {"o": o, "lse": np.ascontiguousarray(lse)}
     if dout is not None:
         do = np.asarray(dout, dtype=np.float64)
         dp = np.einsum("bihd,bjhd->bhij", do, vr)

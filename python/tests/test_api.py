@@ -115,3 +115,12 @@ def test_shard_errors():
         seqpar.unshard([x, x[:, :3].copy()], "contiguous")  # 13 tokens: rank 0 would hold 7
     with pytest.raises(TypeError):
         seqpar.unshard(x, "contiguous")
+
+
+def test_backward_alone_errors():
+    q, k, v = qkv()
+    o, lse = seqpar.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse"):
+        seqpar.attention_backward(q, k, v, o, lse.transpose(0, 2, 1).copy(), q)
+    with pytest.raises(TypeError, match="one dtype"):
+        seqpar.attention_backward(q, k, v, o, lse.astype(np.float32), q)
