@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the OS packages seqpar builds with (Debian/Ubuntu): compiler, CMake, Open MPI,
 # GoogleTest, CLI11, nlohmann-json, OpenBLAS (the training engine's CPU matrix products; OpenMP
-# comes with GCC). Skips apt when everything is already there.
+# comes with GCC), and Python's headers and venv for the Python package (pip install . builds
+# it; its build tools come from PyPI). Skips apt when everything is already there.
 set -euo pipefail
 
 packages=(build-essential cmake libopenmpi-dev openmpi-bin libgtest-dev libcli11-dev
-          nlohmann-json3-dev libopenblas-dev)
+          nlohmann-json3-dev libopenblas-dev python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

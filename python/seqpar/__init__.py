@@ -1,0 +1,107 @@
+"""seqpar: exact distributed (sequence-parallel) attention, from Python.
+
+Array-level API over the C++ library: the full-sequence arrays are split over P thread ranks
+with a layout, the chosen algorithm's schedule runs on those ranks (CPU, float32 or float64),
+and the results are put back together. Shapes follow flash-attn: q, dout [B, S, H, D];
+k, v [B, S, H_kv, D] (H divisible by H_kv); lse [B, H, S].
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+
+__version__: str = _core.__version__
+__all__ = ["attention", "attention_backward", "algorithms", "layouts", "shard", "unshard", "positions", "__version__"]
+
+_LAYOUTS = ("contiguous", "zigzag", "striped")
+
+
+def _array(x, name: str):
+    # nanobind takes numpy arrays and anything with DLPack or the buffer protocol; say so
+    # plainly for anything else (a list would otherwise fail with a signature dump).
+    if isinstance(x, np.ndarray) or hasattr(x, "__dlpack__"):
+        return x
+    raise TypeError(f"{name} must be an array (numpy or DLPack), not {type(x).__name__}")
+
+
+def _options(causal, window, algo, ranks, layout, scale):
+    """The mask, algorithm and layout arguments as _core takes them, checked."""
+    if isinstance(window, (str, bytes)) or len(window) != 2:
+        raise ValueError(f"window must be a pair (left, right); got {window!r}")
+    left, right = (int(w) for w in window)
+    if causal:
+        right = 0
+    if not isinstance(algo, str) or not isinstance(layout, str):
+        raise TypeError("algo and layout must be strings")
+    if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)):
+        raise TypeError(f"ranks must be an int; got {type(ranks).__name__}")
+    if scale is not None and not float(scale) > 0:
+        raise ValueError(f"scale must be positive; got {scale}")
+    return dict(window_left=left, window_right=right, algo=algo, ranks=int(ranks), layout=layout,
+                scale=0.0 if scale is None else float(scale))
+
+
+def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
+              algo: str = "auto", ranks: int = 2, layout: str = "zigzag",
+              scale: Optional[float] = None, return_lse: bool = False, dout=None):
+    """Exact attention of the full sequence, computed by `algo` over `ranks` thread ranks.
+
+    q: [B, S, H, D], k and v: [B, S, H_kv, D], one dtype (float32 or float64), C-contiguous.
+    causal / window: flash-attn's mask convention; window=(left, right) keys around the
+    diagonal, -1 unbounded; causal=True sets right to 0.
+    algo: "auto" or a name from algorithms(); layout: one of layouts().
+    scale: softmax scale, default 1/sqrt(D).
+
+    Returns o [B, S, H, D], or (o, lse) with return_lse (lse [B, H, S], natural log of the
+    scaled scores). With dout (q's shape) it runs the backward too and returns
+    (o, dq, dk, dv), or (o, lse, dq, dk, dv) with return_lse.
+    Raises ValueError / TypeError with the reason for arguments it cannot run.
+    """
+    opts = _options(causal, window, algo, ranks, layout, scale)
+    res = _core.attention(_array(q, "q"), _array(k, "k"), _array(v, "v"),
+                          None if dout is None else _array(dout, "dout"), **opts)
+    head = (res["o"], res["lse"]) if return_lse else (res["o"],)
+    if dout is not None:
+        return head + (res["dq"], res["dk"], res["dv"])
+    return head if return_lse else res["o"]
+
+
+def attention_backward(q, k, v, o, lse, dout, *, causal: bool = False,
+                       window: Tuple[int, int] = (-1, -1), algo: str = "auto", ranks: int = 2,
+                       layout: str = "zigzag", scale: Optional[float] = None):
+    """The backward alone, against o and lse of a forward with the same mask and scale:
+    returns (dq, dk, dv). Arguments as attention(); o: [B, S, H, D], lse: [B, H, S]."""
+    opts = _options(causal, window, algo, ranks, layout, scale)
+    arrays = [_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (dout, "dout"))]
+    res = _core.attention_backward(*arrays, **opts)
+    return res["dq"], res["dk"], res["dv"]
+
+
+def algorithms() -> dict:
+    """The distributed algorithms by name, each with a one-line summary ("auto" picks one)."""
+    return _core.algorithms()
+
+
+def layouts() -> Tuple[str, ...]:
+    """The layout names: how a sequence is split over ranks."""
+    return _LAYOUTS
+
+
+def shard(x, layout: str, ranks: int, rank: int, seq_dim: int = 1) -> np.ndarray:
+    """Rank `rank`'s rows of x (a new array), the sequence along seq_dim (default 1, BSHD)."""
+    return _core.shard(_array(x, "x"), layout, ranks, rank, seq_dim)
+
+
+def unshard(shards: Sequence, layout: str, seq_dim: int = 1) -> np.ndarray:
+    """The full array from every rank's shard (shards[r] from rank r; ranks = len(shards))."""
+    if isinstance(shards, np.ndarray) or not isinstance(shards, (list, tuple)):
+        raise TypeError("shards must be a list with one array per rank")
+    return _core.unshard([_array(s, f"shards[{i}]") for i, s in enumerate(shards)], layout, seq_dim)
+
+
+def positions(layout: str, seq_len: int, ranks: int, rank: int) -> list:
+    """Global token positions of rank `rank`'s rows, in local order (for RoPE, labels)."""
+    return _core.positions(layout, seq_len, ranks, rank)
