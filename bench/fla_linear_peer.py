@@ -20,7 +20,17 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--stall-report", type=float, default=240,
+                    help="print every thread's stack to stderr after this many seconds (a slow Triton autotune)")
     args = ap.parse_args()
+    import faulthandler, sys, time
+    faulthandler.dump_traceback_later(args.stall_report, exit=False)
+    start = time.time()
+
+    def note(text):  # progress on stderr, so a stall shows where it is
+        print(f"[fla peer {time.time() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+    note("importing fla")
     try:
         from fla.ops.simple_gla import chunk_simple_gla
     except Exception as e:  # no wheel: say so as a JSON line
@@ -45,7 +55,9 @@ def main():
                 o, _ = chunk_simple_gla(q, k, v, g_gamma=g_gamma, output_final_state=True)
                 o.backward(do)
 
+            note(f"N = {n}: forward")
             tf = median_seconds(fwd, args.iters, args.warmup)
+            note(f"N = {n}: forward + backward")
             tfb = median_seconds(fwd_bwd, args.iters, args.warmup)
             print(json.dumps(dict(kind="fla_linear", seq=n, heads=H, dim=D, fwd_ms=tf * 1e3,
                                   fwd_tflops=fwd_flops / tf / 1e12, fwd_GBps=4 * row_bytes / tf / 1e9,

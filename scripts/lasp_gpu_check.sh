@@ -8,7 +8,8 @@
 #           the tensors do not fit
 #   peer    bench/fla_linear_peer.py (chunk_simple_gla), then the table of both
 # Usage: bash scripts/lasp_gpu_check.sh [tests] [bench] [peer]   (none: all three)
-# SEQS overrides the lengths; ITERS the timed iterations (default 3). The fla wheels (README,
+# SEQS overrides the lengths; ITERS the timed iterations (default 3); PEER_TIMEOUT the fla
+# peer's seconds (default 400: its Triton autotuning compiles many kernels at first use). The fla wheels (README,
 # "GPUs") are taken from .whl/ or .carry/whl/ when fla is not importable.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,8 @@ for stage in $stages; do
         [ -n "$wheels" ] && python3 -m pip install -q --no-deps --no-index --target "$site" $wheels
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
       fi
-      (cd bench && timeout 200 python3 fla_linear_peer.py --iters "$iters" --seqs "$seqs") 2>&1 | tee "$out/linear_fla.jsonl"
+      (cd bench && timeout "${PEER_TIMEOUT:-400}" python3 -u fla_linear_peer.py --iters "$iters" --seqs "$seqs") \
+        2> >(tee "$out/linear_fla_progress.txt" >&2) | tee "$out/linear_fla.jsonl"
       [ -f "$out/linear_ours.jsonl" ] && python3 bench/compare_linear.py "$out/linear_ours.jsonl" "$out/linear_fla.jsonl" | tee "$out/linear_compare.md" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
