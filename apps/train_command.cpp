@@ -15,13 +15,19 @@
 
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
+#ifdef SEQPAR_HAVE_CUDA
+#include "seqpar/gpu_trainer.hpp"
+#endif
 
 namespace seqpar::app {
 namespace {
 
 StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
-  SP_CHECK_SUPPORTED(c.device == "cpu", "seqpar train runs on CPU ranks so far (--device cpu); GPU training is not "
-                                        "built yet");
+  SP_CHECK_ARG(c.device == "cpu" || c.device == "cuda", "unknown device '" + c.device + "' (cpu or cuda)");
+#ifndef SEQPAR_HAVE_CUDA
+  SP_CHECK_SUPPORTED(c.device == "cpu", "seqpar was built without CUDA: --device cpu");
+#endif
+  SP_CHECK_ARG(c.lm_head_chunk >= 0, "--lm-head-chunk must not be negative (0: all rows at once)");
   TrainOptions o;
   if (!c.config.empty()) {
     SP_ASSIGN_OR_RETURN(o.model, load_model_config(c.config));
@@ -50,6 +56,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.optimizer.clip_norm = c.clip;
   SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
   o.seed = c.seed;
+  o.lm_head_chunk = c.lm_head_chunk;
   SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 and 3 do not keep");
   for (const std::string* dir : {&c.dump_dir, &c.export_dir}) {
     if (dir->empty()) continue;
@@ -128,15 +135,42 @@ Status write_record(const std::string& dir, const TrainOptions& o, const RunReco
   return Status::Ok();
 }
 
+// Model FLOPs of a step, PaLM's count: 6 N per token for the parameters plus 6 L d S per token
+// for causal attention (12 L d S halved), N the parameters, d the hidden size, S the sequence.
+double step_flops(const TrainOptions& o) {
+  const double tokens = double(o.batch) * double(o.seq);
+  return 6.0 * double(parameter_count(o.model)) * tokens +
+         6.0 * double(o.model.layers) * double(o.model.hidden) * double(o.seq) * tokens;
+}
+// H200 / H100 dense bf16 peak (989 TFLOP/s), as DESIGN.md's anchors count MFU.
+constexpr double kPeakFlops = 989e12;
+
+// What the loop asks of either trainer beyond their shared methods.
+const AttentionPlan& plan_of(const Trainer& t) { return t.model().attention_plan(); }
+Status save_state(const Trainer& t, const std::string& path) { return t.save(path); }
+Status load_state(Trainer& t, const std::string& path) { return t.load(path); }
+const char* memory_label(const Trainer&) { return "activations"; }
+#ifdef SEQPAR_HAVE_CUDA
+const AttentionPlan& plan_of(const GpuTrainer& t) { return t.attention_plan(); }
+Status save_state(const GpuTrainer&, const std::string&) {
+  return SP_STATUS(StatusCode::kUnsupported, "GPU training writes no checkpoint files yet (use --export)");
+}
+Status load_state(GpuTrainer&, const std::string&) {
+  return SP_STATUS(StatusCode::kUnsupported, "GPU training resumes from no checkpoint file yet (use --init-from)");
+}
+const char* memory_label(const GpuTrainer&) { return "device peak"; }
+#endif
+
+template <class TrainerT>
 Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads) {
   omp_set_num_threads(threads);
   const bool lead = comm.rank() == 0;
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(o, comm));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<TrainerT> trainer, TrainerT::create(o, comm));
   if (!c.init_from.empty()) {
     SP_ASSIGN_OR_RETURN(const std::vector<float> weights, load_model_safetensors(c.init_from, o.model));
     SP_RETURN_IF_ERROR(trainer->set_parameters(weights));
   }
-  if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
+  if (!c.resume.empty()) SP_RETURN_IF_ERROR(load_state(*trainer, c.resume));
   RunRecord record;
   if (!c.dump_dir.empty()) {
     SP_ASSIGN_OR_RETURN(const std::vector<float> initial, trainer->gather_parameters());  // every rank
@@ -146,7 +180,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     }
   }
   if (lead) {
-    const AttentionPlan& plan = trainer->model().attention_plan();
+    const AttentionPlan& plan = plan_of(*trainer);
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
                          "each over %d ranks (%s layout, %s attention%s); checkpointing %s; ZeRO %d\n",
                  o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
@@ -180,17 +214,22 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
                                           {"tokens", r.tokens}, {"seconds", r.seconds},
                                           {"tokens_per_s", double(r.tokens) / r.seconds},
                                           {"activation_bytes", r.activation_bytes}, {"bytes_sent", r.bytes_sent}};
-        std::printf("%s\n", j.dump().c_str());
+        nlohmann::ordered_json line = j;
+        if (c.device == "cuda") {
+          line["device_peak_bytes"] = r.activation_bytes;
+          line["mfu_989"] = step_flops(o) / r.seconds / kPeakFlops;
+        }
+        std::printf("%s\n", line.dump().c_str());
       } else {
-        std::printf("step %4ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s  activations %s  sent %s\n",
+        std::printf("step %4ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s  %s %s  sent %s\n",
                     long(r.step + 1), long(o.steps), r.loss, r.lr, r.grad_norm, double(r.tokens) / r.seconds,
-                    mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
+                    memory_label(*trainer), mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
       }
       std::fflush(stdout);
     }
-    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(trainer->save(c.save));
+    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(save_state(*trainer, c.save));
   }
-  if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
+  if (!c.save.empty()) SP_RETURN_IF_ERROR(save_state(*trainer, c.save));
   if (lead && !c.dump_dir.empty()) SP_RETURN_IF_ERROR(write_record(c.dump_dir, o, record));
   std::vector<float> final_weights;
   if (!c.export_dir.empty()) {  // every rank
@@ -236,8 +275,18 @@ int run_train(const TrainCliOptions& c) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
   model::set_blas_threads(world || ranks == 1 ? threads : 1);
-  const Status s = world ? train_rank(*world, c, options.value(), threads)
-                         : run_local_ranks(ranks, [&](Communicator& comm) { return train_rank(comm, c, options.value(), threads); });
+  const bool gpu = c.device == "cuda";
+  const auto rank_fn = [&](Communicator& comm) -> Status {
+#ifdef SEQPAR_HAVE_CUDA
+    if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads);
+#endif
+    return train_rank<Trainer>(comm, c, options.value(), threads);
+  };
+  if (gpu && world) {
+    std::fprintf(stderr, "seqpar train: error: GPU training under mpirun is not built yet (thread ranks share GPU 0)\n");
+    return 2;
+  }
+  const Status s = world ? rank_fn(*world) : run_local_ranks(ranks, rank_fn);
   if (!s.ok()) {
     std::fprintf(stderr, "seqpar train: error: %s\n", s.to_string().c_str());
     if (world) world->abort(s.message());
@@ -298,7 +347,13 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "record the run here (config, starting weights, every batch, the first step's gradient, losses) "
                   "for bench/hf_llama_check.py");
   cmd->add_flag("--json", o.json, "print one JSON line per step in place of the text line");
-  cmd->add_option("--device", o.device, "cpu (GPU training is not built yet)")->capture_default_str();
+  cmd->add_option("--device", o.device,
+                  "cpu, or cuda: bf16 on GPU 0 (more --ranks share it as threads); no ZeRO, data-parallel groups "
+                  "or checkpoint files there yet")
+      ->capture_default_str();
+  cmd->add_option("--lm-head-chunk", o.lm_head_chunk,
+                  "cuda: rows of logits the fused LM head + loss makes at once (0: all rows, an unfused head)")
+      ->capture_default_str();
   cmd->callback([&o, exit_code] { *exit_code = run_train(o); });
 }
 

@@ -38,6 +38,7 @@ struct TrainCliOptions {
   std::string dump_dir;    // the run's record for comparing with another implementation
   bool json = false;
   std::string device = "cpu";
+  int64_t lm_head_chunk = 1024;
 };
 
 void add_train_command(CLI::App& app, TrainCliOptions& options, int* exit_code);

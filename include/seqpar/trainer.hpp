@@ -38,6 +38,7 @@ struct TrainOptions {
   Checkpointing checkpointing = Checkpointing::kNone;
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
+  int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
 };
 
 struct StepReport {

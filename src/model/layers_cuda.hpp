@@ -17,6 +17,9 @@ using bf16_t = uint16_t;
 // y[rows, out] (bf16) = x[rows, in] w[out, in]^T.
 Status linear_forward(const bf16_t* x, const bf16_t* w, bf16_t* y, int64_t rows, int64_t in, int64_t out,
                       void* stream);
+// y[rows, out] (fp32) += x w^T: a product added into the residual stream.
+Status linear_forward_add(const bf16_t* x, const bf16_t* w, float* y, int64_t rows, int64_t in, int64_t out,
+                          void* stream);
 // dx[rows, in] (fp32) = (or += with accumulate_dx) dy w; dw[out, in] (fp32) += dy^T x. dy bf16.
 Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
                        int64_t in, int64_t out, bool accumulate_dx, void* stream);
@@ -57,5 +60,13 @@ Status lm_head_loss_backward(const bf16_t* x, const bf16_t* w, const int32_t* ta
 // fp32 <-> bf16 copies (weights' compute copies, activations into products).
 Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream);
 Status to_f32(const bf16_t* x, float* y, int64_t n, void* stream);
+
+// AdamW on n elements (optimizer.hpp's arithmetic, in fp32): params, m, v updated from grads
+// scaled by `clip`; the bf16 copy of the params refreshed (may be null).
+Status adamw_update(float* params, bf16_t* params_bf16, const float* grads, float* m, float* v, int64_t n, double lr,
+                    double beta1, double beta2, double eps, double weight_decay, double clip, double c1, double c2,
+                    void* stream);
+// sum of x^2 over n elements into *out (device fp64 accumulator, zeroed by the caller).
+Status sum_of_squares(const float* x, int64_t n, double* out, void* stream);
 
 }  // namespace seqpar::model::cuda

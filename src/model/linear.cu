@@ -31,6 +31,11 @@ Status linear_forward(const bf16_t* x, const bf16_t* w, bf16_t* y, int64_t rows,
   return gemm_bf16(false, true, rows, out, in, 1.0f, x, w, 0.0f, y, CUDA_R_16BF, stream);
 }
 
+Status linear_forward_add(const bf16_t* x, const bf16_t* w, float* y, int64_t rows, int64_t in, int64_t out,
+                          void* stream) {
+  return gemm_bf16(false, true, rows, out, in, 1.0f, x, w, 1.0f, y, CUDA_R_32F, stream);
+}
+
 Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
                        int64_t in, int64_t out, bool accumulate_dx, void* stream) {
   if (dx) SP_RETURN_IF_ERROR(gemm_bf16(false, false, rows, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx,
