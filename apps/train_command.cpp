@@ -262,7 +262,8 @@ int run_train(const TrainCliOptions& c) {
     }
     world = std::move(comm).value();
   }
-  const int ranks = world ? world->size() : c.ranks;
+  // On a GPU one rank is the default: more thread ranks share the one GPU (for testing schedules).
+  const int ranks = world ? world->size() : (c.device == "cuda" && !c.ranks_given ? 1 : c.ranks);
   if (!world && (ranks < 1 || ranks > 256)) {
     std::fprintf(stderr, "seqpar train: error: --ranks must be between 1 and 256\n");
     return 2;
@@ -313,8 +314,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--seq", o.seq, "tokens per sequence")->capture_default_str();
   cmd->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
   cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  cmd->add_option("--ranks", o.ranks, "sequence-parallel ranks (threads); under mpirun: the process count")
-      ->capture_default_str();
+  CLI::Option* ranks = cmd->add_option("--ranks", o.ranks,
+                                       "sequence-parallel ranks (threads; cuda: default 1, more share GPU 0); under "
+                                       "mpirun: the process count")
+                           ->capture_default_str();
   cmd->add_option("--data-parallel", o.data_parallel,
                   "data-parallel groups: the ranks form this many groups of consecutive ranks, each with its own "
                   "--batch sequences split over its ranks")
@@ -354,7 +357,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--lm-head-chunk", o.lm_head_chunk,
                   "cuda: rows of logits the fused LM head + loss makes at once (0: all rows, an unfused head)")
       ->capture_default_str();
-  cmd->callback([&o, exit_code] { *exit_code = run_train(o); });
+  cmd->callback([&o, exit_code, ranks] {
+    o.ranks_given = ranks->count() > 0;
+    *exit_code = run_train(o);
+  });
 }
 
 }  // namespace seqpar::app

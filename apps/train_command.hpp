@@ -15,8 +15,9 @@ struct TrainCliOptions {
   std::string data = "recall";
   int64_t seq = 256;
   int64_t batch = 32;
-  int64_t steps = 150;
+  int64_t steps = 250;
   int ranks = 2;
+  bool ranks_given = false;  // --ranks on the command line
   int data_parallel = 1;
   int zero = 0;
   std::string algo = "auto";

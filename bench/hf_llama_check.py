@@ -54,7 +54,7 @@ def svg(path, curves, title):
         pts = " ".join(f"{L + (W-L-R) * i / n:.1f},{H - B - (H-B-T) * max(0, v) / top:.1f}" for i, v in enumerate(c))
         dash = " stroke-dasharray='5,3'" if k else ""
         out.append(f"<polyline fill='none' stroke='{colors[k % 2]}' stroke-width='1.5'{dash} points='{pts}'/>")
-        out.append(f"<text x='{W-R-150}' y='{T + 16 * k + 10}' fill='{colors[k % 2]}'>{name}</text>")
+        out.append(f"<text x='{W-R}' y='{T + 16 * k + 10}' text-anchor='end' fill='{colors[k % 2]}'>{name}</text>")
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")

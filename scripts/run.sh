@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh
 args=("$@")
 if ((${#args[@]} == 0)); then
-  args=(train --ranks 2 --seq 256 --batch 32 --steps 150 --plot build/train_loss.svg)
+  args=(train --ranks 2 --seq 256 --batch 32 --steps 250 --plot build/train_loss.svg)
 fi
 exec ./build/seqpar "${args[@]}"
