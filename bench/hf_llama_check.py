@@ -6,6 +6,12 @@ then cosine to a floor). fp32 throughout, TF32 off, eager attention. Prints a ta
 line; with --plot, an SVG of both loss curves.
 
     python3 bench/hf_llama_check.py DIR [--device cuda|cpu] [--plot curves.svg]
+    python3 bench/hf_llama_check.py DIR --bf16-rule    # DIR from `seqpar train --device cuda --dump`
+
+With --bf16-rule (a bf16 run of ours): the first step's loss and every gradient tensor, against
+transformers in fp32 as the reference, must be within 2x the error of transformers run plainly
+in bf16 on the same weights and batch (CONVENTIONS.md's rule; max |error| / max |reference| per
+tensor); the loss curve is not compared (ours keeps fp32 master weights, plain bf16 does not).
 """
 import argparse
 import json
@@ -60,12 +66,46 @@ def svg(path, curves, title):
         f.write("\n".join(out) + "\n")
 
 
+def max_rel(a, b):
+    return (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-30)
+
+
+def bf16_rule(args, config, weights, inputs, targets, run, ours_grad, ref_loss, ref_params):
+    plain = LlamaForCausalLM(config).to(args.device, torch.bfloat16)
+    plain.load_state_dict({k: v.to(torch.bfloat16) for k, v in weights.items()}, strict=False)
+    if config.tie_word_embeddings:
+        plain.tie_weights()
+    loss = loss_of(plain, inputs, targets)
+    loss.backward()
+    plain_params = dict(plain.named_parameters())
+    rows, ok = [], True
+    for name in ours_grad:
+        ref = ref_params[name].grad
+        e_ours, e_plain = max_rel(ours_grad[name], ref), max_rel(plain_params[name].grad, ref)
+        passed = e_ours <= 2 * e_plain
+        ok = ok and passed
+        rows.append((name, e_ours, e_plain, passed))
+    l_ours, l_plain = abs(run["losses"][0] - ref_loss) / abs(ref_loss), abs(loss.item() - ref_loss) / abs(ref_loss)
+    ok = ok and l_ours <= 2 * l_plain + 1e-7
+    print(f"bf16 rule, step 0: loss error ours {l_ours:.2e}, plain bf16 {l_plain:.2e}")
+    print("| tensor | ours max err / max ref | plain bf16 | within 2x |")
+    print("|---|---|---|---|")
+    for name, a, b, p in rows:
+        print(f"| {name} | {a:.2e} | {b:.2e} | {'yes' if p else 'NO'} |")
+    print(f"bf16 rule: {'PASS' if ok else 'FAIL'}")
+    print(json.dumps({"kind": "hf_llama_bf16_rule", "dir": args.dir, "label": args.label, "seq": run["seq"],
+                      "loss_err_ours": l_ours, "loss_err_plain": l_plain, "passed": ok,
+                      "tensors": [{"name": n, "ours": a, "plain": b} for n, a, b, _ in rows]}))
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dir")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--plot", default="")
     ap.add_argument("--label", default="")
+    ap.add_argument("--bf16-rule", action="store_true")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -100,6 +140,9 @@ def main():
     print(f"step 0 loss: ours {run['losses'][0]:.8f}  transformers {loss0:.8f}  relative {loss_err:.2e}")
     print(f"gradients, |ours - transformers| / |transformers| per tensor: worst {grad_err[worst]:.2e} ({worst}), "
           f"median {sorted(grad_err.values())[len(grad_err) // 2]:.2e}")
+
+    if args.bf16_rule:
+        return bf16_rule(args, config, weights, inputs, targets, run, ours_grad, loss0, names)
 
     # The run: torch AdamW as ours (decay on matrices), the same schedule, clipping, batches.
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]

@@ -38,7 +38,16 @@ struct Buf {
 struct Acts {
   Buf<float> x_in, rstd1, lse, x_mid, rstd2;
   Buf<Half> h1, q, k, v, o, h2, g, u;
+  Buf<Half> o_late;      // sequence policy: O of the shard's second half
+  Buf<float> lse_late;   // and its LSE
 };
+
+// `height` rows of `width` bytes from src (rows `spitch` apart) to dst (`dpitch` apart).
+Status copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, cudaStream_t s) {
+  if (width == 0 || height == 0) return Status::Ok();
+  SP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, s));
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -48,6 +57,7 @@ struct GpuTrainer::Impl {
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<AttentionBackend> backend;
   std::unique_ptr<AttentionPlan> plan;
+  std::unique_ptr<AttentionPlan> early_plan;  // sequence policy: the sequence's first half
   GpuWorkspace ws;
   cudaStream_t s = nullptr;
   int device = 0;
@@ -80,7 +90,37 @@ struct GpuTrainer::Impl {
     return TensorView::contiguous(p, DType::kF32, shape, Device{DeviceKind::kCuda, device});
   }
 
-  enum class Attn { kRun, kKept };
+  enum class Attn { kRun, kKept, kFirstHalf };
+
+  // Sequence policy (BurstEngine's): the attention of the shard's first half alone (under the
+  // striped layout, the sequence's first half, which sees no key beyond it) into a.o and a.lse,
+  // the second half from a.o_late and a.lse_late.
+  Status first_half_attention(Acts& a) {
+    const int64_t half = S / 2, late = S - half;
+    const size_t q_row = size_t(H * D) * 2, kv_row = size_t(Hkv * D) * 2;
+    SP_ASSIGN_OR_RETURN(Buf<Half> q, Buf<Half>::make(B * half * H * D));
+    SP_ASSIGN_OR_RETURN(Buf<Half> k, Buf<Half>::make(B * half * Hkv * D));
+    SP_ASSIGN_OR_RETURN(Buf<Half> v, Buf<Half>::make(B * half * Hkv * D));
+    SP_ASSIGN_OR_RETURN(Buf<Half> oh, Buf<Half>::make(B * half * H * D));
+    SP_ASSIGN_OR_RETURN(Buf<float> lh, Buf<float>::make(B * H * half));
+    SP_RETURN_IF_ERROR(copy_rows(q.p(), half * q_row, a.q.p(), S * q_row, half * q_row, size_t(B), s));
+    SP_RETURN_IF_ERROR(copy_rows(k.p(), half * kv_row, a.k.p(), S * kv_row, half * kv_row, size_t(B), s));
+    SP_RETURN_IF_ERROR(copy_rows(v.p(), half * kv_row, a.v.p(), S * kv_row, half * kv_row, size_t(B), s));
+    const ShardTensors t{view(q.p(), {B, half, H, D}), view(k.p(), {B, half, Hkv, D}), view(v.p(), {B, half, Hkv, D}),
+                         view(oh.p(), {B, half, H, D}), view(lh.p(), {B, H, half}),    {}, {}, {}, {}};
+    SP_RETURN_IF_ERROR(run_forward_gpu(comm, *early_plan, t, ws, s));
+    SP_ASSIGN_OR_RETURN(a.o, Buf<Half>::make(rows * H * D));
+    SP_ASSIGN_OR_RETURN(a.lse, Buf<float>::make(B * H * S));
+    char* o = reinterpret_cast<char*>(a.o.p());
+    SP_RETURN_IF_ERROR(copy_rows(o, S * q_row, oh.p(), half * q_row, half * q_row, size_t(B), s));
+    SP_RETURN_IF_ERROR(copy_rows(o + half * q_row, S * q_row, a.o_late.p(), late * q_row, late * q_row, size_t(B), s));
+    char* l = reinterpret_cast<char*>(a.lse.p());
+    SP_RETURN_IF_ERROR(copy_rows(l, S * 4, lh.p(), half * 4, half * 4, size_t(B * H), s));
+    SP_RETURN_IF_ERROR(copy_rows(l + half * 4, S * 4, a.lse_late.p(), late * 4, late * 4, size_t(B * H), s));
+    SP_RETURN_IF_ERROR(stream_synchronize(s));  // the halves' buffers go at the end of this scope
+    a.o_late = {}, a.lse_late = {};
+    return Status::Ok();
+  }
   Status layer_forward(int64_t l, Acts& a, Buf<float>& x_out, Attn attention) {
     void* st = s;
     SP_ASSIGN_OR_RETURN(a.h1, Buf<Half>::make(rows * hid));
@@ -94,6 +134,7 @@ struct GpuTrainer::Impl {
     SP_RETURN_IF_ERROR(cu::linear_forward(a.h1.p(), w(at(l, 3)), a.v.p(), rows, hid, Hkv * D, st));
     SP_RETURN_IF_ERROR(cu::rope_apply(a.q.p(), positions.p(), B, S, H, D, o.model.rope_theta, false, st));
     SP_RETURN_IF_ERROR(cu::rope_apply(a.k.p(), positions.p(), B, S, Hkv, D, o.model.rope_theta, false, st));
+    if (attention == Attn::kFirstHalf) SP_RETURN_IF_ERROR(first_half_attention(a));
     if (attention == Attn::kRun) {
       SP_ASSIGN_OR_RETURN(a.o, Buf<Half>::make(rows * H * D));
       SP_ASSIGN_OR_RETURN(a.lse, Buf<float>::make(B * H * S));
@@ -161,12 +202,24 @@ struct GpuTrainer::Impl {
   // it before they go (cudaFree does not wait for a non-blocking stream).
   Status stream_order_frees() { return stream_synchronize(s); }
 
-  void keep_for_policy(Acts& a) const {
-    if (o.checkpointing == Checkpointing::kNone) return;
+  Status keep_for_policy(Acts& a) {
+    if (o.checkpointing == Checkpointing::kNone) return Status::Ok();
     Acts kept;
     kept.x_in = std::move(a.x_in);
     if (o.checkpointing == Checkpointing::kAttention) kept.o = std::move(a.o), kept.lse = std::move(a.lse);
+    if (o.checkpointing == Checkpointing::kSequence) {  // the second half of O and LSE
+      const int64_t half = S / 2, late = S - half;
+      const size_t q_row = size_t(H * D) * 2;
+      SP_ASSIGN_OR_RETURN(kept.o_late, Buf<Half>::make(B * late * H * D));
+      SP_ASSIGN_OR_RETURN(kept.lse_late, Buf<float>::make(B * H * late));
+      SP_RETURN_IF_ERROR(copy_rows(kept.o_late.p(), late * q_row, reinterpret_cast<char*>(a.o.p()) + half * q_row,
+                                   S * q_row, late * q_row, size_t(B), s));
+      SP_RETURN_IF_ERROR(copy_rows(kept.lse_late.p(), late * 4, reinterpret_cast<char*>(a.lse.p()) + half * 4, S * 4,
+                                   late * 4, size_t(B * H), s));
+      SP_RETURN_IF_ERROR(stream_synchronize(s));  // before a.o and a.lse go
+    }
     a = std::move(kept);
+    return Status::Ok();
   }
 
   Status forward_backward(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets, double scale,
@@ -184,7 +237,7 @@ struct GpuTrainer::Impl {
       a.x_in = std::move(x);
       SP_ASSIGN_OR_RETURN(x, Buf<float>::make(rows * hid));
       SP_RETURN_IF_ERROR(layer_forward(l, a, x, Attn::kRun));
-      keep_for_policy(a);
+      SP_RETURN_IF_ERROR(keep_for_policy(a));
     }
     SP_ASSIGN_OR_RETURN(Buf<Half> hf, Buf<Half>::make(rows * hid));
     SP_ASSIGN_OR_RETURN(Buf<float> rstd_f, Buf<float>::make(rows));
@@ -204,7 +257,10 @@ struct GpuTrainer::Impl {
       for (int64_t l = o.model.layers - 1; l >= 0; --l) {
         Acts& a = kept[size_t(l)];
         if (o.checkpointing != Checkpointing::kNone)  // recompute what the policy dropped
-          SP_RETURN_IF_ERROR(layer_forward(l, a, x, o.checkpointing == Checkpointing::kAttention ? Attn::kKept : Attn::kRun));
+          SP_RETURN_IF_ERROR(layer_forward(l, a, x,
+                                           o.checkpointing == Checkpointing::kAttention  ? Attn::kKept
+                                           : o.checkpointing == Checkpointing::kSequence ? Attn::kFirstHalf
+                                                                                         : Attn::kRun));
         SP_RETURN_IF_ERROR(layer_backward(l, a, dx));
         a = {};
       }
@@ -228,8 +284,6 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
   SP_CHECK_SUPPORTED(cuda_device_count() > 0, "GPU training needs a CUDA GPU; none is visible");
   SP_CHECK_SUPPORTED(options.data_parallel == 1 && options.zero_stage == 0,
                      "GPU training has no data-parallel groups or ZeRO yet (the CPU trainer has both)");
-  SP_CHECK_SUPPORTED(options.checkpointing != Checkpointing::kSequence,
-                     "GPU training takes the checkpointing policies none, full and attention so far");
   SP_CHECK_ARG(options.lm_head_chunk >= 0, "the LM head's chunk must not be negative (0: all rows at once)");
   auto impl = std::make_unique<Impl>(options, comm);
   Impl& I = *impl;
@@ -254,6 +308,19 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
                       plan_attention(PlanOptions(options.algorithm, Topology{options.ranks_per_node}), layout, params,
                                      block_bytes_for(q_like, k_like, *I.backend), comm.rank(), *I.backend));
   I.plan = std::make_unique<AttentionPlan>(std::move(plan));
+  if (options.checkpointing == Checkpointing::kSequence) {  // as the CPU model (transformer.cpp)
+    const int P = layout.ranks();
+    SP_CHECK_SUPPORTED(layout.kind() == LayoutKind::kStriped && layout.seq_len() % (2 * P) == 0,
+                       "sequence-level checkpointing needs the striped layout with the sequence a multiple of twice "
+                       "the ranks (" + std::to_string(2 * P) + ")");
+    SP_ASSIGN_OR_RETURN(const Layout early, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
+    const TensorView qh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.H, I.D});
+    const TensorView kh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.Hkv, I.D});
+    SP_ASSIGN_OR_RETURN(AttentionPlan p, plan_attention(PlanOptions(options.algorithm, Topology{options.ranks_per_node}),
+                                                        early, params, block_bytes_for(qh, kh, *I.backend), comm.rank(),
+                                                        *I.backend));
+    I.early_plan = std::make_unique<AttentionPlan>(std::move(p));
+  }
   I.table = parameter_table(c);
   I.count = parameter_count(c);
   std::vector<float> init(size_t(I.count));
