@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_option("--variants", variants, "kernel variants: one_stage (one tile stage), pipelined (two)")
       ->delimiter(',')
       ->check(CLI::IsMember({"one_stage", "pipelined"}));
+  std::vector<int64_t> spans{0};
+  app.add_option("--chunks-per-span", spans, "chunks a span sweeps (0: the kernel's own choice); each value is timed")
+      ->delimiter(',');
   app.add_option("--heads", heads, "heads (query = K/V)")->check(CLI::Range(1, 256));
   app.add_option("--dim", dim, "d_k = d_v: 64 or 128")->check(CLI::IsMember({64, 128}));
   app.add_option("--iters", iters, "timed iterations (median)")->check(CLI::PositiveNumber);
@@ -137,8 +140,11 @@ int main(int argc, char** argv) {
     (void)cudaGetLastError();  // a failed allocation above is reported here, not by the next launch
     if (backward_fits)
       seqpar::bench::fill_uniform_bf16<<<1024, 256>>>(static_cast<uint16_t*>(dout->view.data), size_t(row_bytes / 2), seed++);
-    for (const std::string& variant : variants) {
-      options.pipelined = variant == "pipelined";
+    for (const std::string& kernel : variants)
+    for (const int64_t cps : spans) {
+      options.pipelined = kernel == "pipelined";
+      options.chunks_per_span = cps;
+      const std::string variant = cps > 0 ? kernel + "_cps" + std::to_string(cps) : kernel;
       auto fwd = [&] {
         return seqpar::linear_attention_forward_cuda(q->view, k->view, v->view, {}, params, o->view, state->view,
                                                      options);
