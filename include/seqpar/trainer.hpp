@@ -41,6 +41,10 @@ struct TrainOptions {
   int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
 };
 
+// The options checked (model, optimizer, batch and steps) and their data source opened, its
+// tokens within the model's vocabulary.
+StatusOr<std::unique_ptr<TrainingData>> open_training_data(const TrainOptions& options);
+
 struct StepReport {
   int64_t step = 0;           // 0-based, the step just taken
   double loss = 0;            // mean over the batch's counted targets, every rank

@@ -279,8 +279,6 @@ GpuTrainer::GpuTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuTrainer::~GpuTrainer() = default;
 
 StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& options, Communicator& comm) {
-  SP_RETURN_IF_ERROR(options.model.validate());
-  SP_RETURN_IF_ERROR(validate_adamw(options.optimizer));
   SP_CHECK_SUPPORTED(cuda_device_count() > 0, "GPU training needs a CUDA GPU; none is visible");
   SP_CHECK_SUPPORTED(options.data_parallel == 1 && options.zero_stage == 0,
                      "GPU training has no data-parallel groups or ZeRO yet (the CPU trainer has both)");
@@ -290,10 +288,7 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
   SP_CUDA_CHECK(cudaGetDevice(&I.device));
   reset_device_memory_peak(I.device);
   SP_CUDA_CHECK(cudaStreamCreateWithFlags(&I.s, cudaStreamNonBlocking));
-  SP_ASSIGN_OR_RETURN(I.data, make_training_data(options.data, options.seq, options.seed));
-  SP_CHECK_ARG(I.data->vocab() <= options.model.vocab,
-               I.data->describe() + " has tokens up to " + std::to_string(I.data->vocab() - 1) +
-                   ", beyond the model's vocabulary of " + std::to_string(options.model.vocab) + " (raise --vocab)");
+  SP_ASSIGN_OR_RETURN(I.data, open_training_data(options));
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, comm.size()));
   const ModelConfig& c = options.model;
   I.B = options.batch, I.S = layout.local_len(comm.rank()), I.rows = I.B * I.S;

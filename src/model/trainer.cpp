@@ -111,13 +111,21 @@ struct Trainer::Impl {
   }
 };
 
+StatusOr<std::unique_ptr<TrainingData>> open_training_data(const TrainOptions& options) {
+  SP_RETURN_IF_ERROR(options.model.validate());
+  SP_RETURN_IF_ERROR(validate_adamw(options.optimizer));
+  SP_CHECK_ARG(options.batch >= 1 && options.steps >= 1, "the batch and the steps must be positive");
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data, make_training_data(options.data, options.seq, options.seed));
+  SP_CHECK_ARG(data->vocab() <= options.model.vocab,
+               data->describe() + " has tokens up to " + std::to_string(data->vocab() - 1) +
+                   ", beyond the model's vocabulary of " + std::to_string(options.model.vocab) + " (raise --vocab)");
+  return data;
+}
+
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, Communicator& comm) {
-  SP_RETURN_IF_ERROR(options.model.validate());
-  SP_RETURN_IF_ERROR(validate_adamw(options.optimizer));
-  SP_CHECK_ARG(options.batch >= 1 && options.steps >= 1, "the batch and the steps must be positive");
   const int W = comm.size(), G = options.data_parallel;
   SP_CHECK_ARG(G >= 1 && W % G == 0, "the " + std::to_string(W) + " ranks cannot form " + std::to_string(G) +
                                          " equal data-parallel groups");
@@ -126,10 +134,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   auto impl = std::make_unique<Impl>(options, comm);
   const int T = W / G;
   SP_ASSIGN_OR_RETURN(impl->group, comm.split(comm.rank() / T, comm.rank()));
-  SP_ASSIGN_OR_RETURN(impl->data, make_training_data(options.data, options.seq, options.seed));
-  SP_CHECK_ARG(impl->data->vocab() <= options.model.vocab,
-               impl->data->describe() + " has tokens up to " + std::to_string(impl->data->vocab() - 1) +
-                   ", beyond the model's vocabulary of " + std::to_string(options.model.vocab) + " (raise --vocab)");
+  SP_ASSIGN_OR_RETURN(impl->data, open_training_data(options));
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
   SP_ASSIGN_OR_RETURN(impl->model, Transformer<float>::create(options.model, options.checkpointing,
                                                               PlanOptions(options.algorithm, Topology{options.ranks_per_node}),
