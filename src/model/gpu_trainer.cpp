@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "core/cuda_check.hpp"
 #include "model/layers_cuda.hpp"
@@ -20,16 +21,64 @@ namespace {
 namespace cu = model::cuda;
 using Half = model::cuda::bf16_t;  // bf16 storage
 
-// A typed device array.
+// Device buffers kept for reuse while a trainer steps: a step asks for the same sizes in every
+// layer and every step, so after the first step nothing is allocated or freed (cudaFree waits for
+// the whole device). Reuse needs no synchronisation: every user is on the trainer's one stream.
+class BufferPool {
+ public:
+  StatusOr<DeviceBuffer> take(size_t bytes) {
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= bytes + bytes / 8) {  // at most an eighth to spare
+      DeviceBuffer b = std::move(it->second);
+      free_.erase(it);
+      return b;
+    }
+    return DeviceBuffer::allocate(bytes);
+  }
+  void give(DeviceBuffer b) {
+    if (b.data()) free_.emplace(b.bytes(), std::move(b));
+  }
+
+ private:
+  std::multimap<size_t, DeviceBuffer> free_;
+};
+// The pool of the trainer stepping on this thread (a rank is a thread); none: plain allocations.
+thread_local BufferPool* current_pool = nullptr;
+
+// A typed device array, returned to the pool it came from when it goes.
 template <class T>
 struct Buf {
   DeviceBuffer b;
   int64_t n = 0;
+  BufferPool* pool = nullptr;
+
+  Buf() = default;
+  Buf(Buf&& other) noexcept : b(std::move(other.b)), n(other.n), pool(other.pool) { other.pool = nullptr; }
+  Buf& operator=(Buf&& other) noexcept {
+    if (this != &other) {
+      release();
+      b = std::move(other.b), n = other.n, pool = other.pool;
+      other.pool = nullptr;
+    }
+    return *this;
+  }
+  ~Buf() { release(); }
+  void release() {
+    if (pool) pool->give(std::move(b));
+    b = DeviceBuffer();
+    pool = nullptr;
+  }
   T* p() const { return static_cast<T*>(b.data()); }
   static StatusOr<Buf> make(int64_t count) {
     Buf x;
     x.n = count;
-    SP_ASSIGN_OR_RETURN(x.b, DeviceBuffer::allocate(size_t(std::max<int64_t>(1, count)) * sizeof(T)));
+    const size_t bytes = size_t(std::max<int64_t>(1, count)) * sizeof(T);
+    if (current_pool) {
+      SP_ASSIGN_OR_RETURN(x.b, current_pool->take(bytes));
+      x.pool = current_pool;
+    } else {
+      SP_ASSIGN_OR_RETURN(x.b, DeviceBuffer::allocate(bytes));
+    }
     return x;
   }
 };
@@ -52,6 +101,7 @@ Status copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_
 }  // namespace
 
 struct GpuTrainer::Impl {
+  BufferPool pool;  // first: destroyed after every buffer that returns to it
   TrainOptions o;
   Communicator& comm;
   std::unique_ptr<TrainingData> data;
@@ -117,8 +167,7 @@ struct GpuTrainer::Impl {
     char* l = reinterpret_cast<char*>(a.lse.p());
     SP_RETURN_IF_ERROR(copy_rows(l, S * 4, lh.p(), half * 4, half * 4, size_t(B * H), s));
     SP_RETURN_IF_ERROR(copy_rows(l + half * 4, S * 4, a.lse_late.p(), late * 4, late * 4, size_t(B * H), s));
-    SP_RETURN_IF_ERROR(stream_synchronize(s));  // the halves' buffers go at the end of this scope
-    a.o_late = {}, a.lse_late = {};
+    a.o_late = {}, a.lse_late = {};  // back to the pool: reuse comes later on this stream
     return Status::Ok();
   }
   Status layer_forward(int64_t l, Acts& a, Buf<float>& x_out, Attn attention) {
@@ -156,7 +205,7 @@ struct GpuTrainer::Impl {
     SP_RETURN_IF_ERROR(cu::swiglu_forward(a.g.p(), a.u.p(), act.p(), rows * F, st));
     SP_CUDA_CHECK(cudaMemcpyAsync(x_out.p(), a.x_mid.p(), size_t(rows * hid) * 4, cudaMemcpyDeviceToDevice, s));
     SP_RETURN_IF_ERROR(cu::linear_forward_add(act.p(), w(at(l, 8)), x_out.p(), rows, F, hid, st));
-    return stream_order_frees();
+    return Status::Ok();
   }
 
   // dx: the gradient at the layer's output in, at its input out (fp32).
@@ -195,12 +244,8 @@ struct GpuTrainer::Impl {
     SP_RETURN_IF_ERROR(cu::linear_backward(a.h1.p(), w(at(l, 2)), dk.p(), dh.p(), dw(at(l, 2)), rows, hid, Hkv * D, true, st));
     SP_RETURN_IF_ERROR(cu::linear_backward(a.h1.p(), w(at(l, 3)), dv.p(), dh.p(), dw(at(l, 3)), rows, hid, Hkv * D, true, st));
     SP_RETURN_IF_ERROR(cu::rmsnorm_backward(a.x_in.p(), w(at(l, 0)), a.rstd1.p(), dh.p(), dx.p(), dw(at(l, 0)), rows, hid, st));
-    return stream_order_frees();
+    return Status::Ok();
   }
-
-  // Buffers freed at the end of a scope may still be read by work queued on the stream: wait for
-  // it before they go (cudaFree does not wait for a non-blocking stream).
-  Status stream_order_frees() { return stream_synchronize(s); }
 
   Status keep_for_policy(Acts& a) {
     if (o.checkpointing == Checkpointing::kNone) return Status::Ok();
@@ -216,7 +261,6 @@ struct GpuTrainer::Impl {
                                    S * q_row, late * q_row, size_t(B), s));
       SP_RETURN_IF_ERROR(copy_rows(kept.lse_late.p(), late * 4, reinterpret_cast<char*>(a.lse.p()) + half * 4, S * 4,
                                    late * 4, size_t(B * H), s));
-      SP_RETURN_IF_ERROR(stream_synchronize(s));  // before a.o and a.lse go
     }
     a = std::move(kept);
     return Status::Ok();
@@ -346,6 +390,10 @@ Status GpuTrainer::set_parameters(const std::vector<float>& params) {
 Status GpuTrainer::step(StepReport* report) {
   Impl& I = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
+  struct PoolScope {  // this step's buffers come from (and go back to) the trainer's pool
+    explicit PoolScope(BufferPool* p) { current_pool = p; }
+    ~PoolScope() { current_pool = nullptr; }
+  } pool_scope(&I.pool);
   I.last_inputs.assign(size_t(I.o.batch), {});
   I.last_targets.assign(size_t(I.o.batch), {});
   double counted = 0;
