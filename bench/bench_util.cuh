@@ -1,4 +1,5 @@
-// Pieces the GPU benchmarks share: uniform random bf16 inputs in [-1, 1) and the median.
+// Pieces the GPU benchmarks share: uniform random bf16 inputs in [-1, 1), the median, and the
+// CUDA-event-timed median of a call.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -6,7 +7,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <vector>
+
+#include "seqpar/status.hpp"
 
 namespace seqpar::bench {
 
@@ -25,6 +30,33 @@ __global__ inline void fill_uniform_bf16(uint16_t* x, size_t n, uint64_t seed) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The median over `iters` calls of fn, in ms by CUDA events on the legacy stream, after `warmup`
+// untimed calls; a failing call prints its error and clears *ok.
+inline double event_median_ms(const std::function<Status()>& fn, int warmup, int iters, bool* ok) {
+  for (int i = 0; i < warmup; ++i)
+    if (!fn().ok()) *ok = false;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(start);
+    const Status s = fn();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+      *ok = false;
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(times);
 }
 
 }  // namespace seqpar::bench

@@ -18,30 +18,6 @@
 
 namespace {
 
-double median_seconds(const std::function<seqpar::Status()>& fn, int warmup, int iters, bool* ok) {
-  for (int i = 0; i < warmup; ++i)
-    if (!fn().ok()) *ok = false;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(start);
-    const seqpar::Status s = fn();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    if (!s.ok()) {
-      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-      *ok = false;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms / 1e3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return seqpar::bench::median(times);
-}
 
 }  // namespace
 
@@ -116,8 +92,8 @@ int main(int argc, char** argv) {
       };
       const int iters = S > 65536 ? 3 : 10, warmup = 2;
       bool ok = true;
-      const double tf = median_seconds(fwd, warmup, iters, &ok);
-      const double tfb = median_seconds(fwd_bwd, warmup, iters, &ok);
+      const double tf = seqpar::bench::event_median_ms(fwd, warmup, iters, &ok) / 1e3;
+      const double tfb = seqpar::bench::event_median_ms(fwd_bwd, warmup, iters, &ok) / 1e3;
       if (!ok) ++failures;
       const double flops = 4.0 * S * double(S) * heads * head_dim * (mask_name == "causal" ? 0.5 : 1.0);
       std::printf("%-8s %-7s %8ld %10.2f %10.1f %14.2f %12.1f\n", backend.c_str(), mask_name.c_str(), long(S),

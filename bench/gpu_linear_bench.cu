@@ -26,30 +26,6 @@ namespace {
 using seqpar::DType;
 using seqpar::Status;
 
-double median_ms(const std::function<Status()>& fn, int warmup, int iters, bool* ok) {
-  for (int i = 0; i < warmup; ++i)
-    if (!fn().ok()) *ok = false;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(start);
-    const Status s = fn();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    if (!s.ok()) {
-      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-      *ok = false;
-    }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return seqpar::bench::median(times);
-}
 
 // max |gpu - cpu| / max |cpu| of o for the given inputs (CPU fp32 chunked kernel as the check).
 double check_against_cpu(const seqpar::TensorView& q, const seqpar::TensorView& k, const seqpar::TensorView& v,
@@ -158,7 +134,7 @@ int main(int argc, char** argv) {
                          {"max_rel_error_vs_cpu_fp32", rel}, {"ok", ok}};
         std::printf("%s\n", j.dump().c_str());
       }
-      const double tf = median_ms(fwd, warmup, iters, &ok);
+      const double tf = seqpar::bench::event_median_ms(fwd, warmup, iters, &ok);
       nlohmann::json j{{"kind", "seqpar_linear"}, {"variant", variant}, {"seq", N}, {"heads", heads}, {"dim", dim},
                        {"fwd_ms", tf}, {"fwd_tflops", fwd_flops / tf / 1e9},
                        {"fwd_GBps", 4 * row_bytes / tf / 1e6}, {"tokens_per_s_fwd", N / tf * 1e3}};
@@ -170,7 +146,7 @@ int main(int argc, char** argv) {
           return seqpar::linear_attention_backward_cuda(q->view, k->view, v->view, {}, dout->view, {}, params,
                                                         dq->view, dk->view, dv->view, {}, options);
         };
-        tfb = median_ms(fwd_bwd, warmup, iters, &ok);
+        tfb = seqpar::bench::event_median_ms(fwd_bwd, warmup, iters, &ok);
         j["fwdbwd_ms"] = tfb;
         j["fwdbwd_tflops"] = 3 * fwd_flops / tfb / 1e9;
         j["fwdbwd_GBps"] = 11 * row_bytes / tfb / 1e6;  // fwd: q k v o; bwd: q k v dO dq dk dv

@@ -1,6 +1,8 @@
 // The `seqpar` tool end to end: a run that must pass its own oracle check with bytes equal to
 // the formula, JSON fields, .npy dumps, and clear errors with exit code 2 for bad arguments.
 #include <gtest/gtest.h>
+
+#include "cli_test_util.hpp"
 #include <unistd.h>
 
 #include <array>
@@ -14,25 +16,10 @@
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = seqpar::testing::CliResult;
+using seqpar::testing::last_json_line;
 
-Result run_tool(const std::string& args) {
-  const std::string cmd = std::string(SEQPAR_CLI_PATH) + " " + args + " 2>&1";
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), out};
-}
-
-nlohmann::json last_json_line(const std::string& out) {
-  const size_t start = out.rfind("\n{");
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+Result run_tool(const std::string& args) { return seqpar::testing::run_cli(args); }
 
 // A passing --check rows report over `asked` sampled rows (the sampling drops repeats, so at
 // least half of them).

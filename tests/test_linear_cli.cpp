@@ -3,6 +3,8 @@
 // exit code 2 and the reason.
 #include <gtest/gtest.h>
 
+#include "cli_test_util.hpp"
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -11,25 +13,10 @@
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = seqpar::testing::CliResult;
+using seqpar::testing::last_json_line;
 
-Result run_tool(const std::string& args) {
-  const std::string cmd = std::string(SEQPAR_CLI_PATH) + " linear-attn " + args + " 2>&1";
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WEXITSTATUS(status), out};
-}
-
-nlohmann::json last_json_line(const std::string& out) {
-  const size_t start = out.rfind("\n{");
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+Result run_tool(const std::string& args) { return seqpar::testing::run_cli("linear-attn " + args); }
 
 TEST(LinearCli, BothAlgorithmsPassTheOracleWithTheFormulaBytes) {
   for (const char* algo : {"lasp", "lasp2"}) {

@@ -101,6 +101,9 @@ class Communicator {
   // given to set_stream(), on a stream of their own. Host-driven backends (local, mpi) start
   // it at once: the caller synchronises its stream before posting device buffers.
   virtual bool stream_ordered() const { return false; }
+  // Whether device buffers may be sent and received (NCCL; the local communicator copies them
+  // between ranks sharing a GPU); MPI here moves host memory only.
+  virtual bool moves_device_buffers() const { return stream_ordered(); }
   // The ordering stream for the next batches (nullptr is the legacy default stream, a valid
   // stream); clear_stream() makes batches start at once again.
   void set_stream(void* stream) { stream_ = stream, has_stream_ = true; }

@@ -201,6 +201,9 @@ class LocalCommunicator final : public Communicator {
   }
   bool overlaps() const override { return true; }
 
+ public:
+  bool moves_device_buffers() const override { return true; }  // copy_bytes moves them
+
  private:
   std::shared_ptr<LocalWorld> world_;
   int rank_;

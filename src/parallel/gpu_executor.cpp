@@ -131,7 +131,7 @@ class GpuExecutor {
     const Layout& layout = plan_.layout;
     SP_CHECK_ARG(layout.ranks() == comm_.size(), "the plan is for " + std::to_string(layout.ranks()) +
                                                      " ranks but the communicator has " + std::to_string(comm_.size()));
-    SP_CHECK_SUPPORTED(comm_.stream_ordered() || comm_.backend_name() == "local",
+    SP_CHECK_SUPPORTED(comm_.moves_device_buffers(),
                        "the GPU executor moves device buffers: it needs NCCL or the local communicator (thread "
                        "ranks), not " + comm_.backend_name());
     SP_CHECK_ARG(plan_.rank == me_, "the plan is rank " + std::to_string(plan_.rank) + "'s, this is rank " +
