@@ -31,8 +31,8 @@ int print_schedule(const Job& job, const Layout& layout) {
     return 2;
   }
   const int shown = o.print_schedule;
-  auto plan = plan_attention(PlanOptions(o.algo, Topology{o.ranks_per_node}), layout, params_of(job),
-                             cpu_block_bytes(job), shown, cpu_kernel_backend());
+  auto plan = plan_attention(plan_options(job, o.algo), layout, params_of(job), cpu_block_bytes(job), shown,
+                             cpu_kernel_backend());
   if (!plan.ok()) {
     std::fprintf(stderr, "seqpar attn: error: %s\n", plan.status().to_string().c_str());
     return 2;
@@ -43,11 +43,11 @@ int print_schedule(const Job& job, const Layout& layout) {
               job.mask.describe().c_str());
   for (Pass pass : {Pass::kForward, Pass::kBackward}) {
     const std::vector<Step>& steps = plan->schedule.pass(pass);
-    const WalkedBytes w = walk_bytes(steps, shown, layout, plan->block_bytes, topology);
-    const int pairs = count_computes(steps);
-    std::printf("%s: %d pair%s, sends %ld bytes (intra %ld, inter %ld)\n%s",
-                pass == Pass::kForward ? "forward" : "backward", pairs, pairs == 1 ? "" : "s", long(w.total),
-                long(w.by_link[0]), long(w.by_link[1]), describe_steps(steps, topology, shown).c_str());
+    const WalkedBytes w = walk_bytes(steps, shown, layout, plan->block_bytes, topology, plan->schedule.head_parts);
+    std::printf("%s: %.3g shard pairs of all heads, sends %ld bytes (intra %ld, inter %ld)\n%s",
+                pass == Pass::kForward ? "forward" : "backward",
+                compute_work(steps, plan->request, plan->schedule.head_parts), long(w.total), long(w.by_link[0]),
+                long(w.by_link[1]), describe_steps(steps, topology, shown).c_str());
   }
   return 0;
 }
@@ -118,8 +118,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
 
 // Whether the algorithm takes this problem (refused: a bad argument, exit 2).
 Status check_plan(const Job& job, const Layout& layout) {
-  return plan_attention(PlanOptions(job.opt.algo, Topology{job.opt.ranks_per_node}), layout, params_of(job),
-                        cpu_block_bytes(job), 0, cpu_kernel_backend())
+  return plan_attention(plan_options(job, job.opt.algo), layout, params_of(job), cpu_block_bytes(job), 0,
+                        cpu_kernel_backend())
       .status();
 }
 

@@ -21,13 +21,15 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+}  // namespace
+
 PlanOptions plan_options(const Job& job, const std::string& algo) {
   PlanOptions options(algo, Topology{job.opt.ranks_per_node});
   options.head_groups = job.opt.head_groups;
+  options.ulysses = job.opt.ulysses;
+  options.ring_algorithm = job.opt.ring_algo;
   return options;
 }
-
-}  // namespace
 
 BlockBytes cpu_block_bytes(const Job& job) {
   return {job.opt.batch, job.opt.heads, job.kv_heads, job.opt.head_dim, job.dtype, job.dtype, job.dtype, true};

@@ -33,5 +33,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
 
 // How blocks travel between CPU ranks: every tensor in the compute dtype, the pack carries D.
 BlockBytes cpu_block_bytes(const Job& job);
+// The planner's options from the command line, for `algo` (the job's, or "single").
+PlanOptions plan_options(const Job& job, const std::string& algo);
 
 }  // namespace seqpar::app

@@ -107,8 +107,16 @@ Status check_dump_folder(const std::string& dir) {
 void add_attn_options(CLI::App& cmd, AttnOptions& o) {
   std::string algo_help = "one of";
   for (const Algorithm* a : all_algorithms()) algo_help += std::string("\n  ") + a->name + ": " + a->summary;
-  algo_help += "\n  auto: the busiest rank computes the fewest pairs, then sends the fewest bytes";
+  algo_help += "\n  auto: the busiest rank does the least attention work, then sends the fewest bytes";
   cmd.add_option("--algo", o.algo, algo_help)->capture_default_str();
+  cmd.add_option("--ulysses", o.ulysses,
+                 "ulysses-ring: the Ulysses degree u (groups of u consecutive ranks, so nodes of a multiple of u "
+                 "ranks keep the all-to-alls inside a node); 0: the largest the heads allow within a node")
+      ->capture_default_str();
+  cmd.add_option("--ring-algo", o.ring_algo,
+                 "ulysses-ring: the ring-family algorithm across the Ulysses groups (ring, burst, ring-return, "
+                 "burst-return, distflash, double-ring)")
+      ->capture_default_str();
   cmd.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per node (the double ring's inner ring; bytes split intra/inter); 0: one node")
       ->capture_default_str();
@@ -165,6 +173,7 @@ StatusOr<Job> resolve_job(const AttnOptions& opt, bool ranks_given, bool under_m
   SP_CHECK_ARG(opt.algo == "auto" || find_algorithm(opt.algo),
                "unknown algorithm '" + opt.algo + "' (available: " + algorithm_names() + "|auto)");
   SP_CHECK_ARG(opt.ranks_per_node >= 0, "--ranks-per-node must be positive (0: one node)");
+  SP_CHECK_ARG(opt.ulysses >= 0, "--ulysses must be positive (0: the largest the heads allow)");
   SP_CHECK_ARG(opt.device == "cpu" || opt.device == "cuda", "unknown device '" + opt.device + "' (available: cpu, cuda)");
   job.on_gpu = opt.device == "cuda";
   if (job.on_gpu) {

@@ -99,12 +99,27 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
   nlohmann::ordered_json sent_fwd = nlohmann::json::array(), sent_bwd = nlohmann::json::array();
   nlohmann::ordered_json want_fwd = nlohmann::json::array(), want_bwd = nlohmann::json::array();
   nlohmann::ordered_json sent_inter = nlohmann::json::array(), want_inter = nlohmann::json::array();
-  nlohmann::ordered_json computed = nlohmann::json::array();
+  nlohmann::ordered_json computed = nlohmann::json::array(), work = nlohmann::json::array();
+  nlohmann::ordered_json by_collective, by_link;  // walked, per rank: {name: {forward: [...], backward: [...]}}
+  int64_t collective_max[kNumCollectives][2] = {};
   bool bytes_ok = true;
   int64_t sent_max[2] = {0, 0}, want_max[2] = {0, 0};
   for (int r = 0; r < P; ++r) {  // walked from each rank's steps
-    const WalkedBytes f = walk_bytes(schedules[r].forward, r, plan.layout, plan.block_bytes, topology);
-    const WalkedBytes b = walk_bytes(schedules[r].backward, r, plan.layout, plan.block_bytes, topology);
+    const int parts = schedules[r].head_parts;
+    const WalkedBytes f = walk_bytes(schedules[r].forward, r, plan.layout, plan.block_bytes, topology, parts);
+    const WalkedBytes b = walk_bytes(schedules[r].backward, r, plan.layout, plan.block_bytes, topology, parts);
+    for (int c = 0; c < kNumCollectives; ++c) {
+      const char* name = collective_name(Collective(c));
+      by_collective[name]["forward"].push_back(f.by_collective[c]);
+      by_collective[name]["backward"].push_back(b.by_collective[c]);
+      collective_max[c][0] = std::max(collective_max[c][0], f.by_collective[c]);
+      collective_max[c][1] = std::max(collective_max[c][1], b.by_collective[c]);
+    }
+    for (int l = 0; l < kNumLinkClasses; ++l) {
+      by_link[link_class_name(LinkClass(l))]["forward"].push_back(f.by_link[l]);
+      by_link[link_class_name(LinkClass(l))]["backward"].push_back(b.by_link[l]);
+    }
+    work.push_back(compute_work(schedules[r].forward, plan.request, parts));
     const int64_t walked_inter = f.by_link[1] + b.by_link[1];
     sent_fwd.push_back(ranks[r].sent[0]), sent_bwd.push_back(ranks[r].sent[1]);
     want_fwd.push_back(f.total), want_bwd.push_back(b.total);
@@ -131,9 +146,18 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
     std::printf("%-10s %10.3f %12.2f %16s %16s %6s\n", pass ? "backward" : "forward", times[pass],
                 (pass ? bwd_flops : fwd_flops) / times[pass] / 1e9, human_bytes(double(sent_max[pass])).c_str(),
                 human_bytes(double(want_max[pass])).c_str(), bytes_ok ? "equal" : "DIFFER");
-  std::string pairs;
-  for (int r = 0; r < P; ++r) pairs += (r ? " " : "") + std::to_string(ranks[r].pairs);
-  std::printf("forward block pairs computed per rank: %s (of %d)\n", pairs.c_str(), P);
+  for (int c = 0; c < kNumCollectives; ++c)
+    if (collective_max[c][0] || collective_max[c][1])
+      std::printf("  %-22s forward %12s  backward %12s  (walked, busiest rank)\n", collective_name(Collective(c)),
+                  human_bytes(double(collective_max[c][0])).c_str(), human_bytes(double(collective_max[c][1])).c_str());
+  std::string pairs, shares;
+  for (int r = 0; r < P; ++r) {
+    char w[32];
+    std::snprintf(w, sizeof w, "%.3g", work[r].get<double>());
+    pairs += (r ? " " : "") + std::to_string(ranks[r].pairs), shares += (r ? " " : "") + std::string(w);
+  }
+  std::printf("forward attention calls per rank: %s; work in shard pairs of all heads: %s (of %d)\n", pairs.c_str(),
+              shares.c_str(), P);
   print_check_line(job, check);
 
   if (o.json) {
@@ -176,8 +200,11 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
     j["bytes_sent_per_rank"] = {{"forward", sent_fwd}, {"backward", sent_bwd}};
     j["bytes_expected_per_rank"] = {{"forward", want_fwd}, {"backward", want_bwd}};
     j["inter_node_bytes_per_rank"] = {{"sent", sent_inter}, {"walked", want_inter}};
+    j["walked_bytes_per_rank_by_collective"] = by_collective;
+    j["walked_bytes_per_rank_by_link"] = by_link;
     j["bytes_match"] = bytes_ok;
     j["fwd_pairs_computed_per_rank"] = computed;
+    j["fwd_work_per_rank"] = work;
     std::printf("%s\n", j.dump().c_str());
   }
   std::fflush(stdout);

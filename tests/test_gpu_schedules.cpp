@@ -121,7 +121,8 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     SP_RETURN_IF_ERROR(s);
     SP_RETURN_IF_ERROR(check_trace(ws, plan));
     for (Pass p : {Pass::kForward, Pass::kBackward}) {
-      const int64_t walked = walk_bytes(plan.schedule.pass(p), r, layout, plan.block_bytes, plan.request.topology).total;
+      const int64_t walked = walk_bytes(plan.schedule.pass(p), r, layout, plan.block_bytes, plan.request.topology,
+                                          plan.schedule.head_parts).total;
       const int64_t sent = comm.counters().sent(p == Pass::kForward ? Phase::kForward : Phase::kBackward);
       SP_CHECK_ARG(sent == walked, "rank " + std::to_string(r) + " sent " + std::to_string(sent) + " bytes in the " +
                                        (p == Pass::kForward ? "forward" : "backward") + ", walked " +

@@ -89,6 +89,12 @@ std::string pattern_file_text(int64_t seq) {
 
 // (algorithm, layout, P)
 using Case = std::tuple<std::string, LayoutKind, int>;
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = std::get<0>(info.param) + "_" + layout_name(std::get<1>(info.param)) + "_P" +
+                  std::to_string(std::get<2>(info.param));
+  for (char& c : n) c = c == '-' ? '_' : c;
+  return n;
+}
 class AlgorithmVsOracle : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
@@ -98,6 +104,7 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
   Problem g;
   g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
   g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
+  if (name.rfind("ulysses", 0) == 0) g.heads = std::max(4, P);  // head parts: 8:2 at P = 8 copies K/V heads
   const Layout layout = Layout::create(kind, g.seq, P).value();
   const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
   const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
@@ -136,9 +143,9 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
     EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
     for (int r = 0; r < P; ++r) {
       EXPECT_EQ(run.counters[r].sent(Phase::kForward),
-                walk_bytes(all[r].forward, r, layout, g.bytes(), options.topology).total) << "rank " << r;
+                walk_bytes(all[r].forward, r, layout, g.bytes(), options.topology, all[r].head_parts).total) << "rank " << r;
       EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
-                walk_bytes(all[r].backward, r, layout, g.bytes(), options.topology).total) << "rank " << r;
+                walk_bytes(all[r].backward, r, layout, g.bytes(), options.topology, all[r].head_parts).total) << "rank " << r;
       EXPECT_EQ(run.counters[r].sent(Phase::kOther), 0) << "rank " << r;
     }
   }
@@ -152,12 +159,21 @@ INSTANTIATE_TEST_SUITE_P(All, AlgorithmVsOracle,
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
                                                               LayoutKind::kStriped),
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + layout_name(std::get<1>(info.param)) +
-                                           "_P" + std::to_string(std::get<2>(info.param));
-                           for (char& c : n) c = c == '-' ? '_' : c;
-                           return n;
-                         });
+                         case_name);
+
+// Ulysses and Ulysses x ring (head parts; the hybrid's grid from the nodes: u = 2 at P = 4,
+// u = 4 at P = 8) at P in {1, 2, 4, 8}; Attention2D's two variants at P in {1, 4, 9, 16}.
+INSTANTIATE_TEST_SUITE_P(Ulysses, AlgorithmVsOracle,
+                         ::testing::Combine(::testing::Values("ulysses", "ulysses-ring"),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
+                                                              LayoutKind::kStriped),
+                                            ::testing::Values(1, 2, 4, 8)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Attention2D, AlgorithmVsOracle,
+                         ::testing::Combine(::testing::Values("attention2d", "attention2d-overlap"),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kStriped),
+                                            ::testing::Values(1, 4, 9, 16)),
+                         case_name);
 
 // fp32 and the oracle backend: the executor is backend-agnostic.
 TEST(AlgorithmVsOracle, Fp32AndOracleBackend) {
@@ -420,7 +436,9 @@ TEST(MaskSkipsTransfers, BlockSparseSendsLessThanCausal) {
 }
 
 TEST(AlgorithmRegistry, NamesAndRefusals) {
-  EXPECT_EQ(algorithm_names(), "ring|burst|ring-return|burst-return|distflash|double-ring");
+  EXPECT_EQ(algorithm_names(),
+            "ring|burst|ring-return|burst-return|distflash|double-ring|ulysses|ulysses-ring|attention2d|"
+            "attention2d-overlap");
   const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 4).value();
   AttentionParams causal;
   causal.mask = MaskSpec::causal();
@@ -432,11 +450,33 @@ TEST(AlgorithmRegistry, NamesAndRefusals) {
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
   plan = plan_attention({"double-ring", {3}}, layout, causal, g.bytes(), 0, cpu_kernel_backend());
   EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
-  // auto: DistFlashAttn's balance wins on contiguous causal; zigzag balances the ring already.
+  // auto: Ulysses where the heads split over the ranks (balanced and fewest bytes); else, on
+  // contiguous causal, DistFlashAttn's balance.
   const Layout contiguous = Layout::create(LayoutKind::kContiguous, 64, 4).value();
   plan = plan_attention({"auto"}, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
   ASSERT_TRUE(plan.ok());
+  EXPECT_STREQ(plan->algorithm->name, "ulysses") << plan->choice;
+  Problem odd_heads;
+  odd_heads.heads = 6, odd_heads.kv_heads = 3;
+  plan = plan_attention({"auto"}, contiguous, causal, odd_heads.bytes(), 0, cpu_kernel_backend());
+  ASSERT_TRUE(plan.ok());
   EXPECT_STREQ(plan->algorithm->name, "distflash") << plan->choice;
+  // Ulysses refuses heads it cannot split, and attention2d a non-square grid, with reasons.
+  plan = plan_attention({"ulysses"}, contiguous, causal, odd_heads.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(plan.status().message().find("do not split into 4"), std::string::npos) << plan.status().message();
+  const Layout six = Layout::create(LayoutKind::kStriped, 60, 6).value();
+  plan = plan_attention({"attention2d"}, six, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(plan.status().message().find("square number of ranks"), std::string::npos) << plan.status().message();
+  PlanOptions hybrid{"ulysses-ring"};
+  hybrid.ring_algorithm = "attention2d";
+  plan = plan_attention(hybrid, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  hybrid.ring_algorithm = "ring", hybrid.ulysses = 3;
+  plan = plan_attention(hybrid, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(plan.status().message().find("must divide the ranks"), std::string::npos) << plan.status().message();
 }
 
 }  // namespace

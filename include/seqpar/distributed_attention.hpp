@@ -23,6 +23,8 @@ struct PlanOptions {
       : algorithm(std::move(algorithm_name)), topology(nodes) {}
   std::string algorithm;           // a name from algorithm.hpp, or auto
   Topology topology;               // nodes, for the double ring and the per-link byte counts
+  int ulysses = 0;                 // ulysses-ring: the Ulysses degree (0: the largest that fits)
+  std::string ring_algorithm = "ring";  // ulysses-ring: the ring-family schedule across groups
   // Device backends: the schedule runs once per head group. 0: the fewest groups whose peak
   // block bytes (peak_block_bytes, every rank) fit under the budget below; else this many (it
   // must divide the K/V heads). Seven q shards kept the peak near 36% of PyTorch context
@@ -48,7 +50,7 @@ struct AttentionPlan {
 };
 
 // Plans `rank`'s part of the problem. `bytes` describes the blocks (dims, dtypes); auto picks
-// among the supported algorithms the one whose busiest rank computes the fewest pairs, then
+// among the supported algorithms the one whose busiest rank does the least work (compute_work), then
 // sends the fewest bytes (forward + backward). A named algorithm that cannot run the problem
 // is refused with its reason.
 StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout& layout,

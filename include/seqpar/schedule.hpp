@@ -11,7 +11,14 @@
 //            q_shard is its own, else a partial it will send home. Backward: dQ of q_shard and
 //            dK/dV of kv_shard accumulate (into this rank's results or into blocks that travel);
 //   kWait    completes a batch; received blocks then replace, add to or merge into the local
-//            block of the same name (Combine), and sent results (partials, gradients) leave.
+//            block of the same name (Combine), and sent results (partials, gradients) leave;
+//   kConcat  joins the pieces of a span block (one block per shard of the span, same part) into
+//            it, rows in shard order; the pieces are gone after (Ulysses' gathered sequence);
+//   kSplit   cuts a span result into one piece per shard (to send them home).
+// Blocks may hold a run of consecutive shards (span) and one head part of RankSchedule's
+// head_parts (Ulysses: a rank computes the whole sequence for 1/u of the heads); a rank that
+// holds a block with all heads holds each of its parts, and its own results may come home in
+// parts, which together make the result.
 // A compute must not read a block still arriving, nor write one in flight. The inputs a rank
 // starts with are its own shard's Q, K/V and (backward) query pack; what it ends with are its
 // own shard's (O, LSE) or dQ, dK/dV.
@@ -44,9 +51,13 @@ inline bool is_result(BlockKind kind) {
   return kind == BlockKind::kOutput || kind == BlockKind::kDQ || kind == BlockKind::kDKV;
 }
 
+inline constexpr int kAllHeads = -1;
+
 struct Block {
   BlockKind kind = BlockKind::kKV;
-  int shard = 0;
+  int shard = 0;           // the first shard it holds rows of
+  int span = 1;            // shards [shard, shard + span), rows in that order
+  int part = kAllHeads;    // head part (RankSchedule::head_parts), or all heads
   bool operator==(const Block&) const = default;
   auto operator<=>(const Block&) const = default;
 };
@@ -60,20 +71,43 @@ struct Transfer {
   Combine combine = Combine::kReplace;  // receives only
 };
 
-enum class StepKind : uint8_t { kPost, kCompute, kWait };
+enum class StepKind : uint8_t { kPost, kCompute, kWait, kConcat, kSplit };
+
+// What a batch of transfers is, for the per-collective byte counts and the printed schedule:
+// the data moved is always the batch's transfers (one grouped point-to-point batch, as NCCL
+// runs its own all-to-all).
+enum class Collective : uint8_t {
+  kPointToPoint,         // ring and helper traffic
+  kAllToAll,             // Ulysses: sequence shards <-> head parts
+  kSwap,                 // Attention2D: K/V between (r,c) and (c,r), and dK/dV back
+  kRowAllGather,         // Attention2D: Q (backward: the query pack) along a grid row
+  kColumnAllGather,      // Attention2D: K/V along a grid column
+  kRowReduceScatter,     // Attention2D: (O, LSE) merged (AttnFix), or dQ summed, along a row
+  kColumnReduceScatter,  // Attention2D: dK/dV summed along a column
+};
+inline constexpr int kNumCollectives = 7;
+const char* collective_name(Collective c);
 
 struct Step {
   StepKind kind = StepKind::kCompute;
   int batch = -1;                       // kPost, kWait
   std::vector<Transfer> sends, recvs;   // kPost
-  int q_shard = -1, kv_shard = -1;      // kCompute
+  Collective collective = Collective::kPointToPoint;  // kPost
+  int q_shard = -1, kv_shard = -1;      // kCompute: the first shards of the query and key blocks,
+  int q_span = 1, kv_span = 1;          //   their spans,
+  int part = kAllHeads;                 //   and the head part computed
+  Block block;                          // kConcat, kSplit: the span block
   int round = 0;                        // which round of the algorithm (for printing)
+  // The blocks a compute reads (forward: Q; backward: the query pack) and writes.
+  Block q_block(BlockKind kind) const { return {kind, q_shard, q_span, part}; }
+  Block kv_block(BlockKind kind) const { return {kind, kv_shard, kv_span, part}; }
 };
 
 enum class Pass : uint8_t { kForward = 0, kBackward = 1 };
 
 struct RankSchedule {
   std::vector<Step> forward, backward;
+  int head_parts = 1;  // blocks with a part hold 1/head_parts of the heads (head_part_range)
   const std::vector<Step>& pass(Pass p) const { return p == Pass::kForward ? forward : backward; }
 };
 
@@ -93,7 +127,23 @@ struct ScheduleRequest {
   // visible[a][b]: some query of shard a sees some key of shard b under the mask.
   std::vector<std::vector<bool>> visible;
   int64_t heads = 1, kv_heads = 1;
+  // Ulysses x ring: the Ulysses degree (0: the algorithm chooses) and the ring-family algorithm
+  // run along the ring dimension.
+  int ulysses = 0;
+  std::string ring_algorithm = "ring";
 };
+
+// The query heads [first, last) of head part `part` of `parts`, and the K/V heads its queries
+// read (with GQA a K/V head may belong to several parts: each holds a copy). Parts need heads
+// divisible by parts, and K/V heads a multiple or a divisor of parts (head_parts_refusal).
+struct HeadRange {
+  int64_t first = 0, last = 0;
+  int64_t count() const { return last - first; }
+};
+HeadRange head_part_range(int part, int parts, int64_t heads);
+HeadRange kv_part_range(int part, int parts, int64_t heads, int64_t kv_heads);
+// Empty when heads split into `parts` parts, else why not.
+std::string head_parts_refusal(int parts, int64_t heads, int64_t kv_heads);
 // visible[][] from the layout's positions and the mask (exact; MaskSpec::sees_any).
 ScheduleRequest make_schedule_request(const Layout& layout, const MaskSpec& mask, int64_t heads,
                                       int64_t kv_heads, Topology topology = {});
@@ -106,15 +156,20 @@ struct BlockBytes {
   DType stats = DType::kF32;        // LSE and D
   bool pack_has_delta = true;       // the query pack carries D (else O)
   int64_t of(BlockKind kind, int64_t rows) const;
+  // A block of the layout's shards: its rows, and with a head part 1/parts of the heads.
+  int64_t of(const Block& block, const Layout& layout, int head_parts) const;
 };
+// Rows of a block: its span's shards' rows.
+int64_t block_rows(const Block& block, const Layout& layout);
 
 // Bytes a rank sends in one pass, in all and per link class, from walking its steps.
 struct WalkedBytes {
   int64_t total = 0;
   int64_t by_link[kNumLinkClasses] = {0, 0};
+  int64_t by_collective[kNumCollectives] = {};
 };
 WalkedBytes walk_bytes(const std::vector<Step>& steps, int rank, const Layout& layout,
-                       const BlockBytes& bytes, const Topology& topology);
+                       const BlockBytes& bytes, const Topology& topology, int head_parts = 1);
 
 // Checks every rank's pass together: sends matched by receives (same block, same order per
 // pair of ranks), no rank waits forever, computes read only blocks present and write none in
@@ -126,6 +181,9 @@ Status validate_schedules(const std::vector<RankSchedule>& schedules, const Sche
 // One rank's steps, one per line ("r2 post#3 send KV[1]->3 (intra) recv KV[0]<-1", ...).
 std::string describe_steps(const std::vector<Step>& steps, const Topology& topology, int rank);
 
+// "KV[3]", "KV[4+2]" (a span of 2 shards from 4), "Q[3]/h1" (head part 1).
+std::string block_name(const Block& b);
+
 // Block lifetimes, as the executors keep blocks (src/parallel/block_lifetimes.cpp).
 // last_input_uses: for each input block of another shard a rank holds in a pass, the index of
 // the step after which it is no longer read or sent (the executors free it there).
@@ -134,9 +192,11 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
 // received inputs, results (its own included) and arriving parts, each block sized for the
 // layout's longest shard as the GPU executor allocates them. Head groups divide it.
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
-                         const BlockBytes& bytes);
+                         const BlockBytes& bytes, int head_parts = 1);
 
-// Computes per step of the pass (for balance reports): the number of kCompute steps.
-int count_computes(const std::vector<Step>& steps);
+// The attention work of a rank's pass, in shard pairs of all heads: each compute's visible
+// (query shard, key shard) pairs, times the share of the heads it computes (for balance
+// reports and auto's choice; Ulysses computes P pairs a rank at 1/P of the heads each).
+double compute_work(const std::vector<Step>& steps, const ScheduleRequest& request, int head_parts);
 
 }  // namespace seqpar

@@ -15,13 +15,16 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
   const BlockKind query = pass == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
   std::map<Block, size_t> last;
   const auto use = [&](const Block& b, size_t at) {
-    if (b.shard != rank && !is_result(b.kind)) last[b] = std::max(last[b], at);
+    const bool initial = b.shard == rank && b.span == 1 && b.part == kAllHeads;
+    if (!initial && !is_result(b.kind)) last[b] = std::max(last[b], at);
   };
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
     if (s.kind == StepKind::kCompute) {
-      use({query, s.q_shard}, i);
-      use({BlockKind::kKV, s.kv_shard}, i);
+      use(s.q_block(query), i);
+      use(s.kv_block(BlockKind::kKV), i);
+    } else if (s.kind == StepKind::kConcat && !is_result(s.block.kind)) {
+      for (int x = s.block.shard; x < s.block.shard + s.block.span; ++x) use({s.block.kind, x, 1, s.block.part}, i);
     } else if (s.kind == StepKind::kPost) {
       for (const Transfer& t : s.sends) use(t.block, wait_of[s.batch]);
       for (const Transfer& t : s.recvs) use(t.block, wait_of[s.batch]);  // held at least until it arrives
@@ -31,9 +34,16 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
 }
 
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
-                         const BlockBytes& bytes) {
+                         const BlockBytes& bytes, int head_parts) {
   const int64_t rows = layout.max_local_len();
-  const auto size = [&](const Block& b) { return bytes.of(b.kind, rows); };
+  const auto size = [&](const Block& b) {
+    BlockBytes part = bytes;
+    if (b.part != kAllHeads) {
+      part.heads = head_part_range(b.part, head_parts, bytes.heads).count();
+      part.kv_heads = kv_part_range(b.part, head_parts, bytes.heads, bytes.kv_heads).count();
+    }
+    return part.of(b.kind, rows * b.span);
+  };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
   std::set<Block> held;
   std::map<int, std::vector<Block>> arriving, leaving;  // per batch: parts to combine, results sent
@@ -46,10 +56,23 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
   };
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
+    const auto pieces = [&](const Block& b) {
+      std::vector<Block> out;
+      for (int x = b.shard; x < b.shard + b.span; ++x) out.push_back({b.kind, x, 1, b.part});
+      return out;
+    };
     if (s.kind == StepKind::kCompute) {
-      hold(pass == Pass::kForward ? Block{BlockKind::kOutput, s.q_shard} : Block{BlockKind::kDQ, s.q_shard});
-      if (pass == Pass::kBackward) hold({BlockKind::kDKV, s.kv_shard});
+      hold(s.q_block(pass == Pass::kForward ? BlockKind::kOutput : BlockKind::kDQ));
+      if (pass == Pass::kBackward) hold(s.kv_block(BlockKind::kDKV));
+    } else if (s.kind == StepKind::kConcat) {
+      hold(s.block);
+      for (const Block& b : pieces(s.block)) drop(b);
+    } else if (s.kind == StepKind::kSplit) {
+      drop(s.block);
+      for (const Block& b : pieces(s.block)) hold(b);
     } else if (s.kind == StepKind::kPost) {
+      for (const Transfer& t : s.sends)  // a head part of the rank's own input is cut out to be sent
+        if (!is_result(t.block.kind) && t.block.part != kAllHeads && t.block.shard == rank) hold(t.block);
       for (const Transfer& t : s.recvs) {
         if (t.combine == Combine::kReplace || !held.count(t.block)) {
           hold(t.block);

@@ -1,7 +1,9 @@
 // The CPU executor: runs any schedule (include/seqpar/schedule.hpp) on host tensors over any
 // communicator (threads or MPI processes), computing through the plan's backend. Blocks live
 // in one store per pass, named as the steps name them; a received input is dropped after its
-// last use, a result leaves with the message that sends it.
+// last use, a result leaves with the message that sends it. Head parts of the rank's own
+// inputs are cut out when first named; its results may come home in parts, which are put
+// together (added, where GQA gave two parts one K/V head) into its outputs.
 #include <cmath>
 #include <cstring>
 #include <algorithm>
@@ -25,6 +27,26 @@ void copy_bhs(const TensorView& src, const TensorView& dst) {
         std::memcpy(static_cast<char*>(dst.data) + cpu::bhs_offset(dst, b, h, s) * es,
                     static_cast<const char*>(src.data) + cpu::bhs_offset(src, b, h, s) * es, es);
 }
+
+// dst (any strides) += src (contiguous), [B, S, H, D] or [B, H, S].
+template <class T>
+void add_into(const TensorView& src, const TensorView& dst) {
+  const int64_t n0 = src.shape[0], n1 = src.shape[1], n2 = src.shape[2], n3 = src.ndim == 4 ? src.shape[3] : 1;
+  const T* in = src.as<T>();
+  T* out = dst.as<T>();
+  for (int64_t a = 0; a < n0; ++a)
+    for (int64_t b = 0; b < n1; ++b)
+      for (int64_t c = 0; c < n2; ++c)
+        for (int64_t d = 0; d < n3; ++d) {
+          const int64_t at = a * dst.strides[0] + b * dst.strides[1] + c * dst.strides[2] +
+                             (src.ndim == 4 ? d * dst.strides[3] : 0);
+          out[at] += *in++;
+        }
+}
+
+// Which heads a part of a block spans: the query heads, the K/V heads, or (row stats
+// [B, H, S]) the query heads along dim 1.
+enum class Heads : uint8_t { kQuery, kKV, kStats };
 
 class Executor {
  public:
@@ -56,6 +78,7 @@ class Executor {
       local.rounds = std::max(local.rounds, s.round + 1);
       if (s.kind == StepKind::kPost) SP_RETURN_IF_ERROR(post(s));
       else if (s.kind == StepKind::kWait) SP_RETURN_IF_ERROR(wait(s));
+      else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) SP_RETURN_IF_ERROR(regroup(s));
       else {
         SP_RETURN_IF_ERROR(compute(s));
         ++local.pairs_computed;
@@ -70,15 +93,30 @@ class Executor {
 
  private:
   // The parts of a block, in its wire order (schedule.hpp's BlockKind).
-  std::vector<std::vector<int64_t>> part_shapes(BlockKind kind, int64_t rows) const {
-    const std::vector<int64_t> q{B_, rows, H_, D_}, kv{B_, rows, Hkv_, D_}, stats{B_, H_, rows};
+  static std::vector<Heads> part_heads(BlockKind kind) {
     switch (kind) {
-      case BlockKind::kKV: case BlockKind::kDKV: return {kv, kv};
-      case BlockKind::kQuery: case BlockKind::kDQ: return {q};
-      case BlockKind::kOutput: return {q, stats};
-      case BlockKind::kQueryPack: return {q, q, stats, stats};  // Q, dO, D, LSE
+      case BlockKind::kKV: case BlockKind::kDKV: return {Heads::kKV, Heads::kKV};
+      case BlockKind::kQuery: case BlockKind::kDQ: return {Heads::kQuery};
+      case BlockKind::kOutput: return {Heads::kQuery, Heads::kStats};
+      case BlockKind::kQueryPack: return {Heads::kQuery, Heads::kQuery, Heads::kStats, Heads::kStats};  // Q, dO, D, LSE
     }
     return {};
+  }
+  HeadRange heads_of(Heads h, int part) const {
+    const int parts = plan_.schedule.head_parts;
+    if (part == kAllHeads) return {0, h == Heads::kKV ? Hkv_ : H_};
+    return h == Heads::kKV ? kv_part_range(part, parts, H_, Hkv_) : head_part_range(part, parts, H_);
+  }
+  // The slice of a whole-heads part holding head part `part`, and the rows [first, first + n).
+  static TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
+    return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);
+  }
+  static TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
+    return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
+  }
+  static void copy_part(Heads h, const TensorView& src, const TensorView& dst) {
+    if (h == Heads::kStats) copy_bhs(src, dst);
+    else copy_bshd(src, dst);
   }
   struct Stored {
     HostTensor data;  // the parts, one after another
@@ -86,13 +124,14 @@ class Executor {
   };
   std::unique_ptr<Stored> make_block(const Block& b) const {
     auto s = std::make_unique<Stored>();
-    const auto shapes = part_shapes(b.kind, plan_.layout.local_len(b.shard));
-    int64_t n = 0;
-    for (const auto& shape : shapes) {
-      int64_t e = 1;
-      for (int64_t d : shape) e *= d;
-      n += e;
+    const int64_t rows = block_rows(b, plan_.layout);
+    std::vector<std::vector<int64_t>> shapes;
+    for (Heads h : part_heads(b.kind)) {
+      const int64_t n = heads_of(h, b.part).count();
+      shapes.push_back(h == Heads::kStats ? std::vector<int64_t>{B_, n, rows} : std::vector<int64_t>{B_, rows, n, D_});
     }
+    int64_t n = 0;
+    for (const auto& shape : shapes) n += shape[0] * shape[1] * shape[2] * (shape.size() == 4 ? shape[3] : 1);
     s->data = HostTensor(dtype_, {n});  // zeroed
     char* at = static_cast<char*>(s->data.view().data);
     for (const auto& shape : shapes) {
@@ -100,6 +139,30 @@ class Executor {
       at += s->parts.back().numel() * dtype_size(dtype_);
     }
     return s;
+  }
+  // An input block: held, or a head part cut out of the same block with all heads.
+  StatusOr<Stored*> input(const Block& b) {
+    auto it = store_.find(b);
+    if (it != store_.end()) return it->second.get();
+    Block whole = b;
+    whole.part = kAllHeads;
+    auto w = store_.find(whole);
+    SP_CHECK_ARG(b.part != kAllHeads && w != store_.end(), "internal: the schedule reads " + block_name(b) +
+                                                               ", which rank " + std::to_string(me_) + " lacks");
+    auto part = make_block(b);
+    const std::vector<Heads> heads = part_heads(b.kind);
+    for (size_t i = 0; i < heads.size(); ++i)
+      copy_part(heads[i], heads_slice(w->second->parts[i], heads[i], heads_of(heads[i], b.part)), part->parts[i]);
+    return (store_[b] = std::move(part)).get();
+  }
+  // Global positions of a block's rows: its shards' positions, one after another.
+  const int64_t* positions(const Block& b) {
+    if (b.span == 1) return plan_.layout.positions(b.shard).data();
+    auto& cached = span_positions_[{b.shard, b.span}];
+    if (cached.empty())
+      for (int x = b.shard; x < b.shard + b.span; ++x)
+        cached.insert(cached.end(), plan_.layout.positions(x).begin(), plan_.layout.positions(x).end());
+    return cached.data();
   }
   // A result block present or made empty: zero, or for (O, LSE) the empty running result.
   Stored& result(const Block& b) {
@@ -140,6 +203,7 @@ class Executor {
   Status write_results() {
     const auto out = [&](const Block& b, std::initializer_list<TensorView> dst) {
       Stored& s = result(b);  // a result no pair touched is zero (O = 0, LSE = -inf)
+      join_parts(b, s);
       size_t i = 0;
       for (const TensorView& d : dst) {
         const TensorView& src = s.parts[i++];
@@ -156,38 +220,80 @@ class Executor {
     return Status::Ok();
   }
 
-  AttentionParams pair_params(int q_shard, int kv_shard) const {
+  // The home result put together from the head parts that came home (each into its heads;
+  // parts sharing K/V heads add up). Output parts hold disjoint heads and arrive whole.
+  void join_parts(const Block& whole, Stored& into) {
+    const std::vector<Heads> heads = part_heads(whole.kind);
+    for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
+      auto it = store_.find({whole.kind, whole.shard, 1, p});
+      if (it == store_.end()) continue;
+      for (size_t i = 0; i < heads.size(); ++i) {
+        const TensorView slice = heads_slice(into.parts[i], heads[i], heads_of(heads[i], p));
+        if (whole.kind == BlockKind::kOutput) copy_part(heads[i], it->second->parts[i], slice);
+        else if (dtype_ == DType::kF32) add_into<float>(it->second->parts[i], slice);
+        else add_into<double>(it->second->parts[i], slice);
+      }
+    }
+  }
+
+  AttentionParams pair_params(const Block& q, const Block& kv) {
     AttentionParams p = plan_.params;
-    p.q_positions = plan_.layout.positions(q_shard).data();
-    p.k_positions = plan_.layout.positions(kv_shard).data();
+    p.q_positions = positions(q);
+    p.k_positions = positions(kv);
     return p;
   }
 
-  Status present(const Block& b) const {
-    SP_CHECK_ARG(store_.count(b), std::string("internal: the schedule reads ") + block_kind_name(b.kind) + "[" +
-                                      std::to_string(b.shard) + "], which rank " + std::to_string(me_) + " lacks");
-    return Status::Ok();
-  }
-
   Status compute(const Step& s) {
-    const Block kv{BlockKind::kKV, s.kv_shard};
-    SP_RETURN_IF_ERROR(present(kv));
-    const Stored& keys = *store_.at(kv);
-    const AttentionParams params = pair_params(s.q_shard, s.kv_shard);
+    SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
+    const AttentionParams params = pair_params(s.q_block(BlockKind::kQuery), s.kv_block(BlockKind::kKV));
     if (pass_ == Pass::kForward) {
-      const Block q{BlockKind::kQuery, s.q_shard};
-      SP_RETURN_IF_ERROR(present(q));
-      Stored& out = result({BlockKind::kOutput, s.q_shard});
-      return plan_.backend->forward(store_.at(q)->parts[0], keys.parts[0], keys.parts[1], params, out.parts[0],
+      SP_ASSIGN_OR_RETURN(Stored* q, input(s.q_block(BlockKind::kQuery)));
+      Stored& out = result(s.q_block(BlockKind::kOutput));
+      return plan_.backend->forward(q->parts[0], keys->parts[0], keys->parts[1], params, out.parts[0],
                                     out.parts[1], nullptr);
     }
-    const Block q{BlockKind::kQueryPack, s.q_shard};
-    SP_RETURN_IF_ERROR(present(q));
-    const Stored& pack = *store_.at(q);
-    Stored& dq = result({BlockKind::kDQ, s.q_shard});
-    Stored& dkv = result({BlockKind::kDKV, s.kv_shard});
-    return plan_.backend->backward(pack.parts[0], keys.parts[0], keys.parts[1], pack.parts[1], pack.parts[3],
-                                   pack.parts[2], params, dq.parts[0], dkv.parts[0], dkv.parts[1], nullptr);
+    SP_ASSIGN_OR_RETURN(Stored* pack, input(s.q_block(BlockKind::kQueryPack)));
+    Stored& dq = result(s.q_block(BlockKind::kDQ));
+    Stored& dkv = result(s.kv_block(BlockKind::kDKV));
+    return plan_.backend->backward(pack->parts[0], keys->parts[0], keys->parts[1], pack->parts[1], pack->parts[3],
+                                   pack->parts[2], params, dq.parts[0], dkv.parts[0], dkv.parts[1], nullptr);
+  }
+
+  // kConcat: the span block from its pieces (the rank's own input pieces are cut from its
+  // whole-heads block); kSplit: a span result cut into pieces.
+  Status regroup(const Step& s) {
+    const Block& b = s.block;
+    const std::vector<Heads> heads = part_heads(b.kind);
+    if (s.kind == StepKind::kConcat) {
+      auto joined = make_block(b);
+      int64_t row = 0;
+      for (int x = b.shard; x < b.shard + b.span; ++x) {
+        const Block piece{b.kind, x, 1, b.part};
+        Stored* from = nullptr;
+        if (is_result(b.kind)) {
+          from = &result(piece);
+        } else {
+          SP_ASSIGN_OR_RETURN(from, input(piece));
+        }
+        const int64_t n = plan_.layout.local_len(x);
+        for (size_t i = 0; i < heads.size(); ++i) copy_part(heads[i], from->parts[i], rows_slice(joined->parts[i], heads[i], row, n));
+        row += n;
+        if (!(x == me_ && piece.part == kAllHeads)) store_.erase(piece);
+      }
+      store_[b] = std::move(joined);
+      return Status::Ok();
+    }
+    Stored& whole = result(b);
+    int64_t row = 0;
+    for (int x = b.shard; x < b.shard + b.span; ++x) {
+      const int64_t n = plan_.layout.local_len(x);
+      auto piece = make_block({b.kind, x, 1, b.part});
+      for (size_t i = 0; i < heads.size(); ++i) copy_part(heads[i], rows_slice(whole.parts[i], heads[i], row, n), piece->parts[i]);
+      store_[{b.kind, x, 1, b.part}] = std::move(piece);
+      row += n;
+    }
+    store_.erase(b);
+    return Status::Ok();
   }
 
   struct Pending {
@@ -201,10 +307,16 @@ class Executor {
     std::vector<SendSpec> sends;
     std::vector<RecvSpec> recvs;
     for (const Transfer& t : s.sends) {
-      SP_RETURN_IF_ERROR(present(t.block));
-      const HostTensor& data = store_.at(t.block)->data;
-      sends.push_back({t.peer, data.view().data, data.bytes()});
-      if (is_result(t.block.kind)) p.leaving.push_back(t.block);
+      Stored* from = nullptr;
+      if (is_result(t.block.kind)) {
+        SP_CHECK_ARG(store_.count(t.block), "internal: the schedule sends " + block_name(t.block) + ", which rank " +
+                                                std::to_string(me_) + " lacks");
+        from = store_.at(t.block).get();
+        p.leaving.push_back(t.block);
+      } else {
+        SP_ASSIGN_OR_RETURN(from, input(t.block));
+      }
+      sends.push_back({t.peer, from->data.view().data, from->data.bytes()});
     }
     for (const Transfer& t : s.recvs) {
       std::unique_ptr<Stored> into = make_block(t.block);
@@ -254,6 +366,7 @@ class Executor {
   std::map<Block, std::unique_ptr<Stored>> store_;
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
+  std::map<std::pair<int, int>, std::vector<int64_t>> span_positions_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // schedule request from the layout and mask, the algorithm (named, or auto's choice), and this
 // rank's steps. The executors run what this hands them.
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 #include "seqpar/distributed_attention.hpp"
@@ -11,16 +12,17 @@ namespace {
 
 // The busiest rank's pairs (compute steps) and bytes over both passes.
 struct Cost {
-  int computes = 0;
+  double work = 0;  // shard pairs of all heads
   int64_t bytes = 0;
 };
 Cost cost_of(const Algorithm& a, const ScheduleRequest& req, const Layout& layout, const BlockBytes& bytes) {
   Cost c;
   const std::vector<RankSchedule> all = all_rank_schedules(a, req);
   for (int r = 0; r < req.ranks; ++r) {
-    c.computes = std::max(c.computes, count_computes(all[r].forward));
+    c.work = std::max(c.work, compute_work(all[r].forward, req, all[r].head_parts));
     int64_t b = 0;
-    for (Pass p : {Pass::kForward, Pass::kBackward}) b += walk_bytes(all[r].pass(p), r, layout, bytes, req.topology).total;
+    for (Pass p : {Pass::kForward, Pass::kBackward})
+      b += walk_bytes(all[r].pass(p), r, layout, bytes, req.topology, all[r].head_parts).total;
     c.bytes = std::max(c.bytes, b);
   }
   return c;
@@ -30,27 +32,35 @@ Cost cost_of(const Algorithm& a, const ScheduleRequest& req, const Layout& layou
 // must match), from every rank's peak.
 StatusOr<int> head_groups_for(const PlanOptions& o, const Algorithm& a, const ScheduleRequest& req,
                               const Layout& layout, const BlockBytes& bytes) {
+  const std::vector<RankSchedule> all = all_rank_schedules(a, req);
+  const int parts = all.empty() ? 1 : all[0].head_parts;
+  // Groups split the heads first, head parts each group's heads: both must divide.
+  const auto refusal = [&](int g) {
+    if (bytes.kv_heads % g) return std::string("must divide the K/V heads (") + std::to_string(bytes.kv_heads) + ")";
+    const std::string why = head_parts_refusal(parts, bytes.heads / g, bytes.kv_heads / g);
+    return why.empty() ? why : "leave heads for the " + std::to_string(parts) + " head parts: " + why;
+  };
   if (o.head_groups > 0) {
-    SP_CHECK_ARG(bytes.kv_heads % o.head_groups == 0, "head groups (" + std::to_string(o.head_groups) +
-                                                          ") must divide the K/V heads (" +
-                                                          std::to_string(bytes.kv_heads) + ")");
+    const std::string why = refusal(o.head_groups);
+    SP_CHECK_ARG(why.empty(), "head groups (" + std::to_string(o.head_groups) + ") " + why);
     return o.head_groups;
   }
   const double shard = double(bytes.of(BlockKind::kQuery, layout.max_local_len()));
   const double limit = std::min(double(o.workspace_limit_bytes),
                                 std::max(double(o.workspace_floor_bytes), o.workspace_limit_shards * shard));
-  const std::vector<RankSchedule> all = all_rank_schedules(a, req);
+  int most = 1;  // where no count fits the budget: the most groups the heads allow
   for (int g = 1; g <= bytes.kv_heads; ++g) {
-    if (bytes.kv_heads % g) continue;
+    if (!refusal(g).empty()) continue;
     BlockBytes group = bytes;
     group.heads /= g, group.kv_heads /= g;
     int64_t peak = 0;
     for (int r = 0; r < req.ranks; ++r)
       for (Pass p : {Pass::kForward, Pass::kBackward})
-        peak = std::max(peak, peak_block_bytes(all[r].pass(p), p, r, layout, group));
+        peak = std::max(peak, peak_block_bytes(all[r].pass(p), p, r, layout, group, parts));
     if (double(peak) <= limit) return g;
+    most = g;
   }
-  return int(bytes.kv_heads);
+  return most;
 }
 
 }  // namespace
@@ -84,18 +94,23 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   plan.backend = &backend;
   plan.block_bytes = bytes;
   plan.request = make_schedule_request(layout, params.mask, bytes.heads, bytes.kv_heads, options.topology);
+  SP_CHECK_ARG(options.ulysses >= 0, "the Ulysses degree must be positive (0: the algorithm chooses)");
+  plan.request.ulysses = options.ulysses;
+  plan.request.ring_algorithm = options.ring_algorithm;
   if (options.algorithm == "auto") {
-    Cost best{std::numeric_limits<int>::max(), std::numeric_limits<int64_t>::max()};
+    Cost best{std::numeric_limits<double>::max(), std::numeric_limits<int64_t>::max()};
     for (const Algorithm* a : all_algorithms()) {
       if (!a->supports(plan.request).empty()) continue;
       const Cost c = cost_of(*a, plan.request, layout, bytes);
-      if (c.computes < best.computes || (c.computes == best.computes && c.bytes < best.bytes)) {
+      if (c.work < best.work - 1e-9 || (c.work <= best.work + 1e-9 && c.bytes < best.bytes)) {
         best = c;
         plan.algorithm = a;
       }
     }
-    plan.choice = std::string("auto chose ") + plan.algorithm->name + ": the busiest rank computes " +
-                  std::to_string(best.computes) + " pairs and sends " + std::to_string(best.bytes) + " bytes";
+    char work[32];
+    std::snprintf(work, sizeof work, "%.3g", best.work);
+    plan.choice = std::string("auto chose ") + plan.algorithm->name + ": the busiest rank computes " + work +
+                  " shard pairs (of all heads) and sends " + std::to_string(best.bytes) + " bytes";
   } else {
     plan.algorithm = find_algorithm(options.algorithm);
     SP_CHECK_ARG(plan.algorithm, "unknown algorithm '" + options.algorithm + "' (one of " + algorithm_names() + "|auto)");

@@ -24,6 +24,64 @@ const char* block_kind_name(BlockKind kind) {
 
 const char* link_class_name(LinkClass link) { return link == LinkClass::kIntra ? "intra" : "inter"; }
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kPointToPoint: return "point-to-point";
+    case Collective::kAllToAll: return "all-to-all";
+    case Collective::kSwap: return "transpose swap";
+    case Collective::kRowAllGather: return "row all-gather";
+    case Collective::kColumnAllGather: return "column all-gather";
+    case Collective::kRowReduceScatter: return "row reduce-scatter";
+    case Collective::kColumnReduceScatter: return "column reduce-scatter";
+  }
+  return "?";
+}
+
+std::string block_name(const Block& b) {
+  std::string n = std::string(block_kind_name(b.kind)) + "[" + std::to_string(b.shard);
+  if (b.span != 1) n += "+" + std::to_string(b.span);
+  n += "]";
+  if (b.part != kAllHeads) n += "/h" + std::to_string(b.part);
+  return n;
+}
+
+HeadRange head_part_range(int part, int parts, int64_t heads) {
+  const int64_t n = heads / parts;
+  return {part * n, (part + 1) * n};
+}
+
+HeadRange kv_part_range(int part, int parts, int64_t heads, int64_t kv_heads) {
+  const HeadRange q = head_part_range(part, parts, heads);
+  const int64_t group = heads / kv_heads;  // query heads per K/V head
+  return {q.first / group, (q.last - 1) / group + 1};
+}
+
+std::string head_parts_refusal(int parts, int64_t heads, int64_t kv_heads) {
+  if (parts < 1) return "head parts must be positive";
+  if (heads % parts != 0)
+    return std::to_string(heads) + " query heads do not split into " + std::to_string(parts) +
+           " equal head parts (the Ulysses degree must divide the heads)";
+  if (kv_heads % parts != 0 && parts % kv_heads != 0)
+    return std::to_string(kv_heads) + " K/V heads neither split into " + std::to_string(parts) +
+           " parts nor divide them (a part's queries would read parts of two K/V heads)";
+  return {};
+}
+
+int64_t block_rows(const Block& block, const Layout& layout) {
+  int64_t rows = 0;
+  for (int x = block.shard; x < block.shard + block.span; ++x) rows += layout.local_len(x);
+  return rows;
+}
+
+int64_t BlockBytes::of(const Block& block, const Layout& layout, int head_parts) const {
+  BlockBytes b = *this;
+  if (block.part != kAllHeads) {
+    b.heads = head_part_range(block.part, head_parts, heads).count();
+    b.kv_heads = kv_part_range(block.part, head_parts, heads, kv_heads).count();
+  }
+  return b.of(block.kind, block_rows(block, layout));
+}
+
 ScheduleRequest make_schedule_request(const Layout& layout, const MaskSpec& mask, int64_t heads,
                                       int64_t kv_heads, Topology topology) {
   ScheduleRequest r;
@@ -54,40 +112,50 @@ int64_t BlockBytes::of(BlockKind kind, int64_t rows) const {
 }
 
 WalkedBytes walk_bytes(const std::vector<Step>& steps, int rank, const Layout& layout,
-                       const BlockBytes& bytes, const Topology& topology) {
+                       const BlockBytes& bytes, const Topology& topology, int head_parts) {
   WalkedBytes w;
   for (const Step& s : steps)
     for (const Transfer& t : s.sends) {
-      const int64_t b = bytes.of(t.block.kind, layout.local_len(t.block.shard));
+      const int64_t b = bytes.of(t.block, layout, head_parts);
       const LinkClass link = topology.node_of(t.peer) == topology.node_of(rank) ? LinkClass::kIntra
                                                                                  : LinkClass::kInter;
       w.total += b;
       w.by_link[static_cast<int>(link)] += b;
+      w.by_collective[static_cast<int>(s.collective)] += b;
     }
   return w;
 }
 
-int count_computes(const std::vector<Step>& steps) {
-  return static_cast<int>(std::count_if(steps.begin(), steps.end(),
-                                        [](const Step& s) { return s.kind == StepKind::kCompute; }));
+double compute_work(const std::vector<Step>& steps, const ScheduleRequest& request, int head_parts) {
+  double work = 0;
+  for (const Step& s : steps) {
+    if (s.kind != StepKind::kCompute) continue;
+    int pairs = 0;
+    for (int q = s.q_shard; q < s.q_shard + s.q_span; ++q)
+      for (int kv = s.kv_shard; kv < s.kv_shard + s.kv_span; ++kv) pairs += request.visible[q][kv] ? 1 : 0;
+    work += s.part == kAllHeads ? pairs : double(pairs) / head_parts;
+  }
+  return work;
 }
 
 std::string describe_steps(const std::vector<Step>& steps, const Topology& topology, int rank) {
   std::ostringstream out;
-  const auto block = [](const Block& b) {
-    return std::string(block_kind_name(b.kind)) + "[" + std::to_string(b.shard) + "]";
-  };
+  const auto block = [](const Block& b) { return block_name(b); };
   const auto link = [&](int peer) {
     return topology.ranks_per_node > 0 && topology.node_of(peer) != topology.node_of(rank) ? " (inter)" : "";
   };
   for (const Step& s : steps) {
     out << "  round " << s.round << "  ";
     if (s.kind == StepKind::kCompute) {
-      out << "compute Q[" << s.q_shard << "] x KV[" << s.kv_shard << "]";
+      out << "compute " << block(s.q_block(BlockKind::kQuery)) << " x " << block(s.kv_block(BlockKind::kKV));
     } else if (s.kind == StepKind::kWait) {
       out << "wait #" << s.batch;
+    } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) {
+      out << (s.kind == StepKind::kConcat ? "concat " : "split ") << block(s.block);
     } else {
-      out << "post #" << s.batch << ":";
+      out << "post #" << s.batch;
+      if (s.collective != Collective::kPointToPoint) out << " (" << collective_name(s.collective) << ")";
+      out << ":";
       for (const Transfer& t : s.sends) out << " send " << block(t.block) << "->r" << t.peer << link(t.peer);
       for (const Transfer& t : s.recvs)
         out << " recv " << block(t.block) << "<-r" << t.peer << link(t.peer)
@@ -101,11 +169,11 @@ std::string describe_steps(const std::vector<Step>& steps, const Topology& topol
 namespace {
 
 // The symbolic state of one rank: which blocks it holds, and for results the set of (query
-// shard, key shard) pairs summed into them, as q * P + kv.
+// shard, key shard, head part) triples summed into them, as (q * P + kv) * parts + part.
 struct SymbolicRank {
   size_t pc = 0;
   std::map<Block, std::set<int>> blocks;         // present blocks (activations: empty set)
-  std::map<Block, bool> used;                    // activations received: read or sent on since
+  std::map<Block, bool> used;                    // activations received or made: read or sent on since
   struct Posted {
     const Step* step;
     std::vector<size_t> send_index, recv_index;  // each transfer's place in its pair's posting order
@@ -118,10 +186,16 @@ struct Message {
   std::set<int> content;
 };
 
+Block whole_heads(Block b) {
+  b.part = kAllHeads;
+  return b;
+}
+
 class Validator {
  public:
   Validator(const std::vector<RankSchedule>& schedules, const ScheduleRequest& request, Pass pass)
-      : P_(request.ranks), req_(request), pass_(pass), ranks_(P_), computed_(P_ * P_, 0) {
+      : P_(request.ranks), U_(schedules.empty() ? 1 : schedules[0].head_parts), req_(request), pass_(pass),
+        ranks_(P_), computed_(size_t(P_) * P_ * U_, 0) {
     for (int r = 0; r < P_; ++r) steps_.push_back(&schedules[r].pass(pass));
     for (int r = 0; r < P_; ++r) {
       const BlockKind home = pass == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
@@ -159,8 +233,11 @@ class Validator {
     return SP_STATUS(StatusCode::kInternal,
                      "rank " + std::to_string(rank) + " round " + std::to_string(s.round) + ": " + why);
   }
-  static std::string name(const Block& b) {
-    return std::string(block_kind_name(b.kind)) + "[" + std::to_string(b.shard) + "]";
+  static std::string name(const Block& b) { return block_name(b); }
+  int triple(int q, int kv, int part) const { return (q * P_ + kv) * U_ + part; }
+  bool valid_block(const Block& b) const {
+    return b.span >= 1 && b.shard >= 0 && b.shard + b.span <= P_ && b.part >= kAllHeads && b.part < U_ &&
+           (U_ > 1 || b.part == kAllHeads);
   }
   bool arriving(int r, const Block& b) const {
     for (const auto& [id, posted] : ranks_[r].pending)
@@ -174,6 +251,15 @@ class Validator {
         if (t.block == b) return true;
     return false;
   }
+  // The block an input is read from: itself, or for a head part the same block with all heads.
+  const Block* held_input(int r, const Block& b) const {
+    const SymbolicRank& me = ranks_[r];
+    if (me.blocks.count(b) && !arriving(r, b)) return &me.blocks.find(b)->first;
+    const Block whole = whole_heads(b);
+    if (b.part != kAllHeads && me.blocks.count(whole) && !arriving(r, whole)) return &me.blocks.find(whole)->first;
+    return nullptr;
+  }
+  void mark_used(int r, const Block& b) { ranks_[r].used[b] = true; }
 
   StatusOr<bool> advance(int r) {
     SymbolicRank& me = ranks_[r];
@@ -184,14 +270,23 @@ class Validator {
       SymbolicRank::Posted posted{&s, {}, {}};
       for (const Transfer& t : s.sends) {
         if (t.peer == r || t.peer < 0 || t.peer >= P_) return fail(r, s, "sends to itself or to no rank");
-        auto it = me.blocks.find(t.block);
-        if (it == me.blocks.end() || arriving(r, t.block)) return fail(r, s, "sends " + name(t.block) + " it does not hold");
-        me.used[t.block] = true;
+        if (!valid_block(t.block)) return fail(r, s, "sends a block that does not exist: " + name(t.block));
+        std::set<int> content;
+        if (is_result(t.block.kind)) {
+          auto it = me.blocks.find(t.block);
+          if (it == me.blocks.end() || arriving(r, t.block)) return fail(r, s, "sends " + name(t.block) + " it does not hold");
+          content = it->second;
+        } else {
+          const Block* from = held_input(r, t.block);
+          if (!from) return fail(r, s, "sends " + name(t.block) + " it does not hold");
+          mark_used(r, *from);
+        }
         posted.send_index.push_back(channel_[{r, t.peer}].size());
-        channel_[{r, t.peer}].push_back({t.block, it->second});
+        channel_[{r, t.peer}].push_back({t.block, content});
       }
       for (const Transfer& t : s.recvs) {
         if (t.peer == r || t.peer < 0 || t.peer >= P_) return fail(r, s, "receives from itself or from no rank");
+        if (!valid_block(t.block)) return fail(r, s, "receives a block that does not exist: " + name(t.block));
         const bool result = is_result(t.block.kind);
         if (result != (t.combine != Combine::kReplace))
           return fail(r, s, name(t.block) + ": results are added or merged, inputs replaced");
@@ -201,6 +296,10 @@ class Validator {
       me.pending[s.batch] = std::move(posted);
     } else if (s.kind == StepKind::kCompute) {
       SP_RETURN_IF_ERROR(compute(r, s));
+    } else if (s.kind == StepKind::kConcat) {
+      SP_RETURN_IF_ERROR(concat(r, s));
+    } else if (s.kind == StepKind::kSplit) {
+      SP_RETURN_IF_ERROR(split(r, s));
     } else {
       auto it = me.pending.find(s.batch);
       if (it == me.pending.end()) return fail(r, s, "waits on batch " + std::to_string(s.batch) + " never posted");
@@ -214,23 +313,84 @@ class Validator {
 
   Status compute(int r, const Step& s) {
     SymbolicRank& me = ranks_[r];
-    const int q = s.q_shard, kv = s.kv_shard;
-    if (q < 0 || q >= P_ || kv < 0 || kv >= P_) return fail(r, s, "computes a shard that does not exist");
-    if (!req_.visible[q][kv]) return fail(r, s, "computes a pair the mask leaves empty");
-    const Block q_in{pass_ == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack, q};
-    for (const Block& in : {q_in, Block{BlockKind::kKV, kv}}) {
-      if (!me.blocks.count(in) || arriving(r, in)) return fail(r, s, "reads " + name(in) + " before it arrived");
-      me.used[in] = true;
+    const BlockKind query = pass_ == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
+    const Block q_in = s.q_block(query), kv_in = s.kv_block(BlockKind::kKV);
+    if (!valid_block(q_in) || !valid_block(kv_in)) return fail(r, s, "computes a block that does not exist");
+    std::vector<int> triples;
+    for (int q = s.q_shard; q < s.q_shard + s.q_span; ++q)
+      for (int kv = s.kv_shard; kv < s.kv_shard + s.kv_span; ++kv) {
+        if (!req_.visible[q][kv]) continue;
+        for (int p = 0; p < U_; ++p)
+          if (s.part == kAllHeads || s.part == p) triples.push_back(triple(q, kv, p));
+      }
+    if (triples.empty()) return fail(r, s, "computes a pair the mask leaves empty");
+    for (const Block& in : {q_in, kv_in}) {
+      const Block* from = held_input(r, in);
+      if (!from) return fail(r, s, "reads " + name(in) + " before it arrived");
+      mark_used(r, *from);
     }
     std::vector<Block> outs;
-    if (pass_ == Pass::kForward) outs = {{BlockKind::kOutput, q}};
-    else outs = {{BlockKind::kDQ, q}, {BlockKind::kDKV, kv}};
+    if (pass_ == Pass::kForward) outs = {s.q_block(BlockKind::kOutput)};
+    else outs = {s.q_block(BlockKind::kDQ), s.kv_block(BlockKind::kDKV)};
     for (const Block& out : outs) {
       if (in_flight(r, out)) return fail(r, s, "writes " + name(out) + " while it is being sent");
       std::set<int>& content = me.blocks[out];
-      if (!content.insert(q * P_ + kv).second) return fail(r, s, "adds a pair twice into " + name(out));
+      for (int t : triples)
+        if (!content.insert(t).second) return fail(r, s, "adds a pair twice into " + name(out));
     }
-    ++computed_[q * P_ + kv];
+    for (int t : triples) ++computed_[t];
+    return Status::Ok();
+  }
+
+  std::vector<Block> pieces(const Block& b) const {
+    std::vector<Block> out;
+    for (int x = b.shard; x < b.shard + b.span; ++x) out.push_back({b.kind, x, 1, b.part});
+    return out;
+  }
+  // The shard a triple's result row belongs to in a block of this kind.
+  int owner(BlockKind kind, int t) const {
+    const int pair = t / U_;
+    return kind == BlockKind::kDKV ? pair % P_ : pair / P_;
+  }
+
+  Status concat(int r, const Step& s) {
+    SymbolicRank& me = ranks_[r];
+    if (!valid_block(s.block) || s.block.span < 2) return fail(r, s, "concatenates a block that is not a span");
+    std::set<int> content;
+    for (const Block& piece : pieces(s.block)) {
+      if (is_result(piece.kind)) {
+        auto it = me.blocks.find(piece);
+        if (it == me.blocks.end() || arriving(r, piece) || in_flight(r, piece))
+          return fail(r, s, "concatenates " + name(piece) + ", which it does not hold");
+        content.insert(it->second.begin(), it->second.end());
+        me.blocks.erase(it);
+        continue;
+      }
+      const Block* from = held_input(r, piece);
+      if (!from) return fail(r, s, "concatenates " + name(piece) + ", which it does not hold");
+      mark_used(r, *from);
+      if (*from == piece && !(piece.shard == r && piece.part == kAllHeads)) me.blocks.erase(piece);
+    }
+    if (me.blocks.count(s.block)) return fail(r, s, "concatenates into " + name(s.block) + ", which it holds");
+    me.blocks[s.block] = content;
+    me.used[s.block] = false;
+    return Status::Ok();
+  }
+
+  Status split(int r, const Step& s) {
+    SymbolicRank& me = ranks_[r];
+    auto it = me.blocks.find(s.block);
+    if (!valid_block(s.block) || s.block.span < 2 || !is_result(s.block.kind) || it == me.blocks.end() ||
+        in_flight(r, s.block))
+      return fail(r, s, "splits " + name(s.block) + ", a result span it does not hold");
+    const std::set<int> content = it->second;
+    me.blocks.erase(it);
+    for (const Block& piece : pieces(s.block)) {
+      if (me.blocks.count(piece)) return fail(r, s, "splits into " + name(piece) + ", which it holds");
+      std::set<int>& mine = me.blocks[piece];
+      for (int t : content)
+        if (owner(piece.kind, t) == piece.shard) mine.insert(t);
+    }
     return Status::Ok();
   }
 
@@ -257,7 +417,7 @@ class Validator {
       const Transfer& t = s.recvs[i];
       if (t.combine == Combine::kReplace) {
         me.blocks[t.block] = {};
-        if (t.block.shard != r) me.used[t.block] = false;
+        me.used[t.block] = false;
         continue;
       }
       std::set<int>& content = me.blocks[t.block];
@@ -270,50 +430,57 @@ class Validator {
 
   Status finish() {
     for (int a = 0; a < P_; ++a)
-      for (int b = 0; b < P_; ++b) {
-        const int n = computed_[a * P_ + b];
-        if (req_.visible[a][b] && n != 1)
-          return SP_STATUS(StatusCode::kInternal, "pair Q[" + std::to_string(a) + "] x KV[" + std::to_string(b) +
-                                                      "] computed " + std::to_string(n) + " times");
-      }
+      for (int b = 0; b < P_; ++b)
+        for (int p = 0; p < U_; ++p) {
+          const int n = computed_[triple(a, b, p)];
+          if (req_.visible[a][b] && n != 1)
+            return SP_STATUS(StatusCode::kInternal, "pair Q[" + std::to_string(a) + "] x KV[" + std::to_string(b) +
+                                                        "]" + (U_ > 1 ? " head part " + std::to_string(p) : "") +
+                                                        " computed " + std::to_string(n) + " times");
+        }
     for (int r = 0; r < P_; ++r) {
       const SymbolicRank& me = ranks_[r];
       for (const auto& [block, content] : me.blocks) {
-        if (is_result(block.kind) && block.shard != r)
+        const bool home = block.shard == r && block.span == 1;
+        if (is_result(block.kind) && !home)
           return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " ends holding " + name(block) +
                                                       ": a result that never went home");
-        if (!is_result(block.kind) && block.shard != r && !me.used.at(block))
-          return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " received " + name(block) +
+        const bool initial = home && block.part == kAllHeads;
+        if (!is_result(block.kind) && !initial && !me.used.at(block))
+          return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " received or made " + name(block) +
                                                       " and never used it");
       }
-      std::vector<std::pair<Block, std::set<int>>> want;
       std::set<int> by_q, by_kv;
-      for (int x = 0; x < P_; ++x) {
-        if (req_.visible[r][x]) by_q.insert(r * P_ + x);
-        if (req_.visible[x][r]) by_kv.insert(x * P_ + r);
-      }
-      if (pass_ == Pass::kForward) want = {{{BlockKind::kOutput, r}, by_q}};
-      else want = {{{BlockKind::kDQ, r}, by_q}, {{BlockKind::kDKV, r}, by_kv}};
-      for (const auto& [block, pairs] : want) {
-        const auto it = me.blocks.find(block);
-        const std::set<int> have = it == me.blocks.end() ? std::set<int>{} : it->second;
-        if (have != pairs)
-          return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " ends with " + name(block) +
-                                                      " summing " + std::to_string(have.size()) + " pairs, not " +
-                                                      std::to_string(pairs.size()));
+      for (int x = 0; x < P_; ++x)
+        for (int p = 0; p < U_; ++p) {
+          if (req_.visible[r][x]) by_q.insert(triple(r, x, p));
+          if (req_.visible[x][r]) by_kv.insert(triple(x, r, p));
+        }
+      std::vector<std::pair<BlockKind, std::set<int>>> want;
+      if (pass_ == Pass::kForward) want = {{BlockKind::kOutput, by_q}};
+      else want = {{BlockKind::kDQ, by_q}, {BlockKind::kDKV, by_kv}};
+      for (const auto& [kind, triples] : want) {
+        std::set<int> have;
+        size_t summed = 0;
+        for (const auto& [block, content] : me.blocks)
+          if (block.kind == kind) have.insert(content.begin(), content.end()), summed += content.size();
+        if (have != triples || summed != have.size())
+          return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " ends with " +
+                                                      block_kind_name(kind) + " summing " + std::to_string(summed) +
+                                                      " (pair, head part)s, not " + std::to_string(triples.size()));
       }
     }
     return Status::Ok();
   }
 
-  int P_;
+  int P_, U_;
   const ScheduleRequest& req_;
   Pass pass_;
   std::vector<const std::vector<Step>*> steps_;
   std::vector<SymbolicRank> ranks_;
   std::vector<int> computed_;
-  std::map<std::pair<int, int>, std::vector<Message>> channel_;                     // (from, to): sends
-  std::map<std::pair<int, int>, std::vector<Block>> recv_seq_;     // (from, to): recvs posted
+  std::map<std::pair<int, int>, std::vector<Message>> channel_;  // (from, to): sends
+  std::map<std::pair<int, int>, std::vector<Block>> recv_seq_;   // (from, to): recvs posted
 };
 
 }  // namespace

@@ -11,23 +11,23 @@ std::vector<Step> project(const PlanEvents& plan, int rank) {
   for (const auto& c : plan.computes) last_round = std::max(last_round, c.round);
   for (const auto& m : plan.moves) last_round = std::max(last_round, m.wait);
   std::vector<Step> steps;
-  std::map<std::pair<int, int>, int> batch_of;  // (post, wait) -> batch id, for this rank
-  std::map<int, std::vector<int>> waits_at;     // round -> batch ids completing there
+  int batches = 0;
+  std::map<int, std::vector<int>> waits_at;  // round -> batch ids completing there
   for (int round = 0; round <= last_round; ++round) {
     // Batches starting now, ordered by completion round, their transfers in plan order.
-    std::map<int, Step> starting;
+    std::map<std::pair<int, Collective>, Step> starting;
     for (const auto& m : plan.moves) {
       if (m.post != round || (m.from != rank && m.to != rank)) continue;
-      Step& s = starting[m.wait];
+      Step& s = starting[{m.wait, m.collective}];
       s.kind = StepKind::kPost;
       s.round = round;
+      s.collective = m.collective;
       if (m.from == rank) s.sends.push_back({m.to, m.block, Combine::kReplace});
       if (m.to == rank) s.recvs.push_back({m.from, m.block, m.combine});
     }
-    for (auto& [wait, s] : starting) {
-      s.batch = static_cast<int>(batch_of.size());
-      batch_of[{round, wait}] = s.batch;
-      waits_at[wait].push_back(s.batch);
+    for (auto& [key, s] : starting) {
+      s.batch = batches++;
+      waits_at[key.first].push_back(s.batch);
       steps.push_back(std::move(s));
     }
     for (const auto& c : plan.computes)

@@ -19,6 +19,7 @@ struct PlanEvents {
     int from, to, post, wait;
     Block block;
     Combine combine;
+    Collective collective;
   };
   std::vector<Compute> computes;
   std::vector<Move> moves;
@@ -28,13 +29,15 @@ struct PlanEvents {
   }
   // Activations replace (the receiver's copy of an input); results add (dQ, dK/dV) or merge
   // (running O, LSE) into the receiver's block of the same name.
-  void move(int from, int to, int post, int wait, Block block, Combine combine = Combine::kReplace) {
-    moves.push_back({from, to, post, wait, block, combine});
+  void move(int from, int to, int post, int wait, Block block, Combine combine = Combine::kReplace,
+            Collective collective = Collective::kPointToPoint) {
+    moves.push_back({from, to, post, wait, block, combine, collective});
   }
 };
 
 // One rank's steps: per round, its batches that start there (one per distinct completion
-// round, in the order the moves were added), its computes, then the batches that complete.
+// round and collective, in the order the moves were added), its computes, then the batches
+// that complete.
 std::vector<Step> project(const PlanEvents& plan, int rank);
 
 }  // namespace seqpar::parallel

@@ -4,7 +4,9 @@
 namespace seqpar {
 
 // Each name N here is defined as `const Algorithm N` in N.cpp beside this file.
-#define SEQPAR_ALGORITHMS(X) X(ring) X(burst) X(ring_return) X(burst_return) X(distflash) X(double_ring)
+#define SEQPAR_ALGORITHMS(X)                                                                   \
+  X(ring) X(burst) X(ring_return) X(burst_return) X(distflash) X(double_ring) X(ulysses) X(ulysses_ring) \
+  X(attention2d) X(attention2d_overlap)
 
 namespace parallel::algorithms {
 #define SEQPAR_DECLARE(name) extern const Algorithm name;

@@ -1,0 +1,164 @@
+// Ulysses x ring schedules (ulysses_grid.hpp): the all-to-alls around a ring-family schedule
+// whose steps are widened from one rank's shard to a Ulysses group's head-part span.
+#include "parallel/algorithms/ulysses_grid.hpp"
+
+namespace seqpar::parallel {
+namespace {
+
+struct UlyssesGrid {
+  int u = 1;
+  int member(int rank) const { return rank % u; }
+  int group(int rank) const { return rank / u; }
+  int rank(int member, int group) const { return group * u + member; }
+};
+
+bool any_in_row(const ScheduleRequest& req, int group, int u) {
+  for (int q = group * u; q < (group + 1) * u; ++q)
+    for (int kv = 0; kv < req.ranks; ++kv)
+      if (req.visible[q][kv]) return true;
+  return false;
+}
+bool any_in_column(const ScheduleRequest& req, int group, int u) {
+  for (int kv = group * u; kv < (group + 1) * u; ++kv)
+    for (int q = 0; q < req.ranks; ++q)
+      if (req.visible[q][kv]) return true;
+  return false;
+}
+
+// The all-to-all from sequence shards to head parts: every other member of the group gets its
+// head part of this rank's `kinds`; then the span blocks are joined.
+void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
+                     int batch) {
+  const int a = g.member(l), b = g.group(l);
+  Step post;
+  post.kind = StepKind::kPost, post.batch = batch, post.collective = Collective::kAllToAll;
+  for (int m = 0; m < g.u; ++m) {
+    if (m == a) continue;
+    for (BlockKind k : kinds) {
+      post.sends.push_back({g.rank(m, b), {k, l, 1, m}});
+      post.recvs.push_back({g.rank(m, b), {k, g.rank(m, b), 1, a}});
+    }
+  }
+  steps.push_back(post);
+  steps.push_back({.kind = StepKind::kWait, .batch = batch});
+  for (BlockKind k : kinds) {
+    Step concat;
+    concat.kind = StepKind::kConcat, concat.block = {k, b * g.u, g.u, a};
+    steps.push_back(concat);
+  }
+}
+
+// The all-to-all back: each span result split into its shards' pieces, sent home.
+void parts_to_shards(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
+                     int batch, int round) {
+  if (kinds.empty()) return;
+  const int a = g.member(l), b = g.group(l);
+  Step post;
+  post.kind = StepKind::kPost, post.batch = batch, post.collective = Collective::kAllToAll, post.round = round;
+  for (BlockKind k : kinds) {
+    Step split;
+    split.kind = StepKind::kSplit, split.block = {k, b * g.u, g.u, a}, split.round = round;
+    steps.push_back(split);
+    for (int m = 0; m < g.u; ++m) {
+      if (m == a) continue;
+      post.sends.push_back({g.rank(m, b), {k, g.rank(m, b), 1, a}});
+      post.recvs.push_back({g.rank(m, b), {k, l, 1, m}, k == BlockKind::kOutput ? Combine::kMerge : Combine::kAdd});
+    }
+  }
+  steps.push_back(post);
+  steps.push_back({.kind = StepKind::kWait, .batch = batch, .round = round});
+}
+
+// The ring dimension's steps of group b, widened to member a's span blocks and peers.
+void widen(std::vector<Step>& steps, const std::vector<Step>& inner, const UlyssesGrid& g, int a, int batch_base) {
+  const auto block = [&](Block x) { return Block{x.kind, x.shard * g.u, g.u, a}; };
+  for (Step s : inner) {
+    s.round += 1;
+    if (s.kind == StepKind::kCompute) {
+      s.q_shard *= g.u, s.kv_shard *= g.u, s.q_span = s.kv_span = g.u, s.part = a;
+    } else if (s.kind == StepKind::kPost || s.kind == StepKind::kWait) {
+      s.batch += batch_base;
+      for (auto* list : {&s.sends, &s.recvs})
+        for (Transfer& t : *list) t.peer = g.rank(a, t.peer), t.block = block(t.block);
+    }
+    steps.push_back(std::move(s));
+  }
+}
+
+int last_batch(const std::vector<Step>& steps) {
+  int last = -1;
+  for (const Step& s : steps) last = std::max(last, s.batch);
+  return last;
+}
+
+}  // namespace
+
+std::string ulysses_refusal(const ScheduleRequest& req, int u) {
+  if (u < 1 || req.ranks % u != 0)
+    return "the Ulysses degree (" + std::to_string(u) + ") must divide the ranks (" + std::to_string(req.ranks) + ")";
+  if (u == 1) return {};
+  return head_parts_refusal(u, req.heads, req.kv_heads);
+}
+
+int ulysses_degree(const ScheduleRequest& req) {
+  if (req.ulysses > 0) return req.ulysses;
+  const int L = req.topology.ranks_per_node;
+  for (int u = req.ranks; u > 1; --u)
+    if ((L <= 0 || L % u == 0) && ulysses_refusal(req, u).empty()) return u;
+  return 1;
+}
+
+const Algorithm* ring_dimension_algorithm(const ScheduleRequest& req, std::string* why_not) {
+  const Algorithm* a = find_algorithm(req.ring_algorithm);
+  const std::string name = req.ring_algorithm;
+  if (!a || name.rfind("ulysses", 0) == 0 || name.rfind("attention2d", 0) == 0) {
+    *why_not = "the ring dimension runs a ring-family algorithm (ring, burst, ring-return, burst-return, distflash, "
+               "double-ring), not '" + name + "'";
+    return nullptr;
+  }
+  return a;
+}
+
+ScheduleRequest ring_dimension_request(const ScheduleRequest& req, int u) {
+  ScheduleRequest inner = req;
+  inner.ranks = req.ranks / u;
+  const int L = req.topology.ranks_per_node;
+  inner.topology.ranks_per_node = L <= 0 ? 0 : L % u == 0 ? L / u : 1;
+  inner.heads = req.heads / u;
+  inner.kv_heads = std::max<int64_t>(req.kv_heads / u, 1);
+  inner.visible.assign(inner.ranks, std::vector<bool>(inner.ranks, false));
+  for (int q = 0; q < req.ranks; ++q)
+    for (int kv = 0; kv < req.ranks; ++kv)
+      if (req.visible[q][kv]) inner.visible[q / u][kv / u] = true;
+  return inner;
+}
+
+RankSchedule ulysses_schedule(const ScheduleRequest& req, int rank, int u, const Algorithm& ring) {
+  const ScheduleRequest inner_req = ring_dimension_request(req, u);
+  if (u == 1) return ring.make_schedule(inner_req, rank);
+  const UlyssesGrid g{u};
+  const int a = g.member(rank), b = g.group(rank);
+  const RankSchedule inner = ring.make_schedule(inner_req, b);
+  RankSchedule out;
+  out.head_parts = u;
+  // Forward.
+  shards_to_parts(out.forward, g, rank, {BlockKind::kQuery, BlockKind::kKV}, 0);
+  widen(out.forward, inner.forward, g, a, 1);
+  int round = 2;
+  for (const Step& s : out.forward) round = std::max(round, s.round + 1);
+  std::vector<BlockKind> home;
+  if (any_in_row(req, b, u)) home.push_back(BlockKind::kOutput);
+  parts_to_shards(out.forward, g, rank, home, last_batch(out.forward) + 1, round);
+  // Backward.
+  shards_to_parts(out.backward, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, 0);
+  widen(out.backward, inner.backward, g, a, 1);
+  round = 2;
+  for (const Step& s : out.backward) round = std::max(round, s.round + 1);
+  home.clear();
+  if (any_in_row(req, b, u)) home.push_back(BlockKind::kDQ);
+  if (any_in_column(req, b, u)) home.push_back(BlockKind::kDKV);
+  parts_to_shards(out.backward, g, rank, home, last_batch(out.backward) + 1, round);
+  return out;
+}
+
+}  // namespace seqpar::parallel
