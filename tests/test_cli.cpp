@@ -186,9 +186,45 @@ TEST(Cli, PrintSchedule) {
   const Result r = run_tool("attn --algo distflash --layout contiguous --seq 64 --ranks 8 --print-schedule 7");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 7 of 8"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("forward: 5 pairs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("forward: 5 shard pairs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("recv O[7]<-r0 (merge)"), std::string::npos) << r.output;
   EXPECT_EQ(run_tool("attn --seq 64 --ranks 2 --print-schedule 2").exit_code, 2);
+  // Ulysses x ring on a 2 x 2 grid: the all-to-all of head parts, concatenation, the ring of
+  // group spans, the split and the all-to-all home.
+  const Result u = run_tool("attn --algo ulysses-ring --ulysses 2 --heads 4 --seq 64 --ranks 4 --print-schedule 1");
+  ASSERT_EQ(u.exit_code, 0) << u.output;
+  for (const char* step : {"post #0 (all-to-all): send Q[1]/h0->r0 send KV[1]/h0->r0", "concat KV[0+2]/h1",
+                           "compute Q[0+2]/h1 x KV[0+2]/h1", "split O[0+2]/h1", "recv O[1]/h0<-r0 (merge)"})
+    EXPECT_NE(u.output.find(step), std::string::npos) << step << "\n" << u.output;
+  // Attention2D's collectives by name.
+  const Result a = run_tool("attn --algo attention2d --layout striped --seq 64 --ranks 4 --print-schedule 2");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  for (const char* step : {"(transpose swap)", "(row all-gather)", "(column all-gather)", "(row reduce-scatter)"})
+    EXPECT_NE(a.output.find(step), std::string::npos) << step << "\n" << a.output;
+}
+
+TEST(Cli, NewAlgorithmsRunAndReportBytesPerCollective) {
+  for (const char* algo : {"ulysses", "ulysses-ring", "attention2d", "attention2d-overlap"}) {
+    SCOPED_TRACE(algo);
+    const Result r = run_tool(std::string("attn --algo ") + algo +
+                              " --ranks 4 --ranks-per-node 2 --layout striped --mask causal --seq 256 --heads 4 "
+                              "--kv-heads 2 --head-dim 16 --check full --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_TRUE(j["check_passed"].get<bool>());
+    EXPECT_EQ(j["bytes_sent_per_rank"], j["bytes_expected_per_rank"]);
+    for (const char* pass : {"forward", "backward"})
+      for (int rank = 0; rank < 4; ++rank) {  // the collectives' bytes add up to the rank's
+        int64_t sum = 0, links = 0;
+        for (const auto& [name, bytes] : j["walked_bytes_per_rank_by_collective"].items()) sum += bytes[pass][rank].get<int64_t>();
+        for (const auto& [name, bytes] : j["walked_bytes_per_rank_by_link"].items()) links += bytes[pass][rank].get<int64_t>();
+        EXPECT_EQ(sum, j["bytes_sent_per_rank"][pass][rank].get<int64_t>());
+        EXPECT_EQ(links, sum);
+      }
+  }
+  const Result refused = run_tool("attn --algo attention2d --ranks 6 --seq 64");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("square number of ranks"), std::string::npos) << refused.output;
 }
 
 TEST(Cli, SampledCheckOnLargerProblem) {

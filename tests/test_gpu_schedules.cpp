@@ -33,6 +33,8 @@ struct Case {
   int64_t max_call_rows = 0;
   int ranks_per_node = 0;
   int64_t batch = 1;
+  int ulysses = 0;                 // ulysses-ring's degree (0: the planner's)
+  std::string ring_algo = "ring";  // ulysses-ring's ring dimension
 };
 
 std::string name(const Case& c) {
@@ -42,7 +44,8 @@ std::string name(const Case& c) {
                   std::to_string(c.head_groups) + (c.own_kernels ? "_own" : "") +
                   (c.max_call_rows ? "_rows" + std::to_string(c.max_call_rows) : "") +
                   (c.ranks_per_node ? "_L" + std::to_string(c.ranks_per_node) : "") +
-                  (c.batch > 1 ? "_B" + std::to_string(c.batch) : "");
+                  (c.batch > 1 ? "_B" + std::to_string(c.batch) : "") +
+                  (c.ulysses ? "_U" + std::to_string(c.ulysses) : "") + (c.ring_algo != "ring" ? "_" + c.ring_algo : "");
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -108,6 +111,8 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     options.algorithm = c.algo;
     options.topology.ranks_per_node = c.ranks_per_node;
     options.head_groups = c.head_groups;
+    options.ulysses = c.ulysses;
+    options.ring_algorithm = c.ring_algo;
     SP_ASSIGN_OR_RETURN(const AttentionPlan plan,
                         plan_attention(options, layout, params, block_bytes_for(lq.view, lk.view, *backend), r, *backend));
     GpuWorkspace ws(/*trace=*/true);  // the milestones must not change the results (and are checked)
@@ -207,7 +212,34 @@ std::vector<Case> cases() {
   }
   // cuDNN calls of at most 100 rows: every pair tiled into many parts.
   for (const char* algo : {"ring", "burst"}) all.push_back({algo, 4, Z, "causal", 1000, 4, 4, 64, 2, false, false, 100});
+  // Ulysses at P = 2, 4, 8 (GQA 8:2: at P = 8 each K/V head goes to four head parts), Ulysses x
+  // ring on 2 x 2, 4 x 2 and 2 x 4 grids with the ring, Burst and DistFlashAttn across groups,
+  // head groups and two batch entries with head parts; Attention2D's two variants at P = 4, 9.
+  for (int P : {2, 4, 8}) all.push_back({"ulysses", P, Z, "causal", 125 * P + 3, 8, 2, 128});
+  all.push_back({"ulysses", 4, St, "full", 1001, 8, 8, 64});
+  for (int P : {4, 8}) {
+    Case c{"ulysses-ring", P, Z, "causal", 125 * P + 3, 8, 2, 128};
+    c.ranks_per_node = P / 2;
+    all.push_back(c);
+  }
+  for (const char* ring : {"burst", "distflash"}) {
+    Case c{"ulysses-ring", 8, std::string(ring) == "distflash" ? C : Z, "causal", 1003, 8, 2, 128};
+    c.ulysses = 2, c.ring_algo = ring;
+    all.push_back(c);
+  }
+  all.push_back({"ulysses", 2, Z, "causal", 1003, 8, 2, 64, 2});
+  {
+    Case c{"ulysses-ring", 4, Z, "window:100,0", 603, 4, 2, 64};
+    c.ulysses = 2, c.batch = 2;
+    all.push_back(c);
+  }
+  for (const char* algo : {"attention2d", "attention2d-overlap"})
+    for (int P : {4, 9}) {
+      all.push_back({algo, P, St, "causal", 125 * P + 3, 4, 2, 128});
+      all.push_back({algo, P, St, "full", 111 * P + 5, 4, 4, 64});
+    }
   // NCCL, one GPU per rank (skipped below that many GPUs).
+  for (const char* algo : {"ulysses", "attention2d"}) all.push_back({algo, 4, St, "causal", 2050, 8, 2, 128, 0, true});
   for (const char* algo : {"ring", "burst", "ring-return", "burst-return"}) {
     all.push_back({algo, 2, Z, "causal", 2048, 8, 8, 128, 0, true});
     all.push_back({algo, 2, Z, "causal", 2050, 8, 2, 128, 2, true});

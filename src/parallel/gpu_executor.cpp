@@ -1,6 +1,9 @@
 // The GPU executor (include/seqpar/gpu_executor.hpp): runs a plan's steps for each head group
 // on device tensors. Blocks are named as the steps name them and live in pooled device
 // buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
+// Head parts of them are cut out when first named, span blocks joined from their pieces, and
+// results that come home in head parts put together (added where GQA gave two parts one K/V
+// head) before they are rounded into the caller's tensors.
 #include "seqpar/gpu_executor.hpp"
 
 #include <cuda_runtime.h>
@@ -143,6 +146,9 @@ class GpuExecutor {
     SP_CHECK_ARG(Hkv_ > 0 && H_ % Hkv_ == 0, "query heads must be a multiple of K/V heads");
     SP_CHECK_ARG(Hkv_ % plan_.head_groups == 0, "head groups (" + std::to_string(plan_.head_groups) +
                                                     ") must divide the K/V heads (" + std::to_string(Hkv_) + ")");
+    const std::string parts_refusal =
+        head_parts_refusal(plan_.schedule.head_parts, H_ / plan_.head_groups, Hkv_ / plan_.head_groups);
+    SP_CHECK_ARG(parts_refusal.empty(), "each head group's heads: " + parts_refusal);
     SP_CHECK_ARG(plan_.block_bytes.heads == H_ && plan_.block_bytes.kv_heads == Hkv_ && plan_.block_bytes.head_dim == D_ &&
                      plan_.block_bytes.batch == B_,
                  "the plan was made for other dims than these tensors'");
@@ -165,24 +171,41 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  // A block's parts in wire order (schedule.hpp's BlockKind), for one head group.
+  // A block's parts in wire order (schedule.hpp's BlockKind), for one head group: which heads
+  // each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype.
+  enum class Heads : uint8_t { kQuery, kKV, kStats };
   struct PartShape {
     DType dtype;
+    Heads heads;
     std::vector<int64_t> shape;
   };
-  std::vector<PartShape> part_shapes(BlockKind kind, int64_t rows) const {
-    const std::vector<int64_t> q{B_, rows, Hg_, D_}, kv{B_, rows, Hkg_, D_}, stats{B_, Hg_, rows};
+  std::vector<PartShape> part_shapes(const Block& b, int64_t rows) const {
+    const int64_t hq = heads_of(Heads::kQuery, b.part).count(), hkv = heads_of(Heads::kKV, b.part).count();
+    const std::vector<int64_t> q{B_, rows, hq, D_}, kv{B_, rows, hkv, D_}, stats{B_, hq, rows};
     const DType f32 = DType::kF32;
-    switch (kind) {
-      case BlockKind::kKV: return {{dtype_, kv}, {dtype_, kv}};
-      case BlockKind::kQuery: return {{dtype_, q}};
-      case BlockKind::kOutput: return {{f32, q}, {f32, stats}};
+    const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{f32, Heads::kStats, stats};
+    switch (b.kind) {
+      case BlockKind::kKV: return {KV, KV};
+      case BlockKind::kQuery: return {Q};
+      case BlockKind::kOutput: return {{f32, Heads::kQuery, q}, S32};
       case BlockKind::kQueryPack:  // Q, dO, D (or O where the backend takes no D), LSE
-        return {{dtype_, q}, {dtype_, q}, takes_delta() ? PartShape{f32, stats} : PartShape{dtype_, q}, {f32, stats}};
-      case BlockKind::kDQ: return {{f32, q}};
-      case BlockKind::kDKV: return {{f32, kv}, {f32, kv}};
+        return {Q, Q, takes_delta() ? S32 : Q, S32};
+      case BlockKind::kDQ: return {{f32, Heads::kQuery, q}};
+      case BlockKind::kDKV: return {{f32, Heads::kKV, kv}, {f32, Heads::kKV, kv}};
     }
     return {};
+  }
+  // The heads of head part `part` within the group (all of the group's for kAllHeads).
+  HeadRange heads_of(Heads h, int part) const {
+    const int parts = plan_.schedule.head_parts;
+    if (part == kAllHeads) return {0, h == Heads::kKV ? Hkg_ : Hg_};
+    return h == Heads::kKV ? kv_part_range(part, parts, Hg_, Hkg_) : head_part_range(part, parts, Hg_);
+  }
+  static TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
+    return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);
+  }
+  static TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
+    return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
   }
   bool takes_delta() const { return plan_.backend->caps().takes_delta; }
 
@@ -192,13 +215,13 @@ class GpuExecutor {
   };
   StatusOr<std::unique_ptr<Stored>> make_block(const Block& b) {
     auto st = std::make_unique<Stored>();
-    const int64_t rows = plan_.layout.local_len(b.shard), longest = plan_.layout.max_local_len();
+    const int64_t rows = block_rows(b, plan_.layout), longest = plan_.layout.max_local_len() * b.span;
     size_t capacity = 0;
-    for (const PartShape& p : part_shapes(b.kind, longest))
+    for (const PartShape& p : part_shapes(b, longest))
       capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
     SP_ASSIGN_OR_RETURN(st->buffer, ws_.take(capacity));
     char* at = static_cast<char*>(st->buffer.data());
-    for (const PartShape& p : part_shapes(b.kind, rows)) {
+    for (const PartShape& p : part_shapes(b, rows)) {
       st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
       at += padded(view_bytes(st->parts.back()));
     }
@@ -270,6 +293,8 @@ class GpuExecutor {
       } else if (s.kind == StepKind::kWait) {
         SP_RETURN_IF_ERROR(wait(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
+      } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) {
+        SP_RETURN_IF_ERROR(regroup(s));
       } else {
         SP_RETURN_IF_ERROR(compute(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " computed"));
@@ -282,7 +307,10 @@ class GpuExecutor {
         }
     }
     SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");
-    // The results, rounded once into the caller's tensors.
+    // The results, put together from their head parts and rounded once into the caller's tensors.
+    for (BlockKind kind : pass_ == Pass::kForward ? std::vector{BlockKind::kOutput}
+                                                  : std::vector{BlockKind::kDQ, BlockKind::kDKV})
+      SP_RETURN_IF_ERROR(join_parts({kind, me_}));
     if (pass_ == Pass::kForward) {
       SP_ASSIGN_OR_RETURN(Stored* out, result({BlockKind::kOutput, me_}));
       SP_RETURN_IF_ERROR(flash_cast(out->parts[0], qh(t_.o), s_));
@@ -297,38 +325,118 @@ class GpuExecutor {
     return ws_.mark(s_, group + "out");
   }
 
-  Status present(const Block& b) const {
-    SP_CHECK_ARG(store_.count(b), std::string("internal: the schedule reads ") + block_kind_name(b.kind) + "[" +
-                                      std::to_string(b.shard) + "], which rank " + std::to_string(me_) + " lacks");
+  // An input block: held, or a head part cut out of the same block with all heads.
+  StatusOr<Stored*> input(const Block& b) {
+    auto it = store_.find(b);
+    if (it != store_.end()) return it->second.get();
+    Block whole = b;
+    whole.part = kAllHeads;
+    auto w = store_.find(whole);
+    SP_CHECK_ARG(b.part != kAllHeads && w != store_.end(), "internal: the schedule reads " + block_name(b) +
+                                                               ", which rank " + std::to_string(me_) + " lacks");
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
+    const std::vector<PartShape> shapes = part_shapes(b, 0);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      SP_RETURN_IF_ERROR(flash_cast(heads_slice(w->second->parts[i], shapes[i].heads, heads_of(shapes[i].heads, b.part)),
+                                    part->parts[i], s_));
+    return (store_[b] = std::move(part)).get();
+  }
+  StatusOr<Stored*> held_result(const Block& b) {
+    auto it = store_.find(b);
+    SP_CHECK_ARG(it != store_.end(), "internal: the schedule sends " + block_name(b) + ", which rank " +
+                                         std::to_string(me_) + " lacks");
+    return it->second.get();
+  }
+
+  // The home result's head parts, copied (O, LSE: disjoint heads) or added (dQ, dK/dV: GQA may
+  // give two parts one K/V head) into the whole-heads result, and released.
+  Status join_parts(const Block& whole) {
+    for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
+      auto it = store_.find({whole.kind, whole.shard, 1, p});
+      if (it == store_.end()) continue;
+      SP_ASSIGN_OR_RETURN(Stored* into, result(whole));
+      const std::vector<PartShape> shapes = part_shapes(whole, 0);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const TensorView slice = heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
+        if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_cast(it->second->parts[i], slice, s_));
+        else SP_RETURN_IF_ERROR(flash_accumulate(it->second->parts[i], slice, s_));
+      }
+      release(std::move(it->second));
+      store_.erase(it);
+    }
     return Status::Ok();
   }
 
-  AttentionParams pair_params(int q_shard, int kv_shard) const {
-    AttentionParams p = plan_.params;
-    p.q_positions = plan_.layout.positions(q_shard).data();
-    p.k_positions = plan_.layout.positions(kv_shard).data();
-    return p;
+  // Global positions of a block's rows: its shards' positions, one after another.
+  const int64_t* positions(const Block& b) {
+    if (b.span == 1) return plan_.layout.positions(b.shard).data();
+    auto& cached = span_positions_[{b.shard, b.span}];
+    if (cached.empty())
+      for (int x = b.shard; x < b.shard + b.span; ++x)
+        cached.insert(cached.end(), plan_.layout.positions(x).begin(), plan_.layout.positions(x).end());
+    return cached.data();
   }
 
   Status compute(const Step& s) {
-    const Block kv{BlockKind::kKV, s.kv_shard};
-    SP_RETURN_IF_ERROR(present(kv));
-    const Stored& keys = *store_.at(kv);
-    const AttentionParams params = pair_params(s.q_shard, s.kv_shard);
+    SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
+    AttentionParams params = plan_.params;
+    params.q_positions = positions(s.q_block(BlockKind::kQuery));
+    params.k_positions = positions(s.kv_block(BlockKind::kKV));
     if (pass_ == Pass::kForward) {
-      const Block q{BlockKind::kQuery, s.q_shard};
-      SP_RETURN_IF_ERROR(present(q));
-      SP_ASSIGN_OR_RETURN(Stored* out, result({BlockKind::kOutput, s.q_shard}));
-      return plan_.backend->forward(store_.at(q)->parts[0], keys.parts[0], keys.parts[1], params, out->parts[0],
-                                    out->parts[1], s_);
+      SP_ASSIGN_OR_RETURN(Stored* q, input(s.q_block(BlockKind::kQuery)));
+      SP_ASSIGN_OR_RETURN(Stored* out, result(s.q_block(BlockKind::kOutput)));
+      return plan_.backend->forward(q->parts[0], keys->parts[0], keys->parts[1], params, out->parts[0], out->parts[1],
+                                    s_);
     }
-    const Block q{BlockKind::kQueryPack, s.q_shard};
-    SP_RETURN_IF_ERROR(present(q));
-    const Stored& pack = *store_.at(q);
-    SP_ASSIGN_OR_RETURN(Stored* dq, result({BlockKind::kDQ, s.q_shard}));
-    SP_ASSIGN_OR_RETURN(Stored* dkv, result({BlockKind::kDKV, s.kv_shard}));
-    return plan_.backend->backward(pack.parts[0], keys.parts[0], keys.parts[1], pack.parts[1], pack.parts[3],
-                                   pack.parts[2], params, dq->parts[0], dkv->parts[0], dkv->parts[1], s_);
+    SP_ASSIGN_OR_RETURN(Stored* pack, input(s.q_block(BlockKind::kQueryPack)));
+    SP_ASSIGN_OR_RETURN(Stored* dq, result(s.q_block(BlockKind::kDQ)));
+    SP_ASSIGN_OR_RETURN(Stored* dkv, result(s.kv_block(BlockKind::kDKV)));
+    return plan_.backend->backward(pack->parts[0], keys->parts[0], keys->parts[1], pack->parts[1], pack->parts[3],
+                                   pack->parts[2], params, dq->parts[0], dkv->parts[0], dkv->parts[1], s_);
+  }
+
+  // kConcat: the span block from its pieces (the rank's own input pieces cut from its
+  // whole-heads block); kSplit: a span result cut into pieces.
+  Status regroup(const Step& s) {
+    const Block& b = s.block;
+    const std::vector<PartShape> shapes = part_shapes(b, 0);
+    Stored* whole = nullptr;
+    std::unique_ptr<Stored> joined;
+    if (s.kind == StepKind::kConcat) {
+      SP_ASSIGN_OR_RETURN(joined, make_block(b));
+      whole = joined.get();
+    } else {
+      SP_ASSIGN_OR_RETURN(whole, held_result(b));
+    }
+    int64_t row = 0;
+    for (int x = b.shard; x < b.shard + b.span; ++x) {
+      const Block piece{b.kind, x, 1, b.part};
+      const int64_t n = plan_.layout.local_len(x);
+      Stored* part = nullptr;
+      if (s.kind == StepKind::kConcat) {
+        SP_ASSIGN_OR_RETURN(part, input(piece));
+      } else {
+        SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(piece));
+        part = (store_[piece] = std::move(made)).get();
+      }
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const TensorView rows = rows_slice(whole->parts[i], shapes[i].heads, row, n);
+        if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(flash_cast(part->parts[i], rows, s_));
+        else SP_RETURN_IF_ERROR(flash_cast(rows, part->parts[i], s_));
+      }
+      row += n;
+      if (s.kind == StepKind::kConcat && !(x == me_ && piece.part == kAllHeads)) {
+        auto it = store_.find(piece);
+        if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
+      }
+    }
+    if (s.kind == StepKind::kConcat) {
+      store_[b] = std::move(joined);
+    } else {
+      auto it = store_.find(b);
+      release(std::move(it->second)), store_.erase(it);
+    }
+    return Status::Ok();
   }
 
   struct Pending {
@@ -342,9 +450,14 @@ class GpuExecutor {
     std::vector<SendSpec> sends;
     std::vector<RecvSpec> recvs;
     for (const Transfer& t : s.sends) {
-      SP_RETURN_IF_ERROR(present(t.block));
-      for (const TensorView& part : store_.at(t.block)->parts) sends.push_back({t.peer, part.data, view_bytes(part)});
-      if (is_result(t.block.kind)) p.leaving.push_back(t.block);
+      Stored* from = nullptr;
+      if (is_result(t.block.kind)) {
+        SP_ASSIGN_OR_RETURN(from, held_result(t.block));
+        p.leaving.push_back(t.block);
+      } else {
+        SP_ASSIGN_OR_RETURN(from, input(t.block));
+      }
+      for (const TensorView& part : from->parts) sends.push_back({t.peer, part.data, view_bytes(part)});
     }
     for (const Transfer& t : s.recvs) {
       SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block));
@@ -408,6 +521,7 @@ class GpuExecutor {
   std::map<Block, std::unique_ptr<Stored>> store_;
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
+  std::map<std::pair<int, int>, std::vector<int64_t>> span_positions_;
 };
 
 }  // namespace

@@ -8,9 +8,10 @@
 // so the ring it is. Backward: the same gathers (the query pack: Q, dO, D, LSE: global row
 // stats make every tile's gradient exact), dQ summed home along the row as it is computed, then
 // dK/dV summed along the column and swapped back to their owner (Algorithm 3 reduce-scatters
-// the gradients, not Q_g and K_g, V_g as printed). Bytes a rank sends: forward
-// (s-1)(N/P)(4H+2) words and backward (s-1)(N/P)(8H+2) with LSE and D as one word each (the
-// report's forms carry M and D), plus 2(N/P)H for the swaps off the diagonal.
+// the gradients, not Q_g and K_g, V_g as printed). Words a rank sends a head (D: head dim,
+// n = N/P): forward (s-1) n (4D+1) and backward (s-1) n (7D+2) (the report's (4H+2) and
+// (8H+2) carry M and D for the LSE, and O for D), plus off the diagonal 2nD forward and 4nD
+// backward: the backward swaps K/V again, as no state is kept between passes.
 #include "parallel/algorithms/attention2d.hpp"
 
 #include "seqpar/algorithm.hpp"

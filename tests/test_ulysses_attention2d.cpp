@@ -1,0 +1,288 @@
+// Ulysses, Ulysses x ring and Attention2D beyond the oracle runs of test_schedules: bytes a
+// rank sends, measured by the communicator, equal the closed forms (Attention2D: report 003
+// §3.3 in our words; Ulysses: the all-to-alls of the sequence shard, K/V copies under GQA
+// counted); bytes x sqrt(P) / N levels off for Attention2D and grows for the ring; and one
+// regression test per erratum of the report (§8), each failing on the printed algorithm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "parallel/algorithms/attention2d.hpp"
+#include "schedule_test_util.hpp"
+
+namespace seqpar {
+namespace {
+
+using parallel::attention2d_grid;
+using parallel::Grid;
+using parallel::PrintedErrata;
+
+struct Inputs {
+  HostTensor q, k, v, dout;
+  explicit Inputs(const Problem& g)
+      : q(testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 11)),
+        k(testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 12)),
+        v(testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 13)),
+        dout(testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 14)) {}
+};
+
+AttentionParams causal() {
+  AttentionParams p;
+  p.mask = MaskSpec::causal();
+  return p;
+}
+
+// Attention2D, full and causal masks on the striped (1-D cyclic) layout, N = P n: a rank at
+// grid (r, c) sends, in words of one dtype a head (D = head dim, H = heads = K/V heads here),
+//   forward   (s-1) n (4D + 1) + 2 n D [r != c]
+//             row gather Q (D), column gather K/V (2D), AttnFix ring (O, LSE: D + 1), swap K/V;
+//   backward  (s-1) n (7D + 2) + 4 n D [r != c]
+//             row gather of the pack (Q, dO, D, LSE: 2D + 2), column gather K/V (2D), dQ ring
+//             (D), dK/dV ring (2D), swap K/V again and dK/dV back.
+// The report's (4H + 2) and (8H + 2) carry M and D (two stats) and O in place of D; with the
+// LSE the partials take one stat word, and D (one word) replaces O (D words). Its backward
+// swaps only dK/dV because its forward saves K_t, V_t (report §8.10); ours keeps no state
+// between the passes (the caller holds K, V in its own layout), so the backward swaps K/V too.
+TEST(Attention2DBytes, MeasuredEqualClosedForms) {
+  for (int P : {1, 4, 9, 16}) {
+    for (const char* algo : {"attention2d", "attention2d-overlap"})
+      for (const char* mask : {"full", "causal"}) {
+        SCOPED_TRACE(std::string(algo) + " P=" + std::to_string(P) + " " + mask);
+        Problem g;
+        const int64_t n = 5;
+        g.seq = P * n, g.heads = 3, g.kv_heads = 3, g.head_dim = 4;
+        const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
+        AttentionParams params;
+        params.mask = parse_mask(mask, g.seq).value();
+        const Inputs in(g);
+        Status status;
+        const RankResults run = run_ranks(g, layout, params, {algo}, in.q, in.k, in.v, in.dout, &status);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        const Grid grid = attention2d_grid(P);
+        const int64_t s = grid.s, D = g.head_dim, word = 8 * g.heads;
+        for (int r = 0; r < P; ++r) {
+          const int64_t swap = grid.row(r) != grid.col(r) ? 2 * n * D : 0;
+          EXPECT_EQ(run.counters[r].sent(Phase::kForward), word * ((s - 1) * n * (4 * D + 1) + swap)) << "rank " << r;
+          EXPECT_EQ(run.counters[r].sent(Phase::kBackward), word * ((s - 1) * n * (7 * D + 2) + 2 * swap)) << "rank " << r;
+        }
+      }
+  }
+}
+
+// Ulysses of degree u over P = u ranks, N = P n: each pass sends (u - 1) of the u head parts
+// of the rank's sequence shard: forward Q, K, V and (O, LSE) (the four all-to-alls), backward
+// the query pack (Q, dO, D, LSE), K, V, and dQ, dK, dV. A part holds H/u query heads and the
+// K/V heads they read: H_kv/u, or one (copied to u/H_kv parts) when u exceeds H_kv.
+TEST(UlyssesBytes, MeasuredEqualAllToAllsOfTheShard) {
+  for (int P : {2, 4, 8})
+    for (int64_t kv_heads : {int64_t(8), int64_t(2), int64_t(1)}) {
+      SCOPED_TRACE("P=" + std::to_string(P) + " H_kv=" + std::to_string(kv_heads));
+      Problem g;
+      const int64_t n = 3;
+      g.seq = P * n, g.heads = 8, g.kv_heads = kv_heads, g.head_dim = 4;
+      const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
+      const Inputs in(g);
+      Status status;
+      const RankResults run = run_ranks(g, layout, causal(), {"ulysses"}, in.q, in.k, in.v, in.dout, &status);
+      ASSERT_TRUE(status.ok()) << status.to_string();
+      const int64_t D = g.head_dim, hq = g.heads / P, hkv = std::max<int64_t>(g.kv_heads / P, 1);
+      const int64_t fwd = (P - 1) * n * (hq * D + 2 * hkv * D + hq * (D + 1)) * 8;
+      const int64_t bwd = (P - 1) * n * (hq * (2 * D + 2) + 2 * hkv * D + hq * D + 2 * hkv * D) * 8;
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(run.counters[r].sent(Phase::kForward), fwd) << "rank " << r;
+        EXPECT_EQ(run.counters[r].sent(Phase::kBackward), bwd) << "rank " << r;
+      }
+    }
+}
+
+// The hybrid's bytes split into its two dimensions: the all-to-alls of degree u and, across
+// the R groups, the ring's K/V (forward: R - 1 hops of the group's head part) and dK/dV.
+TEST(UlyssesBytes, HybridIsAllToAllsPlusARingOfGroupSpans) {
+  Problem g;
+  const int u = 2, R = 4, P = u * R;
+  const int64_t n = 3;
+  g.seq = P * n, g.heads = 4, g.kv_heads = 2, g.head_dim = 4;
+  const Layout layout = Layout::create(LayoutKind::kContiguous, g.seq, P).value();
+  AttentionParams full;
+  full.mask = MaskSpec{};
+  PlanOptions options{"ulysses-ring"};
+  options.ulysses = u;
+  const ScheduleRequest req = [&] {
+    ScheduleRequest r = make_schedule_request(layout, full.mask, g.heads, g.kv_heads);
+    r.ulysses = u;
+    return r;
+  }();
+  const Inputs in(g);
+  Status status;
+  const RankResults run = run_ranks(g, layout, full, options, in.q, in.k, in.v, in.dout, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  const int64_t D = g.head_dim, hq = g.heads / u, hkv = g.kv_heads / u;
+  const int64_t a2a_fwd = (u - 1) * n * (hq * D + 2 * hkv * D + hq * (D + 1)) * 8;
+  const int64_t ring_fwd = (R - 1) * (u * n) * 2 * hkv * D * 8;
+  for (int r = 0; r < P; ++r) {
+    const RankSchedule s = find_algorithm("ulysses-ring")->make_schedule(req, r);
+    const WalkedBytes w = walk_bytes(s.forward, r, layout, g.bytes(), {}, s.head_parts);
+    EXPECT_EQ(w.by_collective[int(Collective::kAllToAll)], a2a_fwd) << "rank " << r;
+    EXPECT_EQ(w.by_collective[int(Collective::kPointToPoint)], ring_fwd) << "rank " << r;
+    EXPECT_EQ(run.counters[r].sent(Phase::kForward), a2a_fwd + ring_fwd) << "rank " << r;
+  }
+}
+
+// bytes x sqrt(P) / N at fixed N (full mask, walked; the runs above show measured = walked):
+// Attention2D's approaches a constant (s (s-1)/s words -> 11D + 3 a head over both passes),
+// the ring's grows with sqrt(P).
+TEST(Attention2DBytes, ScaleAsNOverSqrtPWhileTheRingStaysLinear) {
+  Problem g;
+  g.heads = 1, g.kv_heads = 1, g.head_dim = 8;
+  g.seq = 3600;  // divisible by 4, 9, 16, 25 and 36
+  std::printf("%4s %16s %16s   (bytes x sqrt(P) / N, fwd + bwd, busiest rank)\n", "P", "attention2d", "ring");
+  double last_a2d = 0, last_ring = 0;
+  for (int P : {4, 9, 16, 25, 36}) {
+    const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec{}, g.heads, g.kv_heads);
+    double per[2] = {0, 0};
+    const char* names[2] = {"attention2d", "ring"};
+    for (int a = 0; a < 2; ++a) {
+      const auto all = all_rank_schedules(*find_algorithm(names[a]), req);
+      int64_t most = 0;
+      for (int r = 0; r < P; ++r)
+        most = std::max(most, walk_bytes(all[r].forward, r, layout, g.bytes(), {}).total +
+                                  walk_bytes(all[r].backward, r, layout, g.bytes(), {}).total);
+      per[a] = double(most) * std::sqrt(double(P)) / double(g.seq);
+    }
+    std::printf("%4d %16.1f %16.1f\n", P, per[0], per[1]);
+    const double limit = (11 * g.head_dim + 3) * 8.0;  // words -> bytes (fp64)
+    EXPECT_GT(per[0], last_a2d);                         // rising to its limit from below
+    EXPECT_LT(per[0], limit + 4 * g.head_dim * 8.0);     // the swaps' 4D/s on top, falling
+    EXPECT_GT(per[1], last_ring * 1.05);                 // the ring's keeps growing
+    last_a2d = per[0], last_ring = per[1];
+  }
+  EXPECT_GT(last_ring, 2 * last_a2d);
+}
+
+// Every rank's steps of a pass built by `pass` (with or without the printed errata).
+std::vector<RankSchedule> project_all(const ScheduleRequest& req, const PrintedErrata& printed,
+                                      parallel::PlanEvents (*pass)(const ScheduleRequest&, Pass,
+                                                                   const PrintedErrata&)) {
+  const parallel::PlanEvents fwd = pass(req, Pass::kForward, printed), bwd = pass(req, Pass::kBackward, printed);
+  std::vector<RankSchedule> all;
+  for (int r = 0; r < req.ranks; ++r) all.push_back({parallel::project(fwd, r), parallel::project(bwd, r)});
+  return all;
+}
+
+// Runs attention2d-overlap with each rank's backward replaced by the printed one; the max
+// |error| of dK against the oracle.
+double printed_dk_error(int P, const PrintedErrata& printed) {
+  Problem g;
+  g.seq = 7 * P + 2;
+  const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
+  const Inputs in(g);
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), g.heads, g.kv_heads);
+  const auto schedules = project_all(req, printed, parallel::attention2d_overlap_pass);
+  Status status;
+  const RankResults run = run_ranks(g, layout, causal(), {"attention2d-overlap"}, in.q, in.k, in.v, in.dout, &status,
+                                    cpu_kernel_backend(),
+                                    [&](AttentionPlan& plan) { plan.schedule = schedules[plan.rank]; });
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), causal());
+  return testing::max_abs_diff(run.dk, ref->dk);
+}
+
+// Erratum 1 (Algorithm 11 line 18): the rank's own dK_1, dV_1, accumulated over every earlier
+// query block, must be added to what the column ring brings; the printed line replaces them.
+TEST(Attention2DErrata, Algorithm11Line18AddsTheOwnBlocksGradient) {
+  for (int P : {4, 9}) {
+    SCOPED_TRACE("P=" + std::to_string(P));
+    const Layout layout = Layout::create(LayoutKind::kStriped, 7 * P + 2, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 4, 2);
+    EXPECT_TRUE(validate_schedules(project_all(req, {}, parallel::attention2d_overlap_pass), req, Pass::kBackward).ok());
+    PrintedErrata printed;
+    printed.alg11_drops_own_dkv = true;
+    const Status literal = validate_schedules(project_all(req, printed, parallel::attention2d_overlap_pass), req,
+                                              Pass::kBackward);
+    EXPECT_FALSE(literal.ok());
+    EXPECT_LE(printed_dk_error(P, {}), 1e-10);
+    EXPECT_GT(printed_dk_error(P, printed), 1e-3);
+  }
+}
+
+// Erratum 2 (Algorithm 8): dK/dV must be swapped back from (r,c) to (c,r), their owner.
+TEST(Attention2DErrata, Algorithm8SwapsGradientsBackToTheirOwner) {
+  for (int P : {4, 9}) {
+    SCOPED_TRACE("P=" + std::to_string(P));
+    const Layout layout = Layout::create(LayoutKind::kStriped, 7 * P + 2, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 4, 2);
+    PrintedErrata printed;
+    printed.alg8_no_swap_back = true;
+    const Status literal = validate_schedules(project_all(req, printed, parallel::attention2d_overlap_pass), req,
+                                              Pass::kBackward);
+    EXPECT_FALSE(literal.ok());
+    EXPECT_NE(literal.message().find("never went home"), std::string::npos) << literal.message();
+    EXPECT_GT(printed_dk_error(P, printed), 1e-3);
+  }
+}
+
+// Erratum 3 (Algorithm 3 lines 7-8): the backward reduce-scatters the gradients dQ_g and
+// dK_g, dV_g; the printed lines reduce Q_g and K_g, V_g, and no gradient gets home.
+TEST(Attention2DErrata, Algorithm3ReduceScattersTheGradients) {
+  for (int P : {4, 9}) {
+    const Layout layout = Layout::create(LayoutKind::kStriped, 7 * P + 2, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 4, 2);
+    EXPECT_TRUE(validate_schedules(project_all(req, {}, parallel::attention2d_pass), req, Pass::kBackward).ok());
+    PrintedErrata printed;
+    printed.alg3_reduces_inputs = true;
+    EXPECT_FALSE(validate_schedules(project_all(req, printed, parallel::attention2d_pass), req, Pass::kBackward).ok());
+  }
+}
+
+// Erratum 4 (Algorithm 7 lines 3 and 6): in step i rank column c holds the partial of the
+// gathered rows (c + i) % s + j s for j in [0, N/P) (one query shard), not j in [0, N/sqrt(P)),
+// which runs past the end of Q_g. The rows are the global tokens of the block the schedule's
+// row ring sends in that step.
+TEST(Attention2DErrata, Algorithm7IndexRangeIsOneShard) {
+  for (int P : {4, 9, 16}) {
+    const Grid g = attention2d_grid(P);
+    const int64_t n = 3, N = P * n;
+    const Layout layout = Layout::create(LayoutKind::kStriped, N, P).value();
+    const ScheduleRequest req = make_schedule_request(layout, MaskSpec{}, 1, 1);
+    const auto all = all_rank_schedules(*find_algorithm("attention2d"), req);
+    for (int l = 0; l < P; ++l) {
+      const int r = g.row(l), c = g.col(l);
+      int step = 0;
+      for (const Step& s : all[l].forward) {
+        if (s.kind != StepKind::kPost || s.collective != Collective::kRowReduceScatter) continue;
+        ++step;
+        ASSERT_EQ(s.sends.size(), 1u);
+        std::vector<int64_t> tokens;  // gathered row k of row r is global token r + k s
+        for (int64_t k : parallel::attnfix_ring_rows(g.s, n, c, step, false)) tokens.push_back(r + k * g.s);
+        EXPECT_EQ(tokens, layout.positions(s.sends[0].block.shard)) << "rank " << l << " step " << step;
+        const auto printed = parallel::attnfix_ring_rows(g.s, n, c, step, true);
+        EXPECT_GE(printed.back(), g.s * n) << "the printed range stays inside Q_g";
+      }
+      EXPECT_EQ(step, g.s - 1);
+    }
+  }
+}
+
+// Erratum 5 (Figure 2's caption): with N = 8 on a 2 x 2 grid under a causal mask the ranks
+// compute 10, 10, 10 and 6 scores, not "exactly ten" each: n(n+1)/2 where r >= c and n(n-1)/2
+// where r < c (n = N / sqrt(P) = 4).
+TEST(Attention2DErrata, Figure2RanksAboveTheDiagonalComputeFewerScores) {
+  const int P = 4;
+  const Grid g = attention2d_grid(P);
+  const Layout layout = Layout::create(LayoutKind::kStriped, 8, P).value();
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 1, 1);
+  const auto all = all_rank_schedules(*find_algorithm("attention2d"), req);
+  for (int l = 0; l < P; ++l) {
+    int scores = 0;
+    for (const Step& s : all[l].forward)
+      if (s.kind == StepKind::kCompute)
+        for (int64_t qp : layout.positions(s.q_shard))
+          for (int64_t kp : layout.positions(s.kv_shard)) scores += kp <= qp;
+    EXPECT_EQ(scores, g.row(l) >= g.col(l) ? 10 : 6) << "rank " << l;
+  }
+}
+
+}  // namespace
+}  // namespace seqpar
