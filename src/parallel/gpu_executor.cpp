@@ -377,22 +377,61 @@ class GpuExecutor {
     return cached.data();
   }
 
+  // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
+  // positions): a span of zigzag or striped shards goes back in position between shards, which
+  // dense-call backends (cuDNN) cannot plan in one call, so a compute runs per pair of runs.
+  struct Run {
+    int64_t begin, end;
+    std::vector<int64_t> positions;
+  };
+  const std::vector<Run>& runs(const Block& b) {
+    auto& cached = span_runs_[{b.shard, b.span}];
+    if (!cached.empty()) return cached;
+    const int64_t* p = positions(b);
+    const int64_t n = block_rows(b, plan_.layout);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == 0 || p[i] <= p[i - 1]) cached.push_back({i, i, {}});
+      cached.back().end = i + 1;
+      cached.back().positions.push_back(p[i]);
+    }
+    return cached;
+  }
+
   Status compute(const Step& s) {
     SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
-    AttentionParams params = plan_.params;
-    params.q_positions = positions(s.q_block(BlockKind::kQuery));
-    params.k_positions = positions(s.kv_block(BlockKind::kKV));
-    if (pass_ == Pass::kForward) {
-      SP_ASSIGN_OR_RETURN(Stored* q, input(s.q_block(BlockKind::kQuery)));
-      SP_ASSIGN_OR_RETURN(Stored* out, result(s.q_block(BlockKind::kOutput)));
-      return plan_.backend->forward(q->parts[0], keys->parts[0], keys->parts[1], params, out->parts[0], out->parts[1],
-                                    s_);
+    const bool forward = pass_ == Pass::kForward;
+    Stored *q = nullptr, *out = nullptr, *dq = nullptr, *dkv = nullptr;
+    if (forward) {
+      SP_ASSIGN_OR_RETURN(q, input(s.q_block(BlockKind::kQuery)));
+      SP_ASSIGN_OR_RETURN(out, result(s.q_block(BlockKind::kOutput)));
+    } else {
+      SP_ASSIGN_OR_RETURN(q, input(s.q_block(BlockKind::kQueryPack)));
+      SP_ASSIGN_OR_RETURN(dq, result(s.q_block(BlockKind::kDQ)));
+      SP_ASSIGN_OR_RETURN(dkv, result(s.kv_block(BlockKind::kDKV)));
     }
-    SP_ASSIGN_OR_RETURN(Stored* pack, input(s.q_block(BlockKind::kQueryPack)));
-    SP_ASSIGN_OR_RETURN(Stored* dq, result(s.q_block(BlockKind::kDQ)));
-    SP_ASSIGN_OR_RETURN(Stored* dkv, result(s.kv_block(BlockKind::kDKV)));
-    return plan_.backend->backward(pack->parts[0], keys->parts[0], keys->parts[1], pack->parts[1], pack->parts[3],
-                                   pack->parts[2], params, dq->parts[0], dkv->parts[0], dkv->parts[1], s_);
+    const std::vector<Run>& q_runs = runs(s.q_block(BlockKind::kQuery));
+    const std::vector<Run>& k_runs = runs(s.kv_block(BlockKind::kKV));
+    const bool whole = q_runs.size() == 1 && k_runs.size() == 1;
+    for (const Run& qr : q_runs)
+      for (const Run& kr : k_runs) {
+        if (!whole && !plan_.params.mask.sees_any(qr.positions, kr.positions)) continue;
+        AttentionParams params = plan_.params;
+        params.q_positions = qr.positions.data();
+        params.k_positions = kr.positions.data();
+        const auto rows = [&](const TensorView& t, const Run& r) { return whole ? t : t.narrow(1, r.begin, r.end); };
+        const auto stat_rows = [&](const TensorView& t, const Run& r) { return whole ? t : t.narrow(2, r.begin, r.end); };
+        const TensorView k = rows(keys->parts[0], kr), v = rows(keys->parts[1], kr);
+        if (forward) {
+          SP_RETURN_IF_ERROR(plan_.backend->forward(rows(q->parts[0], qr), k, v, params, rows(out->parts[0], qr),
+                                                    stat_rows(out->parts[1], qr), s_));
+          continue;
+        }
+        const TensorView delta = takes_delta() ? stat_rows(q->parts[2], qr) : rows(q->parts[2], qr);
+        SP_RETURN_IF_ERROR(plan_.backend->backward(rows(q->parts[0], qr), k, v, rows(q->parts[1], qr),
+                                                   stat_rows(q->parts[3], qr), delta, params, rows(dq->parts[0], qr),
+                                                   rows(dkv->parts[0], kr), rows(dkv->parts[1], kr), s_));
+      }
+    return Status::Ok();
   }
 
   // kConcat: the span block from its pieces (the rank's own input pieces cut from its
@@ -522,6 +561,7 @@ class GpuExecutor {
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
   std::map<std::pair<int, int>, std::vector<int64_t>> span_positions_;
+  std::map<std::pair<int, int>, std::vector<Run>> span_runs_;
 };
 
 }  // namespace
