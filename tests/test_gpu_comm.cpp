@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "seqpar/gpu.hpp"
@@ -75,9 +77,25 @@ Traffic since(const Traffic& before, const Traffic& after) {
   return {after.sent - before.sent, after.received - before.received, after.to_next - before.to_next};
 }
 
+// Holds a stream in a host callback until opened or `limit` has passed. Shared with the
+// callback, which may outlive the test's frame when a check returns early.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::chrono::milliseconds limit;
+  static void hold(void* self) {
+    const auto* held = static_cast<std::shared_ptr<Gate>*>(self);
+    const auto start = std::chrono::steady_clock::now();
+    while (!(*held)->open && std::chrono::steady_clock::now() - start < (*held)->limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    delete held;
+  }
+};
+
 // One collective, `call(in, out)`, run on host buffers and on device buffers holding the same
-// input; the device input is written on the stream behind a 100 ms host callback, so a
-// collective that does not wait for the stream reads zeros. in_place: the result is in `in`.
+// input; the device input is written on the stream behind a gate, so a collective that does
+// not wait for the stream reads zeros. A stream-ordered backend must return while the gate is
+// still shut (it opens after 10 s; host-driven ones synchronise the stream, so it opens after
+// 100 ms for them). in_place: the result is in `in`.
 template <class Call>
 Status compare_with_host(Communicator& c, cudaStream_t stream, const std::vector<char>& input, size_t out_bytes,
                          bool in_place, int64_t expected_sent, const std::string& what, Call call) {
@@ -90,17 +108,19 @@ Status compare_with_host(Communicator& c, cudaStream_t stream, const std::vector
   SP_ASSIGN_OR_RETURN(DeviceBuffer in, DeviceBuffer::allocate(std::max<size_t>(input.size(), 1)));
   SP_ASSIGN_OR_RETURN(DeviceBuffer out, DeviceBuffer::allocate(std::max<size_t>(out_bytes, 1)));
   SP_RETURN_IF_ERROR(copy_bytes(staged.data(), input.data(), input.size()));
-  const auto delay = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+  auto gate = std::make_shared<Gate>();
+  gate->limit = std::chrono::milliseconds(c.stream_ordered() ? 10000 : 100);
   if (cudaMemsetAsync(in.data(), 0, in.bytes(), stream) != cudaSuccess ||
       cudaMemsetAsync(out.data(), 0x5a, out.bytes(), stream) != cudaSuccess ||
-      cudaLaunchHostFunc(stream, delay, nullptr) != cudaSuccess ||
+      cudaLaunchHostFunc(stream, &Gate::hold, new std::shared_ptr<Gate>(gate)) != cudaSuccess ||
       cudaMemcpyAsync(in.data(), staged.data(), input.size(), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
     return SP_STATUS(StatusCode::kInternal, "queueing the input failed");
   const Traffic device_before = traffic(c);
   c.set_stream(stream);
   const Status called = call(in.data(), out.data());
-  // A stream-ordered backend returns while the callback still holds the stream.
+  // A stream-ordered backend returns while the gate still holds the stream.
   const bool host_waited = cudaStreamQuery(stream) == cudaSuccess;
+  gate->open = true;
   c.clear_stream();
   SP_RETURN_IF_ERROR(called);
   const Traffic device_moved = since(device_before, traffic(c));
