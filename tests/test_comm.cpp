@@ -1,5 +1,6 @@
 // Communicators: batched exchange (P = 2 included), collectives against a direct computation,
-// split, byte counters per phase, and a failed or silent rank ending in an error, not a hang.
+// all_to_all_v with uneven splits over a split, byte counters per phase and per peer, and a
+// failed or silent rank ending in an error, not a hang.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -55,6 +56,7 @@ TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
     for (int q = 0; q < P; ++q) a2a_in[q] = r * 1000 + q;
     SP_RETURN_IF_ERROR(c.all_to_all(a2a_in.data(), a2a_out.data(), sizeof(int64_t)));
     for (int q = 0; q < P; ++q) SP_CHECK_ARG(a2a_out[q] == q * 1000 + r, "all_to_all");
+    SP_CHECK_ARG(c.counters().sent(Phase::kOther) == int64_t(P - 1) * 8, "all_to_all bytes");
 
     // all_reduce sum and max over a count that P does not divide
     std::vector<double> x(7);
@@ -66,6 +68,14 @@ TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
       SP_CHECK_ARG(x[e] == P * (P - 1) / 2.0 + P * e, "all_reduce sum");
       SP_CHECK_ARG(y[e] == P - 1 + e, "all_reduce max");
     }
+    // Each all_reduce: 2 (P-1) chunks of ceil(7 / P) doubles, all to the next rank.
+    const int64_t all_reduce_bytes = 2 * int64_t(P - 1) * ((7 + P - 1) / P) * 8;
+    SP_CHECK_ARG(c.counters().sent(Phase::kOther) == int64_t(P - 1) * 8 + 2 * all_reduce_bytes,
+                 "all_reduce bytes");
+    if (P > 1)
+      SP_CHECK_ARG(c.counters().sent_to[(r + 1) % P][int(Phase::kOther)] == c.counters().sent(Phase::kOther) -
+                                                                                 int64_t(P - 2) * 8,
+                   "the ring sends to the next rank; all_to_all to every rank");
     SP_RETURN_IF_ERROR(c.barrier());
 
     // split into even and odd ranks, reversed order by key; sum of ranks inside each group
@@ -84,6 +94,78 @@ TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+
+// Int32 elements rank i sends rank j in the all_to_all_v tests: uneven, with empty pieces
+// between distinct ranks (from P = 2 up) and to oneself.
+int64_t piece_len(int i, int j) { return (2 * i + j) % 3 == 1 ? 0 : 1 + (i + 3 * j) % 4; }
+
+// all_to_all_v over a split of 2P thread ranks into two groups of P (reversed by key, so group
+// ranks differ from world ranks), both groups at once: uneven pieces at scattered offsets,
+// gaps left alone, and the counters equal the closed forms.
+class AllToAllV : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllToAllV, UnevenSplitsOverASplitCommunicator) {
+  const int P = GetParam();
+  const Status s = run_local_ranks(2 * P, [P](Communicator& world) -> Status {
+    SP_ASSIGN_OR_RETURN(auto sub, world.split(world.rank() % 2, -world.rank()));
+    Communicator& c = *sub;
+    SP_CHECK_ARG(c.size() == P, "split size");
+    const int r = c.rank();
+    const int32_t group = world.rank() % 2;
+    auto value = [&](int from, int to, int64_t k) { return int32_t(group * 1000000 + from * 10000 + to * 100 + k); };
+    // Send pieces in peer order with one spare element before each; receive pieces in reverse
+    // peer order, also spaced, into a buffer of -1s.
+    std::vector<size_t> send_bytes(P), send_offsets(P), recv_bytes(P), recv_offsets(P);
+    std::vector<int32_t> in, out;
+    for (int q = 0; q < P; ++q) {
+      in.push_back(-7);
+      send_offsets[q] = in.size() * 4, send_bytes[q] = size_t(piece_len(r, q)) * 4;
+      for (int64_t k = 0; k < piece_len(r, q); ++k) in.push_back(value(r, q, k));
+    }
+    size_t end = 0;
+    for (int q = P - 1; q >= 0; --q) {
+      recv_offsets[q] = (end + 1) * 4, recv_bytes[q] = size_t(piece_len(q, r)) * 4;
+      end += 1 + size_t(piece_len(q, r));
+    }
+    out.assign(end + 1, -1);
+    SP_RETURN_IF_ERROR(c.all_to_all_v(in.data(), send_bytes, send_offsets, out.data(), recv_bytes, recv_offsets));
+    std::vector<int32_t> want(end + 1, -1);
+    for (int q = 0; q < P; ++q)
+      for (int64_t k = 0; k < piece_len(q, r); ++k) want[recv_offsets[q] / 4 + size_t(k)] = value(q, r, k);
+    SP_CHECK_ARG(out == want, "all_to_all_v moved the wrong bytes on rank " + std::to_string(r));
+    int64_t sent = 0, received = 0;
+    for (int q = 0; q < P; ++q) {
+      if (q == r) continue;
+      sent += piece_len(r, q) * 4, received += piece_len(q, r) * 4;
+      const int64_t to_q = P > 1 ? c.counters().sent_to[q][int(Phase::kOther)] : 0;
+      SP_CHECK_ARG(to_q == piece_len(r, q) * 4, "bytes to rank " + std::to_string(q));
+    }
+    SP_CHECK_ARG(c.counters().sent(Phase::kOther) == sent && c.counters().received(Phase::kOther) == received,
+                 "all_to_all_v counted " + std::to_string(c.counters().sent(Phase::kOther)) + " bytes, not " +
+                     std::to_string(sent));
+    // The piece a rank keeps is not traffic.
+    SP_CHECK_ARG(c.counters().sent_to.size() <= size_t(r) || c.counters().sent_to[r][int(Phase::kOther)] == 0,
+                 "a rank's own piece was counted");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllV, ::testing::Values(1, 2, 3, 4));
+
+TEST(LocalComm, AllToAllVRejectsBadSplits) {
+  auto comms = make_local_communicators(1);
+  int32_t in[4] = {1, 2, 3, 4}, out[4] = {};
+  const size_t four[] = {4}, eight[] = {8}, zero[] = {0}, two_zeros[] = {0, 0};
+  // wrong number of entries; keeping 4 bytes but expecting 8; pieces without a buffer
+  EXPECT_EQ(comms[0]->all_to_all_v(in, two_zeros, two_zeros, out, two_zeros, two_zeros).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(comms[0]->all_to_all_v(in, four, zero, out, eight, zero).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(comms[0]->all_to_all_v(nullptr, four, zero, out, four, zero).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(comms[0]->all_to_all_v(in, eight, four, out, eight, zero).ok());
+  EXPECT_TRUE(out[0] == 2 && out[1] == 3 && out[2] == 0);
+  EXPECT_EQ(comms[0]->counters().sent(Phase::kOther), 0);
+}
 
 TEST(LocalComm, SplitGroupsAreIndependent) {
   const Status s = run_local_ranks(6, [](Communicator& c) -> Status {

@@ -1,7 +1,8 @@
 // The communicator interface every distributed schedule talks to, and its byte accounting.
 // Implementations: `local` (ranks are threads of one process) and `mpi` (Open MPI processes);
-// NCCL follows the same interface. Collectives are built here from batched point-to-point
-// steps (ring algorithms), so every backend moves, and counts, the same bytes.
+// NCCL follows the same interface. Collectives are ring algorithms over batched point-to-point
+// steps (src/comm/collectives.cpp), except where a backend runs them natively on device buffers
+// (NCCL); either way they count the bytes the ring sends, so counters compare across backends.
 #pragma once
 
 #include <array>
@@ -48,6 +49,18 @@ struct RecvSpec {
 
 enum class ReduceOp : uint8_t { kSum, kMax };
 
+// A collective that a backend may run natively (NCCL on device buffers); see
+// Communicator::post_collective.
+enum class CollectiveKind : uint8_t { kAllGather, kReduceScatter, kAllReduce };
+struct CollectiveSpec {
+  CollectiveKind kind;
+  const void* send;  // all_reduce: == recv (in place)
+  void* recv;
+  size_t count;      // all_gather: bytes per rank; reduce_scatter: elements per rank; all_reduce: elements
+  DType dtype;       // reduce_scatter, all_reduce
+  ReduceOp op;       // reduce_scatter, all_reduce
+};
+
 // A batch of sends and receives in flight; wait() completes all of them. Buffers must stay
 // valid (and sends unmodified) until wait() returns. Destroying it waits too.
 class PendingExchange {
@@ -62,9 +75,12 @@ class PendingExchange {
   }
 };
 
+class DeviceBuffer;
+
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();  // out of line: DeviceBuffer is complete only there
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -79,15 +95,34 @@ class Communicator {
   [[nodiscard]] StatusOr<std::unique_ptr<PendingExchange>> start_exchange(
       std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
 
-  // Collectives (ring algorithms over exchange; bytes counted as sent by this rank).
+  // Collectives. Buffers are all on the host or all on the device (device buffers need
+  // moves_device_buffers(); the others take every buffer for host memory). Bytes are counted as the ring sends them, to the next rank, on
+  // every backend. On device buffers a collective is ordered after the work queued on the
+  // stream given to set_stream() and work queued there later sees its result: stream-ordered
+  // backends (NCCL) do this without blocking the host (native NCCL collectives); host-driven
+  // ones synchronise that stream first and return when done (ring over exchange, reductions
+  // by a CUDA kernel). With no stream set, the caller synchronises before and the call
+  // completes before returning. Host buffers always complete before returning.
   // all_gather: send [n] from each rank into recv [P * n] in rank order; sends (P-1) n.
   [[nodiscard]] Status all_gather(const void* send, void* recv, size_t bytes_per_rank);
-  // reduce_scatter: send [P * count] -> recv [count] = reduction of block `rank` over ranks.
+  // reduce_scatter: send [P * count] -> recv [count] = reduction of block `rank` over ranks;
+  // sends (P-1) count elements. f64, f32, bf16, f16 (these two reduce through float).
   [[nodiscard]] Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
                                       ReduceOp op);
-  // all_to_all: block r of send [P * n] goes to rank r; recv block r came from rank r.
+  // all_to_all: block r of send [P * n] goes to rank r; recv block r came from rank r. One
+  // batch of point-to-point (all_to_all_v with equal splits); sends (P-1) n.
   [[nodiscard]] Status all_to_all(const void* send, void* recv, size_t bytes_per_rank);
-  // all_reduce in place over [count] elements (reduce-scatter + all-gather when count >= P).
+  // all_to_all_v: uneven splits, one batch of point-to-point. send_bytes[q] bytes at
+  // send + send_offsets[q] go to rank q; recv_bytes[q] bytes from rank q land at
+  // recv + recv_offsets[q] (every span has P entries; send_bytes[q] on this rank must equal
+  // recv_bytes[r] on rank q). Zero-size pieces send nothing; the piece for this rank is copied
+  // locally and not counted. Buffers may be null where all their pieces are empty.
+  [[nodiscard]] Status all_to_all_v(const void* send, std::span<const size_t> send_bytes,
+                                    std::span<const size_t> send_offsets, void* recv,
+                                    std::span<const size_t> recv_bytes,
+                                    std::span<const size_t> recv_offsets);
+  // all_reduce in place over [count] elements (reduce-scatter + all-gather over P chunks of
+  // ceil(count / P), padded); sends 2 (P-1) ceil(count / P) elements.
   [[nodiscard]] Status all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
   [[nodiscard]] virtual Status barrier();
   // Ranks with the same color form a sub-communicator, ordered by (key, rank). Collective.
@@ -126,15 +161,37 @@ class Communicator {
       std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) = 0;
   // Whether `post` really progresses in the background (else start_exchange completes it).
   virtual bool overlaps() const = 0;
+  // Runs a collective on device buffers natively, stream-ordered like `post` (bytes are
+  // counted by the caller); a null handle means "not native here: use the ring".
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<PendingExchange>> post_collective(
+      const CollectiveSpec& spec) {
+    (void)spec;
+    return std::unique_ptr<PendingExchange>();
+  }
 
  private:
   Status check_specs(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) const;
   void count(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
+  // Bytes of one ring collective: `sent` to the next rank, `received` from the previous.
+  void count_ring(size_t sent, size_t received);
+  // Device collectives (collectives.cpp): the native one where the backend has it, else the
+  // ring; the stream handling described at all_gather.
+  Status run_device_collective(const CollectiveSpec& spec);
+  Status finish_on_stream(StatusOr<std::unique_ptr<PendingExchange>> started);
+  Status settle_stream_for_host_driven();
+  Status ring_all_gather(void* recv, size_t n);
+  Status ring_reduce_scatter(char* acc, char* incoming, size_t count, DType dtype, ReduceOp op,
+                             bool on_device);
+  Status ring_all_reduce(void* data, size_t count, DType dtype, ReduceOp op, bool on_device);
+  Status copy_local(void* dst, const void* src, size_t bytes, bool on_device);
+  Status reserve_device_scratch(size_t bytes);
 
   Phase phase_ = Phase::kOther;
   CommCounters counters_;
   void* stream_ = nullptr;
   bool has_stream_ = false;
+  // The device ring's work space (partial sums, padding), kept between calls.
+  std::unique_ptr<DeviceBuffer> device_scratch_;
 };
 
 // Sets the phase for a scope and restores the previous one.

@@ -22,6 +22,8 @@ int64_t cuda_free_memory();
 Status stream_synchronize(void* stream);
 // Copies bytes between any two of host and device memory (plain memcpy without CUDA).
 Status copy_bytes(void* dst, const void* src, size_t bytes);
+// Queues the same copy on `stream` and returns at once (plain memcpy without CUDA).
+Status copy_bytes_on_stream(void* dst, const void* src, size_t bytes, void* stream);
 // Whether `p` points into device memory.
 bool is_device_pointer(const void* p);
 

@@ -1,8 +1,6 @@
-// Communicator base: argument checks, per-phase byte counters, and the collectives built from
-// batched point-to-point steps (ring all-gather / reduce-scatter, pairwise all-to-all).
-#include <algorithm>
+// Communicator base: argument checks, per-phase byte counters, batched point-to-point, and
+// the timeout and failure helpers every backend shares. The collectives are in collectives.cpp.
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "seqpar/comm.hpp"
@@ -21,37 +19,10 @@ class CompletedExchange final : public PendingExchange {
   Status status_;
 };
 
-template <class T>
-void reduce_into(T* acc, const T* in, size_t n, ReduceOp op) {
-  if (op == ReduceOp::kSum)
-    for (size_t i = 0; i < n; ++i) acc[i] += in[i];
-  else
-    for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], in[i]);
-}
-
-void reduce_into(void* acc, const void* in, size_t n, DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::kF64:
-      reduce_into(static_cast<double*>(acc), static_cast<const double*>(in), n, op);
-      return;
-    case DType::kF32:
-      reduce_into(static_cast<float*>(acc), static_cast<const float*>(in), n, op);
-      return;
-    case DType::kBF16:
-    case DType::kF16: {  // through float, one element at a time
-      std::vector<float> a(n), b(n);
-      convert(acc, dtype, a.data(), DType::kF32, n);
-      convert(in, dtype, b.data(), DType::kF32, n);
-      reduce_into(a.data(), b.data(), n, op);
-      convert(a.data(), DType::kF32, acc, dtype, n);
-      return;
-    }
-  }
-}
-
-int wrap(int r, int p) { return ((r % p) + p) % p; }
-
 }  // namespace
+
+Communicator::Communicator() = default;
+Communicator::~Communicator() = default;
 
 const char* phase_name(Phase phase) {
   switch (phase) {
@@ -85,6 +56,13 @@ void Communicator::count(std::span<const SendSpec> sends, std::span<const RecvSp
   for (const RecvSpec& r : recvs) counters_.bytes_received[p] += static_cast<int64_t>(r.bytes);
 }
 
+void Communicator::count_ring(size_t sent, size_t received) {
+  if (size() == 1) return;
+  const SendSpec to_next{(rank() + 1) % size(), nullptr, sent};
+  const RecvSpec from_prev{(rank() + size() - 1) % size(), nullptr, received};
+  count({&to_next, 1}, {&from_prev, 1});
+}
+
 StatusOr<std::unique_ptr<PendingExchange>> Communicator::start_exchange(
     std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
   SP_RETURN_IF_ERROR(check_specs(sends, recvs));
@@ -97,65 +75,6 @@ StatusOr<std::unique_ptr<PendingExchange>> Communicator::start_exchange(
 Status Communicator::exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending, start_exchange(sends, recvs));
   return pending->wait();
-}
-
-Status Communicator::all_gather(const void* send, void* recv, size_t n) {
-  const int P = size(), r = rank();
-  char* out = static_cast<char*>(recv);
-  if (send != out + r * n) std::memmove(out + r * n, send, n);
-  for (int s = 0; s < P - 1; ++s) {
-    const SendSpec snd{wrap(r + 1, P), out + wrap(r - s, P) * n, n};
-    const RecvSpec rcv{wrap(r - 1, P), out + wrap(r - s - 1, P) * n, n};
-    SP_RETURN_IF_ERROR(exchange({&snd, 1}, {&rcv, 1}));
-  }
-  return Status::Ok();
-}
-
-Status Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                                    ReduceOp op) {
-  const int P = size(), r = rank();
-  const size_t n = count * dtype_size(dtype);
-  std::vector<char> acc(static_cast<const char*>(send), static_cast<const char*>(send) + P * n);
-  std::vector<char> incoming(n);
-  // Step s: pass on the partial sum of block r-s-1, receive and add to block r-s-2.
-  for (int s = 0; s < P - 1; ++s) {
-    const int out_block = wrap(r - s - 1, P), in_block = wrap(r - s - 2, P);
-    const SendSpec snd{wrap(r + 1, P), acc.data() + out_block * n, n};
-    const RecvSpec rcv{wrap(r - 1, P), incoming.data(), n};
-    SP_RETURN_IF_ERROR(exchange({&snd, 1}, {&rcv, 1}));
-    reduce_into(acc.data() + in_block * n, incoming.data(), count, dtype, op);
-  }
-  std::memcpy(recv, acc.data() + r * n, n);
-  return Status::Ok();
-}
-
-Status Communicator::all_to_all(const void* send, void* recv, size_t n) {
-  const int P = size(), r = rank();
-  const char* in = static_cast<const char*>(send);
-  char* out = static_cast<char*>(recv);
-  std::memcpy(out + r * n, in + r * n, n);
-  for (int s = 1; s < P; ++s) {
-    const int to = wrap(r + s, P), from = wrap(r - s, P);
-    const SendSpec snd{to, in + to * n, n};
-    const RecvSpec rcv{from, out + from * n, n};
-    SP_RETURN_IF_ERROR(exchange({&snd, 1}, {&rcv, 1}));
-  }
-  return Status::Ok();
-}
-
-Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
-  const int P = size();
-  if (P == 1) return Status::Ok();
-  const size_t es = dtype_size(dtype);
-  const size_t chunk = (count + P - 1) / P;
-  // Pad to P equal chunks; padding is never read back.
-  std::vector<char> padded(chunk * P * es, 0);
-  std::memcpy(padded.data(), data, count * es);
-  std::vector<char> mine(chunk * es);
-  SP_RETURN_IF_ERROR(reduce_scatter(padded.data(), mine.data(), chunk, dtype, op));
-  SP_RETURN_IF_ERROR(all_gather(mine.data(), padded.data(), chunk * es));
-  std::memcpy(data, padded.data(), count * es);
-  return Status::Ok();
 }
 
 std::chrono::milliseconds comm_timeout() {

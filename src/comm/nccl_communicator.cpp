@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/nccl_collectives.hpp"
 #include "comm/tcp_bootstrap.hpp"
 #include "core/cuda_check.hpp"
 #include "seqpar/gpu.hpp"
@@ -201,18 +202,21 @@ class NcclCommunicator final : public Communicator {
     for (const SendSpec& s : sends) on_host = on_host || (s.bytes && !is_device_pointer(s.data));
     for (const RecvSpec& r : recvs) on_host = on_host || (r.bytes && !is_device_pointer(r.data));
     if (on_host) return post_staged(sends, recvs);
-    if (Communicator::has_stream()) {  // start after the work already queued on the caller's stream
-      // One reused event: the wait takes the event's state at the time it is queued.
-      SP_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(Communicator::stream())));
-      SP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-    }
+    SP_RETURN_IF_ERROR(order_after_caller());
     SP_RETURN_IF_ERROR(enqueue(sends, recvs));
-    cudaEvent_t done;
-    SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    SP_CUDA_CHECK(cudaEventRecord(done, stream_));
-    return std::unique_ptr<PendingExchange>(new NcclPending(this, done));
+    return pending_batch();
   }
   bool overlaps() const override { return true; }
+
+  // NCCL's own all-gather / reduce-scatter / all-reduce (nccl_collectives.cpp), ordered like a
+  // batch; the base class hands over device buffers only.
+  StatusOr<std::unique_ptr<PendingExchange>> post_collective(const CollectiveSpec& spec) override {
+    SP_RETURN_IF_ERROR(check_alive());
+    SP_CUDA_CHECK(cudaSetDevice(device_));
+    SP_RETURN_IF_ERROR(order_after_caller());
+    SP_RETURN_IF_ERROR(enqueue_group([&] { return issue_nccl_collective(spec, comm_, stream_); }));
+    return pending_batch();
+  }
 
  private:
   NcclCommunicator(int rank, int size, int device) : rank_(rank), size_(size), device_(device) {}
@@ -231,12 +235,25 @@ class NcclCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  // Queues the batch on our stream and hands the watchdog an event that marks its end.
+  // Starts our stream's next batch after the work already queued on the caller's stream.
+  Status order_after_caller() {
+    if (!Communicator::has_stream()) return Status::Ok();
+    // One reused event: the wait takes the event's state at the time it is queued.
+    SP_CUDA_CHECK(cudaEventRecord(ready_, static_cast<cudaStream_t>(Communicator::stream())));
+    SP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    return Status::Ok();
+  }
+
+  // The handle of what was just queued on our stream.
+  StatusOr<std::unique_ptr<PendingExchange>> pending_batch() {
+    cudaEvent_t done;
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    SP_CUDA_CHECK(cudaEventRecord(done, stream_));
+    return std::unique_ptr<PendingExchange>(new NcclPending(this, done));
+  }
+
   Status enqueue(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
-    {
-      std::lock_guard lock(nccl_mu_);
-      SP_RETURN_IF_ERROR(check_alive());
-      SP_NCCL_CHECK(ncclGroupStart());
+    return enqueue_group([&] {
       ncclResult_t r = ncclSuccess;
       for (const SendSpec& snd : sends)
         if (snd.bytes && (r == ncclSuccess || r == ncclInProgress))
@@ -244,6 +261,18 @@ class NcclCommunicator final : public Communicator {
       for (const RecvSpec& rcv : recvs)
         if (rcv.bytes && (r == ncclSuccess || r == ncclInProgress))
           r = ncclRecv(rcv.data, rcv.bytes, ncclUint8, rcv.peer, comm_, stream_);
+      return r;
+    });
+  }
+
+  // Queues the NCCL calls of `issue` as one group on our stream and hands the watchdog an
+  // event that marks its end.
+  Status enqueue_group(const std::function<ncclResult_t()>& issue) {
+    {
+      std::lock_guard lock(nccl_mu_);
+      SP_RETURN_IF_ERROR(check_alive());
+      SP_NCCL_CHECK(ncclGroupStart());
+      const ncclResult_t r = issue();
       const ncclResult_t end = ncclGroupEnd();  // always closed, even after a failed call
       SP_NCCL_CHECK(r);
       SP_NCCL_CHECK(end);
@@ -420,13 +449,21 @@ class NcclView final : public Communicator {
  protected:
   StatusOr<std::unique_ptr<PendingExchange>> post(std::span<const SendSpec> sends,
                                                   std::span<const RecvSpec> recvs) override {
-    if (has_stream()) c_->set_stream(stream());
-    else c_->clear_stream();
+    forward_stream();
     return c_->post(sends, recvs);
   }
   bool overlaps() const override { return true; }
+  StatusOr<std::unique_ptr<PendingExchange>> post_collective(const CollectiveSpec& spec) override {
+    forward_stream();
+    return c_->post_collective(spec);
+  }
 
  private:
+  void forward_stream() {
+    if (has_stream()) c_->set_stream(stream());
+    else c_->clear_stream();
+  }
+
   std::shared_ptr<NcclCommunicator> c_;
 };
 

@@ -83,6 +83,11 @@ Status copy_bytes(void* dst, const void* src, size_t bytes) {
   return Status::Ok();
 }
 
+Status copy_bytes_on_stream(void* dst, const void* src, size_t bytes, void* stream) {
+  SP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+  return Status::Ok();
+}
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -19,6 +19,10 @@ Status copy_bytes(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
   return Status::Ok();
 }
+Status copy_bytes_on_stream(void* dst, const void* src, size_t bytes, void*) {
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
 bool is_device_pointer(const void*) { return false; }
 void abandon_device() {}
 bool device_abandoned() { return false; }

@@ -413,8 +413,16 @@ Status GpuTrainer::step(StepReport* report) {
   SP_CHECK_ARG(std::isfinite(loss_sum), "the loss is not finite at step " + std::to_string(I.steps) +
                                             " (lower the learning rate); the parameters were not updated");
   report->loss = loss_sum / counted;
-  if (I.comm.size() > 1) {  // thread ranks sharing the GPU: sum the gradients through host memory
+  if (I.comm.size() > 1 && I.comm.moves_device_buffers()) {
+    // On the device, ordered on the trainer's stream: NCCL's all-reduce without a host wait,
+    // or the ring between thread ranks sharing the GPU.
+    I.comm.set_stream(I.s);
+    const Status reduced = I.comm.all_reduce(I.grads.p(), size_t(I.count), DType::kF32, ReduceOp::kSum);
+    I.comm.clear_stream();  // the stream may not outlive the trainer
+    SP_RETURN_IF_ERROR(reduced);
+  } else if (I.comm.size() > 1) {  // a host-only communicator: through host memory
     std::vector<float> host(size_t(I.count));
+    SP_RETURN_IF_ERROR(stream_synchronize(I.s));
     SP_RETURN_IF_ERROR(copy_bytes(host.data(), I.grads.p(), host.size() * 4));
     SP_RETURN_IF_ERROR(I.comm.all_reduce(host.data(), host.size(), DType::kF32, ReduceOp::kSum));
     SP_RETURN_IF_ERROR(copy_bytes(I.grads.p(), host.data(), host.size() * 4));
