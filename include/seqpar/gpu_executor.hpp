@@ -37,7 +37,7 @@ class GpuWorkspace {
 
   // With tracing: the milestones the calls since the last take_trace() passed on their stream,
   // as (label, ms after the first), once the stream reached them all. Labels read
-  // "fwd|bwd g<group> <step> post|computed|arrived" and "... g<group> out".
+  // "fwd|bwd g<group> <step> post|computed|arrived|regrouped" and "... g<group> out".
   StatusOr<std::vector<std::pair<std::string, double>>> take_trace();
   // Device bytes the pool holds (blocks of the schedule, not the backend's scratch).
   int64_t pool_bytes() const;

@@ -295,6 +295,7 @@ class GpuExecutor {
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
       } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) {
         SP_RETURN_IF_ERROR(regroup(s));
+        SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " regrouped"));
       } else {
         SP_RETURN_IF_ERROR(compute(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " computed"));
