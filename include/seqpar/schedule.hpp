@@ -155,8 +155,11 @@ struct BlockBytes {
   DType accumulator = DType::kF32;  // running O, dQ, dK, dV
   DType stats = DType::kF32;        // LSE and D
   bool pack_has_delta = true;       // the query pack carries D (else O)
+  // The executor runs the schedule once per head group (heads / groups, K/V heads / groups):
+  // a head part of a group that copies K/V heads copies them once per group.
+  int head_groups = 1;
   int64_t of(BlockKind kind, int64_t rows) const;
-  // A block of the layout's shards: its rows, and with a head part 1/parts of the heads.
+  // A block of the layout's shards: its rows, and with a head part 1/parts of each group's heads.
   int64_t of(const Block& block, const Layout& layout, int head_parts) const;
 };
 // Rows of a block: its span's shards' rows.

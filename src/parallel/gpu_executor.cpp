@@ -380,7 +380,7 @@ class GpuExecutor {
 
   // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
   // positions): a span of zigzag or striped shards goes back in position between shards, which
-  // dense-call backends (cuDNN) cannot plan in one call, so a compute runs per pair of runs.
+  // dense-call backends (cuDNN) cannot plan in one call, so there a compute runs per pair of runs.
   struct Run {
     int64_t begin, end;
     std::vector<int64_t> positions;
@@ -412,7 +412,8 @@ class GpuExecutor {
     }
     const std::vector<Run>& q_runs = runs(s.q_block(BlockKind::kQuery));
     const std::vector<Run>& k_runs = runs(s.kv_block(BlockKind::kKV));
-    const bool whole = q_runs.size() == 1 && k_runs.size() == 1;
+    // Backends that take positions run any order of rows in one call.
+    const bool whole = (q_runs.size() == 1 && k_runs.size() == 1) || !plan_.backend->caps().needs_dense_blocks;
     for (const Run& qr : q_runs)
       for (const Run& kr : k_runs) {
         if (!whole && !plan_.params.mask.sees_any(qr.positions, kr.positions)) continue;

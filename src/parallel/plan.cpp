@@ -120,6 +120,7 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   plan.schedule = plan.algorithm->make_schedule(plan.request, rank);
   if (backend.caps().device) {
     SP_ASSIGN_OR_RETURN(plan.head_groups, head_groups_for(options, *plan.algorithm, plan.request, layout, bytes));
+    plan.block_bytes.head_groups = plan.head_groups;
   }
   return plan;
 }

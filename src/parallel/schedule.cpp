@@ -74,12 +74,12 @@ int64_t block_rows(const Block& block, const Layout& layout) {
 }
 
 int64_t BlockBytes::of(const Block& block, const Layout& layout, int head_parts) const {
+  if (block.part == kAllHeads) return of(block.kind, block_rows(block, layout));
   BlockBytes b = *this;
-  if (block.part != kAllHeads) {
-    b.heads = head_part_range(block.part, head_parts, heads).count();
-    b.kv_heads = kv_part_range(block.part, head_parts, heads, kv_heads).count();
-  }
-  return b.of(block.kind, block_rows(block, layout));
+  const int64_t group_heads = heads / head_groups, group_kv_heads = kv_heads / head_groups;
+  b.heads = head_part_range(block.part, head_parts, group_heads).count();
+  b.kv_heads = kv_part_range(block.part, head_parts, group_heads, group_kv_heads).count();
+  return head_groups * b.of(block.kind, block_rows(block, layout));
 }
 
 ScheduleRequest make_schedule_request(const Layout& layout, const MaskSpec& mask, int64_t heads,
