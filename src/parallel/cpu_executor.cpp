@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 
+#include "parallel/block_views.hpp"
 #include "parallel/ring_common.hpp"
 #include "seqpar/distributed_attention.hpp"
 
@@ -17,6 +18,9 @@ namespace seqpar {
 namespace {
 
 using parallel::copy_bshd;
+using parallel::Heads;
+using parallel::heads_slice;
+using parallel::rows_slice;
 
 // Copies a [B, H, S] view into another.
 void copy_bhs(const TensorView& src, const TensorView& dst) {
@@ -43,10 +47,6 @@ void add_into(const TensorView& src, const TensorView& dst) {
           out[at] += *in++;
         }
 }
-
-// Which heads a part of a block spans: the query heads, the K/V heads, or (row stats
-// [B, H, S]) the query heads along dim 1.
-enum class Heads : uint8_t { kQuery, kKV, kStats };
 
 class Executor {
  public:
@@ -103,16 +103,7 @@ class Executor {
     return {};
   }
   HeadRange heads_of(Heads h, int part) const {
-    const int parts = plan_.schedule.head_parts;
-    if (part == kAllHeads) return {0, h == Heads::kKV ? Hkv_ : H_};
-    return h == Heads::kKV ? kv_part_range(part, parts, H_, Hkv_) : head_part_range(part, parts, H_);
-  }
-  // The slice of a whole-heads part holding head part `part`, and the rows [first, first + n).
-  static TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
-    return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);
-  }
-  static TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
-    return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
+    return parallel::heads_of(h, part, plan_.schedule.head_parts, H_, Hkv_);
   }
   static void copy_part(Heads h, const TensorView& src, const TensorView& dst) {
     if (h == Heads::kStats) copy_bhs(src, dst);
@@ -155,15 +146,7 @@ class Executor {
       copy_part(heads[i], heads_slice(w->second->parts[i], heads[i], heads_of(heads[i], b.part)), part->parts[i]);
     return (store_[b] = std::move(part)).get();
   }
-  // Global positions of a block's rows: its shards' positions, one after another.
-  const int64_t* positions(const Block& b) {
-    if (b.span == 1) return plan_.layout.positions(b.shard).data();
-    auto& cached = span_positions_[{b.shard, b.span}];
-    if (cached.empty())
-      for (int x = b.shard; x < b.shard + b.span; ++x)
-        cached.insert(cached.end(), plan_.layout.positions(x).begin(), plan_.layout.positions(x).end());
-    return cached.data();
-  }
+
   // A result block present or made empty: zero, or for (O, LSE) the empty running result.
   Stored& result(const Block& b) {
     auto& slot = store_[b];
@@ -238,8 +221,8 @@ class Executor {
 
   AttentionParams pair_params(const Block& q, const Block& kv) {
     AttentionParams p = plan_.params;
-    p.q_positions = positions(q);
-    p.k_positions = positions(kv);
+    p.q_positions = positions_.of(q);
+    p.k_positions = positions_.of(kv);
     return p;
   }
 
@@ -366,7 +349,7 @@ class Executor {
   std::map<Block, std::unique_ptr<Stored>> store_;
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
-  std::map<std::pair<int, int>, std::vector<int64_t>> span_positions_;
+  parallel::SpanPositions positions_{plan_.layout};
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "core/cuda_check.hpp"
+#include "parallel/block_views.hpp"
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 
@@ -173,7 +174,7 @@ class GpuExecutor {
 
   // A block's parts in wire order (schedule.hpp's BlockKind), for one head group: which heads
   // each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype.
-  enum class Heads : uint8_t { kQuery, kKV, kStats };
+  using Heads = parallel::Heads;
   struct PartShape {
     DType dtype;
     Heads heads;
@@ -197,15 +198,7 @@ class GpuExecutor {
   }
   // The heads of head part `part` within the group (all of the group's for kAllHeads).
   HeadRange heads_of(Heads h, int part) const {
-    const int parts = plan_.schedule.head_parts;
-    if (part == kAllHeads) return {0, h == Heads::kKV ? Hkg_ : Hg_};
-    return h == Heads::kKV ? kv_part_range(part, parts, Hg_, Hkg_) : head_part_range(part, parts, Hg_);
-  }
-  static TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
-    return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);
-  }
-  static TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
-    return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
+    return parallel::heads_of(h, part, plan_.schedule.head_parts, Hg_, Hkg_);
   }
   bool takes_delta() const { return plan_.backend->caps().takes_delta; }
 
@@ -338,7 +331,7 @@ class GpuExecutor {
     SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
     const std::vector<PartShape> shapes = part_shapes(b, 0);
     for (size_t i = 0; i < shapes.size(); ++i)
-      SP_RETURN_IF_ERROR(flash_cast(heads_slice(w->second->parts[i], shapes[i].heads, heads_of(shapes[i].heads, b.part)),
+      SP_RETURN_IF_ERROR(flash_cast(parallel::heads_slice(w->second->parts[i], shapes[i].heads, heads_of(shapes[i].heads, b.part)),
                                     part->parts[i], s_));
     return (store_[b] = std::move(part)).get();
   }
@@ -358,7 +351,7 @@ class GpuExecutor {
       SP_ASSIGN_OR_RETURN(Stored* into, result(whole));
       const std::vector<PartShape> shapes = part_shapes(whole, 0);
       for (size_t i = 0; i < shapes.size(); ++i) {
-        const TensorView slice = heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
+        const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
         if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_cast(it->second->parts[i], slice, s_));
         else SP_RETURN_IF_ERROR(flash_accumulate(it->second->parts[i], slice, s_));
       }
@@ -368,15 +361,6 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  // Global positions of a block's rows: its shards' positions, one after another.
-  const int64_t* positions(const Block& b) {
-    if (b.span == 1) return plan_.layout.positions(b.shard).data();
-    auto& cached = span_positions_[{b.shard, b.span}];
-    if (cached.empty())
-      for (int x = b.shard; x < b.shard + b.span; ++x)
-        cached.insert(cached.end(), plan_.layout.positions(x).begin(), plan_.layout.positions(x).end());
-    return cached.data();
-  }
 
   // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
   // positions): a span of zigzag or striped shards goes back in position between shards, which
@@ -388,7 +372,7 @@ class GpuExecutor {
   const std::vector<Run>& runs(const Block& b) {
     auto& cached = span_runs_[{b.shard, b.span}];
     if (!cached.empty()) return cached;
-    const int64_t* p = positions(b);
+    const int64_t* p = positions_.of(b);
     const int64_t n = block_rows(b, plan_.layout);
     for (int64_t i = 0; i < n; ++i) {
       if (i == 0 || p[i] <= p[i - 1]) cached.push_back({i, i, {}});
@@ -461,7 +445,7 @@ class GpuExecutor {
         part = (store_[piece] = std::move(made)).get();
       }
       for (size_t i = 0; i < shapes.size(); ++i) {
-        const TensorView rows = rows_slice(whole->parts[i], shapes[i].heads, row, n);
+        const TensorView rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, row, n);
         if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(flash_cast(part->parts[i], rows, s_));
         else SP_RETURN_IF_ERROR(flash_cast(rows, part->parts[i], s_));
       }
@@ -562,7 +546,7 @@ class GpuExecutor {
   std::map<Block, std::unique_ptr<Stored>> store_;
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
-  std::map<std::pair<int, int>, std::vector<int64_t>> span_positions_;
+  parallel::SpanPositions positions_{plan_.layout};
   std::map<std::pair<int, int>, std::vector<Run>> span_runs_;
 };
 

@@ -55,10 +55,8 @@ PlanEvents attention2d_pass(const ScheduleRequest& req, Pass pass, const Printed
   const BlockKind row_result = forward ? BlockKind::kOutput : printed.alg3_reduces_inputs ? BlockKind::kQueryPack
                                                                                          : BlockKind::kDQ;
   for (int r = 0; r < s; ++r) {
-    std::vector<int> members;
-    std::vector<Block> blocks;
-    for (int m = 0; m < s; ++m) members.push_back(g.rank(r, m)), blocks.push_back({row_result, g.rank(r, m)});
-    ring_reduce_scatter(plan, members, blocks, row_partials(g, req, r), rounds,
+    const GridRing ring = row_ring(g, r, row_result);
+    ring_reduce_scatter(plan, ring.members, ring.blocks, row_partials(g, req, r), rounds,
                         forward ? Combine::kMerge : Combine::kAdd, Collective::kRowReduceScatter);
   }
   if (forward) return plan;
@@ -67,15 +65,10 @@ PlanEvents attention2d_pass(const ScheduleRequest& req, Pass pass, const Printed
   for (int k = 1; k < s; ++k) rounds.push_back(s + 1 + k);
   const BlockKind column_result = printed.alg3_reduces_inputs ? BlockKind::kKV : BlockKind::kDKV;
   for (int c = 0; c < s; ++c) {
-    std::vector<int> members;
-    std::vector<Block> blocks;
-    for (int m = 0; m < s; ++m) members.push_back(g.rank(m, c)), blocks.push_back({column_result, g.rank(c, m)});
-    const auto held = ring_reduce_scatter(plan, members, blocks, column_partials(g, req, c), rounds,
+    const GridRing ring = column_ring(g, c, column_result);
+    const auto held = ring_reduce_scatter(plan, ring.members, ring.blocks, column_partials(g, req, c), rounds,
                                           Combine::kAdd, Collective::kColumnReduceScatter);
-    for (int m = 0; m < s; ++m)
-      if (m != c && held[m][m])
-        plan.move(g.rank(m, c), g.rank(c, m), 2 * s + 1, 2 * s + 1, {BlockKind::kDKV, g.rank(c, m)}, Combine::kAdd,
-                  Collective::kSwap);
+    swap_gradients_home(plan, g, c, held, 2 * s + 1);
   }
   return plan;
 }

@@ -55,6 +55,26 @@ std::vector<std::vector<bool>> ring_reduce_scatter(PlanEvents& plan, const std::
   return has;
 }
 
+GridRing row_ring(const Grid& g, int r, BlockKind kind) {
+  GridRing ring;
+  for (int m = 0; m < g.s; ++m) ring.members.push_back(g.rank(r, m)), ring.blocks.push_back({kind, g.rank(r, m)});
+  return ring;
+}
+
+GridRing column_ring(const Grid& g, int c, BlockKind kind) {
+  GridRing ring;
+  for (int m = 0; m < g.s; ++m) ring.members.push_back(g.rank(m, c)), ring.blocks.push_back({kind, g.rank(c, m)});
+  return ring;
+}
+
+void swap_gradients_home(PlanEvents& plan, const Grid& g, int c, const std::vector<std::vector<bool>>& held,
+                         int round) {
+  for (int m = 0; m < g.s; ++m)
+    if (m != c && held[m][m])
+      plan.move(g.rank(m, c), g.rank(c, m), round, round, {BlockKind::kDKV, g.rank(c, m)}, Combine::kAdd,
+                Collective::kSwap);
+}
+
 void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind) {
   for (int l = 0; l < req.ranks; ++l) {
     const int r = g.row(l), c = g.col(l), t = g.transposed(l);

@@ -59,6 +59,20 @@ std::vector<std::vector<bool>> ring_reduce_scatter(PlanEvents& plan, const std::
                                                    std::vector<std::vector<bool>> has, const std::vector<int>& rounds,
                                                    Combine combine, Collective collective);
 
+// A ring of the grid: the members of row r (one per column) or of column c (one per row), and
+// for each member index x the block it owns in the ring: `kind` of query shard (r, x) along a
+// row, of K/V shard (c, x) (held by (x, c) after the swap) along a column.
+struct GridRing {
+  std::vector<int> members;
+  std::vector<Block> blocks;
+};
+GridRing row_ring(const Grid& g, int r, BlockKind kind);
+GridRing column_ring(const Grid& g, int c, BlockKind kind);
+// After a column ring of dK/dV in round `round`: each rank of column c sends the K/V shard's
+// gradient it holds (held[m][m]) to its owner across the diagonal.
+void swap_gradients_home(PlanEvents& plan, const Grid& g, int c, const std::vector<std::vector<bool>>& held,
+                         int round);
+
 // Round 0: every rank's K/V to its transpose (where its new column needs them) and
 // `query_kind` blocks along the row (all-gather, to the ranks that need them).
 void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind);

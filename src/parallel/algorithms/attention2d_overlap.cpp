@@ -91,11 +91,8 @@ PlanEvents attention2d_overlap_pass(const ScheduleRequest& req, Pass pass, const
   std::vector<int> rounds;
   for (int k = 1; k < s; ++k) rounds.push_back(!forward && k == s - 1 ? final_sends : s + k + 1);
   for (int r = 0; r < s; ++r) {
-    std::vector<int> members;
-    std::vector<Block> blocks;
-    const BlockKind kind = forward ? BlockKind::kOutput : BlockKind::kDQ;
-    for (int m = 0; m < s; ++m) members.push_back(g.rank(r, m)), blocks.push_back({kind, g.rank(r, m)});
-    ring_reduce_scatter(plan, members, blocks, row_partials(g, req, r), rounds,
+    const GridRing ring = row_ring(g, r, forward ? BlockKind::kOutput : BlockKind::kDQ);
+    ring_reduce_scatter(plan, ring.members, ring.blocks, row_partials(g, req, r), rounds,
                         forward ? Combine::kMerge : Combine::kAdd, Collective::kRowReduceScatter);
   }
   if (forward) return plan;
@@ -105,19 +102,14 @@ PlanEvents attention2d_overlap_pass(const ScheduleRequest& req, Pass pass, const
   rounds.clear();
   for (int k = 1; k < s; ++k) rounds.push_back(first_final + k);
   for (int c = 0; c < s; ++c) {
-    std::vector<int> members;
-    std::vector<Block> blocks;
-    for (int m = 0; m < s; ++m) members.push_back(g.rank(m, c)), blocks.push_back({BlockKind::kDKV, g.rank(c, m)});
+    const GridRing ring = column_ring(g, c, BlockKind::kDKV);
     const size_t before = plan.moves.size();
-    const auto held = ring_reduce_scatter(plan, members, blocks, column_partials(g, req, c), rounds, Combine::kAdd,
-                                          Collective::kColumnReduceScatter);
+    const auto held = ring_reduce_scatter(plan, ring.members, ring.blocks, column_partials(g, req, c), rounds,
+                                          Combine::kAdd, Collective::kColumnReduceScatter);
     if (printed.alg11_drops_own_dkv)
       for (size_t i = before; i < plan.moves.size(); ++i)
         if (plan.moves[i].post == rounds.back()) plan.moves[i].combine = Combine::kReplace;
-    for (int m = 0; m < s && !printed.alg8_no_swap_back; ++m)
-      if (m != c && held[m][m])
-        plan.move(g.rank(m, c), g.rank(c, m), final_sends, final_sends, {BlockKind::kDKV, g.rank(c, m)},
-                  Combine::kAdd, Collective::kSwap);
+    if (!printed.alg8_no_swap_back) swap_gradients_home(plan, g, c, held, final_sends);
   }
   return plan;
 }

@@ -1,0 +1,51 @@
+// What both executors need to lay a block's parts out and cut views of them: which heads each
+// part spans (query heads, K/V heads, or row stats [B, H, S]), the heads of a head part, the
+// head and row slices of a part, and the global positions of a span block's rows.
+#pragma once
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "seqpar/layout.hpp"
+#include "seqpar/schedule.hpp"
+#include "seqpar/tensor.hpp"
+
+namespace seqpar::parallel {
+
+enum class Heads : uint8_t { kQuery, kKV, kStats };
+
+// The heads of head part `part` of `parts` (all of them for kAllHeads), of `heads` query and
+// `kv_heads` K/V heads.
+inline HeadRange heads_of(Heads h, int part, int parts, int64_t heads, int64_t kv_heads) {
+  if (part == kAllHeads) return {0, h == Heads::kKV ? kv_heads : heads};
+  return h == Heads::kKV ? kv_part_range(part, parts, heads, kv_heads) : head_part_range(part, parts, heads);
+}
+// The heads r of a part ([B, S, H, D] along dim 2; stats [B, H, S] along dim 1).
+inline TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
+  return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);
+}
+// The rows [first, first + n) of a part.
+inline TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
+  return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
+}
+
+// Global positions of a block's rows: its shards' positions one after another (kept per span).
+class SpanPositions {
+ public:
+  explicit SpanPositions(const Layout& layout) : layout_(layout) {}
+  const int64_t* of(const Block& b) {
+    if (b.span == 1) return layout_.positions(b.shard).data();
+    auto& cached = spans_[{b.shard, b.span}];
+    if (cached.empty())
+      for (int x = b.shard; x < b.shard + b.span; ++x)
+        cached.insert(cached.end(), layout_.positions(x).begin(), layout_.positions(x).end());
+    return cached.data();
+  }
+
+ private:
+  const Layout& layout_;
+  std::map<std::pair<int, int>, std::vector<int64_t>> spans_;
+};
+
+}  // namespace seqpar::parallel
