@@ -44,8 +44,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     diagonal, -1 unbounded; causal=True sets right to 0. softmax_scale defaults to 1/sqrt(D).
     algo: "auto" or a name from seqpar.algorithms(). layout: "zigzag", "striped" or
     "contiguous", how the sequence is split. group: a torch.distributed group; q, k, v are then
-    this rank's shard and seq_len the global length (default: local length x group size; give
-    it when shards are of unequal length). Without a group: ranks thread ranks (default 2).
+    this rank's shard and seq_len the global length (default: the ranks' local lengths summed,
+    at the cost of one small exchange per call). Without a group: ranks thread ranks (default 2).
     window and scale are accepted as older names of window_size and softmax_scale.
 
     Returns o, or (o, lse) with return_lse (lse carries no gradient). Problems seqpar cannot

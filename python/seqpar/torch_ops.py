@@ -44,6 +44,8 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
         group = torch.distributed.distributed_c10d._resolve_process_group(group_name)
         rank = torch_ranks.group_rank(group, q.device)
         try:
+            if seq_len == 0:  # shards may differ in length: sum them (one small exchange)
+                seq_len = rank.agree_seq_len(q.shape[1])
             _core.shard_attention(rank, *tensors[:5], *(tensors[5:] or [None] * 4), seq_len=seq_len,
                                   stream=_stream(q), **opts)
         except RuntimeError:

@@ -19,8 +19,14 @@ nb::object byte_array(const void* data, size_t bytes) {
   return nb::cast(ByteArray(const_cast<void*>(data), 1, shape, nb::handle()), nb::rv_policy::reference);
 }
 
+// "RuntimeError: reason" (the exception without its traceback). Holds the GIL.
 Status python_failure(const char* what, const nb::python_error& e) {
-  return Status(StatusCode::kCommError, std::string("torch.distributed transport: ") + what + " failed: " + e.what());
+  std::string reason = nb::str(e.value()).c_str();
+  try {
+    reason = std::string(nb::str(nb::handle(e.type()).attr("__name__")).c_str()) + ": " + reason;
+  } catch (nb::python_error&) {
+  }
+  return Status(StatusCode::kCommError, std::string("torch.distributed transport: ") + what + " failed: " + reason);
 }
 
 double timeout_seconds() {

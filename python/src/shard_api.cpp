@@ -112,6 +112,21 @@ std::string threads_attention(const std::vector<RankContext*>& ranks, const std:
   return algo_run;
 }
 
+// The global sequence length: the sum of every rank's local length (a small all-gather).
+int64_t agree_seq_len(RankContext& ctx, int64_t local_len) {
+  Communicator& comm = ctx.comm();
+  std::vector<int64_t> all(comm.size());
+  const Status status = [&] {
+    nb::gil_scoped_release no_gil;
+    const PhaseScope phase(comm, Phase::kOther);
+    return comm.all_gather(&local_len, all.data(), sizeof(int64_t));
+  }();
+  throw_if_error(status);
+  int64_t total = 0;
+  for (int64_t n : all) total += n;
+  return total;
+}
+
 std::unique_ptr<RankContext> from_transport(nb::object transport, int rank, int size) {
   require(size >= 1 && rank >= 0 && rank < size,
           "rank " + std::to_string(rank) + " is out of range for a group of " + std::to_string(size));
@@ -148,7 +163,9 @@ void register_shard_api(nb::module_& m) {
       .def_prop_ro("size", [](RankContext& c) { return c.comm().size(); })
       .def_prop_ro("backend", [](RankContext& c) { return c.comm().backend_name(); })
       .def("counters", &counters, "bytes sent and received per phase (forward, backward, other)")
-      .def("reset_counters", [](RankContext& c) { c.comm().reset_counters(); });
+      .def("reset_counters", [](RankContext& c) { c.comm().reset_counters(); })
+      .def("agree_seq_len", &agree_seq_len, nb::arg("local_len"),
+           "the global length: every rank's local length summed (collective)");
   m.def("rank_from_transport", &from_transport, nb::arg("transport"), nb::arg("rank"), nb::arg("size"));
   m.def("nccl_available", &nccl_available);
   m.def("nccl_unique_id", &nccl_id);
