@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -184,6 +185,12 @@ Status RankContext::run_on_device(const AttentionPlan& plan, const ShardTensors&
 
 Status RankContext::run(const ShardCall& c, void* stream, std::string* algo_run) {
   try {
+    // A thread rank starts on GPU 0: the backends, plans and buffers belong on the tensors' GPU.
+    std::optional<DeviceGuard> guard;
+    if (c.q.device_id >= 0) {
+      guard.emplace(c.q.device_id);
+      SP_RETURN_IF_ERROR(guard->status());
+    }
     SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, plan_for(c));
     if (algo_run) *algo_run = plan->algorithm->name;
     const ShardTensors st{c.q.view,    c.k.view,  c.v.view,  c.o.view, c.lse.view,
