@@ -11,6 +11,7 @@ A rank whose call failed is dropped, so the next call starts a fresh communicato
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 from typing import Dict, List, Tuple
@@ -128,3 +129,12 @@ def forget(group, ranks: int, device: torch.device):
             _group_ranks.pop((_group_key(group), str(device)), None)
         else:
             _thread_ranks.pop((int(ranks), str(device)), None)
+
+
+@atexit.register
+def _release_all():
+    """Destroys the ranks before the interpreter (and CUDA) shut down: NCCL communicators and
+    device buffers must go while their device is still there."""
+    with _lock:
+        _group_ranks.clear()
+        _thread_ranks.clear()
