@@ -20,6 +20,14 @@ stages="${*:-build checks}"
 echo "== torch_gpu_check $(date -u +%FT%TZ) stages: $stages"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 source scripts/gpu_env.sh  # prefix, lib_path, inc_path; cuDNN and NCCL from PyTorch's wheels
+# The module links the NCCL that PyTorch loads (its wheel's, even where the toolkit has one): a
+# process holds one libnccl.so.2, whichever of torch and seqpar is imported first.
+nccl_wheel="$(wheel_dir nccl)"
+if [ -n "$nccl_wheel" ]; then
+  export NCCL_HOME="$nccl_wheel"
+  lib_path="$(link_lib nccl "$nccl_wheel");$lib_path"
+  export LD_LIBRARY_PATH="$nccl_wheel/lib:$LD_LIBRARY_PATH"
+fi
 pkg="$PWD/build-gpu-py/pkg"
 if ! python3 -m nanobind --cmake_dir > /dev/null 2>&1; then
   site="$PWD/.carry/py_site"

@@ -77,6 +77,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             raise TypeError(f"ranks must be an int; got {type(n).__name__}")
         if seq_len is not None and int(seq_len) != q.shape[1]:
             raise ValueError(f"without a group q holds the whole sequence ({q.shape[1]} tokens); seq_len={seq_len}")
+    # Contiguous here, not inside the op, so that autograd saves the copies the op reads and the
+    # backward does not make them again (transformers hands over [B, H, S, D] tensors' views).
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     o, lse = torch.ops.seqpar.attention_forward(
         q, k, v, left, right, 0.0 if softmax_scale is None else float(softmax_scale), algo, layout,
         0 if seq_len is None else int(seq_len), group_name, int(n))
