@@ -10,6 +10,8 @@ printing PASS or FAIL with its figures, and a JSON line per result.
   hf        LlamaForCausalLM (small, random) with attn_implementation="seqpar" (thread ranks, and
             the group with shard_batch) against "sdpa": loss and every gradient under the bf16
             rule against the float32 model.
+  multi     (under torchrun, one GPU per process; not in the default list) each rank's shard
+            over the NCCL communicator bootstrapped from the group's store, under the bf16 rule.
   overhead  fwd+bwd time of one attention call through seqpar.hf's attention function (as
             transformers calls it: [B, H, S, D] views, autograd) over calling the C++ API through
             the binding directly on the same rank and buffers; median of interleaved steps.
@@ -35,7 +37,7 @@ import seqpar.hf
 import seqpar.torch as st
 from seqpar import _core, torch_ranks
 
-DEV = torch.device("cuda", 0)
+DEV = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 BF16 = torch.bfloat16
 _jsonl = None
 
@@ -91,6 +93,36 @@ def sdpa_bshd(q, k, v, causal, window_left=-1):
     return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal, enable_gqa=True).transpose(1, 2)
 
 
+def case_inputs(S, H, Hkv, D, seed):
+    """q, k, v, dout (bf16, normal), the same on every rank."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    shapes = ((1, S, H, D), (1, S, Hkv, D), (1, S, Hkv, D), (1, S, H, D))
+    return [torch.randn(*shape, device=DEV, generator=g).to(BF16) for shape in shapes]
+
+
+def reference(q, k, v, dout, who, causal, left):
+    """(o, dq, dk, dv) of the fp64 oracle (math) or plain bf16 SDPA on the whole sequence."""
+    dtype = torch.float64 if who == "oracle" else BF16
+    qq, kk, vv = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    if who == "plain" and left < 0:
+        with plain_sdpa():
+            o = sdpa_bshd(qq, kk, vv, causal)
+    else:  # the oracle, and plain bf16 with a window mask (cuDNN takes no mask here)
+        with sdpa_kernel(SDPBackend.MATH if who == "oracle" else SDPBackend.EFFICIENT_ATTENTION):
+            o = sdpa_bshd(qq, kk, vv, causal, left)
+    grads = torch.autograd.grad(o, (qq, kk, vv), dout.to(dtype))
+    return (o.detach(),) + tuple(t.detach() for t in grads)
+
+
+def rule_report(check, name, ours, plain, oracle, **extra):
+    figures, ok = {}, True
+    for i, t in enumerate(("o", "dq", "dk", "dv")):
+        good, err, bound = bf16_rule(ours[i], plain[i], oracle[i])
+        ok &= good
+        figures[t] = {"err": err, "bound": bound}
+    return report(check, ok, case=name, **extra, **figures)
+
+
 def check_sdpa():
     # (mode, ranks, algo, layout, causal, window_left, S, H, H_kv, D)
     cases = [("group", 1, "auto", "zigzag", True, -1, 4096, 16, 4, 128),
@@ -103,39 +135,45 @@ def check_sdpa():
     for mode, ranks, algo, layout, causal, left, S, H, Hkv, D in cases:
         name = f"{mode} P={ranks} {algo}/{layout} causal={causal} window_left={left} S={S} H={H}/{Hkv} D={D}"
         try:
-            g = torch.Generator(device=DEV).manual_seed(S + H)
-            q = torch.randn(1, S, H, D, device=DEV, generator=g).to(BF16)
-            k = torch.randn(1, S, Hkv, D, device=DEV, generator=g).to(BF16)
-            v = torch.randn(1, S, Hkv, D, device=DEV, generator=g).to(BF16)
-            dout = torch.randn(1, S, H, D, device=DEV, generator=g).to(BF16)
-            results = {}
-            for who in ("oracle", "plain", "ours"):
-                dtype = torch.float64 if who == "oracle" else BF16
-                qq, kk, vv = (t.to(dtype).requires_grad_() for t in (q, k, v))
-                if who == "ours":
-                    window = (left, -1) if left >= 0 else (-1, -1)
-                    group = dist.group.WORLD if mode == "group" else None
-                    o = st.attention(qq, kk, vv, causal=causal, window_size=window, algo=algo, layout=layout,
-                                     group=group, ranks=None if group else ranks)
-                elif who == "plain" and left < 0:
-                    with plain_sdpa():
-                        o = sdpa_bshd(qq, kk, vv, causal)
-                else:  # the fp64 oracle (math), and plain bf16 with a window mask (cuDNN takes no mask here)
-                    with sdpa_kernel(SDPBackend.MATH if who == "oracle" else SDPBackend.EFFICIENT_ATTENTION):
-                        o = sdpa_bshd(qq, kk, vv, causal, left)
-                grads = torch.autograd.grad(o, (qq, kk, vv), dout.to(dtype))
-                results[who] = (o.detach(),) + tuple(t.detach() for t in grads)
-                del o, grads, qq, kk, vv
-            figures, ok = {}, True
-            for i, t in enumerate(("o", "dq", "dk", "dv")):
-                good, err, bound = bf16_rule(results["ours"][i], results["plain"][i], results["oracle"][i])
-                ok &= good
-                figures[t] = {"err": err, "bound": bound}
-            all_ok &= report("sdpa", ok, case=name, **figures)
-            del results
+            q, k, v, dout = case_inputs(S, H, Hkv, D, seed=S + H)
+            oracle = reference(q, k, v, dout, "oracle", causal, left)
+            plain = reference(q, k, v, dout, "plain", causal, left)
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            group = dist.group.WORLD if mode == "group" else None
+            o = st.attention(qq, kk, vv, causal=causal, window_size=(left, -1), algo=algo, layout=layout,
+                             group=group, ranks=None if group else ranks)
+            ours = (o.detach(),) + torch.autograd.grad(o, (qq, kk, vv), dout)
+            all_ok &= rule_report("sdpa", name, ours, plain, oracle)
+            del oracle, plain, ours, o
             torch.cuda.empty_cache()
         except Exception:
             all_ok &= report("sdpa", False, case=name, error=traceback.format_exc())
+    return all_ok
+
+
+def check_multi():
+    """Under torchrun, one GPU per process: each rank's shard through seqpar's NCCL communicator
+    (bootstrapped from the group's store) against its rows of the whole-sequence references."""
+    group, P, me = dist.group.WORLD, dist.get_world_size(), dist.get_rank()
+    if P < 2:
+        return report("multi", False, error="needs torchrun with 2 or more processes")
+    cases = [("ring", "zigzag", True, 8192, 16, 4, 128), ("burst", "striped", True, 8192, 8, 8, 128),
+             ("distflash", "contiguous", True, 8000, 8, 2, 128), ("auto", "zigzag", False, 8192, 8, 8, 64)]
+    all_ok = True
+    for algo, layout, causal, S, H, Hkv, D in cases:
+        name = f"P={P} {algo}/{layout} causal={causal} S={S} H={H}/{Hkv} D={D}"
+        try:
+            q, k, v, dout = case_inputs(S, H, Hkv, D, seed=S + H)
+            whole = [reference(q, k, v, dout, who, causal, -1) for who in ("oracle", "plain")]
+            mine = [[st.shard(t, layout=layout, group=group) for t in res] for res in whole]
+            qq, kk, vv = (st.shard(t, layout=layout, group=group).requires_grad_() for t in (q, k, v))
+            o = st.attention(qq, kk, vv, causal=causal, algo=algo, layout=layout, group=group, seq_len=S)
+            ours = (o.detach(),) + torch.autograd.grad(o, (qq, kk, vv), st.shard(dout, layout=layout, group=group))
+            all_ok &= rule_report("multi", name, ours, mine[1], mine[0], rank=me)
+            del whole, mine, ours, o
+            torch.cuda.empty_cache()
+        except Exception:
+            all_ok &= report("multi", False, case=name, rank=me, error=traceback.format_exc())
     return all_ok
 
 
@@ -303,11 +341,14 @@ def main():
     if args.jsonl:
         _jsonl = open(args.jsonl, "a")
     torch.cuda.set_device(DEV)
-    init = os.path.join(tempfile.mkdtemp(prefix="seqpar_pg_"), "init")
-    dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1, device_id=DEV)
+    if "WORLD_SIZE" in os.environ:  # torchrun
+        dist.init_process_group("nccl", device_id=DEV)
+    else:  # a group of one process, for the group path on one GPU
+        init = os.path.join(tempfile.mkdtemp(prefix="seqpar_pg_"), "init")
+        dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1, device_id=DEV)
     emit({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(DEV), "seqpar": seqpar.__version__,
           "nccl": _core.nccl_available()})
-    runs = {"sdpa": check_sdpa, "compile": check_compile, "hf": check_hf,
+    runs = {"sdpa": check_sdpa, "multi": check_multi, "compile": check_compile, "hf": check_hf,
             "overhead": lambda: check_overhead([int(s) for s in args.overhead_seqs.split(",")], args.iters)}
     summary = {}
     for name in args.checks.split(","):

@@ -5,8 +5,9 @@
 # seqpar.torch vs SDPA (cuDNN) under the bf16 rule, torch.compile without graph breaks, the
 # Hugging Face drop-in vs attn_implementation="sdpa", and the drop-in's overhead over the C++
 # API at S = 32K and 64K. Prints PASS/FAIL per check; exits 1 when any fails.
-# Usage: bash scripts/torch_gpu_check.sh [build] [checks]   (default: both; each fits one
-# 10-minute device call, so a cold machine may need `build` and `checks` as two calls)
+# Usage: bash scripts/torch_gpu_check.sh [build] [checks] [multi]   (default: build checks; each
+# fits one 10-minute device call, so a cold machine may need `build` and `checks` as two calls;
+# `multi`, on 2+ GPUs, runs each rank's shard over NCCL bootstrapped from the group's store)
 # Output in $OUT (or ./torch_gpu_out): torch_gpu_check.log (everything), torch_gpu_check.jsonl.
 # Needs there: PyTorch with CUDA, transformers, Python headers, and nanobind (installed, or its
 # wheel in .whl/ or .carry/whl/, which scripts/pack_device_deps.sh puts there). CHECKS picks the
@@ -76,7 +77,16 @@ for stage in $stages; do
       rc=$?
       [ "$rc" = 124 ] && echo "FAIL checks: timed out after ${CHECK_TIMEOUT:-560} s"
       [ "$rc" = 0 ] || status=1 ;;
-    *) echo "unknown stage $stage (build, checks)"; status=2 ;;
+    multi)  # not in the default stages: a machine with 2+ GPUs, one process each (torchrun)
+      gpus=$(nvidia-smi -L 2> /dev/null | wc -l)
+      if [ "$gpus" -lt 2 ]; then
+        echo "SKIP multi: it needs 2 or more GPUs; this machine has $gpus"; continue
+      fi
+      PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" SEQPAR_COMM_TIMEOUT_S=120 timeout "${CHECK_TIMEOUT:-560}" \
+        torchrun --standalone --nproc_per_node="$gpus" bench/torch_gpu_check.py --checks multi \
+        --jsonl "$out/torch_gpu_check_multi.jsonl"
+      [ "$?" = 0 ] || status=1 ;;
+    *) echo "unknown stage $stage (build, checks, multi)"; status=2 ;;
   esac
 done
 echo "== torch_gpu_check: $([ "$status" = 0 ] && echo PASS || echo FAIL) (log: $out/torch_gpu_check.log)"

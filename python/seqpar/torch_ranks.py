@@ -65,8 +65,9 @@ class GroupTransport:
 
 
 def _group_key(group) -> str:
-    name = getattr(group, "group_name", None)
-    return name if name else str(id(group))
+    # The name, and the object: a group destroyed and made again may reuse its name (the
+    # cached rank holds the old object, so its id is not reused).
+    return f"{getattr(group, 'group_name', '')}#{id(group)}"
 
 
 def _nccl_rank(group, key: str, device: torch.device):
@@ -100,7 +101,7 @@ def group_rank(group, device: torch.device):
         if rank is not None:
             return rank
     if device.type == "cuda":
-        rank = _nccl_rank(group, key[0], device)
+        rank = _nccl_rank(group, getattr(group, "group_name", ""), device)
     else:
         backend = str(dist.get_backend(group))
         if "gloo" not in backend:
