@@ -78,10 +78,13 @@ def _nccl_rank(group, key: str, device: torch.device):
     if not _core.nccl_available():
         raise RuntimeError("this seqpar module has no NCCL (built without CUDA/NCCL); CUDA tensors over a "
                            "process group need it")
-    store = c10d._get_process_group_store(group)
+    try:
+        store = c10d._get_process_group_store(group)
+    except AttributeError:  # a torch without it: the default store, the key names the group
+        store = c10d._get_default_store()
     gen = _nccl_generation.get(key, 0)
     _nccl_generation[key] = gen + 1
-    store_key = f"seqpar/nccl_id/{gen}"
+    store_key = f"seqpar/nccl_id/{key}/{gen}"
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if rank == 0:
         uid = _core.nccl_unique_id()
