@@ -188,3 +188,21 @@ def hf_vs_sdpa(rank, world, model_dir, layout="zigzag", seq=48):
         grad_errs[name] = ((p.grad - p_ref.grad).abs().max() / p_ref.grad.abs().max().clamp_min(1e-30)).item()
     return {"loss": total.item(), "ref_loss": ref_loss.item(), "attn": model.config._attn_implementation,
             "grad_errs": grad_errs}
+
+
+def nccl_id_through_the_store(rank, world):
+    """The NCCL bootstrap's exchange (torch_ranks._nccl_rank) without a GPU: rank 0's unique id
+    reaches every rank through the group's store, a fresh one for each communicator made."""
+    from seqpar import _core
+    got = []
+    saved = {n: getattr(_core, n) for n in ("rank_from_nccl_id", "nccl_available", "nccl_unique_id")}
+    try:
+        _core.rank_from_nccl_id = lambda uid, r, size, device: (uid.hex(), r, size)
+        if not _core.nccl_available():  # a module without NCCL: any 128 bytes stand for the id
+            _core.nccl_available, _core.nccl_unique_id = (lambda: True), (lambda: os.urandom(128))
+        for _ in range(2):
+            got.append(torch_ranks._nccl_rank(dist.group.WORLD, "world", torch.device("cuda", 0)))
+    finally:
+        for n, f in saved.items():
+            setattr(_core, n, f)
+    return got

@@ -1,7 +1,7 @@
 """seqpar.torch.attention over torch.distributed with the gloo backend, one rank per process
 (2 and 4 processes): outputs, LSE and gradients against PyTorch's SDPA on the full sequence
 (float32 to 1e-5, float64 to 1e-10), torch.compile(fullgraph=True), errors as Python
-exceptions, and a rank that never joins. Skipped where torch is not installed."""
+exceptions, a rank that never joins, and the NCCL bootstrap's trip through the group's store. Skipped where torch is not installed."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -45,3 +45,12 @@ def test_a_rank_that_never_joins_fails_the_others(linger_s):
     value = results[0]["value"]
     assert value["raised"] == "RuntimeError", value
     assert value["seconds"] < 25, value
+
+
+def test_nccl_unique_id_travels_through_the_group_store():
+    # The communicator itself needs GPUs (scripts/torch_gpu_check.sh); its id's trip does not.
+    values = dist_harness.values(dist_harness.run(2, "dist_cases", "nccl_id_through_the_store"))
+    for rank, got in enumerate(values):
+        assert [g[1:] for g in got] == [[rank, 2], [rank, 2]]
+    assert values[0][0][0] == values[1][0][0] and values[0][1][0] == values[1][1][0]  # the same id on both
+    assert values[0][0][0] != values[0][1][0]  # a new id for the second communicator
