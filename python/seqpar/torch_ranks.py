@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import os
 import threading
 from typing import Dict, List, Tuple
 
@@ -64,6 +65,15 @@ class GroupTransport:
         return _Batch(works)
 
 
+def _timeout_s() -> float:
+    """SEQPAR_COMM_TIMEOUT_S, as the C++ communicators read it (default 300 s)."""
+    try:
+        value = float(os.environ.get("SEQPAR_COMM_TIMEOUT_S", "300"))
+    except ValueError:
+        value = 300.0
+    return value if value > 0 else 300.0
+
+
 def _group_key(group) -> str:
     # The name, and the object: a group destroyed and made again may reuse its name (the
     # cached rank holds the old object, so its id is not reused).
@@ -89,8 +99,9 @@ def _nccl_rank(group, key: str, device: torch.device):
     if rank == 0:
         uid = _core.nccl_unique_id()
         store.set(store_key, uid)
-    else:
-        uid = store.get(store_key)  # waits (the store's timeout) for rank 0
+    else:  # waits for rank 0, as long as a transfer may take
+        store.wait([store_key], datetime.timedelta(seconds=_timeout_s()))
+        uid = store.get(store_key)
     return _core.rank_from_nccl_id(bytes(uid), rank, size, device.index if device.index is not None else
                                    torch.cuda.current_device())
 
