@@ -48,7 +48,7 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
                 seq_len = rank.agree_seq_len(q.shape[1])
             _core.shard_attention(rank, *tensors[:5], *(tensors[5:] or [None] * 4), seq_len=seq_len,
                                   stream=_stream(q), **opts)
-        except RuntimeError:
+        except Exception:  # a failed rank aborted its communicator: the next call starts afresh
             torch_ranks.forget(group, 0, q.device)
             raise
         return
@@ -71,7 +71,7 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
     ranks_here = torch_ranks.thread_ranks(ranks, q.device)
     try:
         _core.threads_attention(ranks_here, shards, seq_len=full_len, stream=_stream(q), **opts)
-    except RuntimeError:
+    except Exception:  # a failed rank aborted its communicator: the next call starts afresh
         torch_ranks.forget(None, ranks, q.device)
         raise
     for i in written:

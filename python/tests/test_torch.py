@@ -103,3 +103,11 @@ def test_custom_op_and_torch_compile_fullgraph():
     assert torch.allclose(loss, eager, rtol=1e-5)
     for a, b in zip(grads, eager_grads):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+
+def test_a_failed_call_leaves_the_next_one_working():
+    # A rank that fails aborts its thread ranks' communicator; the next call gets fresh ones.
+    q = torch.randn(1, 16, 2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="supported|refuse|distflash|mask|causal"):
+        st.attention(q, q, q, algo="distflash", layout="striped", ranks=2)
+    assert torch.allclose(st.attention(q, q, q, causal=True, ranks=2), torch_attention(q, q, q, -1, 0), atol=1e-10)
