@@ -206,3 +206,13 @@ def nccl_id_through_the_store(rank, world):
         for n, f in saved.items():
             setattr(_core, n, f)
     return got
+
+
+def gather_round_trip(rank, world):
+    """seqpar.torch.gather puts every rank's shard (of unequal lengths) back in place."""
+    x = torch.randn(2, 37, 3, generator=torch.Generator().manual_seed(9))
+    out = {}
+    for layout in ("zigzag", "striped", "contiguous"):
+        local = st.shard(x, layout=layout, group=dist.group.WORLD)
+        out[layout] = bool(torch.equal(st.gather(local, layout=layout, group=dist.group.WORLD), x))
+    return out

@@ -54,3 +54,8 @@ def test_nccl_unique_id_travels_through_the_group_store():
         assert [g[1:] for g in got] == [[rank, 2], [rank, 2]]
     assert values[0][0][0] == values[1][0][0] and values[0][1][0] == values[1][1][0]  # the same id on both
     assert values[0][0][0] != values[0][1][0]  # a new id for the second communicator
+
+
+def test_gather_puts_uneven_shards_back():
+    for value in dist_harness.values(dist_harness.run(3, "dist_cases", "gather_round_trip")):
+        assert all(value.values()), value
