@@ -4,7 +4,8 @@
 # (header-only), with their CMake package files (which locate files relative to themselves),
 # OpenBLAS (the training engine's CPU products: the shared library, its Fortran runtime and the
 # CBLAS headers, found there by CMake's FindBLAS), plus the cuDNN frontend headers in
-# .carry/cudnn_frontend.
+# .carry/cudnn_frontend and nanobind's wheel in .carry/whl (scripts/torch_gpu_check.sh builds
+# the Python module there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -22,4 +23,6 @@ ln -sf libopenblas.so.0 "$dest/lib/x86_64-linux-gnu/libopenblas.so"
 cp -L /lib/x86_64-linux-gnu/libgfortran.so.5 /lib/x86_64-linux-gnu/libquadmath.so.0 "$dest/lib/x86_64-linux-gnu/"
 cp /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/x86_64-linux-gnu/openblas-pthread/openblas_config.h \
    "$dest/include/"
+mkdir -p .carry/whl
+python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/whl nanobind
 du -sh .carry

@@ -10,6 +10,8 @@
 //   make_nccl_communicator_env  under torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 //       MASTER_ADDR, MASTER_PORT): rank 0 serves the id over TCP on MASTER_PORT + 1
 //       (torchrun's own store holds MASTER_PORT); SEQPAR_BOOTSTRAP_PORT overrides the port.
+//   make_nccl_communicator  from an id the caller carried (e.g. through torch.distributed's
+//       store, by the Python binding).
 //
 // Failure: communicators are non-blocking NCCL communicators watched by a thread of their
 // own. When the oldest queued transfer makes no progress for SEQPAR_COMM_TIMEOUT_S (default
@@ -46,5 +48,13 @@ Status run_nccl_local_ranks(int num_gpus, const std::function<Status(Communicato
 // One rank per process; the GPU is the node-local rank modulo the visible GPUs.
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi();
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env();
+
+// NCCL's unique id for a new communicator, as bytes: one rank makes it and hands it to every
+// rank by any channel of its own.
+StatusOr<std::vector<char>> nccl_unique_id();
+// Rank `rank` of `size` on GPU `device` from the id (nccl_unique_id's bytes). Collective: every
+// rank calls it; it returns once all have joined (or after SEQPAR_COMM_TIMEOUT_S with an error).
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(const std::vector<char>& id, int rank, int size,
+                                                               int device);
 
 }  // namespace seqpar

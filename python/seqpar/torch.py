@@ -1,9 +1,18 @@
-"""seqpar for PyTorch: seqpar.torch.attention, differentiable, on CPU tensors.
+"""seqpar for PyTorch: sequence-parallel attention with autograd, in flash-attn's conventions.
 
-Tensors cross into the C++ core through DLPack (no PyTorch headers in seqpar); the results
-come back as tensors sharing the arrays' memory. The forward keeps o and lse, and the backward
-runs the algorithm's backward schedule alone against them (seqpar.attention_backward), as
-flash-attn's autograd functions do. Needs torch; `import seqpar` alone does not.
+    o = seqpar.torch.attention(q, k, v, causal=True, group=group)       # local shards
+    o = seqpar.torch.attention(q, k, v, causal=True, ranks=4)           # full sequences
+
+q [B, S, H, D], k and v [B, S, H_kv, D] (H divisible by H_kv); o like q; lse [B, H, S].
+With `group` (a torch.distributed process group) q, k, v are this process's shard of the
+sequence under `layout` (make them with seqpar.torch.shard) and `algo` runs over the group:
+CPU tensors (float32/64) travel over the group's gloo transport, CUDA tensors (bfloat16/16)
+over seqpar's NCCL communicator, bootstrapped from the group's store, on the current stream.
+Without a group the tensors hold the full sequence and `ranks` thread ranks of this process
+compute it (on the host, or sharing the tensors' GPU). Tensors cross into the C++ core through
+DLPack; no PyTorch headers are compiled. The op is a torch.library custom op
+(seqpar::attention_forward / _backward), so torch.compile(fullgraph=True) keeps it whole.
+Needs torch; `import seqpar` alone does not.
 """
 from __future__ import annotations
 
@@ -11,45 +20,67 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _core, _options
+from . import torch_ops  # noqa: F401  (registers torch.ops.seqpar.*)
+from .torch_layout import gather, positions, shard, unshard
 
-__all__ = ["attention"]
+__all__ = ["attention", "shard", "unshard", "gather", "positions"]
 
 
-def _host(t: torch.Tensor, name: str) -> torch.Tensor:
+def _check_tensor(t, name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise TypeError(f"{name} is on {t.device}; seqpar's Python API computes on CPU tensors")
-    # The core reads C-contiguous memory: torch's own contiguous() copies when needed.
-    return t.detach().contiguous()
-
-
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, opts):
-        q, k, v = _host(q, "q"), _host(k, "k"), _host(v, "v")
-        res = _core.attention(q, k, v, None, **opts)
-        o, lse = torch.from_numpy(res["o"]), torch.from_numpy(res["lse"])
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.opts = opts
-        # Gradients flow through o alone; a loss on lse would need dLSE, which seqpar lacks.
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        res = _core.attention_backward(q, k, v, o, lse, _host(dout, "dout"), **ctx.opts)
-        return torch.from_numpy(res["dq"]), torch.from_numpy(res["dk"]), torch.from_numpy(res["dv"]), None
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim]; got shape {tuple(t.shape)}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              window: Tuple[int, int] = (-1, -1), algo: str = "auto", ranks: int = 2,
-              layout: str = "zigzag", scale: Optional[float] = None, return_lse: bool = False):
-    """seqpar.attention on torch tensors (float32/float64, CPU), with autograd: q [B, S, H, D],
-    k, v [B, S, H_kv, D]. Returns o, or (o, lse) with return_lse (lse [B, H, S] carries no
-    gradient). Arguments as seqpar.attention."""
-    opts = _options(causal, window, algo, ranks, layout, scale)
-    o, lse = _Attention.apply(q, k, v, opts)
+              window_size: Tuple[int, int] = (-1, -1), softmax_scale: Optional[float] = None,
+              return_lse: bool = False, algo: str = "auto", group=None, layout: str = "zigzag",
+              seq_len: Optional[int] = None, ranks: Optional[int] = None,
+              window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None):
+    """Exact softmax attention, sequence parallel, differentiable in q, k and v.
+
+    causal / window_size: flash-attn's mask; window_size=(left, right) keys around the
+    diagonal, -1 unbounded; causal=True sets right to 0. softmax_scale defaults to 1/sqrt(D).
+    algo: "auto" or a name from seqpar.algorithms(). layout: "zigzag", "striped" or
+    "contiguous", how the sequence is split. group: a torch.distributed group; q, k, v are then
+    this rank's shard and seq_len the global length (default: the ranks' local lengths summed,
+    at the cost of one small exchange per call). Without a group: ranks thread ranks (default 2).
+    window and scale are accepted as older names of window_size and softmax_scale.
+
+    Returns o, or (o, lse) with return_lse (lse carries no gradient). Problems seqpar cannot
+    run raise ValueError or TypeError with the reason; a failed transfer raises RuntimeError.
+    """
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, name)
+    if window is not None:
+        window_size = window
+    if scale is not None:
+        softmax_scale = scale
+    if isinstance(window_size, (str, bytes)) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right); got {window_size!r}")
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    if softmax_scale is not None and not float(softmax_scale) > 0:
+        raise ValueError(f"softmax_scale must be positive; got {softmax_scale}")
+    if not isinstance(algo, str) or not isinstance(layout, str):
+        raise TypeError("algo and layout must be strings")
+    if group is not None:
+        size = torch.distributed.get_world_size(group)
+        if ranks is not None and int(ranks) != size:
+            raise ValueError(f"ranks={ranks} but the group has {size} ranks")
+        group_name, n = group.group_name, size
+    else:
+        group_name, n = "", 2 if ranks is None else ranks
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"ranks must be an int; got {type(n).__name__}")
+        if seq_len is not None and int(seq_len) != q.shape[1]:
+            raise ValueError(f"without a group q holds the whole sequence ({q.shape[1]} tokens); seq_len={seq_len}")
+    # Contiguous here, not inside the op, so that autograd saves the copies the op reads and the
+    # backward does not make them again (transformers hands over [B, H, S, D] tensors' views).
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    o, lse = torch.ops.seqpar.attention_forward(
+        q, k, v, left, right, 0.0 if softmax_scale is None else float(softmax_scale), algo, layout,
+        0 if seq_len is None else int(seq_len), group_name, int(n))
     return (o, lse) if return_lse else o

@@ -26,20 +26,26 @@ std::string dtype_text(DType dtype) {
   return "?";
 }
 
-TensorView view_of(const InArray& array, const char* name) {
-  const std::string who(name);
-  if (array.device_type() != nb::device::cpu::value)
-    throw nb::type_error((who + ": seqpar's Python API computes on host arrays; this one is on another device").c_str());
-  TensorView view;
+namespace {
+
+// dtype and C-contiguous strides of `array` into `view` (shared by view_of and any_view).
+template <class Array>
+void describe(const Array& array, const std::string& who, bool allow_bf16, TensorView& view) {
   const nb::dlpack::dtype dt = array.dtype();
+  const auto float_code = static_cast<uint8_t>(nb::dlpack::dtype_code::Float);
+  const auto bfloat_code = static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat);
   if (dt == nb::dtype<double>()) {
     view.dtype = DType::kF64;
   } else if (dt == nb::dtype<float>()) {
     view.dtype = DType::kF32;
-  } else if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16 && dt.lanes == 1) {
+  } else if (dt.code == float_code && dt.bits == 16 && dt.lanes == 1) {
     view.dtype = DType::kF16;
+  } else if (allow_bf16 && dt.code == bfloat_code && dt.bits == 16 && dt.lanes == 1) {
+    view.dtype = DType::kBF16;
   } else {
-    throw nb::type_error((who + ": dtype must be float32 or float64 (float16 for shard/unshard)").c_str());
+    throw nb::type_error((who + (allow_bf16 ? ": dtype must be float64, float32, float16 or bfloat16"
+                                            : ": dtype must be float32 or float64 (float16 for shard/unshard)"))
+                             .c_str());
   }
   if (array.ndim() > static_cast<size_t>(kMaxDims))
     throw nb::value_error((who + " has " + std::to_string(array.ndim()) + " dimensions; at most 4").c_str());
@@ -50,12 +56,35 @@ TensorView view_of(const InArray& array, const char* name) {
   for (int d = view.ndim - 1; d >= 0; --d) {
     view.shape[d] = static_cast<int64_t>(array.shape(d));
     if (view.shape[d] != 1 && array.stride(d) != expected)
-      throw nb::value_error((who + " is not C-contiguous; pass numpy.ascontiguousarray(" + who + ")").c_str());
+      throw nb::value_error((who + " is not C-contiguous; pass " + who + ".contiguous() (numpy: numpy.ascontiguousarray(" +
+                             who + "))").c_str());
     view.strides[d] = expected;
     expected *= view.shape[d];
   }
-  view.data = const_cast<void*>(array.data());  // inputs are only read
+  view.data = const_cast<void*>(static_cast<const void*>(array.data()));
+}
+
+}  // namespace
+
+TensorView view_of(const InArray& array, const char* name) {
+  const std::string who(name);
+  if (array.device_type() != nb::device::cpu::value)
+    throw nb::type_error((who + ": seqpar's Python API computes on host arrays; this one is on another device").c_str());
+  TensorView view;
+  describe(array, who, /*allow_bf16=*/false, view);
   return view;
+}
+
+ArrayView any_view(const nb::ndarray<>& array, const char* name) {
+  const std::string who(name);
+  ArrayView out;
+  if (array.device_type() == nb::device::cuda::value) {
+    out.device_id = array.device_id();
+  } else if (array.device_type() != nb::device::cpu::value) {
+    throw nb::type_error((who + ": seqpar takes host or CUDA tensors; this one is on another kind of device").c_str());
+  }
+  describe(array, who, /*allow_bf16=*/true, out.view);
+  return out;
 }
 
 OutArray to_numpy(HostTensor&& tensor) {

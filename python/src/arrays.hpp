@@ -33,6 +33,17 @@ T value_or_throw(StatusOr<T>&& result) {
 // more than 4 dimensions. The view aliases the array's memory (valid while the array lives).
 TensorView view_of(const InArray& array, const char* name);
 
+// Where an array lives: device_id -1 for host memory, else the CUDA device's index.
+struct ArrayView {
+  TensorView view;
+  int device_id = -1;
+};
+
+// A view of a host or CUDA array of float64/32/16 or bfloat16 with its device. TypeError for
+// another dtype or device kind, ValueError when it is not C-contiguous or has more than 4
+// dimensions. Aliases the array's memory.
+ArrayView any_view(const nb::ndarray<>& array, const char* name);
+
 // A numpy array that takes ownership of `tensor` (no copy).
 OutArray to_numpy(HostTensor&& tensor);
 

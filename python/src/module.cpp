@@ -1,6 +1,6 @@
 // seqpar._core: the nanobind module behind the `seqpar` Python package. Distributed attention
-// over thread ranks on full-sequence host arrays (attention.cpp), the layout helpers, and the
-// algorithm list. Arguments are checked here so that a Python caller gets ValueError/TypeError
+// over thread ranks on full-sequence host arrays (attention.cpp), the layout helpers, the
+// algorithm list, and attention over local shards for seqpar.torch (shard_api.cpp). Arguments are checked here so that a Python caller gets ValueError/TypeError
 // with the reason.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -12,6 +12,7 @@
 
 #include "arrays.hpp"
 #include "attention.hpp"
+#include "shard_api.hpp"
 #include "seqpar/algorithm.hpp"
 
 namespace seqpar::py {
@@ -131,4 +132,5 @@ NB_MODULE(_core, m) {
   m.def("unshard", &unshard, nb::arg("shards"), nb::arg("layout"), nb::arg("seq_dim"));
   m.def("positions", &positions, nb::arg("layout"), nb::arg("seq_len"), nb::arg("ranks"), nb::arg("rank"));
   m.def("algorithms", &algorithms);
+  register_shard_api(m);
 }

@@ -63,3 +63,51 @@ def test_non_contiguous_tensors_are_copied_and_errors_are_python_exceptions():
         st.attention(q.numpy(), k, k)
     with pytest.raises(ValueError, match="divisible"):
         st.attention(q, k[:, :, :3], k[:, :, :3])
+
+
+def test_flash_attn_argument_names_and_thread_ranks_sharing_nothing_but_the_call():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 24, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    a = st.attention(q, k, v, causal=True, window_size=(5, -1), softmax_scale=0.3, ranks=3, layout="striped")
+    b = st.attention(q, k, v, causal=True, window=(5, -1), scale=0.3, ranks=2, layout="contiguous")
+    ref = torch_attention(q * (0.3 * 8 ** 0.5), k, v, 5, 0)  # the scale folded into q
+    assert torch.allclose(a, ref, atol=1e-10) and torch.allclose(b, ref, atol=1e-10)
+    with pytest.raises(ValueError, match="whole sequence"):
+        st.attention(q, k, v, ranks=2, seq_len=30)
+    with pytest.raises(ValueError, match="4-D"):
+        st.attention(q[0], k, v)
+
+
+def test_custom_op_and_torch_compile_fullgraph():
+    # The op is registered with torch.library (opcheck: schema, fake tensors, autograd), and a
+    # module calling it compiles whole with the default backend (inductor).
+    q, k, v = (torch.randn(1, 20, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(torch.ops.seqpar.attention_forward.default, (q, k, v, -1, 0, 0.0, "ring", "zigzag", 0, "", 2))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 96)
+
+        def forward(self, x):
+            qkv = self.proj(x).view(2, 40, 3, 4, 8)
+            return st.attention(*qkv.unbind(2), causal=True, ranks=3).square().sum()
+
+    torch.manual_seed(0)
+    block, x = Block(), torch.randn(2, 40, 32)
+    eager = block(x)
+    eager_grads = torch.autograd.grad(eager, list(block.parameters()))
+    assert torch._dynamo.explain(block)(x).graph_break_count == 0
+    loss = torch.compile(block, fullgraph=True)(x)
+    grads = torch.autograd.grad(loss, list(block.parameters()))
+    assert torch.allclose(loss, eager, rtol=1e-5)
+    for a, b in zip(grads, eager_grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
+
+
+def test_a_failed_call_leaves_the_next_one_working():
+    # A rank that fails aborts its thread ranks' communicator; the next call gets fresh ones.
+    q = torch.randn(1, 16, 2, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="supported|refuse|distflash|mask|causal"):
+        st.attention(q, q, q, algo="distflash", layout="striped", ranks=2)
+    assert torch.allclose(st.attention(q, q, q, causal=True, ranks=2), torch_attention(q, q, q, -1, 0), atol=1e-10)

@@ -567,4 +567,25 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() {
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
+StatusOr<std::vector<char>> nccl_unique_id() {
+  ncclUniqueId id{};
+  SP_NCCL_CHECK(ncclGetUniqueId(&id));
+  const char* bytes = reinterpret_cast<const char*>(&id);
+  return std::vector<char>(bytes, bytes + sizeof(id));
+}
+
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(const std::vector<char>& id_bytes, int rank, int size,
+                                                               int device) {
+  SP_CHECK_ARG(id_bytes.size() == sizeof(ncclUniqueId), "an NCCL unique id has " +
+                                                            std::to_string(sizeof(ncclUniqueId)) + " bytes; got " +
+                                                            std::to_string(id_bytes.size()));
+  SP_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
+               "rank " + std::to_string(rank) + " is out of range for size " + std::to_string(size));
+  SP_CHECK_ARG(device >= 0 && device < cuda_device_count(), "GPU " + std::to_string(device) + " is not visible");
+  ncclUniqueId id;
+  std::memcpy(&id, id_bytes.data(), sizeof(id));
+  SP_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::create(id, rank, size, device));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
 }  // namespace seqpar

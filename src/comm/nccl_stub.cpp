@@ -16,6 +16,10 @@ void nccl_exit_process_on_failure(bool) {}
 Status run_nccl_local_ranks(int, const std::function<Status(Communicator&)>&) { return no_nccl(); }
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_mpi() { return no_nccl(); }
 StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() { return no_nccl(); }
+StatusOr<std::vector<char>> nccl_unique_id() { return no_nccl(); }
+StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator(const std::vector<char>&, int, int, int) {
+  return no_nccl();
+}
 
 }  // namespace seqpar
 #endif
