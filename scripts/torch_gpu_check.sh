@@ -72,7 +72,7 @@ for stage in $stages; do
         echo "FAIL checks: no staged module in $pkg (run the build stage first)"; status=1; continue
       fi
       PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" SEQPAR_COMM_TIMEOUT_S=120 timeout "${CHECK_TIMEOUT:-560}" \
-        python3 -u bench/torch_gpu_check.py --checks "${CHECKS:-sdpa,compile,hf,overhead}" \
+        python3 -X faulthandler -u bench/torch_gpu_check.py --checks "${CHECKS:-sdpa,compile,hf,overhead}" \
         --jsonl "$out/torch_gpu_check.jsonl"
       rc=$?
       [ "$rc" = 124 ] && echo "FAIL checks: timed out after ${CHECK_TIMEOUT:-560} s"

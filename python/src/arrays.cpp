@@ -84,6 +84,7 @@ ArrayView any_view(const nb::ndarray<>& array, const char* name) {
     throw nb::type_error((who + ": seqpar takes host or CUDA tensors; this one is on another kind of device").c_str());
   }
   describe(array, who, /*allow_bf16=*/true, out.view);
+  if (out.device_id >= 0) out.view.device = {DeviceKind::kCuda, out.device_id};  // the kernels check where it lives
   return out;
 }
 
