@@ -87,9 +87,9 @@ TEST(Mpi, EveryAlgorithmMatchesOracleOnEveryLayout) {
       EXPECT_LE(testing::max_abs_diff(llse, want_lse), 1e-10);
       EXPECT_LE(testing::max_abs_diff(ldk, want_dk), 1e-10);
       EXPECT_EQ(c.counters().sent(Phase::kForward),
-                walk_bytes(plan->schedule.forward, r, layout, bytes, two_nodes).total);
+                walk_bytes(plan->schedule.forward, r, layout, bytes, two_nodes, plan->schedule.head_parts).total);
       EXPECT_EQ(c.counters().sent(Phase::kBackward),
-                walk_bytes(plan->schedule.backward, r, layout, bytes, two_nodes).total);
+                walk_bytes(plan->schedule.backward, r, layout, bytes, two_nodes, plan->schedule.head_parts).total);
     }
   }
 }
