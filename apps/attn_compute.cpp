@@ -28,6 +28,7 @@ PlanOptions plan_options(const Job& job, const std::string& algo) {
   options.head_groups = job.opt.head_groups;
   options.ulysses = job.opt.ulysses;
   options.ring_algorithm = job.opt.ring_algo;
+  options.keep_forward_state = job.opt.keep_forward_state;
   return options;
 }
 
@@ -53,12 +54,13 @@ Status run_cpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
                              in.dout.view(), run->dq.view(), run->dk.view(), run->dv.view()};
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_forward_cpu(comm, *run->plan, tensors, &run->fwd_stats));
+  ForwardState kept;  // what --keep-forward-state plans keep between the passes
+  SP_RETURN_IF_ERROR(run_forward_cpu(comm, *run->plan, tensors, &run->fwd_stats, &kept));
   run->times[0] = seconds_since(t0);
   SP_RETURN_IF_ERROR(comm.barrier());
   if (me == 0) progress("running backward");
   t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_backward_cpu(comm, *run->plan, tensors));
+  SP_RETURN_IF_ERROR(run_backward_cpu(comm, *run->plan, tensors, nullptr, &kept));
   run->times[1] = seconds_since(t0);
   return Status::Ok();
 }
@@ -110,7 +112,8 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   const ShardTensors st{q.view, k.view, v.view, out.view, lse.view, dout.view, dq.view, dk.view, dv.view};
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_forward_gpu(comm, *run->plan, st, ws, stream, &run->fwd_stats));
+  ForwardState kept;  // what --keep-forward-state plans keep between the passes
+  SP_RETURN_IF_ERROR(run_forward_gpu(comm, *run->plan, st, ws, stream, &run->fwd_stats, &kept));
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   run->times[0] = seconds_since(t0);
   SP_RETURN_IF_ERROR(comm.barrier());
@@ -121,7 +124,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_backward_gpu(comm, *run->plan, st, ws, stream));
+  SP_RETURN_IF_ERROR(run_backward_gpu(comm, *run->plan, st, ws, stream, nullptr, &kept));
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   run->times[1] = seconds_since(t0);
   SP_ASSIGN_OR_RETURN(run->out, to_host(out.view));

@@ -117,6 +117,9 @@ void add_attn_options(CLI::App& cmd, AttnOptions& o) {
                  "ulysses-ring: the ring-family algorithm across the Ulysses groups (ring, burst, ring-return, "
                  "burst-return, distflash, double-ring)")
       ->capture_default_str();
+  cmd.add_flag("--keep-forward-state", o.keep_forward_state,
+               "ulysses, ulysses-ring: keep the forward's head-part Q and K/V for the backward (memory: one "
+               "more Q and K/V shard a rank), so the backward's all-to-alls carry only dO and the row stats in");
   cmd.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per node (the double ring's inner ring; bytes split intra/inter); 0: one node")
       ->capture_default_str();

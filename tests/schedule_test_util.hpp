@@ -52,8 +52,9 @@ inline RankResults run_ranks(const Problem& g, const Layout& layout, const Atten
     SP_RETURN_IF_ERROR(layout.shard(dout.view(), 1, r, ldo.view()));
     const ShardTensors st{lq.view(), lk.view(), lv.view(), lo.view(), llse.view(),
                           ldo.view(), ldq.view(), ldk.view(), ldv.view()};
-    SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, st, &run.fwd[r]));
-    SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, st));
+    ForwardState kept;  // used by plans that keep forward blocks (PlanOptions::keep_forward_state)
+    SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, st, &run.fwd[r], &kept));
+    SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, st, nullptr, &kept));
     std::lock_guard lock(mu);
     run.counters[r] = comm.counters();
     SP_RETURN_IF_ERROR(layout.unshard(lo.view(), 1, r, run.o.view()));

@@ -222,6 +222,18 @@ TEST(Cli, NewAlgorithmsRunAndReportBytesPerCollective) {
         EXPECT_EQ(links, sum);
       }
   }
+  // Ulysses keeping the forward's head-part Q and K/V: fewer backward bytes, same check.
+  int64_t backward[2];
+  for (int keep = 0; keep < 2; ++keep) {
+    const Result r = run_tool(std::string("attn --algo ulysses --ranks 4 --seq 256 --heads 4 --kv-heads 4 "
+                                          "--head-dim 16 --check full --json") +
+                              (keep ? " --keep-forward-state" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = last_json_line(r.output);
+    EXPECT_TRUE(j["check_passed"].get<bool>());
+    backward[keep] = j["bytes_sent_per_rank"]["backward"][0].get<int64_t>();
+  }
+  EXPECT_LT(backward[1], backward[0]);
   const Result refused = run_tool("attn --algo attention2d --ranks 6 --seq 64");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("square number of ranks"), std::string::npos) << refused.output;

@@ -35,6 +35,7 @@ struct Case {
   int64_t batch = 1;
   int ulysses = 0;                 // ulysses-ring's degree (0: the planner's)
   std::string ring_algo = "ring";  // ulysses-ring's ring dimension
+  bool keep = false;               // keep_forward_state
 };
 
 std::string name(const Case& c) {
@@ -45,7 +46,7 @@ std::string name(const Case& c) {
                   (c.max_call_rows ? "_rows" + std::to_string(c.max_call_rows) : "") +
                   (c.ranks_per_node ? "_L" + std::to_string(c.ranks_per_node) : "") +
                   (c.batch > 1 ? "_B" + std::to_string(c.batch) : "") +
-                  (c.ulysses ? "_U" + std::to_string(c.ulysses) : "") + (c.ring_algo != "ring" ? "_" + c.ring_algo : "");
+                  (c.ulysses ? "_U" + std::to_string(c.ulysses) : "") + (c.ring_algo != "ring" ? "_" + c.ring_algo : "") + (c.keep ? "_keep" : "");
   for (char& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return n;
@@ -113,14 +114,16 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     options.head_groups = c.head_groups;
     options.ulysses = c.ulysses;
     options.ring_algorithm = c.ring_algo;
+    options.keep_forward_state = c.keep;
     SP_ASSIGN_OR_RETURN(const AttentionPlan plan,
                         plan_attention(options, layout, params, block_bytes_for(lq.view, lk.view, *backend), r, *backend));
     GpuWorkspace ws(/*trace=*/true);  // the milestones must not change the results (and are checked)
     cudaStream_t stream;
     if (cudaStreamCreate(&stream) != cudaSuccess) return SP_STATUS(StatusCode::kInternal, "stream");
     const ShardTensors st{lq.view, lk.view, lv.view, lo.view, llse.view, ldo.view, ldq.view, ldk.view, ldv.view};
-    Status s = run_forward_gpu(comm, plan, st, ws, stream);
-    if (s.ok()) s = run_backward_gpu(comm, plan, st, ws, stream);
+    ForwardState kept;
+    Status s = run_forward_gpu(comm, plan, st, ws, stream, nullptr, &kept);
+    if (s.ok()) s = run_backward_gpu(comm, plan, st, ws, stream, nullptr, &kept);
     if (s.ok()) s = comm.synchronize(stream);
     (void)cudaStreamDestroy(stream);
     SP_RETURN_IF_ERROR(s);
@@ -228,6 +231,11 @@ std::vector<Case> cases() {
     all.push_back(c);
   }
   all.push_back({"ulysses", 2, Z, "causal", 1003, 8, 2, 64, 2});
+  for (int P : {2, 4}) {  // the forward's head-part Q and K/V kept for the backward, two head groups
+    Case c{P == 2 ? "ulysses" : "ulysses-ring", P, Z, "causal", 125 * P + 3, 8, 2, 128, 2};
+    c.keep = true, c.ulysses = P == 4 ? 2 : 0;
+    all.push_back(c);
+  }
   {
     Case c{"ulysses-ring", 4, Z, "window:100,0", 603, 4, 2, 64};
     c.ulysses = 2, c.batch = 2;

@@ -96,6 +96,73 @@ TEST(UlyssesBytes, MeasuredEqualAllToAllsOfTheShard) {
     }
 }
 
+// With the forward's head-part Q and K/V kept for the backward (keep_forward_state, as
+// DeepSpeed's autograd keeps them), the backward's all-to-alls carry dO and the row stats (D,
+// LSE) in and dQ, dK, dV out: four all-to-alls of the sequence shard a pass, plus two stat
+// words a row. Still the oracle to 1e-10, with masks and GQA, for Ulysses and the hybrid.
+TEST(UlyssesBytes, KeptForwardStateLeavesFourAllToAllsAPass) {
+  for (const char* algo : {"ulysses", "ulysses-ring"})
+    for (int P : {2, 4, 8})
+      for (const char* mask : {"causal", "window:7,2", "docs:3"}) {
+        SCOPED_TRACE(std::string(algo) + " P=" + std::to_string(P) + " " + mask);
+        Problem g;
+        const int64_t n = 5;
+        g.seq = P * n, g.heads = 8, g.kv_heads = 2, g.head_dim = 4;
+        const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
+        AttentionParams params;
+        params.mask = parse_mask(mask, g.seq).value();
+        PlanOptions options{algo, {P > 2 ? P / 2 : 0}};  // the hybrid: u = P/2 inside a node, a ring of 2
+        options.keep_forward_state = true;
+        ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads, options.topology);
+        req.keep_forward_state = true;
+        const auto all = all_rank_schedules(*find_algorithm(algo), req);
+        for (Pass pass : {Pass::kForward, Pass::kBackward})
+          EXPECT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
+        EXPECT_FALSE(all[0].kept.empty());
+        const Inputs in(g);
+        Status status;
+        const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
+        for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.lse, &ref->lse}, {&run.dq, &ref->dq},
+                                        {&run.dk, &ref->dk}, {&run.dv, &ref->dv}})
+          EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
+        if (std::string(algo) != "ulysses") continue;
+        const int64_t D = g.head_dim, hq = g.heads / P, hkv = std::max<int64_t>(g.kv_heads / P, 1);
+        for (int r = 0; r < P; ++r)
+          EXPECT_EQ(run.counters[r].sent(Phase::kBackward), (P - 1) * n * (hq * (D + 2) + hq * D + 2 * hkv * D) * 8)
+              << "rank " << r;
+      }
+}
+
+// A plan that keeps forward blocks refuses to run without a ForwardState, and a backward
+// refuses a state its forward did not fill.
+TEST(UlyssesBytes, KeptForwardStateIsRequiredAndChecked) {
+  Problem g;
+  g.seq = 24, g.heads = 4, g.kv_heads = 2;
+  const Layout layout = Layout::create(LayoutKind::kContiguous, g.seq, 2).value();
+  PlanOptions options{"ulysses"};
+  options.keep_forward_state = true;
+  const Inputs in(g);
+  const Status status = run_local_ranks(2, [&](Communicator& comm) -> Status {
+    SP_ASSIGN_OR_RETURN(const AttentionPlan plan,
+                        plan_attention(options, layout, causal(), g.bytes(), comm.rank(), cpu_kernel_backend()));
+    const int64_t n = layout.local_len(comm.rank());
+    HostTensor q(g.dtype, {1, n, g.heads, g.head_dim}), kv(g.dtype, {1, n, g.kv_heads, g.head_dim});
+    HostTensor o = q, dq = q, dout = q, k = kv, v = kv, dk = kv, dv = kv, lse(g.dtype, {1, g.heads, n});
+    const ShardTensors st{q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(), dv.view()};
+    const Status without = run_forward_cpu(comm, plan, st);
+    SP_CHECK_ARG(!without.ok() && without.message().find("ForwardState") != std::string::npos,
+                 "the forward ran without a ForwardState: " + without.to_string());
+    ForwardState empty;
+    const Status unfilled = run_backward_cpu(comm, plan, st, nullptr, &empty);
+    SP_CHECK_ARG(!unfilled.ok() && unfilled.message().find("run the forward with it first") != std::string::npos,
+                 "the backward ran on an empty ForwardState: " + unfilled.to_string());
+    return Status::Ok();
+  });
+  EXPECT_TRUE(status.ok()) << status.to_string();
+}
+
 // The hybrid's bytes split into its two dimensions: the all-to-alls of degree u and, across
 // the R groups, the ring's K/V (forward: R - 1 hops of the group's head part) and dK/dV.
 TEST(UlyssesBytes, HybridIsAllToAllsPlusARingOfGroupSpans) {

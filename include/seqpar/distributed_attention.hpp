@@ -7,6 +7,7 @@
 // CPU ranks compute in fp32 or fp64 (lse, o and the gradients in q's dtype).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,9 @@ struct PlanOptions {
   Topology topology;               // nodes, for the double ring and the per-link byte counts
   int ulysses = 0;                 // ulysses-ring: the Ulysses degree (0: the largest that fits)
   std::string ring_algorithm = "ring";  // ulysses-ring: the ring-family schedule across groups
+  // Algorithms that can keep forward blocks for the backward (Ulysses: its head-part Q and K/V)
+  // do: the backward then moves less, and the executors need a ForwardState between the passes.
+  bool keep_forward_state = false;
   // Device backends: the schedule runs once per head group. 0: the fewest groups whose peak
   // block bytes (peak_block_bytes, every rank) fit under the budget below; else this many (it
   // must divide the K/V heads). Seven q shards kept the peak near 36% of PyTorch context
@@ -72,15 +76,33 @@ struct ShardTensors {
   TensorView dq, dk, dv;  // backward outputs (overwritten)
 };
 
+// What a plan's forward keeps for its backward (the plan's schedule.kept, per head group on a
+// GPU), from the forward's end to the backward's start. One per rank, plan and layer; the
+// backward empties it. Plans that keep nothing need none.
+class ForwardState {
+ public:
+  ForwardState();
+  ~ForwardState();
+  ForwardState(ForwardState&&) noexcept;
+  ForwardState& operator=(ForwardState&&) noexcept;
+  bool empty() const;
+  struct Impl;  // the blocks, type-erased (each executor stores its own kind)
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 struct PassStats {
   int pairs_computed = 0;  // shard pairs this rank ran the backend on
   int rounds = 0;          // rounds of the schedule
 };
 
 // Runs the plan's forward (writes o, lse) or backward (writes dq, dk, dv) on host tensors.
+// `state` carries what the forward keeps (required where plan.schedule.kept is not empty).
 Status run_forward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t,
-                       PassStats* stats = nullptr);
+                       PassStats* stats = nullptr, ForwardState* state = nullptr);
 Status run_backward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t,
-                        PassStats* stats = nullptr);
+                        PassStats* stats = nullptr, ForwardState* state = nullptr);
 
 }  // namespace seqpar

@@ -49,9 +49,10 @@ class GpuWorkspace {
   std::unique_ptr<Impl> impl_;
 };
 
+// `state` carries what the forward keeps (required where plan.schedule.kept is not empty).
 Status run_forward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
-                       void* stream, PassStats* stats = nullptr);
+                       void* stream, PassStats* stats = nullptr, ForwardState* state = nullptr);
 Status run_backward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
-                        void* stream, PassStats* stats = nullptr);
+                        void* stream, PassStats* stats = nullptr, ForwardState* state = nullptr);
 
 }  // namespace seqpar

@@ -14,7 +14,9 @@
 //            block of the same name (Combine), and sent results (partials, gradients) leave;
 //   kConcat  joins the pieces of a span block (one block per shard of the span, same part) into
 //            it, rows in shard order; the pieces are gone after (Ulysses' gathered sequence);
-//   kSplit   cuts a span result into one piece per shard (to send them home).
+//   kSplit   cuts a span result into one piece per shard (to send them home);
+//   kPack    makes the query pack `block` from the Q block and the grad pack of the same name
+//            (Ulysses' backward, where the forward kept Q).
 // Blocks may hold a run of consecutive shards (span) and one head part of RankSchedule's
 // head_parts (Ulysses: a rank computes the whole sequence for 1/u of the heads); a rank that
 // holds a block with all heads holds each of its parts, and its own results may come home in
@@ -44,6 +46,7 @@ enum class BlockKind : uint8_t {
   kQueryPack,  // Q, dO and the row stats: D and LSE, or O and LSE where the backend cannot take D
   kDQ,         // dQ accumulator                 [B, S_s, H, D]
   kDKV,        // dK and dV accumulators         2 x [B, S_s, H_kv, D]
+  kGradPack,   // the query pack without Q: dO and the row stats (a rank's own is cut from its pack)
 };
 const char* block_kind_name(BlockKind kind);
 // Results (O; dQ, dK/dV) are made by computes and go home; the rest are inputs.
@@ -71,7 +74,7 @@ struct Transfer {
   Combine combine = Combine::kReplace;  // receives only
 };
 
-enum class StepKind : uint8_t { kPost, kCompute, kWait, kConcat, kSplit };
+enum class StepKind : uint8_t { kPost, kCompute, kWait, kConcat, kSplit, kPack };
 
 // What a batch of transfers is, for the per-collective byte counts and the printed schedule:
 // the data moved is always the batch's transfers (one grouped point-to-point batch, as NCCL
@@ -96,7 +99,7 @@ struct Step {
   int q_shard = -1, kv_shard = -1;      // kCompute: the first shards of the query and key blocks,
   int q_span = 1, kv_span = 1;          //   their spans,
   int part = kAllHeads;                 //   and the head part computed
-  Block block;                          // kConcat, kSplit: the span block
+  Block block;                          // kConcat, kSplit: the span block; kPack: the query pack
   int round = 0;                        // which round of the algorithm (for printing)
   // The blocks a compute reads (forward: Q; backward: the query pack) and writes.
   Block q_block(BlockKind kind) const { return {kind, q_shard, q_span, part}; }
@@ -108,6 +111,9 @@ enum class Pass : uint8_t { kForward = 0, kBackward = 1 };
 struct RankSchedule {
   std::vector<Step> forward, backward;
   int head_parts = 1;  // blocks with a part hold 1/head_parts of the heads (head_part_range)
+  // Input blocks the forward keeps for the backward (held at the forward's end, there at the
+  // backward's start): made with ScheduleRequest::keep_forward_state.
+  std::vector<Block> kept;
   const std::vector<Step>& pass(Pass p) const { return p == Pass::kForward ? forward : backward; }
 };
 
@@ -131,6 +137,9 @@ struct ScheduleRequest {
   // run along the ring dimension.
   int ulysses = 0;
   std::string ring_algorithm = "ring";
+  // Algorithms that can (Ulysses) keep forward blocks for the backward instead of moving them
+  // again (RankSchedule::kept); the executors then need a ForwardState between the passes.
+  bool keep_forward_state = false;
 };
 
 // The query heads [first, last) of head part `part` of `parts`, and the K/V heads its queries
@@ -190,7 +199,9 @@ std::string block_name(const Block& b);
 // Block lifetimes, as the executors keep blocks (src/parallel/block_lifetimes.cpp).
 // last_input_uses: for each input block of another shard a rank holds in a pass, the index of
 // the step after which it is no longer read or sent (the executors free it there).
-std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank);
+// Blocks in `kept` (the forward's RankSchedule::kept) are never dropped.
+std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank,
+                                        const std::vector<Block>& kept = {});
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
 // received inputs, results (its own included) and arriving parts, each block sized for the
 // layout's longest shard as the GPU executor allocates them. Head groups divide it.

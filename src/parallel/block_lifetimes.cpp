@@ -8,7 +8,8 @@
 
 namespace seqpar {
 
-std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank) {
+std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank,
+                                        const std::vector<Block>& kept) {
   std::map<int, size_t> wait_of;
   for (size_t i = 0; i < steps.size(); ++i)
     if (steps[i].kind == StepKind::kWait) wait_of[steps[i].batch] = i;
@@ -16,7 +17,8 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
   std::map<Block, size_t> last;
   const auto use = [&](const Block& b, size_t at) {
     const bool initial = b.shard == rank && b.span == 1 && b.part == kAllHeads;
-    if (!initial && !is_result(b.kind)) last[b] = std::max(last[b], at);
+    const bool keep = std::find(kept.begin(), kept.end(), b) != kept.end();
+    if (!initial && !keep && !is_result(b.kind)) last[b] = std::max(last[b], at);
   };
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
@@ -25,6 +27,12 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
       use(s.kv_block(BlockKind::kKV), i);
     } else if (s.kind == StepKind::kConcat && !is_result(s.block.kind)) {
       for (int x = s.block.shard; x < s.block.shard + s.block.span; ++x) use({s.block.kind, x, 1, s.block.part}, i);
+    } else if (s.kind == StepKind::kPack) {
+      for (BlockKind kind : {BlockKind::kQuery, BlockKind::kGradPack}) {
+        Block in = s.block;
+        in.kind = kind;
+        use(in, i);
+      }
     } else if (s.kind == StepKind::kPost) {
       for (const Transfer& t : s.sends) use(t.block, wait_of[s.batch]);
       for (const Transfer& t : s.recvs) use(t.block, wait_of[s.batch]);  // held at least until it arrives
@@ -70,6 +78,8 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     } else if (s.kind == StepKind::kSplit) {
       drop(s.block);
       for (const Block& b : pieces(s.block)) hold(b);
+    } else if (s.kind == StepKind::kPack) {
+      hold(s.block);
     } else if (s.kind == StepKind::kPost) {
       for (const Transfer& t : s.sends)  // a head part of the rank's own input is cut out to be sent
         if (!is_result(t.block.kind) && t.block.part != kAllHeads && t.block.shard == rank) hold(t.block);

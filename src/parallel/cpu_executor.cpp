@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "parallel/block_views.hpp"
+#include "parallel/forward_state.hpp"
 #include "parallel/ring_common.hpp"
 #include "seqpar/distributed_attention.hpp"
 
@@ -50,8 +51,9 @@ void add_into(const TensorView& src, const TensorView& dst) {
 
 class Executor {
  public:
-  Executor(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, Pass pass)
-      : comm_(comm), plan_(plan), t_(t), pass_(pass), steps_(plan.schedule.pass(pass)), me_(comm.rank()) {}
+  Executor(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, Pass pass, ForwardState* state)
+      : comm_(comm), plan_(plan), t_(t), pass_(pass), steps_(plan.schedule.pass(pass)), me_(comm.rank()),
+        state_(state) {}
 
   Status run(PassStats* stats) {
     cpu::AttentionDims dims;
@@ -70,8 +72,11 @@ class Executor {
     SP_CHECK_SUPPORTED(why_not.empty(), why_not);
     B_ = dims.batch, H_ = dims.heads, Hkv_ = dims.kv_heads, D_ = dims.head_dim, dtype_ = t_.q.dtype;
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
+    const std::vector<Block>& kept = plan_.schedule.kept;
+    SP_CHECK_ARG(kept.empty() || state_, "this plan keeps forward blocks for the backward: pass a ForwardState");
     SP_RETURN_IF_ERROR(make_home());
-    last_use_ = last_input_uses(steps_, pass_, me_);
+    if (pass_ == Pass::kBackward && !kept.empty()) SP_RETURN_IF_ERROR(take_kept());
+    last_use_ = last_input_uses(steps_, pass_, me_, pass_ == Pass::kForward ? kept : std::vector<Block>{});
     PassStats local;
     for (size_t i = 0; i < steps_.size(); ++i) {
       const Step& s = steps_[i];
@@ -79,6 +84,7 @@ class Executor {
       if (s.kind == StepKind::kPost) SP_RETURN_IF_ERROR(post(s));
       else if (s.kind == StepKind::kWait) SP_RETURN_IF_ERROR(wait(s));
       else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) SP_RETURN_IF_ERROR(regroup(s));
+      else if (s.kind == StepKind::kPack) SP_RETURN_IF_ERROR(pack(s));
       else {
         SP_RETURN_IF_ERROR(compute(s));
         ++local.pairs_computed;
@@ -87,6 +93,7 @@ class Executor {
     }
     SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");
     SP_RETURN_IF_ERROR(write_results());
+    if (pass_ == Pass::kForward && !kept.empty()) SP_RETURN_IF_ERROR(keep());
     if (stats) *stats = local;
     return Status::Ok();
   }
@@ -99,6 +106,7 @@ class Executor {
       case BlockKind::kQuery: case BlockKind::kDQ: return {Heads::kQuery};
       case BlockKind::kOutput: return {Heads::kQuery, Heads::kStats};
       case BlockKind::kQueryPack: return {Heads::kQuery, Heads::kQuery, Heads::kStats, Heads::kStats};  // Q, dO, D, LSE
+      case BlockKind::kGradPack: return {Heads::kQuery, Heads::kStats, Heads::kStats};  // dO, D, LSE
     }
     return {};
   }
@@ -131,20 +139,49 @@ class Executor {
     }
     return s;
   }
-  // An input block: held, or a head part cut out of the same block with all heads.
+  // An input block: held, kept by the forward, or cut out of a block the rank holds: a head
+  // part of the same block with all heads, or its own grad pack out of its query pack.
   StatusOr<Stored*> input(const Block& b) {
     auto it = store_.find(b);
     if (it != store_.end()) return it->second.get();
+    auto k = kept_.find(b);
+    if (k != kept_.end()) return k->second.get();
     Block whole = b;
     whole.part = kAllHeads;
+    size_t first = 0;  // the parts of `whole` that make b
+    if (b.kind == BlockKind::kGradPack && b.shard == me_ && b.span == 1) whole = {BlockKind::kQueryPack, me_}, first = 1;
     auto w = store_.find(whole);
-    SP_CHECK_ARG(b.part != kAllHeads && w != store_.end(), "internal: the schedule reads " + block_name(b) +
-                                                               ", which rank " + std::to_string(me_) + " lacks");
+    SP_CHECK_ARG((b.part != kAllHeads || first > 0) && w != store_.end(),
+                 "internal: the schedule reads " + block_name(b) + ", which rank " + std::to_string(me_) + " lacks");
     auto part = make_block(b);
     const std::vector<Heads> heads = part_heads(b.kind);
     for (size_t i = 0; i < heads.size(); ++i)
-      copy_part(heads[i], heads_slice(w->second->parts[i], heads[i], heads_of(heads[i], b.part)), part->parts[i]);
+      copy_part(heads[i], heads_slice(w->second->parts[first + i], heads[i], heads_of(heads[i], b.part)),
+                part->parts[i]);
     return (store_[b] = std::move(part)).get();
+  }
+
+  // The forward's kept blocks into the state; the backward's out of it.
+  Status keep() {
+    auto& impl = state_->impl();
+    impl.blocks.clear();
+    impl.plan = &plan_;
+    for (const Block& b : plan_.schedule.kept) {
+      auto it = store_.find(b);
+      SP_CHECK_ARG(it != store_.end(), "internal: the forward ends without " + block_name(b) + ", which it keeps");
+      impl.blocks[{0, b}] = std::shared_ptr<Stored>(std::move(it->second));
+      store_.erase(it);
+    }
+    return Status::Ok();
+  }
+  Status take_kept() {
+    auto& impl = state_->impl();
+    SP_CHECK_ARG(impl.plan == &plan_ && impl.blocks.size() == plan_.schedule.kept.size(),
+                 "the ForwardState holds no forward of this plan: run the forward with it first");
+    for (auto& [key, block] : impl.blocks) kept_[key.second] = std::static_pointer_cast<Stored>(block);
+    impl.blocks.clear();
+    impl.plan = nullptr;
+    return Status::Ok();
   }
 
   // A result block present or made empty: zero, or for (O, LSE) the empty running result.
@@ -242,6 +279,20 @@ class Executor {
                                    pack->parts[2], params, dq.parts[0], dkv.parts[0], dkv.parts[1], nullptr);
   }
 
+  // kPack: the query pack from the Q block and the grad pack of the same name.
+  Status pack(const Step& s) {
+    Block q = s.block, grads = s.block;
+    q.kind = BlockKind::kQuery, grads.kind = BlockKind::kGradPack;
+    SP_ASSIGN_OR_RETURN(Stored* from_q, input(q));
+    SP_ASSIGN_OR_RETURN(Stored* from_grads, input(grads));
+    auto made = make_block(s.block);
+    const std::vector<Heads> heads = part_heads(BlockKind::kQueryPack);
+    copy_part(heads[0], from_q->parts[0], made->parts[0]);
+    for (size_t i = 1; i < heads.size(); ++i) copy_part(heads[i], from_grads->parts[i - 1], made->parts[i]);
+    store_[s.block] = std::move(made);
+    return Status::Ok();
+  }
+
   // kConcat: the span block from its pieces (the rank's own input pieces are cut from its
   // whole-heads block); kSplit: a span result cut into pieces.
   Status regroup(const Step& s) {
@@ -335,7 +386,7 @@ class Executor {
 
   void drop_after(size_t step) {
     for (const auto& [block, last] : last_use_)
-      if (last == step) store_.erase(block);
+      if (last == step) store_.erase(block), kept_.erase(block);
   }
 
   Communicator& comm_;
@@ -350,16 +401,20 @@ class Executor {
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
   parallel::SpanPositions positions_{plan_.layout};
+  ForwardState* state_;
+  std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
 };
 
 }  // namespace
 
-Status run_forward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, PassStats* stats) {
-  return Executor(comm, plan, t, Pass::kForward).run(stats);
+Status run_forward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, PassStats* stats,
+                       ForwardState* state) {
+  return Executor(comm, plan, t, Pass::kForward, state).run(stats);
 }
 
-Status run_backward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, PassStats* stats) {
-  return Executor(comm, plan, t, Pass::kBackward).run(stats);
+Status run_backward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, PassStats* stats,
+                        ForwardState* state) {
+  return Executor(comm, plan, t, Pass::kBackward, state).run(stats);
 }
 
 }  // namespace seqpar

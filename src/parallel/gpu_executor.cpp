@@ -13,6 +13,7 @@
 
 #include "core/cuda_check.hpp"
 #include "parallel/block_views.hpp"
+#include "parallel/forward_state.hpp"
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 
@@ -112,20 +113,30 @@ Status check_device(const char* name, const TensorView& t, DType dtype, const st
 class GpuExecutor {
  public:
   GpuExecutor(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, Pass pass,
-              GpuWorkspace::Impl& ws, cudaStream_t s)
+              GpuWorkspace::Impl& ws, cudaStream_t s, ForwardState* state)
       : comm_(comm), plan_(plan), t_(t), pass_(pass), steps_(plan.schedule.pass(pass)), ws_(ws), s_(s),
-        me_(comm.rank()) {}
+        me_(comm.rank()), state_(state) {}
 
   Status run(PassStats* stats) {
     SP_RETURN_IF_ERROR(check_args());
+    const std::vector<Block>& kept = plan_.schedule.kept;
+    SP_CHECK_ARG(kept.empty() || state_, "this plan keeps forward blocks for the backward: pass a ForwardState");
+    if (pass_ == Pass::kBackward && !kept.empty())
+      SP_CHECK_ARG(state_->impl().plan == &plan_ &&
+                       state_->impl().blocks.size() == kept.size() * size_t(plan_.head_groups),
+                   "the ForwardState holds no forward of this plan: run the forward with it first");
+    if (pass_ == Pass::kForward && !kept.empty()) state_->impl().blocks.clear(), state_->impl().plan = &plan_;
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
-    last_use_ = last_input_uses(steps_, pass_, me_);
+    last_use_ = last_input_uses(steps_, pass_, me_, pass_ == Pass::kForward ? kept : std::vector<Block>{});
     SP_RETURN_IF_ERROR(ws_.begin(s_));
     PassStats local;
     for (int g = 0; g < plan_.head_groups; ++g) {
+      if (pass_ == Pass::kBackward && !kept.empty()) take_kept(g);
       SP_RETURN_IF_ERROR(run_group(g, g == 0 ? &local : nullptr));
+      if (pass_ == Pass::kForward && !kept.empty()) SP_RETURN_IF_ERROR(keep(g));
       release_all();
     }
+    if (pass_ == Pass::kBackward && !kept.empty()) state_->impl().plan = nullptr;
     if (stats) *stats = local;
     return ws_.end(s_);
   }
@@ -193,6 +204,7 @@ class GpuExecutor {
         return {Q, Q, takes_delta() ? S32 : Q, S32};
       case BlockKind::kDQ: return {{f32, Heads::kQuery, q}};
       case BlockKind::kDKV: return {{f32, Heads::kKV, kv}, {f32, Heads::kKV, kv}};
+      case BlockKind::kGradPack: return {Q, takes_delta() ? S32 : Q, S32};  // dO, D (or O), LSE
     }
     return {};
   }
@@ -226,6 +238,28 @@ class GpuExecutor {
   void release_all() {
     for (auto& [b, st] : store_) release(std::move(st));
     store_.clear();
+    for (auto& [b, st] : kept_) ws_.give(std::move(st->buffer));
+    kept_.clear();
+  }
+
+  // Group g's kept blocks into the state at the forward's end (out of the pool until the
+  // backward gives them back); out of it at the backward's start.
+  Status keep(int g) {
+    for (const Block& b : plan_.schedule.kept) {
+      auto it = store_.find(b);
+      SP_CHECK_ARG(it != store_.end(), "internal: the forward ends without " + block_name(b) + ", which it keeps");
+      state_->impl().blocks[{g, b}] = std::shared_ptr<Stored>(std::move(it->second));
+      store_.erase(it);
+    }
+    return Status::Ok();
+  }
+  void take_kept(int g) {
+    auto& blocks = state_->impl().blocks;
+    for (const Block& b : plan_.schedule.kept) {
+      auto it = blocks.find({g, b});
+      kept_[b] = std::static_pointer_cast<Stored>(it->second);
+      blocks.erase(it);
+    }
   }
 
   // A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
@@ -286,8 +320,8 @@ class GpuExecutor {
       } else if (s.kind == StepKind::kWait) {
         SP_RETURN_IF_ERROR(wait(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
-      } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) {
-        SP_RETURN_IF_ERROR(regroup(s));
+      } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
+        SP_RETURN_IF_ERROR(s.kind == StepKind::kPack ? pack(s) : regroup(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " regrouped"));
       } else {
         SP_RETURN_IF_ERROR(compute(s));
@@ -298,6 +332,8 @@ class GpuExecutor {
         if (last == i) {
           auto it = store_.find(block);
           if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
+          auto k = kept_.find(block);
+          if (k != kept_.end()) ws_.give(std::move(k->second->buffer)), kept_.erase(k);
         }
     }
     SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");
@@ -319,21 +355,41 @@ class GpuExecutor {
     return ws_.mark(s_, group + "out");
   }
 
-  // An input block: held, or a head part cut out of the same block with all heads.
+  // An input block: held, kept by the forward, or cut out of a block the rank holds: a head
+  // part of the same block with all heads, or its own grad pack out of its query pack.
   StatusOr<Stored*> input(const Block& b) {
     auto it = store_.find(b);
     if (it != store_.end()) return it->second.get();
+    auto k = kept_.find(b);
+    if (k != kept_.end()) return k->second.get();
     Block whole = b;
     whole.part = kAllHeads;
+    size_t first = 0;  // the parts of `whole` that make b
+    if (b.kind == BlockKind::kGradPack && b.shard == me_ && b.span == 1) whole = {BlockKind::kQueryPack, me_}, first = 1;
     auto w = store_.find(whole);
-    SP_CHECK_ARG(b.part != kAllHeads && w != store_.end(), "internal: the schedule reads " + block_name(b) +
-                                                               ", which rank " + std::to_string(me_) + " lacks");
+    SP_CHECK_ARG((b.part != kAllHeads || first > 0) && w != store_.end(),
+                 "internal: the schedule reads " + block_name(b) + ", which rank " + std::to_string(me_) + " lacks");
     SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
     const std::vector<PartShape> shapes = part_shapes(b, 0);
     for (size_t i = 0; i < shapes.size(); ++i)
-      SP_RETURN_IF_ERROR(flash_cast(parallel::heads_slice(w->second->parts[i], shapes[i].heads, heads_of(shapes[i].heads, b.part)),
+      SP_RETURN_IF_ERROR(flash_cast(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
+                                                          heads_of(shapes[i].heads, b.part)),
                                     part->parts[i], s_));
     return (store_[b] = std::move(part)).get();
+  }
+
+  // kPack: the query pack from the Q block and the grad pack of the same name.
+  Status pack(const Step& s) {
+    Block q = s.block, grads = s.block;
+    q.kind = BlockKind::kQuery, grads.kind = BlockKind::kGradPack;
+    SP_ASSIGN_OR_RETURN(Stored* from_q, input(q));
+    SP_ASSIGN_OR_RETURN(Stored* from_grads, input(grads));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(s.block));
+    SP_RETURN_IF_ERROR(flash_cast(from_q->parts[0], made->parts[0], s_));
+    for (size_t i = 1; i < made->parts.size(); ++i)
+      SP_RETURN_IF_ERROR(flash_cast(from_grads->parts[i - 1], made->parts[i], s_));
+    store_[s.block] = std::move(made);
+    return Status::Ok();
   }
   StatusOr<Stored*> held_result(const Block& b) {
     auto it = store_.find(b);
@@ -581,18 +637,21 @@ class GpuExecutor {
   std::map<Block, size_t> last_use_;
   parallel::SpanPositions positions_{plan_.layout};
   std::map<std::pair<int, int>, std::vector<Run>> span_runs_;
+  ForwardState* state_;
+  std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
 };
 
 }  // namespace
 
 Status run_forward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
-                       void* stream, PassStats* stats) {
-  return GpuExecutor(comm, plan, t, Pass::kForward, ws.impl(), static_cast<cudaStream_t>(stream)).run(stats);
+                       void* stream, PassStats* stats, ForwardState* state) {
+  return GpuExecutor(comm, plan, t, Pass::kForward, ws.impl(), static_cast<cudaStream_t>(stream), state).run(stats);
 }
 
 Status run_backward_gpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t, GpuWorkspace& ws,
-                        void* stream, PassStats* stats) {
-  return GpuExecutor(comm, plan, t, Pass::kBackward, ws.impl(), static_cast<cudaStream_t>(stream)).run(stats);
+                        void* stream, PassStats* stats, ForwardState* state) {
+  return GpuExecutor(comm, plan, t, Pass::kBackward, ws.impl(), static_cast<cudaStream_t>(stream), state)
+      .run(stats);
 }
 
 }  // namespace seqpar

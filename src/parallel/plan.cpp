@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "parallel/forward_state.hpp"
 #include "seqpar/distributed_attention.hpp"
 
 namespace seqpar {
@@ -65,6 +66,12 @@ StatusOr<int> head_groups_for(const PlanOptions& o, const Algorithm& a, const Sc
 
 }  // namespace
 
+ForwardState::ForwardState() : impl_(std::make_unique<Impl>()) {}
+ForwardState::~ForwardState() = default;
+ForwardState::ForwardState(ForwardState&&) noexcept = default;
+ForwardState& ForwardState::operator=(ForwardState&&) noexcept = default;
+bool ForwardState::empty() const { return impl_->blocks.empty(); }
+
 BlockBytes block_bytes_for(const TensorView& q, const TensorView& k, const AttentionBackend& backend) {
   const BackendCaps caps = backend.caps();
   const DType rounded = caps.device ? DType::kF32 : q.dtype;
@@ -97,6 +104,7 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   SP_CHECK_ARG(options.ulysses >= 0, "the Ulysses degree must be positive (0: the algorithm chooses)");
   plan.request.ulysses = options.ulysses;
   plan.request.ring_algorithm = options.ring_algorithm;
+  plan.request.keep_forward_state = options.keep_forward_state;
   if (options.algorithm == "auto") {
     Cost best{std::numeric_limits<double>::max(), std::numeric_limits<int64_t>::max()};
     for (const Algorithm* a : all_algorithms()) {

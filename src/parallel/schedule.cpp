@@ -18,6 +18,7 @@ const char* block_kind_name(BlockKind kind) {
     case BlockKind::kQueryPack: return "Qpack";
     case BlockKind::kDQ: return "dQ";
     case BlockKind::kDKV: return "dKV";
+    case BlockKind::kGradPack: return "dOpack";
   }
   return "?";
 }
@@ -105,6 +106,9 @@ int64_t BlockBytes::of(BlockKind kind, int64_t rows) const {
     case BlockKind::kQueryPack:
       return pack_has_delta ? 2 * q * dtype_size(input) + 2 * row_stats * dtype_size(stats)
                             : 3 * q * dtype_size(input) + row_stats * dtype_size(stats);
+    case BlockKind::kGradPack:
+      return pack_has_delta ? q * dtype_size(input) + 2 * row_stats * dtype_size(stats)
+                            : 2 * q * dtype_size(input) + row_stats * dtype_size(stats);
     case BlockKind::kDQ: return q * dtype_size(accumulator);
     case BlockKind::kDKV: return 2 * kv * dtype_size(accumulator);
   }
@@ -150,8 +154,9 @@ std::string describe_steps(const std::vector<Step>& steps, const Topology& topol
       out << "compute " << block(s.q_block(BlockKind::kQuery)) << " x " << block(s.kv_block(BlockKind::kKV));
     } else if (s.kind == StepKind::kWait) {
       out << "wait #" << s.batch;
-    } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) {
-      out << (s.kind == StepKind::kConcat ? "concat " : "split ") << block(s.block);
+    } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
+      out << (s.kind == StepKind::kConcat ? "concat " : s.kind == StepKind::kSplit ? "split " : "pack ")
+          << block(s.block);
     } else {
       out << "post #" << s.batch;
       if (s.collective != Collective::kPointToPoint) out << " (" << collective_name(s.collective) << ")";
@@ -201,6 +206,9 @@ class Validator {
       const BlockKind home = pass == Pass::kForward ? BlockKind::kQuery : BlockKind::kQueryPack;
       ranks_[r].blocks[{BlockKind::kKV, r}] = {};
       ranks_[r].blocks[{home, r}] = {};
+      kept_.push_back(schedules[r].kept);
+      if (pass == Pass::kBackward)
+        for (const Block& b : kept_[r]) ranks_[r].blocks[b] = {}, ranks_[r].used[b] = false;
     }
   }
 
@@ -257,6 +265,9 @@ class Validator {
     if (me.blocks.count(b) && !arriving(r, b)) return &me.blocks.find(b)->first;
     const Block whole = whole_heads(b);
     if (b.part != kAllHeads && me.blocks.count(whole) && !arriving(r, whole)) return &me.blocks.find(whole)->first;
+    const Block own_pack{BlockKind::kQueryPack, r};  // a rank's own grad pack is its pack less Q
+    if (b.kind == BlockKind::kGradPack && b.shard == r && b.span == 1 && me.blocks.count(own_pack))
+      return &me.blocks.find(own_pack)->first;
     return nullptr;
   }
   void mark_used(int r, const Block& b) { ranks_[r].used[b] = true; }
@@ -300,6 +311,8 @@ class Validator {
       SP_RETURN_IF_ERROR(concat(r, s));
     } else if (s.kind == StepKind::kSplit) {
       SP_RETURN_IF_ERROR(split(r, s));
+    } else if (s.kind == StepKind::kPack) {
+      SP_RETURN_IF_ERROR(pack(r, s));
     } else {
       auto it = me.pending.find(s.batch);
       if (it == me.pending.end()) return fail(r, s, "waits on batch " + std::to_string(s.batch) + " never posted");
@@ -394,6 +407,23 @@ class Validator {
     return Status::Ok();
   }
 
+  Status pack(int r, const Step& s) {
+    SymbolicRank& me = ranks_[r];
+    if (pass_ != Pass::kBackward || s.block.kind != BlockKind::kQueryPack || !valid_block(s.block))
+      return fail(r, s, "packs something other than a query pack in the backward");
+    for (BlockKind kind : {BlockKind::kQuery, BlockKind::kGradPack}) {
+      Block in = s.block;
+      in.kind = kind;
+      const Block* from = held_input(r, in);
+      if (!from) return fail(r, s, "packs " + name(s.block) + " without " + name(in));
+      mark_used(r, *from);
+    }
+    if (me.blocks.count(s.block)) return fail(r, s, "packs " + name(s.block) + ", which it holds");
+    me.blocks[s.block] = {};
+    me.used[s.block] = false;
+    return Status::Ok();
+  }
+
   // Completes a posted batch of rank r if every peer has posted its side.
   StatusOr<bool> complete(int r, const SymbolicRank::Posted& posted) {
     SymbolicRank& me = ranks_[r];
@@ -439,7 +469,14 @@ class Validator {
                                                         " computed " + std::to_string(n) + " times");
         }
     for (int r = 0; r < P_; ++r) {
-      const SymbolicRank& me = ranks_[r];
+      SymbolicRank& me = ranks_[r];
+      if (pass_ == Pass::kForward)
+        for (const Block& b : kept_[r]) {  // what the forward keeps is there at its end, and used
+          if (!me.blocks.count(b))
+            return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(r) + " keeps " + name(b) +
+                                                        " for the backward but ends the forward without it");
+          me.used[b] = true;
+        }
       for (const auto& [block, content] : me.blocks) {
         const bool home = block.shard == r && block.span == 1;
         if (is_result(block.kind) && !home)
@@ -477,6 +514,7 @@ class Validator {
   const ScheduleRequest& req_;
   Pass pass_;
   std::vector<const std::vector<Step>*> steps_;
+  std::vector<std::vector<Block>> kept_;
   std::vector<SymbolicRank> ranks_;
   std::vector<int> computed_;
   std::map<std::pair<int, int>, std::vector<Message>> channel_;  // (from, to): sends

@@ -149,8 +149,17 @@ RankSchedule ulysses_schedule(const ScheduleRequest& req, int rank, int u, const
   std::vector<BlockKind> home;
   if (any_in_row(req, b, u)) home.push_back(BlockKind::kOutput);
   parts_to_shards(out.forward, g, rank, home, last_batch(out.forward) + 1, round);
-  // Backward.
-  shards_to_parts(out.backward, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, 0);
+  // Backward: the query pack and K/V cross again, or (kept forward state) only dO and the row
+  // stats, which join the kept Q into the pack.
+  if (req.keep_forward_state) {
+    out.kept = {{BlockKind::kQuery, b * u, u, a}, {BlockKind::kKV, b * u, u, a}};
+    shards_to_parts(out.backward, g, rank, {BlockKind::kGradPack}, 0);
+    Step pack;
+    pack.kind = StepKind::kPack, pack.block = {BlockKind::kQueryPack, b * u, u, a};
+    out.backward.push_back(pack);
+  } else {
+    shards_to_parts(out.backward, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, 0);
+  }
   widen(out.backward, inner.backward, g, a, 1);
   round = 2;
   for (const Step& s : out.backward) round = std::max(round, s.round + 1);

@@ -7,7 +7,9 @@
 // run a ring-family schedule over those span blocks (as if each group were one rank of an
 // R-rank ring); then another all-to-all sends each shard's results home, where its u head
 // parts make the result. Forward: Q, K, V and (O, LSE) cross the all-to-alls; backward: the
-// query pack (Q, dO, D, LSE) and K, V, then dQ, dK, dV.
+// query pack (Q, dO, D, LSE) and K, V, then dQ, dK, dV; or, where the forward keeps its
+// head-part Q and K/V spans (keep_forward_state, as DeepSpeed's autograd does), only dO and the
+// row stats, then dQ, dK, dV: four all-to-alls of the sequence shard a pass.
 #pragma once
 
 #include <string>
