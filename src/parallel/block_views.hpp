@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,25 @@ inline TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
 // The rows [first, first + n) of a part.
 inline TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_t n) {
   return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
+}
+
+// Where an input block a rank does not hold is cut from: the same block with all heads (for a
+// head part), or the rank's own query pack from its part 1 on (for its own grad pack: the
+// pack less Q). `has` says whether the rank holds a block; nullopt: from nowhere.
+struct InputSource {
+  Block whole;
+  size_t first_part = 0;
+};
+template <class Has>
+std::optional<InputSource> input_source(const Block& b, int me, Has&& has) {
+  if (b.kind == BlockKind::kGradPack && b.shard == me && b.span == 1) {
+    const Block pack{BlockKind::kQueryPack, me};
+    if (has(pack)) return InputSource{pack, 1};
+  }
+  Block whole = b;
+  whole.part = kAllHeads;
+  if (b.part != kAllHeads && has(whole)) return InputSource{whole, 0};
+  return std::nullopt;
 }
 
 // Global positions of a block's rows: its shards' positions one after another (kept per span).

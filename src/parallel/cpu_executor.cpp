@@ -146,13 +146,11 @@ class Executor {
     if (it != store_.end()) return it->second.get();
     auto k = kept_.find(b);
     if (k != kept_.end()) return k->second.get();
-    Block whole = b;
-    whole.part = kAllHeads;
-    size_t first = 0;  // the parts of `whole` that make b
-    if (b.kind == BlockKind::kGradPack && b.shard == me_ && b.span == 1) whole = {BlockKind::kQueryPack, me_}, first = 1;
-    auto w = store_.find(whole);
-    SP_CHECK_ARG((b.part != kAllHeads || first > 0) && w != store_.end(),
+    const auto source = parallel::input_source(b, me_, [&](const Block& x) { return store_.count(x) > 0; });
+    SP_CHECK_ARG(source.has_value(),
                  "internal: the schedule reads " + block_name(b) + ", which rank " + std::to_string(me_) + " lacks");
+    const auto w = store_.find(source->whole);
+    const size_t first = source->first_part;
     auto part = make_block(b);
     const std::vector<Heads> heads = part_heads(b.kind);
     for (size_t i = 0; i < heads.size(); ++i)
