@@ -33,13 +33,24 @@ def assert_close(name, got, want, tol):
     assert err <= bound, f"{name}: max |err| {err:.3g} > {bound:.3g}"
 
 
+def refusal(algo, layout, ranks, mask, heads):
+    """The reason an algorithm refuses the problem (a ValueError matching it), or None."""
+    if algo == "distflash" and ranks > 1 and (layout, mask) != ("contiguous", "causal"):
+        # DistFlashAttn computes only pairs with keys before queries on the contiguous layout.
+        return "distflash"
+    if algo == "ulysses" and heads % ranks:
+        return "do not split into"  # the Ulysses degree must divide the heads
+    if algo.startswith("attention2d") and int(ranks ** 0.5) ** 2 != ranks:
+        return "square number of ranks"
+    return None
+
+
 def run_and_check(dtype, algo, layout, ranks, mask, **shape):
     q, k, v, dout = inputs(dtype, **shape)
     call = dict(algo=algo, ranks=ranks, layout=layout, return_lse=True, dout=dout, **MASKS[mask])
-    if algo == "distflash" and ranks > 1 and (layout, mask) != ("contiguous", "causal"):
-        # DistFlashAttn computes only pairs with keys before queries on the contiguous layout:
-        # anything else is refused, with the reason.
-        with pytest.raises(ValueError, match="distflash"):
+    why = refusal(algo, layout, ranks, mask, q.shape[2])
+    if why:  # refused, with the reason
+        with pytest.raises(ValueError, match=why):
             seqpar.attention(q, k, v, **call)
         return
     o, lse, dq, dk, dv = seqpar.attention(q, k, v, **call)
