@@ -435,28 +435,6 @@ class GpuExecutor {
     return cached;
   }
 
-  // Row stats of a run staged where a backend wants them contiguous (our kernels; a run's rows
-  // of [B, H, S] are strided when B H > 1): a pooled copy, written back after a forward.
-  struct Staged {
-    TensorView view;
-    DeviceBuffer buffer;
-  };
-  StatusOr<Staged> stage_stats(const TensorView& rows) {
-    Staged st{rows, {}};
-    if (rows.is_contiguous() || plan_.backend->caps().needs_dense_blocks) return st;
-    SP_ASSIGN_OR_RETURN(st.buffer, ws_.take(padded(view_bytes(rows))));
-    st.view = TensorView::contiguous(st.buffer.data(), rows.dtype, std::span<const int64_t>(rows.shape.data(), size_t(rows.ndim)),
-                                     rows.device);
-    SP_RETURN_IF_ERROR(flash_cast(rows, st.view, s_));
-    return st;
-  }
-  Status unstage(Staged st, const TensorView& rows, bool write_back) {
-    if (!st.buffer.data()) return Status::Ok();
-    if (write_back) SP_RETURN_IF_ERROR(flash_cast(st.view, rows, s_));
-    ws_.give(std::move(st.buffer));  // stream order: its next user comes after these copies
-    return Status::Ok();
-  }
-
   Status compute(const Step& s) {
     SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
     const bool forward = pass_ == Pass::kForward;
@@ -484,25 +462,14 @@ class GpuExecutor {
         const auto stat_rows = [&](const TensorView& t, const Run& r) { return whole ? t : t.narrow(2, r.begin, r.end); };
         const TensorView k = rows(keys->parts[0], kr), v = rows(keys->parts[1], kr);
         if (forward) {
-          const TensorView lse = stat_rows(out->parts[1], qr);
-          SP_ASSIGN_OR_RETURN(Staged staged, stage_stats(lse));
           SP_RETURN_IF_ERROR(plan_.backend->forward(rows(q->parts[0], qr), k, v, params, rows(out->parts[0], qr),
-                                                    staged.view, s_));
-          SP_RETURN_IF_ERROR(unstage(std::move(staged), lse, /*write_back=*/true));
+                                                    stat_rows(out->parts[1], qr), s_));
           continue;
         }
-        const TensorView lse = stat_rows(q->parts[3], qr);
         const TensorView delta = takes_delta() ? stat_rows(q->parts[2], qr) : rows(q->parts[2], qr);
-        SP_ASSIGN_OR_RETURN(Staged staged_lse, stage_stats(lse));
-        Staged staged_delta{delta, {}};
-        if (takes_delta()) {
-          SP_ASSIGN_OR_RETURN(staged_delta, stage_stats(delta));
-        }
-        SP_RETURN_IF_ERROR(plan_.backend->backward(rows(q->parts[0], qr), k, v, rows(q->parts[1], qr), staged_lse.view,
-                                                   staged_delta.view, params, rows(dq->parts[0], qr),
+        SP_RETURN_IF_ERROR(plan_.backend->backward(rows(q->parts[0], qr), k, v, rows(q->parts[1], qr),
+                                                   stat_rows(q->parts[3], qr), delta, params, rows(dq->parts[0], qr),
                                                    rows(dkv->parts[0], kr), rows(dkv->parts[1], kr), s_));
-        SP_RETURN_IF_ERROR(unstage(std::move(staged_lse), lse, false));
-        SP_RETURN_IF_ERROR(unstage(std::move(staged_delta), delta, false));
       }
     return Status::Ok();
   }

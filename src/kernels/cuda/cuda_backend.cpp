@@ -101,9 +101,10 @@ Status CudaKernelBackend::forward(const TensorView& q, const TensorView& k, cons
   const AttentionParams plain = without_positions(params);
   const auto& [q_runs, k_runs] = runs(params, n, k.shape[1]);
   for (const PositionRunSpan& qr : q_runs) {
-    const bool whole = qr.begin == 0 && qr.end == n;
+    // The kernels take contiguous row stats: a run's rows, or a caller's strided view, are staged.
+    const bool staged = !(qr.begin == 0 && qr.end == n) || !lse.is_contiguous();
     TensorView lse_rows = lse;
-    if (!whole) {
+    if (staged) {
       SP_ASSIGN_OR_RETURN(lse_rows, stat_rows(kLseRows, lse, qr.begin, qr.end, stream));
     }
     for (const PositionRunSpan& kr : k_runs)
@@ -111,7 +112,7 @@ Status CudaKernelBackend::forward(const TensorView& q, const TensorView& k, cons
                                                  v.narrow(1, kr.begin, kr.end), plain, run_positions(qr, kr),
                                                  o.narrow(1, qr.begin, qr.end), lse_rows, /*accumulate=*/true,
                                                  TensorView{}, stream));
-    if (!whole) SP_RETURN_IF_ERROR(flash_cast(lse_rows, lse.narrow(2, qr.begin, qr.end), stream));
+    if (staged) SP_RETURN_IF_ERROR(flash_cast(lse_rows, lse.narrow(2, qr.begin, qr.end), stream));
   }
   return Status::Ok();
 }
@@ -124,9 +125,9 @@ Status CudaKernelBackend::backward(const TensorView& q, const TensorView& k, con
   const AttentionParams plain = without_positions(params);
   const auto& [q_runs, k_runs] = runs(params, n, k.shape[1]);
   for (const PositionRunSpan& qr : q_runs) {
-    const bool whole = qr.begin == 0 && qr.end == n;
+    const bool staged = !(qr.begin == 0 && qr.end == n) || !lse.is_contiguous() || !delta.is_contiguous();
     TensorView lse_rows = lse, delta_rows = delta;
-    if (!whole) {
+    if (staged) {
       SP_ASSIGN_OR_RETURN(lse_rows, stat_rows(kLseRows, lse, qr.begin, qr.end, stream));
       SP_ASSIGN_OR_RETURN(delta_rows, stat_rows(kDeltaRows, delta, qr.begin, qr.end, stream));
     }
