@@ -45,6 +45,9 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.data_parallel >= 1 && ranks % c.data_parallel == 0,
                "--data-parallel " + std::to_string(c.data_parallel) + " must divide the " + std::to_string(ranks) + " ranks");
   o.algorithm = c.algo;
+  SP_CHECK_ARG(c.ulysses >= 0, "--ulysses must be positive (0: the largest the heads allow)");
+  o.ulysses = c.ulysses;
+  o.ring_algorithm = c.ring_algo;
   SP_ASSIGN_OR_RETURN(o.layout, parse_layout(c.layout));
   SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel).status());
   o.ranks_per_node = c.ranks_per_node;
@@ -326,6 +329,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                                     "reduce-scattered) or 3 (and parameters, gathered layer by layer)")
       ->capture_default_str();
   cmd->add_option("--algo", o.algo, "the attention algorithm (see seqpar attn --help) or auto")->capture_default_str();
+  cmd->add_option("--ulysses", o.ulysses, "ulysses-ring: the Ulysses degree (0: the largest the heads allow in a node)")
+      ->capture_default_str();
+  cmd->add_option("--ring-algo", o.ring_algo, "ulysses-ring: the ring-family algorithm across the Ulysses groups")
+      ->capture_default_str();
   cmd->add_option("--layout", o.layout, "contiguous, zigzag or striped")->capture_default_str();
   cmd->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (the double ring); 0: one node")
       ->capture_default_str();

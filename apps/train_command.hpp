@@ -21,6 +21,8 @@ struct TrainCliOptions {
   int data_parallel = 1;
   int zero = 0;
   std::string algo = "auto";
+  int ulysses = 0;                  // ulysses-ring's degree (0: the largest that fits a node)
+  std::string ring_algo = "ring";   // ulysses-ring's ring dimension
   std::string layout = "zigzag";
   int ranks_per_node = 0;
   std::string checkpointing = "none";

@@ -209,6 +209,30 @@ double worst_param_error(const ModelConfig& c, const std::vector<float>& got, co
   return worst_tensor_error(c, got, want, &which);
 }
 
+// The trainer over Ulysses x ring (u = 2, Burst across the groups; --ulysses, --ring-algo) and
+// Attention2D trains the same model as over the ring: same losses and parameters.
+TEST(Train, UlyssesRingAndAttention2DTrainAsTheRing) {
+  TrainOptions o = small_run(3);
+  o.layout = LayoutKind::kStriped;
+  o.algorithm = "ring";
+  std::vector<double> ring_losses;
+  std::vector<float> ring_params;
+  ASSERT_TRUE(train(o, 4, 3, "", "", &ring_losses, &ring_params).ok());
+  for (const char* algo : {"ulysses-ring", "attention2d"}) {
+    SCOPED_TRACE(algo);
+    o.algorithm = algo, o.ulysses = 2, o.ring_algorithm = "burst";
+    std::vector<double> losses;
+    std::vector<float> params;
+    const Status s = train(o, 4, 3, "", "", &losses, &params);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(losses.size(), ring_losses.size());
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ring_losses[i], 1e-5 * ring_losses[i]);
+    double worst = 0;
+    for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, double(std::abs(params[i] - ring_params[i])));
+    EXPECT_LT(worst, 1e-5);
+  }
+}
+
 TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
   TrainOptions o = small_run(5);
   o.batch = 4;

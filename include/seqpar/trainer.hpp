@@ -33,12 +33,22 @@ struct TrainOptions {
   int zero_stage = 0;     // 0, 1, 2 or 3 (parameters sharded too, gathered unit by unit)
   int64_t steps = 100;
   std::string algorithm = "auto";
+  int ulysses = 0;                       // ulysses-ring's degree (0: the largest that fits a node)
+  std::string ring_algorithm = "ring";   // ulysses-ring's ring dimension
   LayoutKind layout = LayoutKind::kZigzag;
   int ranks_per_node = 0;
   Checkpointing checkpointing = Checkpointing::kNone;
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
   int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
+
+  // The attention planner's options these make.
+  PlanOptions plan_options() const {
+    PlanOptions o(algorithm, Topology{ranks_per_node});
+    o.ulysses = ulysses;
+    o.ring_algorithm = ring_algorithm;
+    return o;
+  }
 };
 
 // The options checked (model, optimizer, batch and steps) and their data source opened, its

@@ -344,7 +344,7 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
   I.backend = make_gpu_backend(q_like, params);
   SP_CHECK_SUPPORTED(I.backend != nullptr, "this build has no GPU attention backend");
   SP_ASSIGN_OR_RETURN(AttentionPlan plan,
-                      plan_attention(PlanOptions(options.algorithm, Topology{options.ranks_per_node}), layout, params,
+                      plan_attention(options.plan_options(), layout, params,
                                      block_bytes_for(q_like, k_like, *I.backend), comm.rank(), *I.backend));
   I.plan = std::make_unique<AttentionPlan>(std::move(plan));
   if (options.checkpointing == Checkpointing::kSequence) {  // as the CPU model (transformer.cpp)
@@ -355,7 +355,7 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
     SP_ASSIGN_OR_RETURN(const Layout early, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
     const TensorView qh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.H, I.D});
     const TensorView kh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.Hkv, I.D});
-    SP_ASSIGN_OR_RETURN(AttentionPlan p, plan_attention(PlanOptions(options.algorithm, Topology{options.ranks_per_node}),
+    SP_ASSIGN_OR_RETURN(AttentionPlan p, plan_attention(options.plan_options(),
                                                         early, params, block_bytes_for(qh, kh, *I.backend), comm.rank(),
                                                         *I.backend));
     I.early_plan = std::make_unique<AttentionPlan>(std::move(p));

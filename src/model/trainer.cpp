@@ -137,7 +137,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   SP_ASSIGN_OR_RETURN(impl->data, open_training_data(options));
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
   SP_ASSIGN_OR_RETURN(impl->model, Transformer<float>::create(options.model, options.checkpointing,
-                                                              PlanOptions(options.algorithm, Topology{options.ranks_per_node}),
+                                                              options.plan_options(),
                                                               layout, options.batch, *impl->group));
   impl->count = parameter_count(options.model);
   impl->slice = (impl->count + W - 1) / W;
