@@ -425,6 +425,14 @@ TEST(AlgorithmRegistry, NamesAndRefusals) {
   hybrid.ring_algorithm = "attention2d";
   plan = plan_attention(hybrid, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
   EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);
+  // Algorithm specs, as the Python binding passes them.
+  auto spec = plan_options_from_spec("ulysses-ring:ulysses=2,ring=burst");
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->algorithm, "ulysses-ring");
+  EXPECT_EQ(spec->ulysses, 2);
+  EXPECT_EQ(spec->ring_algorithm, "burst");
+  for (const char* bad : {"nope", "ring:ulysses=x", "ring:ring=nope", "ring:color=red", "ring:ulysses"})
+    EXPECT_EQ(plan_options_from_spec(bad).status().code(), StatusCode::kInvalidArgument) << bad;
   hybrid.ring_algorithm = "ring", hybrid.ulysses = 3;
   plan = plan_attention(hybrid, contiguous, causal, g.bytes(), 0, cpu_kernel_backend());
   EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported);

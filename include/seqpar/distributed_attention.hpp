@@ -39,6 +39,11 @@ struct PlanOptions {
   int64_t workspace_limit_bytes = 16LL << 30;   // and never keep a larger one
 };
 
+// The planner's options from an algorithm spec, "NAME[:KEY=VALUE,...]" (for bindings that pass
+// one string): NAME from algorithm.hpp or auto; keys ulysses=N (ulysses-ring's degree) and
+// ring=NAME (its ring dimension). Unknown names, keys or values are refused with the reason.
+StatusOr<PlanOptions> plan_options_from_spec(const std::string& spec, Topology topology = {});
+
 // A finished plan: the executor runs it as it is and never plans again.
 struct AttentionPlan {
   const Algorithm* algorithm = nullptr;

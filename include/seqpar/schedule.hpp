@@ -113,7 +113,7 @@ struct RankSchedule {
   int head_parts = 1;  // blocks with a part hold 1/head_parts of the heads (head_part_range)
   // Input blocks the forward keeps for the backward (held at the forward's end, there at the
   // backward's start): made with ScheduleRequest::keep_forward_state.
-  std::vector<Block> kept;
+  std::vector<Block> kept = {};
   const std::vector<Step>& pass(Pass p) const { return p == Pass::kForward ? forward : backward; }
 };
 

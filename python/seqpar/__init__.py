@@ -14,7 +14,8 @@ import numpy as np
 from . import _core
 
 __version__: str = _core.__version__
-__all__ = ["attention", "attention_backward", "algorithms", "layouts", "shard", "unshard", "positions", "__version__"]
+__all__ = ["attention", "attention_backward", "algorithms", "algorithm_spec", "layouts", "shard", "unshard", "positions",
+           "__version__"]
 
 _LAYOUTS = ("contiguous", "zigzag", "striped")
 
@@ -27,7 +28,20 @@ def _array(x, name: str):
     raise TypeError(f"{name} must be an array (numpy or DLPack), not {type(x).__name__}")
 
 
-def _options(causal, window, algo, ranks, layout, scale):
+def algorithm_spec(algo: str, ulysses: int = 0, ring_algo: Optional[str] = None) -> str:
+    """The algorithm string _core takes: the name, with ulysses-ring's options appended
+    ("ulysses-ring:ulysses=2,ring=burst"); the core checks it."""
+    if not isinstance(algo, str):
+        raise TypeError("algo must be a string")
+    if isinstance(ulysses, bool) or not isinstance(ulysses, (int, np.integer)) or ulysses < 0:
+        raise ValueError(f"ulysses must be a degree >= 0 (0: the algorithm chooses); got {ulysses!r}")
+    if ring_algo is not None and not isinstance(ring_algo, str):
+        raise TypeError("ring_algo must be a string")
+    extra = ([f"ulysses={int(ulysses)}"] if ulysses else []) + ([f"ring={ring_algo}"] if ring_algo else [])
+    return algo + (":" + ",".join(extra) if extra else "")
+
+
+def _options(causal, window, algo, ranks, layout, scale, ulysses=0, ring_algo=None):
     """The mask, algorithm and layout arguments as _core takes them, checked."""
     if isinstance(window, (str, bytes)) or len(window) != 2:
         raise ValueError(f"window must be a pair (left, right); got {window!r}")
@@ -40,19 +54,22 @@ def _options(causal, window, algo, ranks, layout, scale):
         raise TypeError(f"ranks must be an int; got {type(ranks).__name__}")
     if scale is not None and not float(scale) > 0:
         raise ValueError(f"scale must be positive; got {scale}")
-    return dict(window_left=left, window_right=right, algo=algo, ranks=int(ranks), layout=layout,
-                scale=0.0 if scale is None else float(scale))
+    return dict(window_left=left, window_right=right, algo=algorithm_spec(algo, ulysses, ring_algo),
+                ranks=int(ranks), layout=layout, scale=0.0 if scale is None else float(scale))
 
 
 def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
               algo: str = "auto", ranks: int = 2, layout: str = "zigzag",
-              scale: Optional[float] = None, return_lse: bool = False, dout=None):
+              scale: Optional[float] = None, return_lse: bool = False, dout=None,
+              ulysses: int = 0, ring_algo: Optional[str] = None):
     """Exact attention of the full sequence, computed by `algo` over `ranks` thread ranks.
 
     q: [B, S, H, D], k and v: [B, S, H_kv, D], one dtype (float32 or float64), C-contiguous.
     causal / window: flash-attn's mask convention; window=(left, right) keys around the
     diagonal, -1 unbounded; causal=True sets right to 0.
-    algo: "auto" or a name from algorithms(); layout: one of layouts().
+    algo: "auto" or a name from algorithms(); layout: one of layouts(). For "ulysses-ring",
+    ulysses: the Ulysses degree (0: the largest the heads allow) and ring_algo: the ring-family
+    algorithm across the groups (default "ring").
     scale: softmax scale, default 1/sqrt(D).
 
     Returns o [B, S, H, D], or (o, lse) with return_lse (lse [B, H, S], natural log of the
@@ -60,7 +77,7 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
     (o, dq, dk, dv), or (o, lse, dq, dk, dv) with return_lse.
     Raises ValueError / TypeError with the reason for arguments it cannot run.
     """
-    opts = _options(causal, window, algo, ranks, layout, scale)
+    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo)
     res = _core.attention(_array(q, "q"), _array(k, "k"), _array(v, "v"),
                           None if dout is None else _array(dout, "dout"), **opts)
     head = (res["o"], res["lse"]) if return_lse else (res["o"],)
@@ -71,10 +88,11 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
 
 def attention_backward(q, k, v, o, lse, dout, *, causal: bool = False,
                        window: Tuple[int, int] = (-1, -1), algo: str = "auto", ranks: int = 2,
-                       layout: str = "zigzag", scale: Optional[float] = None):
+                       layout: str = "zigzag", scale: Optional[float] = None,
+                       ulysses: int = 0, ring_algo: Optional[str] = None):
     """The backward alone, against o and lse of a forward with the same mask and scale:
     returns (dq, dk, dv). Arguments as attention(); o: [B, S, H, D], lse: [B, H, S]."""
-    opts = _options(causal, window, algo, ranks, layout, scale)
+    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo)
     arrays = [_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (dout, "dout"))]
     res = _core.attention_backward(*arrays, **opts)
     return res["dq"], res["dk"], res["dv"]

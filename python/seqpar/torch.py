@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import algorithm_spec
 from . import torch_ops  # noqa: F401  (registers torch.ops.seqpar.*)
 from .torch_layout import gather, positions, shard, unshard
 
@@ -37,12 +38,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               window_size: Tuple[int, int] = (-1, -1), softmax_scale: Optional[float] = None,
               return_lse: bool = False, algo: str = "auto", group=None, layout: str = "zigzag",
               seq_len: Optional[int] = None, ranks: Optional[int] = None,
-              window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None):
+              window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None,
+              ulysses: int = 0, ring_algo: Optional[str] = None):
     """Exact softmax attention, sequence parallel, differentiable in q, k and v.
 
     causal / window_size: flash-attn's mask; window_size=(left, right) keys around the
     diagonal, -1 unbounded; causal=True sets right to 0. softmax_scale defaults to 1/sqrt(D).
-    algo: "auto" or a name from seqpar.algorithms(). layout: "zigzag", "striped" or
+    algo: "auto" or a name from seqpar.algorithms() (for "ulysses-ring": ulysses, the Ulysses
+    degree, 0 for the largest the heads allow, and ring_algo across the groups). layout: "zigzag", "striped" or
     "contiguous", how the sequence is split. group: a torch.distributed group; q, k, v are then
     this rank's shard and seq_len the global length (default: the ranks' local lengths summed,
     at the cost of one small exchange per call). Without a group: ranks thread ranks (default 2).
@@ -66,6 +69,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(f"softmax_scale must be positive; got {softmax_scale}")
     if not isinstance(algo, str) or not isinstance(layout, str):
         raise TypeError("algo and layout must be strings")
+    algo = algorithm_spec(algo, ulysses, ring_algo)
     if group is not None:
         size = torch.distributed.get_world_size(group)
         if ranks is not None and int(ranks) != size:

@@ -70,8 +70,8 @@ void check_problem(const AttentionCall& c) {
     require(lse->ndim == 3 && lse->shape[0] == q.shape[0] && lse->shape[1] == q.shape[2] && lse->shape[2] == q.shape[1],
             "lse must be [batch, heads, seq] = (" + std::to_string(q.shape[0]) + ", " + std::to_string(q.shape[2]) +
                 ", " + std::to_string(q.shape[1]) + "); got " + shape_text(*lse));
-  require(c.algo == "auto" || find_algorithm(c.algo) != nullptr,
-          "unknown algo '" + c.algo + "'; one of auto|" + algorithm_names());
+  const auto spec = plan_options_from_spec(c.algo);
+  require(spec.ok(), spec.ok() ? "" : spec.status().message());
   require(c.window_left >= -1 && c.window_right >= -1,
           "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
               std::to_string(c.window_right) + ")");
@@ -111,8 +111,9 @@ nb::dict run_attention(const AttentionCall& c) {
       omp_set_num_threads(threads_per_rank);
       const int r = comm.rank();
       const int64_t n = layout.local_len(r);
+      SP_ASSIGN_OR_RETURN(const PlanOptions options, plan_options_from_spec(c.algo));
       SP_ASSIGN_OR_RETURN(const AttentionPlan plan,
-                          plan_attention(PlanOptions(c.algo), layout, params, bytes, r, cpu_kernel_backend()));
+                          plan_attention(options, layout, params, bytes, r, cpu_kernel_backend()));
       if (r == 0) algo_run = plan.algorithm->name;
       HostTensor lq(t, {B, n, H, D}), lk(t, {B, n, H_kv, D}), lv(t, {B, n, H_kv, D}), lo(t, {B, n, H, D});
       HostTensor llse(t, {B, H, n}), ldo, ldq, ldk, ldv;

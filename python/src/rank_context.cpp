@@ -95,8 +95,8 @@ void check_shard_call(ShardCall& c, int rank, int ranks) {
       require(has_shape(e.a->view, {B, S, H, D}),
               std::string(e.name) + " must have q's shape " + dims({B, S, H, D}) + "; got " + shape_text(e.a->view));
   }
-  require(c.algo == "auto" || find_algorithm(c.algo) != nullptr,
-          "unknown algo '" + c.algo + "'; one of auto|" + algorithm_names());
+  const auto spec = plan_options_from_spec(c.algo);
+  require(spec.ok(), spec.ok() ? "" : spec.status().message());
   require(c.window_left >= -1 && c.window_right >= -1,
           "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
               std::to_string(c.window_right) + ")");
@@ -153,7 +153,8 @@ StatusOr<const AttentionPlan*> RankContext::plan_for(const ShardCall& c) {
   if (found != plans_.end()) return &found->second;
   SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(c.layout));
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, c.seq_len, comm_->size()));
-  SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(PlanOptions(c.algo), layout, params,
+  SP_ASSIGN_OR_RETURN(const PlanOptions options, plan_options_from_spec(c.algo));
+  SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(options, layout, params,
                                                          block_bytes_for(q, k, *backend), comm_->rank(), *backend));
   if (plans_.size() >= kMaxPlans) plans_.clear();
   return &plans_.emplace(key, std::move(plan)).first->second;

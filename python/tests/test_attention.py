@@ -76,6 +76,28 @@ def test_fp32(algo, layout, ranks, mask):
     run_and_check(np.float32, algo, layout, ranks, mask)
 
 
+@pytest.mark.parametrize("ulysses,ring_algo", [(2, None), (2, "burst"), (4, "ring"), (0, None)])
+def test_ulysses_ring_options(ulysses, ring_algo):
+    # Ulysses x ring on 8 thread ranks: the degree and the ring dimension's algorithm chosen.
+    q, k, v, dout = inputs(np.float64, S=48, H=8, H_kv=4)
+    o, lse, dq, dk, dv = seqpar.attention(q, k, v, causal=True, algo="ulysses-ring", ranks=8, ulysses=ulysses,
+                                          ring_algo=ring_algo, return_lse=True, dout=dout)
+    want = reference.attention(q, k, v, dout, window=(-1, 0))
+    for name, got in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, dq, dk, dv)):
+        assert_close(name, got, want[name], TOL[np.float64])
+
+
+def test_algorithm_options_refused_with_reasons():
+    q, k, v, _ = inputs(np.float64)
+    for kwargs, why in ((dict(algo="ulysses-ring", ulysses=3, ranks=4), "must divide the ranks"),
+                        (dict(algo="ulysses-ring", ring_algo="attention2d", ranks=4), "ring-family"),
+                        (dict(algo="ulysses-ring", ring_algo="nope", ranks=4), "names no algorithm"),
+                        (dict(algo="ring", ulysses=-1), "degree")):
+        with pytest.raises(ValueError, match=why):
+            seqpar.attention(q, k, v, **kwargs)
+    assert seqpar.algorithm_spec("ulysses-ring", 2, "burst") == "ulysses-ring:ulysses=2,ring=burst"
+
+
 def test_mqa_and_uneven_length():
     # One key/value head for eight query heads; 41 tokens over 3 ranks in 6 zigzag chunks.
     run_and_check(np.float64, "ring", "zigzag", 3, "causal", B=1, S=41, H=8, H_kv=1, D=4)

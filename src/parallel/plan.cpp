@@ -3,6 +3,7 @@
 // rank's steps. The executors run what this hands them.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "parallel/forward_state.hpp"
@@ -65,6 +66,38 @@ StatusOr<int> head_groups_for(const PlanOptions& o, const Algorithm& a, const Sc
 }
 
 }  // namespace
+
+StatusOr<PlanOptions> plan_options_from_spec(const std::string& spec, Topology topology) {
+  const size_t colon = spec.find(':');
+  PlanOptions o(spec.substr(0, colon), topology);
+  SP_CHECK_ARG(o.algorithm == "auto" || find_algorithm(o.algorithm),
+               "unknown algorithm '" + o.algorithm + "' (one of " + algorithm_names() + "|auto)");
+  if (colon == std::string::npos) return o;
+  std::string rest = spec.substr(colon + 1);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const size_t eq = item.find('=');
+    SP_CHECK_ARG(eq != std::string::npos, "algorithm option '" + item + "' in '" + spec + "' is not KEY=VALUE");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "ulysses") {
+      char* end = nullptr;
+      const long u = std::strtol(value.c_str(), &end, 10);
+      SP_CHECK_ARG(!value.empty() && *end == 0 && u >= 0 && u < (1 << 20),
+                   "ulysses=" + value + " in '" + spec + "' is not a degree (0: the algorithm chooses)");
+      o.ulysses = int(u);
+    } else if (key == "ring") {
+      SP_CHECK_ARG(find_algorithm(value), "ring=" + value + " in '" + spec + "' names no algorithm (one of " +
+                                              algorithm_names() + ")");
+      o.ring_algorithm = value;
+    } else {
+      return SP_STATUS(StatusCode::kInvalidArgument,
+                       "unknown algorithm option '" + key + "' in '" + spec + "' (ulysses=N, ring=NAME)");
+    }
+  }
+  return o;
+}
 
 ForwardState::ForwardState() : impl_(std::make_unique<Impl>()) {}
 ForwardState::~ForwardState() = default;

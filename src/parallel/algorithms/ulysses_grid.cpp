@@ -12,6 +12,12 @@ struct UlyssesGrid {
   int rank(int member, int group) const { return group * u + member; }
 };
 
+Step wait_step(int batch, int round) {
+  Step s;
+  s.kind = StepKind::kWait, s.batch = batch, s.round = round;
+  return s;
+}
+
 bool any_in_row(const ScheduleRequest& req, int group, int u) {
   for (int q = group * u; q < (group + 1) * u; ++q)
     for (int kv = 0; kv < req.ranks; ++kv)
@@ -40,7 +46,7 @@ void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, std:
     }
   }
   steps.push_back(post);
-  steps.push_back({.kind = StepKind::kWait, .batch = batch});
+  steps.push_back(wait_step(batch, 0));
   for (BlockKind k : kinds) {
     Step concat;
     concat.kind = StepKind::kConcat, concat.block = {k, b * g.u, g.u, a};
@@ -66,7 +72,7 @@ void parts_to_shards(std::vector<Step>& steps, const UlyssesGrid& g, int l, cons
     }
   }
   steps.push_back(post);
-  steps.push_back({.kind = StepKind::kWait, .batch = batch, .round = round});
+  steps.push_back(wait_step(batch, round));
 }
 
 // The ring dimension's steps of group b, widened to member a's span blocks and peers.
