@@ -118,8 +118,9 @@ void add_attn_options(CLI::App& cmd, AttnOptions& o) {
                  "burst-return, distflash, double-ring)")
       ->capture_default_str();
   cmd.add_flag("--keep-forward-state", o.keep_forward_state,
-               "ulysses, ulysses-ring: keep the forward's head-part Q and K/V for the backward (memory: one "
-               "more Q and K/V shard a rank), so the backward's all-to-alls carry only dO and the row stats in");
+               "keep forward blocks for the backward instead of moving them again: ulysses, ulysses-ring keep "
+               "the head-part Q and K/V (one more Q and K/V shard a rank; the backward's all-to-alls carry only "
+               "dO and the row stats in); attention2d(-overlap) keep the swapped K/V (no K/V swap in the backward)");
   cmd.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per node (the double ring's inner ring; bytes split intra/inter); 0: one node")
       ->capture_default_str();

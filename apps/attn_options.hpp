@@ -30,7 +30,7 @@ struct AttnOptions {
   int ranks_per_node = 0;    // nodes of this many consecutive ranks (double ring, link classes); 0: one node
   int ulysses = 0;           // ulysses-ring: the Ulysses degree (0: the largest the heads allow in a node)
   std::string ring_algo = "ring";  // ulysses-ring: the ring-family algorithm across Ulysses groups
-  bool keep_forward_state = false;  // Ulysses: keep the head-part Q, K/V for the backward
+  bool keep_forward_state = false;  // Ulysses, Attention2D: keep forward blocks for the backward
   int print_schedule = -1;   // >= 0: print this rank's steps and exit
   int threads_per_rank = 0;  // 0: cores / ranks
   int64_t sample_rows = 64;

@@ -42,32 +42,38 @@ AttentionParams causal() {
 //             (D), dK/dV ring (2D), swap K/V again and dK/dV back.
 // The report's (4H + 2) and (8H + 2) carry M and D (two stats) and O in place of D; with the
 // LSE the partials take one stat word, and D (one word) replaces O (D words). Its backward
-// swaps only dK/dV because its forward saves K_t, V_t (report §8.10); ours keeps no state
-// between the passes (the caller holds K, V in its own layout), so the backward swaps K/V too.
+// swaps only dK/dV because its forward saves K_t, V_t (report §8.10): so does ours with
+// keep_forward_state; without, the backward swaps K/V again (4 n D off the diagonal).
 TEST(Attention2DBytes, MeasuredEqualClosedForms) {
-  for (int P : {1, 4, 9, 16}) {
+  for (int P : {1, 4, 9, 16})
     for (const char* algo : {"attention2d", "attention2d-overlap"})
-      for (const char* mask : {"full", "causal"}) {
-        SCOPED_TRACE(std::string(algo) + " P=" + std::to_string(P) + " " + mask);
-        Problem g;
-        const int64_t n = 5;
-        g.seq = P * n, g.heads = 3, g.kv_heads = 3, g.head_dim = 4;
-        const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
-        AttentionParams params;
-        params.mask = parse_mask(mask, g.seq).value();
-        const Inputs in(g);
-        Status status;
-        const RankResults run = run_ranks(g, layout, params, {algo}, in.q, in.k, in.v, in.dout, &status);
-        ASSERT_TRUE(status.ok()) << status.to_string();
-        const Grid grid = attention2d_grid(P);
-        const int64_t s = grid.s, D = g.head_dim, word = 8 * g.heads;
-        for (int r = 0; r < P; ++r) {
-          const int64_t swap = grid.row(r) != grid.col(r) ? 2 * n * D : 0;
-          EXPECT_EQ(run.counters[r].sent(Phase::kForward), word * ((s - 1) * n * (4 * D + 1) + swap)) << "rank " << r;
-          EXPECT_EQ(run.counters[r].sent(Phase::kBackward), word * ((s - 1) * n * (7 * D + 2) + 2 * swap)) << "rank " << r;
+      for (const char* mask : {"full", "causal"})
+        for (bool keep : {false, true}) {
+          SCOPED_TRACE(std::string(algo) + " P=" + std::to_string(P) + " " + mask + (keep ? " keep" : ""));
+          Problem g;
+          const int64_t n = 5;
+          g.seq = P * n, g.heads = 3, g.kv_heads = 3, g.head_dim = 4;
+          const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
+          AttentionParams params;
+          params.mask = parse_mask(mask, g.seq).value();
+          PlanOptions options{algo};
+          options.keep_forward_state = keep;
+          const Inputs in(g);
+          Status status;
+          const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+          ASSERT_TRUE(status.ok()) << status.to_string();
+          auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
+          for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.dq, &ref->dq}, {&run.dk, &ref->dk}})
+            EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
+          const Grid grid = attention2d_grid(P);
+          const int64_t s = grid.s, D = g.head_dim, word = 8 * g.heads;
+          for (int r = 0; r < P; ++r) {
+            const int64_t swap = grid.row(r) != grid.col(r) ? 2 * n * D : 0;
+            EXPECT_EQ(run.counters[r].sent(Phase::kForward), word * ((s - 1) * n * (4 * D + 1) + swap)) << "rank " << r;
+            EXPECT_EQ(run.counters[r].sent(Phase::kBackward), word * ((s - 1) * n * (7 * D + 2) + (keep ? 1 : 2) * swap))
+                << "rank " << r;
+          }
         }
-      }
-  }
 }
 
 // Ulysses of degree u over P = u ranks, N = P n: each pass sends (u - 1) of the u head parts
@@ -132,6 +138,36 @@ TEST(UlyssesBytes, KeptForwardStateLeavesFourAllToAllsAPass) {
         for (int r = 0; r < P; ++r)
           EXPECT_EQ(run.counters[r].sent(Phase::kBackward), (P - 1) * n * (hq * (D + 2) + hq * D + 2 * hkv * D) * 8)
               << "rank " << r;
+      }
+}
+
+// Attention2D keeping the swapped K/V (the report's K_t, V_t): valid schedules, with masks
+// that leave some swaps out, and the oracle to 1e-10.
+TEST(Attention2DBytes, KeptSwappedKVIsValidAndExact) {
+  for (int P : {4, 9})
+    for (const char* algo : {"attention2d", "attention2d-overlap"})
+      for (const char* mask : {"causal", "window:3,0", "docs:3"}) {
+        SCOPED_TRACE(std::string(algo) + " P=" + std::to_string(P) + " " + mask);
+        Problem g;
+        g.seq = 7 * P + 2;
+        const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, P).value();
+        AttentionParams params;
+        params.mask = parse_mask(mask, g.seq).value();
+        ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads);
+        req.keep_forward_state = true;
+        const auto all = all_rank_schedules(*find_algorithm(algo), req);
+        for (Pass pass : {Pass::kForward, Pass::kBackward})
+          EXPECT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
+        PlanOptions options{algo};
+        options.keep_forward_state = true;
+        const Inputs in(g);
+        Status status;
+        const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
+        for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.lse, &ref->lse}, {&run.dq, &ref->dq},
+                                        {&run.dk, &ref->dk}, {&run.dv, &ref->dv}})
+          EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
       }
 }
 

@@ -26,8 +26,9 @@ struct PlanOptions {
   Topology topology;               // nodes, for the double ring and the per-link byte counts
   int ulysses = 0;                 // ulysses-ring: the Ulysses degree (0: the largest that fits)
   std::string ring_algorithm = "ring";  // ulysses-ring: the ring-family schedule across groups
-  // Algorithms that can keep forward blocks for the backward (Ulysses: its head-part Q and K/V)
-  // do: the backward then moves less, and the executors need a ForwardState between the passes.
+  // Algorithms that can keep forward blocks for the backward (Ulysses: its head-part Q and K/V;
+  // Attention2D: the swapped K/V) do: the backward then moves less, and the executors need a
+  // ForwardState between the passes.
   bool keep_forward_state = false;
   // Device backends: the schedule runs once per head group. 0: the fewest groups whose peak
   // block bytes (peak_block_bytes, every rank) fit under the budget below; else this many (it

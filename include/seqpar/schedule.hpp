@@ -137,8 +137,8 @@ struct ScheduleRequest {
   // run along the ring dimension.
   int ulysses = 0;
   std::string ring_algorithm = "ring";
-  // Algorithms that can (Ulysses) keep forward blocks for the backward instead of moving them
-  // again (RankSchedule::kept); the executors then need a ForwardState between the passes.
+  // Algorithms that can (Ulysses, Attention2D) keep forward blocks for the backward instead of
+  // moving them again (RankSchedule::kept); the executors then need a ForwardState between the passes.
   bool keep_forward_state = false;
 };
 

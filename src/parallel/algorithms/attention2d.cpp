@@ -11,7 +11,8 @@
 // the gradients, not Q_g and K_g, V_g as printed). Words a rank sends a head (D: head dim,
 // n = N/P): forward (s-1) n (4D+1) and backward (s-1) n (7D+2) (the report's (4H+2) and
 // (8H+2) carry M and D for the LSE, and O for D), plus off the diagonal 2nD forward and 4nD
-// backward: the backward swaps K/V again, as no state is kept between passes.
+// backward: the backward swaps K/V again; with keep_forward_state the forward keeps the
+// swapped K/V (the report's K_t, V_t) and the backward's swap is dK/dV's alone (2nD).
 #include "parallel/algorithms/attention2d.hpp"
 
 #include "seqpar/algorithm.hpp"
@@ -38,7 +39,8 @@ PlanEvents attention2d_pass(const ScheduleRequest& req, Pass pass, const Printed
   const int s = g.s;
   const bool forward = pass == Pass::kForward;
   PlanEvents plan;
-  swap_and_row_gather(plan, req, g, forward ? BlockKind::kQuery : BlockKind::kQueryPack);
+  swap_and_row_gather(plan, req, g, forward ? BlockKind::kQuery : BlockKind::kQueryPack,
+                      forward || !req.keep_forward_state);
   column_gather(plan, req, g);
   // Computes: column (c + k)'s query shard in round 1 + k, k = 1..s (the own one last).
   for (int l = 0; l < req.ranks; ++l)
@@ -78,7 +80,8 @@ namespace {
 
 RankSchedule make(const ScheduleRequest& req, int rank) {
   return {project(attention2d_pass(req, Pass::kForward, {}), rank),
-          project(attention2d_pass(req, Pass::kBackward, {}), rank)};
+          project(attention2d_pass(req, Pass::kBackward, {}), rank), 1,
+          attention2d_kept(attention2d_grid(req.ranks), req, rank)};
 }
 
 }  // namespace

@@ -75,12 +75,24 @@ void swap_gradients_home(PlanEvents& plan, const Grid& g, int c, const std::vect
                 Collective::kSwap);
 }
 
-void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind) {
+bool swapped(const Grid& g, const ScheduleRequest& req, int l) {
+  if (g.row(l) == g.col(l)) return false;
+  for (int i = 0; i < g.s; ++i)  // does some rank of column r (where K/V[l] goes) compute with it?
+    if (grid_needs_kv(g, req, g.rank(i, g.row(l)), l)) return true;
+  return false;
+}
+
+std::vector<Block> attention2d_kept(const Grid& g, const ScheduleRequest& req, int l) {
+  if (!req.keep_forward_state || !swapped(g, req, g.transposed(l))) return {};
+  return {{BlockKind::kKV, g.transposed(l)}};
+}
+
+void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind,
+                         bool swap_kv) {
   for (int l = 0; l < req.ranks; ++l) {
     const int r = g.row(l), c = g.col(l), t = g.transposed(l);
-    bool column_needs = false;  // does some rank of column r (where K/V[l] goes) compute with it?
-    for (int i = 0; i < g.s; ++i) column_needs = column_needs || grid_needs_kv(g, req, g.rank(i, r), l);
-    if (r != c && column_needs) plan.move(l, t, 0, 0, {BlockKind::kKV, l}, Combine::kReplace, Collective::kSwap);
+    if (swap_kv && swapped(g, req, l))
+      plan.move(l, t, 0, 0, {BlockKind::kKV, l}, Combine::kReplace, Collective::kSwap);
     for (int j = 0; j < g.s; ++j) {
       const int to = g.rank(r, j);
       if (j != c && grid_needs_query(g, req, to, l))

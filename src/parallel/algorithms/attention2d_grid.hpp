@@ -73,9 +73,18 @@ GridRing column_ring(const Grid& g, int c, BlockKind kind);
 void swap_gradients_home(PlanEvents& plan, const Grid& g, int c, const std::vector<std::vector<bool>>& held,
                          int round);
 
-// Round 0: every rank's K/V to its transpose (where its new column needs them) and
-// `query_kind` blocks along the row (all-gather, to the ranks that need them).
-void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind);
+// Whether K/V shard l crosses the diagonal to its transpose: off the diagonal, where some rank
+// of its new column computes with it.
+bool swapped(const Grid& g, const ScheduleRequest& req, int l);
+// What rank l keeps from the forward for the backward (keep_forward_state): the K/V it got in
+// the swap (the report's K_t, V_t), so the backward does not swap K/V again.
+std::vector<Block> attention2d_kept(const Grid& g, const ScheduleRequest& req, int l);
+
+// Round 0: every rank's K/V to its transpose (where its new column needs them; not in a
+// backward that kept them) and `query_kind` blocks along the row (all-gather, to the ranks
+// that need them).
+void swap_and_row_gather(PlanEvents& plan, const ScheduleRequest& req, const Grid& g, BlockKind query_kind,
+                         bool swap_kv = true);
 
 // has[m][x] before a ring: along row r (members: its columns), whether rank (r, m) computes
 // some of query shard (r, x)'s rows; along column c (members: its rows), whether rank (m, c)

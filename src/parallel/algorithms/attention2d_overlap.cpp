@@ -41,13 +41,9 @@ PlanEvents attention2d_overlap_pass(const ScheduleRequest& req, Pass pass, const
   const bool forward = pass == Pass::kForward;
   const BlockKind query = forward ? BlockKind::kQuery : BlockKind::kQueryPack;
   PlanEvents plan;
-  // The swap (round 0).
-  for (int l = 0; l < req.ranks; ++l) {
-    bool column_needs = false;
-    for (int i = 0; i < s; ++i) column_needs = column_needs || grid_needs_kv(g, req, g.rank(i, g.row(l)), l);
-    if (g.row(l) != g.col(l) && column_needs)
-      plan.move(l, g.transposed(l), 0, 0, {BlockKind::kKV, l}, Combine::kReplace, Collective::kSwap);
-  }
+  // The swap (round 0; a backward whose forward kept the swapped K/V skips it).
+  for (int l = 0; l < req.ranks && (forward || !req.keep_forward_state); ++l)
+    if (swapped(g, req, l)) plan.move(l, g.transposed(l), 0, 0, {BlockKind::kKV, l}, Combine::kReplace, Collective::kSwap);
   // Query blocks left along each row: the first hop from round 0 to round s (under the K/V
   // ring), hop d >= 2 in round s + d - 1, while the block is in use there.
   for (int l = 0; l < req.ranks; ++l) {
@@ -119,7 +115,8 @@ namespace {
 
 RankSchedule make(const ScheduleRequest& req, int rank) {
   return {project(attention2d_overlap_pass(req, Pass::kForward, {}), rank),
-          project(attention2d_overlap_pass(req, Pass::kBackward, {}), rank)};
+          project(attention2d_overlap_pass(req, Pass::kBackward, {}), rank), 1,
+          attention2d_kept(attention2d_grid(req.ranks), req, rank)};
 }
 
 }  // namespace
