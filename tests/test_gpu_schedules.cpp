@@ -246,6 +246,11 @@ std::vector<Case> cases() {
       all.push_back({algo, P, St, "causal", 125 * P + 3, 4, 2, 128});
       all.push_back({algo, P, St, "full", 111 * P + 5, 4, 4, 64});
     }
+  for (const char* algo : {"attention2d", "attention2d-overlap"}) {  // the swapped K/V kept, two head groups
+    Case c{algo, 4, St, "causal", 503, 4, 2, 128, 2};
+    c.keep = true;
+    all.push_back(c);
+  }
   // NCCL, one GPU per rank (skipped below that many GPUs).
   for (const char* algo : {"ulysses", "attention2d"}) all.push_back({algo, 4, St, "causal", 2050, 8, 2, 128, 0, true});
   for (const char* algo : {"ring", "burst", "ring-return", "burst-return"}) {
