@@ -8,25 +8,6 @@
 namespace seqpar::app {
 namespace {
 
-// Visible (query, key) pairs under the band and documents, for FLOP counts: O(S) per batch
-// entry. A block pattern's sparsity is not counted (its FLOP/s read low).
-double visible_pairs(const MaskSpec& mask, int64_t S) {
-  double total = 0;
-  for (int64_t i = 0; i < S; ++i) {
-    int64_t lo = 0, hi = S - 1;
-    if (mask.window_left >= 0) lo = std::max(lo, i - mask.window_left);
-    if (mask.window_right >= 0) hi = std::min(hi, i + mask.window_right);
-    if (mask.has_documents()) {
-      const auto& o = mask.doc_offsets;
-      const auto it = std::upper_bound(o.begin(), o.end(), i);
-      lo = std::max(lo, *(it - 1));
-      hi = std::min(hi, *it - 1);
-    }
-    total += std::max<int64_t>(0, hi - lo + 1);
-  }
-  return total;
-}
-
 void print_check_line(const Job& job, const CheckResult& c) {
   const bool low_precision = job.dtype == DType::kBF16 || job.dtype == DType::kF16;
   const auto& e = c.errors;
@@ -129,7 +110,7 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
     sent_max[0] = std::max(sent_max[0], ranks[r].sent[0]), sent_max[1] = std::max(sent_max[1], ranks[r].sent[1]);
     want_max[0] = std::max(want_max[0], f.total), want_max[1] = std::max(want_max[1], b.total);
   }
-  const double fwd_flops = 4.0 * o.batch * o.heads * o.head_dim * visible_pairs(job.mask, o.seq);
+  const double fwd_flops = 4.0 * o.batch * o.heads * o.head_dim * job.mask.visible_pairs(o.seq);
   const double bwd_flops = 2.5 * fwd_flops;
 
   std::printf("seqpar attn: %s (ran %s on the %s backend), %s layout, %s mask, %d ranks (%s, %d OpenMP thread%s per "

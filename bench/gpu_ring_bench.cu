@@ -1,5 +1,7 @@
 // Multi-GPU benchmark of the distributed algorithms: one process, a thread per GPU, NCCL between
-// them. For each total length S: causal bf16 forward + backward with each algorithm asked for
+// them. For each total length S: bf16 forward + backward (causal by default; --mask, --kv-heads,
+// --layout, and ulysses-ring's --ulysses / --ring-algo as `seqpar attn` takes them; the bytes
+// each rank sent) with each algorithm asked for
 // (ring, burst, distflash, ..., auto) through the single algorithm API and the GPU executor; median time, TFLOP/s per GPU, peak extra device memory per GPU (every byte our
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
 // kernel's throughput at S / P tokens, the mean over the GPUs (the scaling reference). One
@@ -29,6 +31,12 @@ struct Options {
   std::vector<std::string> algos{"ring", "burst", "auto"};
   int gpus = 0;
   int64_t heads = 32, head_dim = 128;
+  int64_t kv_heads = 0;            // 0: heads (no GQA)
+  std::string mask = "causal";     // MaskSpec text, as seqpar attn's --mask
+  std::string layout = "zigzag";
+  int ulysses = 0;                 // ulysses-ring's degree (0: the planner's)
+  std::string ring_algo = "ring";  // ulysses-ring's ring dimension
+  bool keep_forward_state = false;
   int64_t single_max = 262144;  // single-GPU reference up to this many tokens per GPU
   int64_t big_from = 1048576;   // from here: auto only, one run without warm-up
   std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
@@ -54,6 +62,11 @@ StatusOr<DeviceTensor> device_tensor(DType t, std::vector<int64_t> shape, uint64
 
 double causal_flops(int64_t S, int64_t H, int64_t D, bool backward) {
   return 4.0 * double(S) * double(S) * H * D * 0.5 * (backward ? 3.5 : 1.0);
+}
+
+// FLOPs of the pairs the mask leaves visible (the causal count for the causal mask).
+double mask_flops(const MaskSpec& mask, int64_t S, int64_t H, int64_t D, bool backward) {
+  return 4.0 * mask.visible_pairs(S) * H * D * (backward ? 3.5 : 1.0);
 }
 
 
@@ -171,20 +184,25 @@ Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_
 Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::string& algo,
                int head_groups, cudaStream_t s, nlohmann::ordered_json* line) {
   const int P = comm.size(), me = comm.rank();
-  const int64_t H = opt.heads, D = opt.head_dim;
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(LayoutKind::kZigzag, S, P));
+  const int64_t H = opt.heads, Hkv = opt.kv_heads > 0 ? opt.kv_heads : opt.heads, D = opt.head_dim;
+  SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(opt.layout));
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, S, P));
   const int64_t n = layout.local_len(me);
   int device = 0;
   cudaGetDevice(&device);
   AttentionParams params;
-  params.mask = MaskSpec::causal();
+  SP_ASSIGN_OR_RETURN(params.mask, parse_mask(opt.mask, S));
   SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, H, D}, 101 + me, s));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, H, D}, 201 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, Hkv, D}, 101 + me, s));
+  SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, Hkv, D}, 201 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
   const std::unique_ptr<AttentionBackend> backend = make_gpu_backend(q.view, params);
+  SP_CHECK_SUPPORTED(backend != nullptr, "no GPU backend takes this problem");
   PlanOptions plan_options{algo, {}};
   plan_options.head_groups = head_groups;
+  plan_options.ulysses = opt.ulysses;
+  plan_options.ring_algorithm = opt.ring_algo;
+  plan_options.keep_forward_state = opt.keep_forward_state;
   SP_ASSIGN_OR_RETURN(const AttentionPlan plan, plan_attention(plan_options, layout, params,
                                                                block_bytes_for(q.view, k.view, *backend), me, *backend));
   cudaStreamSynchronize(s);
@@ -195,9 +213,10 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_ASSIGN_OR_RETURN(DeviceTensor o, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor lse, device_tensor(DType::kF32, {1, H, n}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
-    SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, Hkv, D}, 0, s));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, Hkv, D}, 0, s));
     GpuWorkspace ws(opt.trace);
+    ForwardState kept;  // what a keep_forward_state plan keeps between the passes
     const ShardTensors st{q.view, k.view, v.view, o.view, lse.view, dout.view, dq.view, dk.view, dv.view};
     const bool big = S >= opt.big_from;
     const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
@@ -209,9 +228,10 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     for (int it = 0; it < warm + iters; ++it) {
       SP_RETURN_IF_ERROR(comm.barrier());
       cudaEventRecord(e0, s);
-      SP_RETURN_IF_ERROR(run_forward_gpu(comm, plan, st, ws, s));
+      comm.reset_counters();
+      SP_RETURN_IF_ERROR(run_forward_gpu(comm, plan, st, ws, s, nullptr, &kept));
       cudaEventRecord(e1, s);
-      SP_RETURN_IF_ERROR(run_backward_gpu(comm, plan, st, ws, s));
+      SP_RETURN_IF_ERROR(run_backward_gpu(comm, plan, st, ws, s, nullptr, &kept));
       cudaEventRecord(e2, s);
       SP_RETURN_IF_ERROR(comm.synchronize(s));
       float f = 0, t = 0;
@@ -231,9 +251,10 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaEventDestroy(e2);
-    double stats[3] = {bench::median(fwd_ms), bench::median(total_ms),
-                       double(device_memory_stats(device).peak - base) / double(1ll << 30)};
-    SP_RETURN_IF_ERROR(comm.all_reduce(stats, 3, DType::kF64, ReduceOp::kMax));
+    double stats[5] = {bench::median(fwd_ms), bench::median(total_ms),
+                       double(device_memory_stats(device).peak - base) / double(1ll << 30),
+                       double(comm.counters().sent(Phase::kForward)), double(comm.counters().sent(Phase::kBackward))};
+    SP_RETURN_IF_ERROR(comm.all_reduce(stats, 5, DType::kF64, ReduceOp::kMax));
     (*line)["kind"] = "seqpar_ring";
     (*line)["algo"] = algo;
     (*line)["ran"] = plan.algorithm->name;
@@ -242,14 +263,19 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     (*line)["seq"] = S;
     (*line)["tokens_per_gpu"] = S / P;
     (*line)["heads"] = H;
+    (*line)["kv_heads"] = Hkv;
     (*line)["head_dim"] = D;
+    (*line)["mask"] = params.mask.describe();
+    (*line)["layout"] = opt.layout;
+    (*line)["keep_forward_state"] = opt.keep_forward_state;
     (*line)["head_groups"] = plan.head_groups;
     (*line)["iters"] = iters;
     (*line)["fwd_ms"] = stats[0];
     (*line)["fwdbwd_ms"] = stats[1];
-    (*line)["fwd_tflops_per_gpu"] = causal_flops(S, H, D, false) / (stats[0] * 1e-3) / 1e12 / P;
-    (*line)["fwdbwd_tflops_per_gpu"] = causal_flops(S, H, D, true) / (stats[1] * 1e-3) / 1e12 / P;
+    (*line)["fwd_tflops_per_gpu"] = mask_flops(params.mask, S, H, D, false) / (stats[0] * 1e-3) / 1e12 / P;
+    (*line)["fwdbwd_tflops_per_gpu"] = mask_flops(params.mask, S, H, D, true) / (stats[1] * 1e-3) / 1e12 / P;
     (*line)["peak_extra_GiB"] = stats[2];
+    (*line)["sent_bytes_per_rank_max"] = {{"forward", int64_t(stats[3])}, {"backward", int64_t(stats[4])}};
   }
   return Status::Ok();
 }
@@ -305,12 +331,21 @@ Status bench_rank(Communicator& comm, const Options& opt) {
 
 int main(int argc, char** argv) {
   using namespace seqpar;
-  CLI::App app{"Multi-GPU distributed attention benchmark (causal bf16, zigzag, B = 1); JSON lines"};
+  CLI::App app{"Multi-GPU distributed attention benchmark (bf16, B = 1; causal and zigzag by default); JSON lines"};
   Options opt;
   app.add_option("--seqs", opt.seqs, "total sequence lengths")->delimiter(',')->capture_default_str();
   app.add_option("--algos", opt.algos, "algorithms (algorithm.hpp names) or auto")->delimiter(',')->capture_default_str();
   app.add_option("--gpus", opt.gpus, "GPUs (default: all visible)");
-  app.add_option("--heads", opt.heads, "heads (K/V heads too)")->capture_default_str();
+  app.add_option("--heads", opt.heads, "heads")->capture_default_str();
+  app.add_option("--kv-heads", opt.kv_heads, "K/V heads (0: as many as heads)")->capture_default_str();
+  app.add_option("--mask", opt.mask, "mask, as seqpar attn --mask (causal, full, window:L,R, docs:N, ...)")
+      ->capture_default_str();
+  app.add_option("--layout", opt.layout, "contiguous, zigzag or striped")->capture_default_str();
+  app.add_option("--ulysses", opt.ulysses, "ulysses-ring: the Ulysses degree (0: the planner's)")->capture_default_str();
+  app.add_option("--ring-algo", opt.ring_algo, "ulysses-ring: the ring-family algorithm across groups")
+      ->capture_default_str();
+  app.add_flag("--keep-forward-state", opt.keep_forward_state,
+               "keep forward blocks for the backward (ulysses, ulysses-ring, attention2d)");
   app.add_option("--head-dim", opt.head_dim, "head dim")->capture_default_str();
   app.add_option("--single-max", opt.single_max, "single-GPU reference up to this many tokens per GPU")
       ->capture_default_str();

@@ -122,6 +122,9 @@ struct MaskSpec {
   // hold keys). The planner and the schedules decide from it which shard pairs compute and
   // which blocks travel.
   bool sees_any(std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) const;
+  // Visible (query, key) pairs of a sequence of seq_len tokens under the band and documents,
+  // for FLOP counts: O(seq_len). A block pattern's sparsity is not counted.
+  double visible_pairs(int64_t seq_len) const;
   // "full", "causal", "window:L,R", "docs:N", "bigbird:1,1,2,B=64", "blocks:PATH", joined by
   // '+' where the text alone does not say it ("docs:3+full", "bigbird:1,1,2,B=64+window:8,0").
   std::string describe() const;

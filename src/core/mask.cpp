@@ -115,6 +115,22 @@ bool MaskSpec::sees_any(std::span<const int64_t> q_pos, std::span<const int64_t>
   return false;
 }
 
+double MaskSpec::visible_pairs(int64_t S) const {
+  double total = 0;
+  for (int64_t i = 0; i < S; ++i) {
+    int64_t lo = 0, hi = S - 1;
+    if (window_left >= 0) lo = std::max(lo, i - window_left);
+    if (window_right >= 0) hi = std::min(hi, i + window_right);
+    if (has_documents()) {
+      const auto it = std::upper_bound(doc_offsets.begin(), doc_offsets.end(), i);
+      lo = std::max(lo, *(it - 1));
+      hi = std::min(hi, *it - 1);
+    }
+    total += double(std::max<int64_t>(0, hi - lo + 1));
+  }
+  return total;
+}
+
 std::string MaskSpec::describe() const {
   std::string band;
   if (window_left < 0 && window_right < 0) {
