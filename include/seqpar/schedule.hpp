@@ -168,9 +168,13 @@ struct BlockBytes {
   // a head part of a group that copies K/V heads copies them once per group.
   int head_groups = 1;
   int64_t of(BlockKind kind, int64_t rows) const;
+  // One head group's head part `part` of `head_parts` (its heads, and the K/V heads they read).
+  BlockBytes head_part(int part, int head_parts) const;
   // A block of the layout's shards: its rows, and with a head part 1/parts of each group's heads.
   int64_t of(const Block& block, const Layout& layout, int head_parts) const;
 };
+// The one-shard pieces a span block joins from or splits into (same kind and head part).
+std::vector<Block> span_pieces(const Block& block);
 // Rows of a block: its span's shards' rows.
 int64_t block_rows(const Block& block, const Layout& layout);
 

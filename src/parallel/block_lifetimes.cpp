@@ -26,7 +26,7 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
       use(s.q_block(query), i);
       use(s.kv_block(BlockKind::kKV), i);
     } else if (s.kind == StepKind::kConcat && !is_result(s.block.kind)) {
-      for (int x = s.block.shard; x < s.block.shard + s.block.span; ++x) use({s.block.kind, x, 1, s.block.part}, i);
+      for (const Block& piece : span_pieces(s.block)) use(piece, i);
     } else if (s.kind == StepKind::kPack) {
       for (BlockKind kind : {BlockKind::kQuery, BlockKind::kGradPack}) {
         Block in = s.block;
@@ -44,13 +44,8 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
                          const BlockBytes& bytes, int head_parts) {
   const int64_t rows = layout.max_local_len();
-  const auto size = [&](const Block& b) {
-    BlockBytes part = bytes;
-    if (b.part != kAllHeads) {
-      part.heads = head_part_range(b.part, head_parts, bytes.heads).count();
-      part.kv_heads = kv_part_range(b.part, head_parts, bytes.heads, bytes.kv_heads).count();
-    }
-    return part.of(b.kind, rows * b.span);
+  const auto size = [&](const Block& b) {  // `bytes` is one head group's
+    return (b.part == kAllHeads ? bytes : bytes.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
   };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
   std::set<Block> held;
@@ -64,20 +59,15 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
   };
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
-    const auto pieces = [&](const Block& b) {
-      std::vector<Block> out;
-      for (int x = b.shard; x < b.shard + b.span; ++x) out.push_back({b.kind, x, 1, b.part});
-      return out;
-    };
     if (s.kind == StepKind::kCompute) {
       hold(s.q_block(pass == Pass::kForward ? BlockKind::kOutput : BlockKind::kDQ));
       if (pass == Pass::kBackward) hold(s.kv_block(BlockKind::kDKV));
     } else if (s.kind == StepKind::kConcat) {
       hold(s.block);
-      for (const Block& b : pieces(s.block)) drop(b);
+      for (const Block& b : span_pieces(s.block)) drop(b);
     } else if (s.kind == StepKind::kSplit) {
       drop(s.block);
-      for (const Block& b : pieces(s.block)) hold(b);
+      for (const Block& b : span_pieces(s.block)) hold(b);
     } else if (s.kind == StepKind::kPack) {
       hold(s.block);
     } else if (s.kind == StepKind::kPost) {

@@ -1,6 +1,7 @@
 // What both executors need to lay a block's parts out and cut views of them: which heads each
 // part spans (query heads, K/V heads, or row stats [B, H, S]), the heads of a head part, the
-// head and row slices of a part, and the global positions of a span block's rows.
+// head and row slices of a part, and the global positions of a span block's rows (and their
+// increasing runs).
 #pragma once
 
 #include <map>
@@ -63,9 +64,29 @@ class SpanPositions {
     return cached.data();
   }
 
+  // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
+  // positions): a span of zigzag or striped shards goes back in position between shards.
+  struct Run {
+    int64_t begin, end;
+    std::vector<int64_t> positions;
+  };
+  const std::vector<Run>& increasing_runs(const Block& b) {
+    auto& cached = runs_[{b.shard, b.span}];
+    if (!cached.empty()) return cached;
+    const int64_t* p = of(b);
+    const int64_t n = block_rows(b, layout_);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == 0 || p[i] <= p[i - 1]) cached.push_back({i, i, {}});
+      cached.back().end = i + 1;
+      cached.back().positions.push_back(p[i]);
+    }
+    return cached;
+  }
+
  private:
   const Layout& layout_;
   std::map<std::pair<int, int>, std::vector<int64_t>> spans_;
+  std::map<std::pair<int, int>, std::vector<Run>> runs_;
 };
 
 }  // namespace seqpar::parallel

@@ -14,82 +14,11 @@
 #include "core/cuda_check.hpp"
 #include "parallel/block_views.hpp"
 #include "parallel/forward_state.hpp"
+#include "parallel/gpu_workspace.hpp"
 #include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {
-
-struct GpuWorkspace::Impl {
-  // Free device buffers by size: blocks of one kind share one size (the longest shard's), so
-  // after the first group every block finds a buffer.
-  std::multimap<size_t, DeviceBuffer> pool;
-  int64_t pooled = 0;
-  bool tracing = false;
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  // The end of the last call's work, on its stream: released buffers may still be in use
-  // there, so a call on another stream waits for it before reusing them.
-  cudaEvent_t done = nullptr;
-  cudaStream_t done_on = nullptr;
-
-  ~Impl() {
-    drop_marks();
-    if (done && !device_abandoned()) (void)cudaEventDestroy(done);
-  }
-  Status begin(cudaStream_t s) {
-    if (done && done_on != s) SP_CUDA_CHECK(cudaStreamWaitEvent(s, done, 0));
-    return Status::Ok();
-  }
-  Status end(cudaStream_t s) {
-    if (!done) SP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    SP_CUDA_CHECK(cudaEventRecord(done, s));
-    done_on = s;
-    return Status::Ok();
-  }
-  StatusOr<DeviceBuffer> take(size_t bytes) {
-    auto it = pool.lower_bound(bytes);
-    if (it != pool.end()) {
-      DeviceBuffer b = std::move(it->second);
-      pool.erase(it);
-      return b;
-    }
-    SP_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(bytes));
-    pooled += int64_t(b.bytes());
-    return b;
-  }
-  void give(DeviceBuffer b) {
-    if (b.data()) pool.emplace(b.bytes(), std::move(b));
-  }
-  Status mark(cudaStream_t s, std::string label) {
-    if (!tracing) return Status::Ok();
-    cudaEvent_t e;
-    SP_CUDA_CHECK(cudaEventCreate(&e));
-    marks.emplace_back(std::move(label), e);
-    SP_CUDA_CHECK(cudaEventRecord(e, s));
-    return Status::Ok();
-  }
-  void drop_marks() {
-    for (auto& m : marks) (void)cudaEventDestroy(m.second);
-    marks.clear();
-  }
-};
-
-GpuWorkspace::GpuWorkspace(bool trace) : impl_(std::make_unique<Impl>()) { impl_->tracing = trace; }
-GpuWorkspace::~GpuWorkspace() = default;
-int64_t GpuWorkspace::pool_bytes() const { return impl_->pooled; }
-
-StatusOr<std::vector<std::pair<std::string, double>>> GpuWorkspace::take_trace() {
-  Impl& I = *impl_;
-  std::vector<std::pair<std::string, double>> out;
-  if (I.marks.empty()) return out;
-  SP_CUDA_CHECK(cudaEventSynchronize(I.marks.back().second));
-  for (const auto& [label, e] : I.marks) {
-    float ms = 0;
-    SP_CUDA_CHECK(cudaEventElapsedTime(&ms, I.marks.front().second, e));
-    out.emplace_back(label, ms);
-  }
-  I.drop_marks();
-  return out;
-}
 
 namespace {
 
@@ -416,25 +345,6 @@ class GpuExecutor {
   }
 
 
-  // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
-  // positions): a span of zigzag or striped shards goes back in position between shards.
-  struct Run {
-    int64_t begin, end;
-    std::vector<int64_t> positions;
-  };
-  const std::vector<Run>& runs(const Block& b) {
-    auto& cached = span_runs_[{b.shard, b.span}];
-    if (!cached.empty()) return cached;
-    const int64_t* p = positions_.of(b);
-    const int64_t n = block_rows(b, plan_.layout);
-    for (int64_t i = 0; i < n; ++i) {
-      if (i == 0 || p[i] <= p[i - 1]) cached.push_back({i, i, {}});
-      cached.back().end = i + 1;
-      cached.back().positions.push_back(p[i]);
-    }
-    return cached;
-  }
-
   Status compute(const Step& s) {
     SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
     const bool forward = pass_ == Pass::kForward;
@@ -449,8 +359,9 @@ class GpuExecutor {
     }
     // Spans whose positions go back between shards run per pair of increasing runs: cuDNN
     // plans dense calls and our kernels arithmetic runs, both over increasing positions.
-    const std::vector<Run>& q_runs = runs(s.q_block(BlockKind::kQuery));
-    const std::vector<Run>& k_runs = runs(s.kv_block(BlockKind::kKV));
+    using Run = parallel::SpanPositions::Run;
+    const std::vector<Run>& q_runs = positions_.increasing_runs(s.q_block(BlockKind::kQuery));
+    const std::vector<Run>& k_runs = positions_.increasing_runs(s.kv_block(BlockKind::kKV));
     const bool whole = q_runs.size() == 1 && k_runs.size() == 1;
     for (const Run& qr : q_runs)
       for (const Run& kr : k_runs) {
@@ -601,7 +512,6 @@ class GpuExecutor {
   std::map<int, Pending> pending_;
   std::map<Block, size_t> last_use_;
   parallel::SpanPositions positions_{plan_.layout};
-  std::map<std::pair<int, int>, std::vector<Run>> span_runs_;
   ForwardState* state_;
   std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
 };

@@ -1,0 +1,25 @@
+// The GPU executor's per-rank workspace (include/seqpar/gpu_executor.hpp): its block pool and
+// the trace of the milestones the calls passed on their stream.
+#include "parallel/gpu_workspace.hpp"
+
+namespace seqpar {
+
+GpuWorkspace::GpuWorkspace(bool trace) : impl_(std::make_unique<Impl>()) { impl_->tracing = trace; }
+GpuWorkspace::~GpuWorkspace() = default;
+int64_t GpuWorkspace::pool_bytes() const { return impl_->pooled; }
+
+StatusOr<std::vector<std::pair<std::string, double>>> GpuWorkspace::take_trace() {
+  Impl& I = *impl_;
+  std::vector<std::pair<std::string, double>> out;
+  if (I.marks.empty()) return out;
+  SP_CUDA_CHECK(cudaEventSynchronize(I.marks.back().second));
+  for (const auto& [label, e] : I.marks) {
+    float ms = 0;
+    SP_CUDA_CHECK(cudaEventElapsedTime(&ms, I.marks.front().second, e));
+    out.emplace_back(label, ms);
+  }
+  I.drop_marks();
+  return out;
+}
+
+}  // namespace seqpar
