@@ -1,7 +1,9 @@
 """Joins the JSON lines of seqpar's multi-GPU benchmark ("kind":"seqpar_ring", one line per
-S and algo: ring | burst | auto) with those of its PyTorch peer, bench/torch_cp_peer.py
-("kind":"torch_cp"), run on the same GPUs, and prints a Markdown table: one row per
-(GPUs, S, algo) with our forward + backward time and TFLOP/s per GPU, how many times faster
+S and algo: ring | burst | auto | distflash | ulysses ...) with those of its PyTorch peer,
+bench/torch_cp_peer.py ("kind":"torch_cp"), run on the same GPUs, and prints a Markdown table:
+one row per (GPUs, K/V heads, mask, S, algo), a problem's rows under one another, with the
+bytes each rank sent (forward + backward, the largest rank's), our forward + backward time and
+TFLOP/s per GPU, how many times faster
 than PyTorch context parallel we are (PyTorch's time / ours, > 1 means seqpar is faster),
 our TFLOP/s per GPU as a fraction of our single-GPU kernel at the same tokens per GPU,
 both peak extra memories and their ratio (ours / PyTorch's). Below it, the longest S that
@@ -13,7 +15,8 @@ Usage: python3 bench/compare_multi_gpu.py ours.jsonl peer.jsonl"""
 import json
 import sys
 
-ALGO_ORDER = {"ring": 0, "burst": 1, "auto": 2}
+ALGO_ORDER = {"ring": 0, "burst": 1, "auto": 2, "distflash": 3, "ulysses": 4, "ulysses-ring": 5}
+CAUSAL = "causal"
 
 
 def load(path, kind):
@@ -100,14 +103,25 @@ def main():
         g = r.get("gpus")
         return int(g) if isinstance(g, int) else default_gpus
 
+    def kv_of(r):
+        return int(r.get("kv_heads") or r.get("heads") or 0)
+
+    # Keys: (gpus, kv_heads, mask, seq, algo); an error line lacks kv_heads and mask, so it
+    # takes the only ones seen (or 0 and causal).
+    kvs = sorted({kv_of(r) for r in ours_rows + peer_rows if kv_of(r)})
+    default_kv = kvs[0] if len(kvs) == 1 else 0
+
+    def problem(r):
+        return (gpus_of(r), kv_of(r) or default_kv, str(r.get("mask", CAUSAL)))
+
     ours = {}
     for r in ours_rows:
-        key = (gpus_of(r), int(r["seq"]), str(r.get("algo", "?")))
+        key = problem(r) + (int(r["seq"]), str(r.get("algo", "?")))
         ours[key] = prefer(ours.get(key), r)
-    # Peer: one line per (gpus, seq); a cudnn line wins over other backends, then prefer().
+    # Peer: one line per (gpus, kv_heads, seq); a cudnn line wins over other backends, then prefer().
     peer = {}
     for r in peer_rows:
-        key = (gpus_of(r), int(r["seq"]))
+        key = (gpus_of(r), kv_of(r) or default_kv, int(r["seq"]))
         old = peer.get(key)
         if old is None:
             peer[key] = r
@@ -117,23 +131,30 @@ def main():
     backends = sorted({str(r.get("backend")) for r in peer.values() if r.get("backend")})
 
     keys = set(ours)
-    for g, s in peer:  # S that only PyTorch ran still gets a row
-        if not any(k[0] == g and k[1] == s for k in ours):
-            keys.add((g, s, None))
+    for g, kv, s in peer:  # S that only PyTorch ran still gets a row
+        if not any(k[0] == g and k[1] == kv and k[2] == CAUSAL and k[3] == s for k in ours):
+            keys.add((g, kv, CAUSAL, s, None))
 
     def order(k):
-        return (k[0] if k[0] is not None else -1, k[1],
-                ALGO_ORDER.get(k[2], 9) if k[2] is not None else 10, k[2] or "")
+        return (k[0] if k[0] is not None else -1, -k[1], k[2] != CAUSAL, k[2], k[3],
+                ALGO_ORDER.get(k[4], 9) if k[4] is not None else 10, k[4] or "")
+
+    def mib_sent(r):
+        sent = r.get("sent_bytes_per_rank_max") if ok(r) else None
+        if not isinstance(sent, dict):
+            return "-"
+        return f"{(sent.get('forward', 0) + sent.get('backward', 0)) / 2**20:.0f}"
 
     print(f"PyTorch peer: context parallel, backend {', '.join(backends) or '-'}")
     print()
-    print("| GPUs | S | tokens/GPU | algo | fwd+bwd ms | TFLOP/s/GPU | x faster | of 1-GPU kernel | peak extra GiB "
-          "| torch fwd+bwd ms | torch TFLOP/s/GPU | torch peak extra GiB | memory ours/torch |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| GPUs | K/V heads | mask | S | tokens/GPU | algo | MiB sent/rank | fwd+bwd ms | TFLOP/s/GPU | x faster "
+          "| of 1-GPU kernel | peak extra GiB | torch fwd+bwd ms | torch TFLOP/s/GPU | torch peak extra GiB "
+          "| memory ours/torch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k in sorted(keys, key=order):
-        g, s, algo = k
+        g, kv, mask, s, algo = k
         o = ours.get(k) if algo is not None else None
-        p = peer.get((g, s))
+        p = peer.get((g, kv, s)) if mask == CAUSAL else None
         tokens = None
         for r in (o, p):
             if r is not None and isinstance(r.get("tokens_per_gpu"), (int, float)):
@@ -153,7 +174,8 @@ def main():
         faster = ratio(p_ms, o_ms, "{:.2f}x")
         of_single = ratio(o_tf, single, "{:.0%}")
         mem = ratio(o_mem, p_mem, "{:.0%}")
-        print(f"| {g if g is not None else '-'} | {fmt_seq(s)} | {tokens if tokens is not None else '-'} | {label} "
+        print(f"| {g if g is not None else '-'} | {kv or '-'} | {mask} | {fmt_seq(s)} "
+              f"| {tokens if tokens is not None else '-'} | {label} | {mib_sent(o)} "
               f"| {cell(o, 'fwdbwd_ms', '{:.1f}')} "
               f"| {cell(o, 'fwdbwd_tflops_per_gpu', '{:.1f}')} "
               f"| {faster} | {of_single} "
@@ -163,18 +185,19 @@ def main():
               f"| {cell(p, 'peak_extra_GiB', '{:.2f}')} "
               f"| {mem} |")
 
-    # Longest S run successfully, per GPU count.
+    # Longest S run successfully, per GPU count and K/V heads, causal.
     print()
-    gpu_counts = sorted({k[0] for k in keys}, key=lambda x: -1 if x is None else x)
-    for g in gpu_counts:
-        head = f"{g} GPUs" if g is not None else "unknown GPU count"
+    groups = sorted({(k[0], k[1]) for k in keys if k[2] == CAUSAL}, key=lambda x: (-1 if x[0] is None else x[0], -x[1]))
+    for g, kv in groups:
+        head = (f"{g} GPUs" if g is not None else "unknown GPU count") + f", {kv} K/V heads, causal"
         longest = {}
-        for (kg, s, algo), r in ours.items():
-            if kg == g and ok(r):
+        for (kg, kkv, mask, s, algo), r in ours.items():
+            if (kg, kkv, mask) == (g, kv, CAUSAL) and ok(r):
                 longest[algo] = max(longest.get(algo, 0), s)
-        torch_longest = max((s for (kg, s), r in peer.items() if kg == g and ok(r)), default=0)
+        torch_longest = max((s for (kg, kkv, s), r in peer.items() if (kg, kkv) == (g, kv) and ok(r)), default=0)
         parts = [f"seqpar {a}: {fmt_seq(v)}" for a, v in sorted(longest.items(), key=lambda x: ALGO_ORDER.get(x[0], 9))]
-        for a in sorted({k[2] for k in ours if k[0] == g} - set(longest), key=lambda x: ALGO_ORDER.get(x, 9)):
+        ran = {k[4] for k in ours if (k[0], k[1], k[2]) == (g, kv, CAUSAL)}
+        for a in sorted(ran - set(longest), key=lambda x: ALGO_ORDER.get(x, 9)):
             parts.append(f"seqpar {a}: none")
         parts.append(f"torch: {fmt_seq(torch_longest) if torch_longest else 'none'}")
         best = max(longest.values(), default=0)

@@ -38,7 +38,8 @@ struct Options {
   std::string ring_algo = "ring";  // ulysses-ring's ring dimension
   bool keep_forward_state = false;
   int64_t single_max = 262144;  // single-GPU reference up to this many tokens per GPU
-  int64_t big_from = 1048576;   // from here: auto only, one run without warm-up
+  int64_t big_from = 1048576;   // from here: only big_algos, one run each without warm-up
+  std::vector<std::string> big_algos{"auto"};
   std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
   int64_t probe_tokens = 0;         // > 0: run the communication probes at this many tokens first
   bool trace = false;               // print each rank's step milestones of the last iteration
@@ -298,7 +299,8 @@ Status bench_rank(Communicator& comm, const Options& opt) {
     const double single = every_gpu ? std::accumulate(singles.begin(), singles.end(), 0.0) / singles.size() : 0;
     for (const std::string& algo : opt.algos)
     for (int groups : opt.head_groups) {
-      if (S >= opt.big_from && algo != "auto") continue;
+      if (S >= opt.big_from && std::find(opt.big_algos.begin(), opt.big_algos.end(), algo) == opt.big_algos.end())
+        continue;
       if (groups > opt.heads || (groups > 0 && opt.heads % groups != 0)) continue;
       nlohmann::ordered_json line;
       const Status st = run_one(comm, opt, S, algo, groups, s, &line);
@@ -351,8 +353,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--head-groups", opt.head_groups, "head groups to try (0: automatic)")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--big-from", opt.big_from, "from this S on: auto only, one run, no warm-up")
+  app.add_option("--big-from", opt.big_from, "from this S on: only --big-algos, one run each, no warm-up")
       ->capture_default_str();
+  app.add_option("--big-algos", opt.big_algos, "the algorithms run from --big-from on (of --algos)")
+      ->delimiter(',')->capture_default_str();
   app.add_option("--probe", opt.probe_tokens,
                  "first measure the exchange bandwidth and a cuDNN fwd+bwd at this many tokens alone "
                  "and beside an exchange");

@@ -1,7 +1,10 @@
 """The PyTorch peer for seqpar's multi-GPU benchmark: PyTorch context parallel
 (torch.distributed.tensor.experimental.context_parallel, its ring attention over the SDPA
 backend chosen, cuDNN by default) on the GPUs of one host. Causal, bf16, B = 1, H = 32,
-D = 128 (flags change H and D). For each total sequence length S it times the forward alone
+D = 128 (flags change H and D; --kv-heads makes it GQA: K/V are made with fewer heads and
+repeated to H inside the timed step, as Hugging Face's and torchtitan's Llama do before SDPA, so
+the ring carries the repeated K/V). Every input, dout included, is uniform in [-1, 1), as
+bench_gpu_ring's. For each total sequence length S it times the forward alone
 and forward + backward (out.backward(dout), dout random), as the median of CUDA-event-timed
 iterations after one warm-up (10 iterations for S <= 65536, 3 for S <= 524288, else 1; with
 --once a single run of each and no warm-up, to find the longest S quickly), and
@@ -10,7 +13,7 @@ once the inputs q, k, v (and dout) exist on the rank.
 
 Usage:
   torchrun --standalone --nproc_per_node=N bench/torch_cp_peer.py \
-      [--seqs 16384,65536,...] [--backend cudnn|flash|efficient] [--heads 32] [--head-dim 128] \
+      [--seqs 16384,65536,...] [--backend cudnn|flash|efficient] [--heads 32] [--kv-heads 8] [--head-dim 128] \
       [--max-seconds 400] [--inputs local|shard] [--rotate allgather|alltoall] [--once]
 
 Rank 0 prints one JSON object per line and S:
@@ -84,41 +87,54 @@ def set_rotate(method):
     set_rotate_method(method)
 
 
+def uniform(*shape):
+    """bf16 uniform in [-1, 1), the distribution bench_gpu_ring feeds ours."""
+    return torch.empty(*shape, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+
+
 def run_one(args, mesh, rank, world, s):
     """Times S on this rank; returns (fwd_s, fwdbwd_s, peak_extra_bytes). Raises on failure."""
     from torch.distributed.tensor.experimental import context_parallel
     b, h, d = 1, args.heads, args.head_dim
+    hkv = args.kv_heads or h
     backend = BACKENDS[args.backend]
     iters = iterations_for(s, args.once)
     torch.manual_seed(1234 + rank)
     if args.inputs == "local":
         s_local = s // world
-        q, k, v = (torch.randn(b, h, s_local, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q = uniform(b, h, s_local, d)
+        k, v = uniform(b, hkv, s_local, d), uniform(b, hkv, s_local, d)
         # context_parallel wants at least one buffer (it reads its device and length); a
         # dummy of 2N positions on the sequence dim keeps the load balancer satisfied.
         dummy = torch.zeros(1, 1, 2 * world, 1, device="cuda")
         cp_ctx = context_parallel(mesh, buffers=[dummy], buffer_seq_dims=[2], no_restore_buffers={dummy})
     else:
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q = uniform(b, h, s, d)
+        k, v = uniform(b, hkv, s, d), uniform(b, hkv, s, d)
         cp_ctx = context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2], no_restore_buffers={q, k, v})
     with cp_ctx, sdpa_kernel([backend]):
         for t in (q, k, v):
             t.requires_grad_(True)
+        def attention():
+            kk, vv = k, v
+            if hkv != h:  # GQA: each K/V head serves h / hkv query heads (Llama's repeat_kv)
+                kk, vv = (t.repeat_interleave(h // hkv, dim=1) for t in (k, v))
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+
         # dout with the output's own layout (cuDNN's backward is picky about strides).
         with torch.no_grad():
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            dout = torch.randn_like(o)
+            o = attention()
+            dout = torch.empty_like(o).uniform_(-1, 1)
             del o
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
 
         def fwd():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            attention()
 
         def fwd_bwd():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out.backward(dout)
+            attention().backward(dout)
 
         t_fwd = median_seconds(fwd, iters, warmups(args.once))
         t_fb = median_seconds(fwd_bwd, iters, warmups(args.once))
@@ -131,6 +147,7 @@ def main():
     ap.add_argument("--seqs", default=DEFAULT_SEQS, help="total sequence lengths, comma-separated")
     ap.add_argument("--backend", default="cudnn", choices=sorted(BACKENDS))
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=0, help="K/V heads, dividing --heads (0: as many as heads)")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--max-seconds", type=float, default=400.0,
                     help="time budget for all S; an S estimated to overrun what is left is skipped")
@@ -156,13 +173,16 @@ def main():
         set_rotate(args.rotate)
     seqs = [int(x) for x in args.seqs.split(",") if x.strip()]
     b, h, d = 1, args.heads, args.head_dim
+    hkv = args.kv_heads or h
+    if hkv <= 0 or h % hkv:
+        ap.error(f"--kv-heads {args.kv_heads} must divide --heads {h}")
 
     def emit(obj):
         if rank == 0:
             print(json.dumps(obj), flush=True)
 
     emit(dict(kind="torch_cp_info", gpus=world, backend=args.backend, torch=torch.__version__,
-              device=torch.cuda.get_device_name(), heads=h, dim=d, inputs=args.inputs,
+              device=torch.cuda.get_device_name(), heads=h, kv_heads=hkv, dim=d, inputs=args.inputs,
               rotate=args.rotate or "default", max_seconds=args.max_seconds))
 
     prev = None  # (seq, fwd_s, fwdbwd_s) of the last S that ran
@@ -212,7 +232,7 @@ def main():
         prev = (s, t_fwd, t_fb)
         f = causal_flops(b, h, s, d)
         emit(dict(kind="torch_cp", gpus=world, backend=args.backend, seq=s, tokens_per_gpu=s // world,
-                  heads=h, dim=d, causal=True, inputs=args.inputs, iters=iterations_for(s, args.once),
+                  heads=h, kv_heads=hkv, dim=d, causal=True, inputs=args.inputs, iters=iterations_for(s, args.once),
                   warmups=warmups(args.once),
                   fwd_ms=t_fwd * 1e3, fwdbwd_ms=t_fb * 1e3,
                   fwd_tflops_per_gpu=f / t_fwd / 1e12 / world,
