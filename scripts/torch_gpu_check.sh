@@ -82,7 +82,8 @@ for stage in $stages; do
       if [ "$gpus" -lt 2 ]; then
         echo "SKIP multi: it needs 2 or more GPUs; this machine has $gpus"; continue
       fi
-      PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" SEQPAR_COMM_TIMEOUT_S=120 timeout "${CHECK_TIMEOUT:-560}" \
+      # PYTHONFAULTHANDLER: a crash at exit (seen once after every check passed) prints its stacks.
+      PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" SEQPAR_COMM_TIMEOUT_S=120 PYTHONFAULTHANDLER=1 timeout "${CHECK_TIMEOUT:-560}" \
         torchrun --standalone --nproc_per_node="$gpus" bench/torch_gpu_check.py --checks multi \
         --jsonl "$out/torch_gpu_check_multi.jsonl"
       [ "$?" = 0 ] || status=1 ;;
