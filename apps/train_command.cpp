@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "seqpar/nccl_comm.hpp"
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
 #ifdef SEQPAR_HAVE_CUDA
@@ -255,18 +256,34 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
 }  // namespace
 
 int run_train(const TrainCliOptions& c) {
+  const bool gpu = c.device == "cuda";
+  if (c.gpus != 0 && (!gpu || c.gpus < 1 || c.ranks_given)) {
+    std::fprintf(stderr, "seqpar train: error: --gpus %d: it takes a positive count with --device cuda, in place of "
+                         "--ranks (one rank per GPU)\n", c.gpus);
+    return 2;
+  }
   const bool under_mpi = launched_by_mpi();
+  // Under torchrun each process is one GPU rank, its NCCL communicator bootstrapped from the
+  // launcher's variables (as seqpar attn does).
+  const bool under_torchrun = !under_mpi && gpu && launched_by_torchrun();
   std::unique_ptr<Communicator> world;
-  if (under_mpi) {
-    auto comm = make_mpi_world_communicator();
+  if (under_mpi || under_torchrun) {
+    if (gpu && under_mpi) {
+      std::fprintf(stderr, "seqpar train: error: GPU training under mpirun is not built yet (use torchrun, or --gpus "
+                           "N for one process driving N GPUs)\n");
+      return 2;
+    }
+    if (under_torchrun) nccl_exit_process_on_failure(true);  // a lost peer must not hang this process
+    auto comm = under_mpi ? make_mpi_world_communicator() : make_nccl_communicator_env();
     if (!comm.ok()) {
       std::fprintf(stderr, "seqpar train: error: %s\n", comm.status().to_string().c_str());
       return 1;
     }
     world = std::move(comm).value();
   }
-  // On a GPU one rank is the default: more thread ranks share the one GPU (for testing schedules).
-  const int ranks = world ? world->size() : (c.device == "cuda" && !c.ranks_given ? 1 : c.ranks);
+  // On a GPU one rank is the default; --gpus N puts a rank on each of N GPUs; --ranks N makes N
+  // thread ranks share the one GPU (for testing schedules).
+  const int ranks = world ? world->size() : c.gpus > 0 ? c.gpus : (gpu && !c.ranks_given ? 1 : c.ranks);
   if (!world && (ranks < 1 || ranks > 256)) {
     std::fprintf(stderr, "seqpar train: error: --ranks must be between 1 and 256\n");
     return 2;
@@ -279,18 +296,16 @@ int run_train(const TrainCliOptions& c) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
   model::set_blas_threads(world || ranks == 1 ? threads : 1);
-  const bool gpu = c.device == "cuda";
+  if (c.gpus > 0) nccl_exit_process_on_failure(true);
   const auto rank_fn = [&](Communicator& comm) -> Status {
 #ifdef SEQPAR_HAVE_CUDA
     if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads);
 #endif
     return train_rank<Trainer>(comm, c, options.value(), threads);
   };
-  if (gpu && world) {
-    std::fprintf(stderr, "seqpar train: error: GPU training under mpirun is not built yet (thread ranks share GPU 0)\n");
-    return 2;
-  }
-  const Status s = world ? rank_fn(*world) : run_local_ranks(ranks, rank_fn);
+  const Status s = world         ? rank_fn(*world)
+                   : c.gpus > 0 ? run_nccl_local_ranks(c.gpus, rank_fn)
+                                : run_local_ranks(ranks, rank_fn);
   if (!s.ok()) {
     std::fprintf(stderr, "seqpar train: error: %s\n", s.to_string().c_str());
     if (world) world->abort(s.message());
@@ -319,8 +334,11 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   CLI::Option* ranks = cmd->add_option("--ranks", o.ranks,
                                        "sequence-parallel ranks (threads; cuda: default 1, more share GPU 0); under "
-                                       "mpirun: the process count")
+                                       "mpirun or torchrun: the process count")
                            ->capture_default_str();
+  cmd->add_option("--gpus", o.gpus,
+                  "cuda: N sequence-parallel ranks, one GPU each (a thread per GPU, NCCL between them), in place of "
+                  "--ranks; under torchrun each process is one GPU rank instead");
   cmd->add_option("--data-parallel", o.data_parallel,
                   "data-parallel groups: the ranks form this many groups of consecutive ranks, each with its own "
                   "--batch sequences split over its ranks")
@@ -358,8 +376,8 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "for bench/hf_llama_check.py");
   cmd->add_flag("--json", o.json, "print one JSON line per step in place of the text line");
   cmd->add_option("--device", o.device,
-                  "cpu, or cuda: bf16 on GPU 0 (more --ranks share it as threads); no ZeRO, data-parallel groups "
-                  "or checkpoint files there yet")
+                  "cpu, or cuda: bf16 on GPU 0 (more --ranks share it as threads; --gpus N or torchrun: a GPU per "
+                  "rank); no ZeRO, data-parallel groups or checkpoint files there yet")
       ->capture_default_str();
   cmd->add_option("--lm-head-chunk", o.lm_head_chunk,
                   "cuda: rows of logits the fused LM head + loss makes at once (0: all rows, an unfused head)")

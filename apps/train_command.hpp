@@ -1,6 +1,7 @@
 // `seqpar train`: trains the LLaMA-style model of include/seqpar/model.hpp with each sequence
-// split over the ranks (threads, or MPI processes under mpirun), printing a line per step, JSON
-// lines with --json, and the loss curve as an SVG at the end.
+// split over the ranks (threads, or MPI processes under mpirun; on GPUs, threads sharing GPU 0,
+// one thread per GPU with --gpus, or one process per GPU under torchrun), printing a line per
+// step, JSON lines with --json, and the loss curve as an SVG at the end.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@ struct TrainCliOptions {
   int64_t steps = 250;
   int ranks = 2;
   bool ranks_given = false;  // --ranks on the command line
+  int gpus = 0;              // cuda: > 0 ranks, one GPU each (threads, NCCL between them)
   int data_parallel = 1;
   int zero = 0;
   std::string algo = "auto";

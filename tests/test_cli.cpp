@@ -323,3 +323,12 @@ TEST(Cli, BadArgumentsFailClearly) {
 }
 
 }  // namespace
+
+TEST(Cli, TrainRefusesGpusWithoutCudaOrBesideRanks) {
+  // --gpus is a GPU rank count in place of --ranks: refused as a bad argument elsewhere.
+  for (const char* args : {"train --gpus 2", "train --device cuda --gpus 2 --ranks 2", "train --device cuda --gpus -1"}) {
+    const Result r = run_tool(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("--gpus"), std::string::npos) << args << "\n" << r.output;
+  }
+}

@@ -1,14 +1,17 @@
 // The GPU trainer against the CPU trainer (fp32) from the same weights and batch: the first
 // step's loss and every parameter's gradient agree within bf16 training's error; thread ranks
-// sharing the GPU agree with one rank; the checkpointing policies give the same loss; and a few
-// steps lower the loss. Skipped without a GPU.
+// sharing the GPU, and ranks on two GPUs (NCCL), agree with one rank; the checkpointing
+// policies give the same loss; and a few steps lower the loss. Skipped without a GPU (the
+// two-GPU case without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 
 #include "seqpar/gpu.hpp"
 #include "seqpar/gpu_trainer.hpp"
+#include "seqpar/nccl_comm.hpp"
 
 namespace seqpar {
 namespace {
@@ -28,10 +31,14 @@ struct Record {
   std::vector<float> first_gradient;
 };
 
+using Launcher = Status (*)(int, const std::function<Status(Communicator&)>&);
+
+// Trains on `ranks` ranks started by `launch`: threads sharing the GPU (run_local_ranks) or a
+// thread per GPU (run_nccl_local_ranks).
 template <class TrainerT>
-Status run(const TrainOptions& o, int ranks, Record* out) {
+Status run(const TrainOptions& o, int ranks, Record* out, Launcher launch = run_local_ranks) {
   std::mutex mu;
-  return run_local_ranks(ranks, [&](Communicator& comm) -> Status {
+  return launch(ranks, [&](Communicator& comm) -> Status {
     SP_ASSIGN_OR_RETURN(auto trainer, TrainerT::create(o, comm));
     while (trainer->steps_done() < o.steps) {
       StepReport r;
@@ -97,6 +104,19 @@ TEST_F(GpuTrain, RanksSharingTheGpuMatchOneRankAndPoliciesAgree) {
     EXPECT_NEAR(r.losses[0], one.losses[0], 1e-5 * one.losses[0]) << checkpointing_name(policy);
     EXPECT_LT(worst(o.model, r.first_gradient, one.first_gradient, &which), 1e-2) << checkpointing_name(policy) << " " << which;
   }
+}
+
+TEST_F(GpuTrain, RanksOnTwoGpusMatchOneRank) {
+  if (!nccl_available() || cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs and NCCL";
+  const TrainOptions o = options(3);
+  Record one, two;
+  ASSERT_TRUE(run<GpuTrainer>(o, 1, &one).ok());
+  const Status s = run<GpuTrainer>(o, 2, &two, run_nccl_local_ranks);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(two.losses.size(), one.losses.size());
+  for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-2 * one.losses[i]) << i;
+  std::string which;
+  EXPECT_LT(worst(o.model, two.first_gradient, one.first_gradient, &which), 5e-2) << which;
 }
 
 TEST_F(GpuTrain, LossFallsOverSteps) {
