@@ -165,8 +165,9 @@ Status load_state(GpuTrainer&, const std::string&) {
 const char* memory_label(const GpuTrainer&) { return "device peak"; }
 #endif
 
+// `gpus`: the GPUs the ranks run on (MFU is per GPU; thread ranks sharing one GPU count one).
 template <class TrainerT>
-Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads) {
+Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads, int gpus) {
   omp_set_num_threads(threads);
   const bool lead = comm.rank() == 0;
   SP_ASSIGN_OR_RETURN(std::unique_ptr<TrainerT> trainer, TrainerT::create(o, comm));
@@ -221,7 +222,8 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
         nlohmann::ordered_json line = j;
         if (c.device == "cuda") {
           line["device_peak_bytes"] = r.activation_bytes;
-          line["mfu_989"] = step_flops(o) / r.seconds / kPeakFlops;
+          line["gpus"] = gpus;
+          line["mfu_989"] = step_flops(o) / r.seconds / kPeakFlops / gpus;
         }
         std::printf("%s\n", line.dump().c_str());
       } else {
@@ -299,9 +301,9 @@ int run_train(const TrainCliOptions& c) {
   if (c.gpus > 0) nccl_exit_process_on_failure(true);
   const auto rank_fn = [&](Communicator& comm) -> Status {
 #ifdef SEQPAR_HAVE_CUDA
-    if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads);
+    if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads, world || c.gpus > 0 ? ranks : 1);
 #endif
-    return train_rank<Trainer>(comm, c, options.value(), threads);
+    return train_rank<Trainer>(comm, c, options.value(), threads, 0);
   };
   const Status s = world         ? rank_fn(*world)
                    : c.gpus > 0 ? run_nccl_local_ranks(c.gpus, rank_fn)
