@@ -1,0 +1,164 @@
+"""The PyTorch peer for `seqpar train` on several GPUs: the same 1B-shaped Llama (transformers'
+LlamaForCausalLM with our `--model 1b` preset's shape: vocab 128,256, hidden 2048, 16 layers,
+32 heads, 8 K/V heads, FFN 8192, tied head, RoPE theta 500,000), trained with what torchtitan
+combines for long sequences: FSDP2 (fully_shard per decoder layer and the root, bf16 compute,
+fp32 reductions and master weights) over the same ranks as context parallel (its ring
+attention over the cuDNN SDPA backend, the sequence load-balanced across the ranks), selective
+activation checkpointing (matrix products and attention outputs kept, the rest recomputed),
+torch.compile per decoder layer, and fused AdamW. The data are the bytes of a file as tokens
+(`seqpar train --data text:FILE`), one sequence of S tokens a step.
+
+Per step, rank 0 prints a JSON line: tokens/s, MFU per GPU with `seqpar train`'s count (6 N + 6
+L d S FLOPs a token against 989 TFLOP/s), and the peak memory of the worst rank
+(max_memory_allocated). Several --seqs try each S in turn (the longest trainable S: a rank that
+runs out of memory prints an error line and the job stops there).
+
+  torchrun --standalone --nproc_per_node=2 bench/torch_train_peer.py --seqs 65536 --steps 4
+
+GQA: transformers passes enable_gqa to SDPA, which context parallel's cuDNN path does not take;
+the script makes transformers repeat K/V instead (as it does for masks), so the ring carries the
+repeated K/V. Positions travel as a context-parallel buffer beside the tokens and labels, so RoPE
+sees each token's global position. Not yet run on a GPU as of this commit: its first run says
+whether torch.compile and context parallel go together here (--no-compile leaves it out).
+"""
+import os
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+PEAK = 989e12
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seqs", default="65536", help="sequence lengths to train, comma-separated, in turn")
+    p.add_argument("--steps", type=int, default=4, help="steps per S; the first is a warm-up (compilation)")
+    p.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "README.md"))
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    p.add_argument("--no-ac", action="store_true", help="leave out selective activation checkpointing")
+    return p.parse_args()
+
+
+def llama_1b():
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
+                       max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa")
+
+
+def selective_checkpoint(layer):
+    """Wraps a decoder layer's forward: keeps matrix products and attention outputs, recomputes the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    keep = {aten.mm.default, aten._scaled_dot_product_cudnn_attention.default,
+            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    forward = layer.forward
+
+    def wrapped(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False,
+                          context_fn=partial(create_selective_checkpoint_contexts, policy), **kwargs)
+
+    layer.forward = wrapped
+
+
+def main():
+    args = parse()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=120))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor.experimental import context_parallel
+    import transformers.integrations.sdpa_attention as hf_sdpa
+    from transformers import LlamaForCausalLM
+    hf_sdpa.use_gqa_in_sdpa = lambda *a, **k: False  # repeat K/V before SDPA (docstring)
+    # A rank's load-balanced positions jump between its two chunks, which transformers would read
+    # as packed sequences and mask; context parallel's ring applies the causal mask itself.
+    import transformers.masking_utils as hf_masks
+    if hasattr(hf_masks, "find_packed_sequence_indices"):
+        hf_masks.find_packed_sequence_indices = lambda *a, **k: None
+    mesh = init_device_mesh("cuda", (world,))
+
+    def emit(obj):
+        if rank == 0:
+            print(json.dumps(obj), flush=True)
+
+    torch.manual_seed(0)
+    config = llama_1b()
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        if not args.no_ac:
+            selective_checkpoint(layer)
+        if not args.no_compile:
+            layer.compile()
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, fused=True)
+    with open(args.data, "rb") as f:
+        data = torch.tensor(list(f.read()), dtype=torch.long)
+    emit(dict(kind="torch_train_info", gpus=world, torch=torch.__version__, device=torch.cuda.get_device_name(),
+              params=n_params, compile=not args.no_compile, selective_ac=not args.no_ac, fsdp=True,
+              context_parallel=world, sdpa="cudnn"))
+
+    for S in [int(s) for s in args.seqs.split(",") if s.strip()]:
+        reps = S // data.numel() + 2
+        tokens = data.repeat(reps)
+        flops = (6.0 * n_params + 6.0 * config.num_hidden_layers * config.hidden_size * S) * S
+        torch.cuda.reset_peak_memory_stats()
+        for step in range(args.steps):
+            start = (step * 4099) % (tokens.numel() - S - 1)
+            chunk = tokens[start:start + S + 1].cuda()
+            ids, labels = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # shifted before sharding
+            pos = torch.arange(S, device="cuda").unsqueeze(0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            try:
+                with context_parallel(mesh, buffers=[ids, labels, pos], buffer_seq_dims=[1, 1, 1]), \
+                        sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+                    # This rank's share of the sequence mean: the ranks' gradients sum to the whole's.
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / world
+                    del logits
+                    loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+            except Exception as e:  # out of memory, mostly: report and stop (peers may be waiting)
+                print(json.dumps(dict(kind="torch_train", seq=S, step=step, rank=rank,
+                                      error=f"{type(e).__name__}: {e}"[:300])), flush=True)
+                os._exit(3)
+            seconds = time.perf_counter() - t0
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            peak = torch.tensor([torch.cuda.max_memory_allocated()], device="cuda")
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+            emit(dict(kind="torch_train", gpus=world, seq=S, step=step, loss=total.item(), seconds=seconds,
+                      tokens_per_s=S / seconds, mfu_989=flops / seconds / PEAK / world,
+                      peak_GiB=peak.item() / 2**30))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
