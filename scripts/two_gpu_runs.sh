@@ -11,6 +11,10 @@
 #           such mask)
 #   tests   the GPU schedule tests (ctest -R GpuSchedule|GpuExecutor) and the kill-a-rank test;
 #           the Python module builds beside them (scripts/torch_gpu_check.sh build)
+#   train   the GPU trainer's tests (test_gpu_train: ranks on two GPUs against one rank), then the
+#           1B-shaped model (seqpar train --gpus N, attention checkpointing) against
+#           bench/torch_train_peer.py (FSDP2 + context parallel + selective AC + torch.compile; without
+#           compile if that fails) at TRAIN_SEQS (default 65536), 4 steps each
 #   python  seqpar.torch under torchrun on both GPUs against SDPA (torch_gpu_check.sh multi), and
 #           examples/hf_finetune.py at HF_SEQ tokens (default 131072) on both GPUs against the
 #           same training in one process with SDPA, bf16 and fp32 (bench/compare_loss_curves.py)
@@ -52,7 +56,7 @@ for stage in "${stages[@]}"; do
   stamp "stage $stage"
   case "$stage" in
     build)
-      OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="bench_gpu_ring seqpar_cli test_gpu_schedules" \
+      OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="${BUILD_TARGETS:-bench_gpu_ring seqpar_cli test_gpu_schedules test_gpu_train}" \
         within 420 bash scripts/gpu_check.sh build > "$scratch/build_stage.log" 2>&1
       rc=$?
       tail -n 5 "$scratch/build_stage.log"
@@ -89,6 +93,20 @@ for stage in "${stages[@]}"; do
       rc=$?
       grep -E "tests passed|Failed|\*\*\*|Total Test time|rank 0 exited" "$out/tests.log" | tail -n 30
       [ "$rc" = 0 ] || status=1 ;;
+    train)
+      (cd build-gpu && within 150 ./tests/test_gpu_train --gtest_brief=1 2>&1) | tee "$out/train_tests.log" | tail -n 15
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      f="$out/train.jsonl"
+      # The same bytes for both as tokens: the repository's text, repeated past the longest S.
+      txt="$scratch/train_text.txt"
+      for _ in 1 2 3 4 5 6 7 8; do cat README.md docs/RESULTS.md; done > "$txt"
+      for S in ${TRAIN_SEQS:-65536}; do
+        within 150 ./build-gpu/seqpar train --device cuda --gpus "$gpus" --model 1b --data "text:$txt" --seq "$S" \
+          --batch 1 --steps 4 --checkpointing attention --json | tee -a "$f" || status=1
+        within 240 torchrun --standalone --nproc_per_node="$gpus" bench/torch_train_peer.py --seqs "$S" --steps 4 \
+          --data "$txt" | tee -a "$f" || within 200 torchrun --standalone --nproc_per_node="$gpus" bench/torch_train_peer.py \
+          --seqs "$S" --steps 4 --data "$txt" --no-compile | tee -a "$f" || status=1
+      done ;;
     python)
       [ -n "$py_build_pid" ] && wait "$py_build_pid"
       OUT="$scratch" within 400 bash scripts/torch_gpu_check.sh build multi > "$scratch/python.log" 2>&1 || status=1
@@ -110,7 +128,7 @@ for stage in "${stages[@]}"; do
       cat "$hf"/*.jsonl > "$out/hf.jsonl"
       python3 bench/compare_loss_curves.py "$hf/ours.jsonl" "$hf/plain.jsonl" "$hf/oracle.jsonl" | tee "$out/hf.md" \
         || status=1 ;;
-    *) echo "unknown stage $stage (build, attn, gqa, tests, python)"; status=2 ;;
+    *) echo "unknown stage $stage (build, attn, gqa, tests, train, python)"; status=2 ;;
   esac
 done
 [ -n "$py_build_pid" ] && { stamp "waiting for the Python module's build"; wait "$py_build_pid"; \
