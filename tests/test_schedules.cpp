@@ -484,7 +484,14 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
     const BlockBytes bytes{1, H, Hkv, 128, DType::kBF16, DType::kF32, DType::kF32, false};
     return plan_attention({algo}, layout, causal, bytes, rank, device).value().head_groups;
   };
-  EXPECT_EQ(groups("ring", 2, 1024, 32, 32), 1);  // under the 256 MiB floor
+  EXPECT_EQ(groups("ring", 2, 1024, 32, 32), 1);  // under the 1 GiB floor
+  // 8K tokens a GPU (16K on two): every ring-family backward's peak is under the floor, so the
+  // two-rank schedules run whole, as the hand-written two-rank ring did.
+  for (const char* algo : {"ring", "ring-return", "burst", "burst-return", "auto"}) {
+    SCOPED_TRACE(algo);
+    EXPECT_EQ(groups(algo, 2, 8192, 32, 32), 1);
+    EXPECT_GT(groups(algo, 2, 16384, 32, 32), 1);  // 32K on two: 1.4-1.8 GiB whole, so split
+  }
   for (const char* algo : {"ring", "burst"}) {
     SCOPED_TRACE(algo);
     const int at_64k = groups(algo, 2, 65536, 32, 32);
