@@ -50,17 +50,30 @@ ring=./build-gpu/bench_gpu_ring
 peer() { within "$1" torchrun --standalone --nproc_per_node="$gpus" bench/torch_cp_peer.py "${@:2}"; }
 py_build_pid=""
 
+# The build (ninja: only what changed); the bench stages call it first when a binary is missing,
+# as on a fresh machine whose last call built elsewhere.
+build() {
+  OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="${BUILD_TARGETS:-bench_gpu_ring seqpar_cli test_gpu_schedules test_gpu_train}" \
+    within 420 bash scripts/gpu_check.sh build > "$scratch/build_stage.log" 2>&1
+  local rc=$?
+  tail -n 5 "$scratch/build_stage.log"
+  [ "$rc" = 0 ] || { echo "build failed ($rc)"; tail -n 40 "$scratch/build_stage.log"; return 1; }
+}
+built() {
+  [ -x "$ring" ] && [ -x ./build-gpu/seqpar ] && [ -x ./build-gpu/tests/test_gpu_train ] && [ -x ./build-gpu/tests/test_gpu_schedules ]
+}
+
 stages=("$@")
 [ ${#stages[@]} = 0 ] && stages=(build attn tests)
 for stage in "${stages[@]}"; do
   stamp "stage $stage"
+  if [[ "$stage" =~ ^(attn|gqa|tests|train)$ ]] && ! built; then
+    stamp "no build here yet: building first"
+    build || { status=1; break; }
+  fi
   case "$stage" in
     build)
-      OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="${BUILD_TARGETS:-bench_gpu_ring seqpar_cli test_gpu_schedules test_gpu_train}" \
-        within 420 bash scripts/gpu_check.sh build > "$scratch/build_stage.log" 2>&1
-      rc=$?
-      tail -n 5 "$scratch/build_stage.log"
-      [ "$rc" = 0 ] || { echo "build failed ($rc)"; tail -n 40 "$scratch/build_stage.log"; status=1; break; } ;;
+      build || { status=1; break; } ;;
     attn)
       f="$out/attn.jsonl"
       within 150 $ring --seqs 16384,65536,131072,262144,524288 --algos ring,burst,auto,ulysses \
