@@ -11,6 +11,9 @@
 #           such mask)
 #   tests   the GPU schedule tests (ctest -R GpuSchedule|GpuExecutor) and the kill-a-rank test;
 #           the Python module builds beside them (scripts/torch_gpu_check.sh build)
+#   lasp    LASP on GPUs (bench_gpu_lasp): the state chain against the all-gather on every GPU at
+#           1M-16M tokens until one does not fit, and the chain on one GPU the same way (the
+#           longest on one against the longest on all)
 #   train   the GPU trainer's tests (test_gpu_train: ranks on two GPUs against one rank), then the
 #           1B-shaped model (seqpar train --gpus N, attention checkpointing) against
 #           bench/torch_train_peer.py (FSDP2 + context parallel + selective AC + torch.compile; without
@@ -53,21 +56,22 @@ py_build_pid=""
 # The build (ninja: only what changed); the bench stages call it first when a binary is missing,
 # as on a fresh machine whose last call built elsewhere.
 build() {
-  OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="${BUILD_TARGETS:-bench_gpu_ring seqpar_cli test_gpu_schedules test_gpu_train}" \
+  OUT="$scratch" BUILD_JOBS="${BUILD_JOBS:-32}" BUILD_TARGETS="${BUILD_TARGETS:-bench_gpu_ring bench_gpu_lasp seqpar_cli test_gpu_schedules test_gpu_train test_gpu_lasp}" \
     within 420 bash scripts/gpu_check.sh build > "$scratch/build_stage.log" 2>&1
   local rc=$?
   tail -n 5 "$scratch/build_stage.log"
   [ "$rc" = 0 ] || { echo "build failed ($rc)"; tail -n 40 "$scratch/build_stage.log"; return 1; }
 }
 built() {
-  [ -x "$ring" ] && [ -x ./build-gpu/seqpar ] && [ -x ./build-gpu/tests/test_gpu_train ] && [ -x ./build-gpu/tests/test_gpu_schedules ]
+  [ -x "$ring" ] && [ -x ./build-gpu/bench_gpu_lasp ] && [ -x ./build-gpu/seqpar ] && [ -x ./build-gpu/tests/test_gpu_train ] &&
+    [ -x ./build-gpu/tests/test_gpu_schedules ] && [ -x ./build-gpu/tests/test_gpu_lasp ]
 }
 
 stages=("$@")
 [ ${#stages[@]} = 0 ] && stages=(build attn tests)
 for stage in "${stages[@]}"; do
   stamp "stage $stage"
-  if [[ "$stage" =~ ^(attn|gqa|tests|train)$ ]] && ! built; then
+  if [[ "$stage" =~ ^(attn|gqa|tests|train|lasp)$ ]] && ! built; then
     stamp "no build here yet: building first"
     build || { status=1; break; }
   fi
@@ -102,10 +106,15 @@ for stage in "${stages[@]}"; do
       OUT="$scratch" BUILD_JOBS=16 within 400 bash scripts/torch_gpu_check.sh build > "$scratch/py_build.log" 2>&1 &
       py_build_pid=$!
       (cd build-gpu && OMP_NUM_THREADS=8 within 240 ctest --output-on-failure -j 4 \
-        -R "GpuSchedule|GpuExecutor|gpu_kill_rank" 2>&1) > "$out/tests.log"
+        -R "GpuSchedule|GpuExecutor|GpuLasp|gpu_kill_rank" 2>&1) > "$out/tests.log"
       rc=$?
       grep -E "tests passed|Failed|\*\*\*|Total Test time|rank 0 exited" "$out/tests.log" | tail -n 30
       [ "$rc" = 0 ] || status=1 ;;
+    lasp)
+      f="$out/lasp.jsonl"
+      lasp_seqs=1048576,2097152,4194304,8388608,16777216
+      within 240 ./build-gpu/bench_gpu_lasp --seqs "$lasp_seqs" --algos lasp,lasp2 | tee -a "$f" || status=1
+      within 150 ./build-gpu/bench_gpu_lasp --gpus 1 --seqs "$lasp_seqs" --algos lasp | tee -a "$f" || status=1 ;;
     train)
       (cd build-gpu && within 150 ./tests/test_gpu_train --gtest_brief=1 2>&1) | tee "$out/train_tests.log" | tail -n 15
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -141,7 +150,7 @@ for stage in "${stages[@]}"; do
       cat "$hf"/*.jsonl > "$out/hf.jsonl"
       python3 bench/compare_loss_curves.py "$hf/ours.jsonl" "$hf/plain.jsonl" "$hf/oracle.jsonl" | tee "$out/hf.md" \
         || status=1 ;;
-    *) echo "unknown stage $stage (build, attn, gqa, tests, train, python)"; status=2 ;;
+    *) echo "unknown stage $stage (build, attn, gqa, tests, lasp, train, python)"; status=2 ;;
   esac
 done
 [ -n "$py_build_pid" ] && { stamp "waiting for the Python module's build"; wait "$py_build_pid"; \

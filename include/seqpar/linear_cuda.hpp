@@ -57,4 +57,18 @@ Status linear_attention_backward_cuda(const TensorView& q, const TensorView& k, 
                                       const TensorView& dstate_in,
                                       const LinearCudaOptions& options = {});
 
+// The pieces LASP adds once another rank's state is known (linear_attention.hpp's CPU
+// functions of the same names, on device tensors: rows bf16|fp16 with a contiguous last dim,
+// states fp32 contiguous), asynchronous on `stream`:
+//   o_i += scale lambda^(i+1) S_in^T q_i
+Status linear_add_state_term_cuda(const TensorView& q, const TensorView& state_in,
+                                  const LinearAttentionParams& params, const TensorView& o, void* stream);
+//   dk_j += sum_h lambda_h^(n-1-j) dS_out_h v_j,  dv_j += sum_h lambda_h^(n-1-j) dS_out_h^T k_j
+Status linear_add_dstate_term_cuda(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
+                                   const LinearAttentionParams& params, const TensorView& dk,
+                                   const TensorView& dv, void* stream);
+//   out = lambda_h^length carried + local (out may alias either)
+Status linear_state_combine_cuda(const TensorView& carried, const TensorView& local, int64_t length,
+                                 const LinearAttentionParams& params, const TensorView& out, void* stream);
+
 }  // namespace seqpar

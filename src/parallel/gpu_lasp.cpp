@@ -1,0 +1,220 @@
+// LASP on GPUs (include/seqpar/gpu_lasp.hpp): lasp.cpp's four passes over device tensors. The
+// states travel as fp32 device buffers; every kernel and transfer is ordered on the caller's
+// stream (a host-driven communicator gets the stream synchronised before a batch is posted).
+#include "seqpar/gpu_lasp.hpp"
+
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.hpp"
+
+namespace seqpar {
+namespace {
+
+const TensorView kZero{};  // an absent state or dState: the kernels read zeros
+
+TensorView state_view(void* data, const GpuLaspContext& c, int device) {
+  return TensorView::contiguous(data, DType::kF32, {c.batch, c.heads, c.dk, c.dv}, Device{DeviceKind::kCuda, device});
+}
+
+int64_t state_bytes(const GpuLaspContext& c) { return c.batch * c.heads * c.dk * c.dv * 4; }
+
+Status check_problem(const Communicator& comm, const Layout& layout, const TensorView& q, const TensorView& v) {
+  SP_CHECK_ARG(layout.kind() == LayoutKind::kContiguous,
+               std::string("LASP needs a contiguous layout, got ") + layout_name(layout.kind()));
+  SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is over " + std::to_string(layout.ranks()) +
+                                                  " ranks, the communicator has " + std::to_string(comm.size()));
+  SP_CHECK_ARG(q.ndim == 4 && v.ndim == 4 && q.shape[1] == layout.local_len(comm.rank()),
+               "q is " + q.shape_string() + " but rank " + std::to_string(comm.rank()) + " holds " +
+                   std::to_string(layout.local_len(comm.rank())) + " tokens");
+  SP_CHECK_ARG(q.device.kind == DeviceKind::kCuda, "LASP on GPUs takes device tensors");
+  SP_CHECK_SUPPORTED(comm.size() == 1 || comm.moves_device_buffers(),
+                     "the " + comm.backend_name() + " communicator cannot move device buffers (use NCCL or thread ranks)");
+  return Status::Ok();
+}
+
+// Starts a batch ordered after the work queued on `s` (host-driven backends: after it is done).
+StatusOr<std::unique_ptr<PendingExchange>> start_on(Communicator& comm, std::span<const SendSpec> sends,
+                                                    std::span<const RecvSpec> recvs, cudaStream_t s) {
+  if (!comm.stream_ordered()) SP_CUDA_CHECK(cudaStreamSynchronize(s));
+  comm.set_stream(s);
+  auto started = comm.start_exchange(sends, recvs);
+  comm.clear_stream();
+  return started;
+}
+
+// An all-gather of `bytes` from each rank, ordered on `s`.
+Status all_gather_on(Communicator& comm, const void* send, void* recv, size_t bytes, cudaStream_t s) {
+  comm.set_stream(s);
+  const Status done = comm.all_gather(send, recv, bytes);
+  comm.clear_stream();
+  return done;
+}
+
+LinearCudaOptions kernel_options(GpuLaspContext* ctx, cudaStream_t s) {
+  LinearCudaOptions o;
+  o.workspace = &ctx->kernel_workspace;
+  o.stream = s;
+  return o;
+}
+
+// Sizes the context's buffers for this problem: two states, and scratch for the local state
+// and (all-gather) every rank's contribution.
+Status prepare(GpuLaspContext* ctx, const TensorView& q, const TensorView& v, int ranks) {
+  ctx->batch = q.shape[0], ctx->heads = q.shape[2], ctx->dk = q.shape[3], ctx->dv = v.shape[3];
+  const size_t one = size_t(state_bytes(*ctx));
+  SP_RETURN_IF_ERROR(ctx->state_in.reserve(one));
+  SP_RETURN_IF_ERROR(ctx->state_out.reserve(one));
+  return ctx->scratch.reserve(one * (size_t(ranks) + 2));
+}
+
+Status chain_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                     const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                     GpuLaspContext* ctx, cudaStream_t s, int device) {
+  const int me = comm.rank(), last = comm.size() - 1;
+  const size_t bytes = size_t(state_bytes(*ctx));
+  const TensorView in = state_view(ctx->state_in.data(), *ctx, device),
+                   out = state_view(ctx->state_out.data(), *ctx, device),
+                   local = state_view(ctx->scratch.data(), *ctx, device);
+  std::unique_ptr<PendingExchange> incoming, outgoing;
+  if (me > 0) {
+    const RecvSpec from_prev{me - 1, in.data, bytes};
+    SP_ASSIGN_OR_RETURN(incoming, start_on(comm, {}, {&from_prev, 1}, s));
+  }
+  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
+  if (incoming) {
+    SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
+  } else {
+    SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
+    SP_CUDA_CHECK(cudaMemcpyAsync(out.data, local.data, bytes, cudaMemcpyDeviceToDevice, s));
+  }
+  if (me < last) {
+    const SendSpec to_next{me + 1, out.data, bytes};
+    SP_ASSIGN_OR_RETURN(outgoing, start_on(comm, {&to_next, 1}, {}, s));
+  }
+  if (me > 0) SP_RETURN_IF_ERROR(linear_add_state_term_cuda(q, in, params, o, s));
+  return outgoing ? outgoing->wait_on_stream(s) : Status::Ok();
+}
+
+Status allgather_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                         const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                         GpuLaspContext* ctx, cudaStream_t s, int device) {
+  const int me = comm.rank();
+  const size_t bytes = size_t(state_bytes(*ctx));
+  char* scratch = static_cast<char*>(ctx->scratch.data());
+  const TensorView in = state_view(ctx->state_in.data(), *ctx, device),
+                   out = state_view(ctx->state_out.data(), *ctx, device), local = state_view(scratch, *ctx, device);
+  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
+  char* gathered = scratch + bytes;
+  SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
+  SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
+  for (int r = 0; r < me; ++r)
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx, device),
+                                                 layout.local_len(r), params, in, s));
+  SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
+  return me > 0 ? linear_add_state_term_cuda(q, in, params, o, s) : Status::Ok();
+}
+
+// The backward's states in the scratch: this rank's own dState contribution (from a zero
+// arriving one), the dState arriving from later ranks, the one leaving for rank - 1; and the
+// forward's kept incoming state (none on rank 0).
+struct BackwardStates {
+  TensorView local, arriving, leaving, in;
+};
+BackwardStates backward_states(const GpuLaspContext& ctx, int me, int device) {
+  char* scratch = static_cast<char*>(ctx.scratch.data());
+  const size_t bytes = size_t(state_bytes(ctx));
+  return {state_view(scratch, ctx, device), state_view(scratch + bytes, ctx, device),
+          state_view(scratch + 2 * bytes, ctx, device), me > 0 ? state_view(ctx.state_in.data(), ctx, device) : kZero};
+}
+
+// dq is complete from the local pass (it needs the kept incoming state alone); dk, dv get the
+// arriving dState's terms.
+Status chain_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                      GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                      cudaStream_t s, int device) {
+  const int me = comm.rank(), last = comm.size() - 1;
+  const size_t bytes = size_t(state_bytes(*ctx));
+  const BackwardStates st = backward_states(*ctx, me, device);
+  const TensorView &local = st.local, &arriving = st.arriving, &leaving = st.leaving;
+  std::unique_ptr<PendingExchange> incoming, outgoing;
+  if (me < last) {
+    const RecvSpec from_next{me + 1, arriving.data, bytes};
+    SP_ASSIGN_OR_RETURN(incoming, start_on(comm, {}, {&from_next, 1}, s));
+  }
+  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
+                                                    kernel_options(ctx, s)));
+  if (incoming) SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
+  if (me > 0) {  // the dState entering this rank's tokens, for rank - 1
+    if (incoming) SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, local, layout.local_len(me), params, leaving, s));
+    const SendSpec to_prev{me - 1, incoming ? leaving.data : local.data, bytes};
+    SP_ASSIGN_OR_RETURN(outgoing, start_on(comm, {&to_prev, 1}, {}, s));
+  }
+  if (incoming) SP_RETURN_IF_ERROR(linear_add_dstate_term_cuda(k, v, arriving, params, dk, dv, s));
+  return outgoing ? outgoing->wait_on_stream(s) : Status::Ok();
+}
+
+Status allgather_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                          GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          cudaStream_t s, int device) {
+  const int me = comm.rank(), last = comm.size() - 1;
+  const size_t bytes = size_t(state_bytes(*ctx));
+  const BackwardStates st = backward_states(*ctx, me, device);
+  const TensorView &local = st.local, &arriving = st.arriving;
+  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
+                                                    kernel_options(ctx, s)));
+  char* gathered = static_cast<char*>(ctx->scratch.data()) + 2 * bytes;  // after local and arriving
+  SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
+  if (me == last) return Status::Ok();
+  SP_CUDA_CHECK(cudaMemsetAsync(arriving.data, 0, bytes, s));
+  for (int r = last; r > me; --r)
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, state_view(gathered + r * bytes, *ctx, device),
+                                                 layout.local_len(r), params, arriving, s));
+  return linear_add_dstate_term_cuda(k, v, arriving, params, dk, dv, s);
+}
+
+}  // namespace
+
+TensorView GpuLaspContext::state_in_view() const {
+  int device = 0;
+  cudaGetDevice(&device);
+  return state_view(state_in.data(), *this, device);
+}
+
+TensorView GpuLaspContext::state_out_view() const {
+  int device = 0;
+  cudaGetDevice(&device);
+  return state_view(state_out.data(), *this, device);
+}
+
+Status lasp_forward_gpu(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                        LaspAlgorithm algorithm, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, GpuLaspContext* ctx, void* stream) {
+  SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
+  PhaseScope phase(comm, Phase::kForward);
+  SP_RETURN_IF_ERROR(prepare(ctx, q, v, comm.size()));
+  ctx->algorithm = algorithm != LaspAlgorithm::kAuto ? algorithm
+                                                     : choose_lasp_algorithm(comm.size(), state_bytes(*ctx));
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (ctx->algorithm == LaspAlgorithm::kChain) return chain_forward(comm, layout, params, q, k, v, o, ctx, s, q.device.index);
+  return allgather_forward(comm, layout, params, q, k, v, o, ctx, s, q.device.index);
+}
+
+Status lasp_backward_gpu(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                         GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                         void* stream) {
+  SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
+  SP_CHECK_ARG(ctx->state_in.data() != nullptr && ctx->algorithm != LaspAlgorithm::kAuto && ctx->batch == q.shape[0] &&
+                   ctx->heads == q.shape[2],
+               "lasp_backward_gpu needs the context its forward filled");
+  PhaseScope phase(comm, Phase::kBackward);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (ctx->algorithm == LaspAlgorithm::kChain)
+    return chain_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s, q.device.index);
+  return allgather_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s, q.device.index);
+}
+
+}  // namespace seqpar

@@ -1,0 +1,185 @@
+// LASP on GPUs (seqpar/gpu_lasp.hpp): the state chain and the all-gather over P ranks, each
+// holding a contiguous shard on the device, gathered and held to the whole sequence's fp64
+// oracle under the bf16 rule (tests/linear_lowp.hpp's plain low-precision baseline, one call
+// over the whole sequence): outputs, the final state, and every gradient; the bytes each rank
+// sent equal lasp_expected_bytes of an fp32 state. Thread ranks share GPU 0 (P = 1, 2, 3, shards
+// of unequal length), and on two GPUs the NCCL communicator. Skipped without a GPU; the state
+// term kernels are also held one by one to their CPU versions.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "linear_lowp.hpp"
+#include "linear_test_util.hpp"
+#include "seqpar/gpu.hpp"
+#include "seqpar/gpu_lasp.hpp"
+#include "seqpar/nccl_comm.hpp"
+
+namespace seqpar {
+namespace {
+
+using testing::cast;
+using testing::LinearProblem;
+
+// Rank `rank`'s rows of a [B, S, H, D] host tensor.
+HostTensor shard_of(const Layout& layout, int rank, const HostTensor& t) {
+  const TensorView& v = t.view();
+  HostTensor local(v.dtype, {v.shape[0], layout.local_len(rank), v.shape[2], v.shape[3]});
+  EXPECT_TRUE(layout.shard(v, 1, rank, local.view()).ok());
+  return local;
+}
+
+struct Gathered {
+  HostTensor o, dq, dk, dv, final_state;
+  std::string failure;
+};
+
+using Launcher = Status (*)(int, const std::function<Status(Communicator&)>&);
+
+// Each rank runs its shard's forward and backward; results land in the whole-sequence tensors.
+Gathered run_lasp(const LinearProblem& p, LaspAlgorithm algorithm, int ranks, Launcher launch,
+                  const testing::LinearInputs& in, DType dtype) {
+  Gathered g{HostTensor(dtype, {p.batch, p.seq, p.heads, p.dv}), HostTensor(dtype, {p.batch, p.seq, p.heads, p.dk}),
+             HostTensor(dtype, {p.batch, p.seq, p.kv_heads, p.dk}),
+             HostTensor(dtype, {p.batch, p.seq, p.kv_heads, p.dv}), HostTensor(DType::kF32, {p.batch, p.heads, p.dk, p.dv}), {}};
+  std::mutex mu;
+  const Layout layout = Layout::create(LayoutKind::kContiguous, p.seq, ranks).value();
+  const Status s = launch(ranks, [&](Communicator& comm) -> Status {
+    const int me = comm.rank();
+    const int64_t n = layout.local_len(me);
+    SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(shard_of(layout, me, in.q)));
+    SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(shard_of(layout, me, in.k)));
+    SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(shard_of(layout, me, in.v)));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(shard_of(layout, me, in.dout)));
+    SP_ASSIGN_OR_RETURN(DeviceTensor o, device_zeros(dtype, {p.batch, n, p.heads, p.dv}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(dtype, {p.batch, n, p.heads, p.dk}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_zeros(dtype, {p.batch, n, p.kv_heads, p.dk}));
+    SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_zeros(dtype, {p.batch, n, p.kv_heads, p.dv}));
+    GpuLaspContext ctx;
+    comm.reset_counters();
+    SP_RETURN_IF_ERROR(lasp_forward_gpu(comm, layout, p.params(), algorithm, q.view, k.view, v.view, o.view, &ctx,
+                                        nullptr));
+    SP_RETURN_IF_ERROR(lasp_backward_gpu(comm, layout, p.params(), &ctx, q.view, k.view, v.view, dout.view, dq.view,
+                                         dk.view, dv.view, nullptr));
+    SP_RETURN_IF_ERROR(comm.synchronize(nullptr));
+    const LaspTraffic want = lasp_expected_bytes(
+        ctx.algorithm, comm.size(), me, lasp_state_bytes(p.batch, p.heads, p.dk, p.dv, DType::kF32));
+    SP_CHECK_ARG(comm.counters().sent(Phase::kForward) == want.forward &&
+                     comm.counters().sent(Phase::kBackward) == want.backward,
+                 "rank " + std::to_string(me) + " sent " + std::to_string(comm.counters().sent(Phase::kForward)) +
+                     " + " + std::to_string(comm.counters().sent(Phase::kBackward)) + " bytes, expected " +
+                     std::to_string(want.forward) + " + " + std::to_string(want.backward));
+    SP_ASSIGN_OR_RETURN(HostTensor ho, to_host(o.view));
+    SP_ASSIGN_OR_RETURN(HostTensor hdq, to_host(dq.view));
+    SP_ASSIGN_OR_RETURN(HostTensor hdk, to_host(dk.view));
+    SP_ASSIGN_OR_RETURN(HostTensor hdv, to_host(dv.view));
+    SP_ASSIGN_OR_RETURN(HostTensor state, to_host(ctx.state_out_view()));
+    std::lock_guard lock(mu);
+    for (auto [local, whole] : {std::pair{&ho, &g.o}, {&hdq, &g.dq}, {&hdk, &g.dk}, {&hdv, &g.dv}})
+      SP_RETURN_IF_ERROR(layout.unshard(local->view(), 1, me, whole->view()));
+    if (me == comm.size() - 1) g.final_state = std::move(state);
+    return Status::Ok();
+  });
+  if (!s.ok()) g.failure = s.to_string();
+  return g;
+}
+
+// "" when every result meets the bf16 rule against the whole sequence's oracle.
+std::string check(const LinearProblem& p, const testing::LinearInputs& in, const Gathered& g, DType dtype) {
+  auto oracle = linear_attention_reference(in.q.view(), in.k.view(), in.v.view(), {}, in.dout.view(), {}, p.params(),
+                                           LinearOracleForm::kRecurrent);
+  if (!oracle.ok()) return oracle.status().to_string();
+  const LinearReferenceResult plain =
+      testing::plain_lowp_linear(in.q, in.k, in.v, nullptr, &in.dout, nullptr, p.params(), dtype);
+  std::string why;
+  const auto add = [&](const char* what, const HostTensor& got, const HostTensor& base, const HostTensor& ref,
+                       DType rounding) {
+    const std::string w = testing::check_lowp_rule(what, cast(got, DType::kF64), base, ref, rounding);
+    if (!w.empty()) why += w + "\n";
+  };
+  add("O", g.o, plain.o, oracle->o, dtype);
+  add("final state", g.final_state, plain.state_out, oracle->state_out, DType::kF32);
+  add("dQ", g.dq, plain.dq, oracle->dq, dtype);
+  add("dK", g.dk, plain.dk, oracle->dk, dtype);
+  add("dV", g.dv, plain.dv, oracle->dv, dtype);
+  return why;
+}
+
+LinearProblem problem() {
+  LinearProblem p;
+  p.batch = 1, p.seq = 1000, p.heads = 4, p.kv_heads = 2, p.dk = 64, p.dv = 128;
+  p.decay = {0.999, 0.9, 0.5, 0.99};
+  p.scale = 0.125;
+  return p;
+}
+
+class GpuLasp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  }
+};
+
+TEST_F(GpuLasp, ThreadRanksSharingTheGpuMeetTheRule) {
+  const LinearProblem p = problem();
+  const testing::LinearInputs in = testing::make_linear_inputs(p, DType::kBF16, 7);
+  for (LaspAlgorithm algo : {LaspAlgorithm::kChain, LaspAlgorithm::kAllGather})
+    for (int ranks : {1, 2, 3}) {
+      SCOPED_TRACE(std::string(lasp_algorithm_name(algo)) + " P=" + std::to_string(ranks));
+      const Gathered g = run_lasp(p, algo, ranks, run_local_ranks, in, DType::kBF16);
+      ASSERT_EQ(g.failure, "");
+      EXPECT_EQ(check(p, in, g, DType::kBF16), "");
+    }
+}
+
+TEST_F(GpuLasp, RanksOnTwoGpusMeetTheRule) {
+  if (!nccl_available() || cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs and NCCL";
+  LinearProblem p = problem();
+  p.seq = 4096;
+  const testing::LinearInputs in = testing::make_linear_inputs(p, DType::kBF16, 11);
+  for (LaspAlgorithm algo : {LaspAlgorithm::kChain, LaspAlgorithm::kAllGather}) {
+    SCOPED_TRACE(lasp_algorithm_name(algo));
+    const Gathered g = run_lasp(p, algo, 2, run_nccl_local_ranks, in, DType::kBF16);
+    ASSERT_EQ(g.failure, "");
+    EXPECT_EQ(check(p, in, g, DType::kBF16), "");
+  }
+}
+
+// The state-term kernels one by one against their CPU versions (fp32 rows there).
+TEST_F(GpuLasp, StateTermKernelsMatchTheCpu) {
+  LinearProblem p = problem();
+  p.seq = 300;
+  const testing::LinearInputs in = testing::make_linear_inputs(p, DType::kBF16, 3);
+  const HostTensor S = cast(in.state_in, DType::kF32), G = cast(in.dstate_out, DType::kF32);
+  HostTensor o = cast(in.dout, DType::kF32), dk = cast(in.k, DType::kF32), dv = cast(in.v, DType::kF32);
+  // The GPU's rows start as the bf16 values the CPU's fp32 rows hold.
+  ASSERT_TRUE(linear_attention_add_state_term(cast(in.q, DType::kF32).view(), S.view(), p.params(), o.view()).ok());
+  ASSERT_TRUE(linear_attention_add_dstate_term(cast(in.k, DType::kF32).view(), cast(in.v, DType::kF32).view(),
+                                               G.view(), p.params(), dk.view(), dv.view())
+                  .ok());
+  HostTensor combined(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
+  ASSERT_TRUE(linear_state_combine(S.view(), G.view(), 123, p.params(), combined.view()).ok());
+
+  auto q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), go = to_device(in.dout), gdk = to_device(in.k),
+       gdv = to_device(in.v), s = to_device(S), g = to_device(G);
+  auto out = device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
+  for (auto* t : {&q, &k, &v, &go, &gdk, &gdv, &s, &g, &out}) ASSERT_TRUE(t->ok());
+  ASSERT_TRUE(linear_add_state_term_cuda(q->view, s->view, p.params(), go->view, nullptr).ok());
+  ASSERT_TRUE(linear_add_dstate_term_cuda(k->view, v->view, g->view, p.params(), gdk->view, gdv->view, nullptr).ok());
+  ASSERT_TRUE(linear_state_combine_cuda(s->view, g->view, 123, p.params(), out->view, nullptr).ok());
+  // bf16 rows: one rounding of the result (2^-8 relative) plus fp32 sums in another order.
+  const auto rel = [](const HostTensor& got, const HostTensor& want) {
+    const HostTensor a = cast(got, DType::kF64), b = cast(want, DType::kF64);
+    return testing::max_abs_diff(a, b) / std::max(testing::max_abs(b), 1e-30);
+  };
+  EXPECT_LT(rel(to_host(go->view).value(), o), 8e-3);
+  EXPECT_LT(rel(to_host(gdk->view).value(), dk), 8e-3);
+  EXPECT_LT(rel(to_host(gdv->view).value(), dv), 8e-3);
+  EXPECT_LT(rel(to_host(out->view).value(), combined), 1e-5);
+}
+
+}  // namespace
+}  // namespace seqpar
