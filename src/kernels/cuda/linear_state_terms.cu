@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/cuda_check.hpp"
+#include "kernels/cuda/linear_state_terms.hpp"
 #include "seqpar/linear_cuda.hpp"
 
 namespace seqpar {
@@ -39,28 +40,31 @@ struct RowsTimesStates {
   HeadDecays decays;
 };
 
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
+__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__host__ __device__ inline float to_float(__half x) { return __half2float(x); }
 template <class Elem>
-__device__ inline Elem from_float(float x);
+__host__ __device__ inline Elem from_float(float x);
 template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <>
-__device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+__host__ __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
 
+// One block's work in two halves, shared by the kernel and its host replay: the tile of input
+// rows [row0, row0 + kRows) of (b, g) into `tile` (elements first, first + step, ...), then
+// output column x of those rows.
 template <class Elem>
-__global__ void rows_times_states(const RowsTimesStates p) {
-  __shared__ float tile[kRows][kMaxDim];
-  const int row0 = blockIdx.x * kRows;
-  const int b = blockIdx.y / p.in_heads, g = blockIdx.y % p.in_heads;
+__host__ __device__ void load_tile(const RowsTimesStates& p, int b, int g, int row0, int first, int step,
+                                   float (*tile)[kMaxDim]) {
   const Elem* in = static_cast<const Elem*>(p.in) + b * p.in_strides[0] + g * p.in_strides[2];
-  for (int e = threadIdx.x; e < kRows * p.ydim; e += blockDim.x) {
+  for (int e = first; e < kRows * p.ydim; e += step) {
     const int r = e / p.ydim, y = e % p.ydim, i = row0 + r;
     tile[r][y] = i < p.rows ? to_float(in[int64_t(i) * p.in_strides[1] + y]) : 0.f;
   }
-  __syncthreads();
-  const int x = threadIdx.x;
-  if (x >= p.xdim) return;
+}
+
+template <class Elem>
+__host__ __device__ void update_column(const RowsTimesStates& p, int b, int g, int row0, int x,
+                                       const float (*tile)[kMaxDim]) {
   float acc[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
   for (int h = g * p.group; h < (g + 1) * p.group; ++h) {
@@ -72,7 +76,7 @@ __global__ void rows_times_states(const RowsTimesStates p) {
       for (int r = 0; r < kRows; ++r) part[r] += m * tile[r][y];
     }
     const float l2 = p.decays.log2_inv_decay[h];
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kRows && row0 + r < p.rows; ++r) {
       const int i = row0 + r;
       const float dist = p.forward_distance ? float(i + 1) : float(p.rows - 1 - i);
       acc[r] += p.coef * exp2f(-l2 * dist) * part[r];
@@ -85,6 +89,27 @@ __global__ void rows_times_states(const RowsTimesStates p) {
   }
 }
 
+template <class Elem>
+__global__ void rows_times_states(const RowsTimesStates p) {
+  __shared__ float tile[kRows][kMaxDim];
+  const int row0 = blockIdx.x * kRows, b = blockIdx.y / p.in_heads, g = blockIdx.y % p.in_heads;
+  load_tile<Elem>(p, b, g, row0, threadIdx.x, blockDim.x, tile);
+  __syncthreads();
+  if (int(threadIdx.x) < p.xdim) update_column<Elem>(p, b, g, row0, threadIdx.x, tile);
+}
+
+// The kernel's blocks one after another on the host, for tests on machines without a GPU.
+template <class Elem>
+void rows_times_states_on_host(const RowsTimesStates& p) {
+  static float tile[kRows][kMaxDim];
+  for (int by = 0; by < p.batch * p.in_heads; ++by)
+    for (int row0 = 0; row0 < p.rows; row0 += kRows) {
+      const int b = by / p.in_heads, g = by % p.in_heads;
+      load_tile<Elem>(p, b, g, row0, 0, 1, tile);
+      for (int x = 0; x < p.xdim; ++x) update_column<Elem>(p, b, g, row0, x, tile);
+    }
+}
+
 // out = lambda_h^length carried + local, elementwise over [B, H, d_k, d_v].
 __global__ void combine_states(const float* carried, const float* local, float* out, int64_t elems, int heads,
                                int64_t per_head, float length, const HeadDecays decays) {
@@ -95,19 +120,22 @@ __global__ void combine_states(const float* carried, const float* local, float* 
 }
 
 Status check_rows(const char* name, const TensorView& t, DType dtype, int64_t batch, int64_t rows, int64_t heads,
-                  int64_t dim) {
-  const bool ok = t.device.kind == DeviceKind::kCuda && t.dtype == dtype && t.ndim == 4 && t.strides[3] == 1 &&
+                  int64_t dim, bool on_device) {
+  const bool ok = (t.device.kind == DeviceKind::kCuda) == on_device && t.dtype == dtype && t.ndim == 4 && t.strides[3] == 1 &&
                   t.shape[0] == batch && t.shape[1] == rows && t.shape[2] == heads && t.shape[3] == dim;
-  SP_CHECK_ARG(ok, std::string(name) + " must be a device tensor [" + std::to_string(batch) + ", " +
+  SP_CHECK_ARG(ok, std::string(name) + " must be a " + (on_device ? "device" : "host") + " tensor [" +
+                       std::to_string(batch) + ", " +
                        std::to_string(rows) + ", " + std::to_string(heads) + ", " + std::to_string(dim) + "] " +
                        dtype_name(dtype) + " with a contiguous last dim; got " + t.shape_string());
   return Status::Ok();
 }
 
-Status check_states(const char* name, const TensorView& t, int64_t batch, int64_t heads, int64_t dk, int64_t dv) {
-  const bool ok = t.device.kind == DeviceKind::kCuda && t.dtype == DType::kF32 && t.ndim == 4 && t.is_contiguous() &&
+Status check_states(const char* name, const TensorView& t, int64_t batch, int64_t heads, int64_t dk, int64_t dv,
+                    bool on_device) {
+  const bool ok = (t.device.kind == DeviceKind::kCuda) == on_device && t.dtype == DType::kF32 && t.ndim == 4 && t.is_contiguous() &&
                   t.shape[0] == batch && t.shape[1] == heads && t.shape[2] == dk && t.shape[3] == dv;
-  SP_CHECK_ARG(ok, std::string(name) + " must be a contiguous fp32 device tensor [" + std::to_string(batch) + ", " +
+  SP_CHECK_ARG(ok, std::string(name) + " must be a contiguous fp32 " + (on_device ? "device" : "host") +
+                       " tensor [" + std::to_string(batch) + ", " +
                        std::to_string(heads) + ", " + std::to_string(dk) + ", " + std::to_string(dv) + "]; got " +
                        t.shape_string());
   return Status::Ok();
@@ -120,9 +148,15 @@ Status fill_decays(const LinearAttentionParams& params, int64_t heads, HeadDecay
   return Status::Ok();
 }
 
-Status launch(const RowsTimesStates& p, DType dtype, void* stream) {
+// On the device, asynchronous on `stream`; else the host replay.
+Status launch(const RowsTimesStates& p, DType dtype, void* stream, bool on_device) {
   SP_CHECK_SUPPORTED(p.xdim <= kMaxDim && p.ydim <= kMaxDim, "head dims up to " + std::to_string(kMaxDim));
   if (p.rows == 0 || p.batch == 0) return Status::Ok();
+  if (!on_device) {
+    if (dtype == DType::kBF16) rows_times_states_on_host<__nv_bfloat16>(p);
+    else rows_times_states_on_host<__half>(p);
+    return Status::Ok();
+  }
   const dim3 grid(unsigned((p.rows + kRows - 1) / kRows), unsigned(p.batch * p.in_heads));
   const int threads = ((std::max(p.xdim, 32) + 31) / 32) * 32;
   auto s = static_cast<cudaStream_t>(stream);
@@ -136,16 +170,14 @@ void set_strides(const TensorView& t, int64_t* s) {
   for (int i = 0; i < 3; ++i) s[i] = t.strides[i];
 }
 
-}  // namespace
-
-Status linear_add_state_term_cuda(const TensorView& q, const TensorView& state_in,
-                                  const LinearAttentionParams& params, const TensorView& o, void* stream) {
+Status add_state_term(const TensorView& q, const TensorView& state_in, const LinearAttentionParams& params,
+                      const TensorView& o, void* stream, bool on_device) {
   SP_CHECK_ARG(q.ndim == 4 && o.ndim == 4, "q and o must be [B, S, H, D]");
   SP_CHECK_SUPPORTED(q.dtype == DType::kBF16 || q.dtype == DType::kF16, "bf16 or fp16 rows");
   const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], dk = q.shape[3], dv = o.shape[3];
-  SP_RETURN_IF_ERROR(check_rows("q", q, q.dtype, B, n, H, dk));
-  SP_RETURN_IF_ERROR(check_rows("o", o, q.dtype, B, n, H, dv));
-  SP_RETURN_IF_ERROR(check_states("state_in", state_in, B, H, dk, dv));
+  SP_RETURN_IF_ERROR(check_rows("q", q, q.dtype, B, n, H, dk, on_device));
+  SP_RETURN_IF_ERROR(check_rows("o", o, q.dtype, B, n, H, dv, on_device));
+  SP_RETURN_IF_ERROR(check_states("state_in", state_in, B, H, dk, dv, on_device));
   RowsTimesStates p{};
   SP_RETURN_IF_ERROR(fill_decays(params, H, &p.decays));
   p.in = q.data, p.out = o.data, p.states = static_cast<const float*>(state_in.data);
@@ -153,22 +185,23 @@ Status linear_add_state_term_cuda(const TensorView& q, const TensorView& state_i
   p.batch = int(B), p.rows = int(n), p.in_heads = int(H), p.group = 1, p.heads = int(H);
   p.xdim = int(dv), p.ydim = int(dk), p.transposed = true, p.forward_distance = true;  // S[y = a, x = c]
   p.coef = float(params.scale);
-  return launch(p, q.dtype, stream);
+  return launch(p, q.dtype, stream, on_device);
 }
 
-Status linear_add_dstate_term_cuda(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
-                                   const LinearAttentionParams& params, const TensorView& dk,
-                                   const TensorView& dv, void* stream) {
+Status add_dstate_term(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
+                       const LinearAttentionParams& params, const TensorView& dk, const TensorView& dv, void* stream,
+                       bool on_device) {
   SP_CHECK_ARG(k.ndim == 4 && v.ndim == 4 && dstate_out.ndim == 4,
                "k, v must be [B, S, H_kv, D] and dstate_out [B, H, d_k, d_v]");
   SP_CHECK_SUPPORTED(k.dtype == DType::kBF16 || k.dtype == DType::kF16, "bf16 or fp16 rows");
   const int64_t B = k.shape[0], n = k.shape[1], Hkv = k.shape[2], Dk = k.shape[3], Dv = v.shape[3],
                 H = dstate_out.shape[1];
   SP_CHECK_ARG(Hkv >= 1 && H % Hkv == 0, "dstate_out's heads must be a multiple of the K/V heads");
-  SP_RETURN_IF_ERROR(check_rows("v", v, k.dtype, B, n, Hkv, Dv));
-  SP_RETURN_IF_ERROR(check_rows("dk", dk, k.dtype, B, n, Hkv, Dk));
-  SP_RETURN_IF_ERROR(check_rows("dv", dv, k.dtype, B, n, Hkv, Dv));
-  SP_RETURN_IF_ERROR(check_states("dstate_out", dstate_out, B, H, Dk, Dv));
+  SP_RETURN_IF_ERROR(check_rows("k", k, k.dtype, B, n, Hkv, Dk, on_device));
+  SP_RETURN_IF_ERROR(check_rows("v", v, k.dtype, B, n, Hkv, Dv, on_device));
+  SP_RETURN_IF_ERROR(check_rows("dk", dk, k.dtype, B, n, Hkv, Dk, on_device));
+  SP_RETURN_IF_ERROR(check_rows("dv", dv, k.dtype, B, n, Hkv, Dv, on_device));
+  SP_RETURN_IF_ERROR(check_states("dstate_out", dstate_out, B, H, Dk, Dv, on_device));
   RowsTimesStates p{};
   SP_RETURN_IF_ERROR(fill_decays(params, H, &p.decays));
   p.states = static_cast<const float*>(dstate_out.data);
@@ -177,11 +210,35 @@ Status linear_add_dstate_term_cuda(const TensorView& k, const TensorView& v, con
   // dk_j[a] += w sum_c G[a, c] v_j[c]: x = a, y = c, M = G[x, y].
   p.in = v.data, p.out = dk.data, p.xdim = int(Dk), p.ydim = int(Dv), p.transposed = false;
   set_strides(v, p.in_strides), set_strides(dk, p.out_strides);
-  SP_RETURN_IF_ERROR(launch(p, k.dtype, stream));
+  SP_RETURN_IF_ERROR(launch(p, k.dtype, stream, on_device));
   // dv_j[c] += w sum_a G[a, c] k_j[a]: x = c, y = a, M = G[y, x].
   p.in = k.data, p.out = dv.data, p.xdim = int(Dv), p.ydim = int(Dk), p.transposed = true;
   set_strides(k, p.in_strides), set_strides(dv, p.out_strides);
-  return launch(p, k.dtype, stream);
+  return launch(p, k.dtype, stream, on_device);
+}
+
+}  // namespace
+
+Status linear_add_state_term_cuda(const TensorView& q, const TensorView& state_in,
+                                  const LinearAttentionParams& params, const TensorView& o, void* stream) {
+  return add_state_term(q, state_in, params, o, stream, true);
+}
+
+Status linear_add_dstate_term_cuda(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
+                                   const LinearAttentionParams& params, const TensorView& dk,
+                                   const TensorView& dv, void* stream) {
+  return add_dstate_term(k, v, dstate_out, params, dk, dv, stream, true);
+}
+
+Status linear_add_state_term_host_replay(const TensorView& q, const TensorView& state_in,
+                                         const LinearAttentionParams& params, const TensorView& o) {
+  return add_state_term(q, state_in, params, o, nullptr, false);
+}
+
+Status linear_add_dstate_term_host_replay(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
+                                          const LinearAttentionParams& params, const TensorView& dk,
+                                          const TensorView& dv) {
+  return add_dstate_term(k, v, dstate_out, params, dk, dv, nullptr, false);
 }
 
 Status linear_state_combine_cuda(const TensorView& carried, const TensorView& local, int64_t length,
@@ -189,7 +246,7 @@ Status linear_state_combine_cuda(const TensorView& carried, const TensorView& lo
   SP_CHECK_ARG(carried.ndim == 4 && length >= 0, "states must be [B, H, d_k, d_v] and the length non-negative");
   const int64_t B = carried.shape[0], H = carried.shape[1], Dk = carried.shape[2], Dv = carried.shape[3];
   for (const auto& [name, t] : {std::pair{"carried", &carried}, {"local", &local}, {"out", &out}})
-    SP_RETURN_IF_ERROR(check_states(name, *t, B, H, Dk, Dv));
+    SP_RETURN_IF_ERROR(check_states(name, *t, B, H, Dk, Dv, true));
   HeadDecays decays{};
   SP_RETURN_IF_ERROR(fill_decays(params, H, &decays));
   const int64_t elems = B * H * Dk * Dv;
