@@ -27,6 +27,7 @@ namespace seqpar {
 struct GpuLaspContext {
   LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what ran (never kAuto)
   int64_t batch = 0, heads = 0, dk = 0, dv = 0;
+  int ranks = 0;
   DeviceBuffer state_in;   // fp32 [B, H, d_k, d_v]: the state entering this rank's tokens
   DeviceBuffer state_out;  // leaving them (the last rank's is the sequence's final state)
   DeviceBuffer scratch;    // local states and dStates, gathered contributions
@@ -34,6 +35,12 @@ struct GpuLaspContext {
   TensorView state_in_view() const;
   TensorView state_out_view() const;
 };
+
+// Checks the inputs and sizes every buffer of ctx for this problem on `ranks` ranks. The
+// forward does it too; a caller that must know whether the problem fits before any rank
+// communicates (a benchmark at the edge of memory) calls it first on every rank.
+Status lasp_reserve_gpu(GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const LinearAttentionParams& params, int ranks);
 
 // Forward on this rank: writes o and fills *ctx.
 Status lasp_forward_gpu(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,

@@ -5,7 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "core/cuda_check.hpp"
+#include "kernels/cuda/linear_host.hpp"
 
 namespace seqpar {
 namespace {
@@ -57,15 +60,31 @@ LinearCudaOptions kernel_options(GpuLaspContext* ctx, cudaStream_t s) {
   return o;
 }
 
-// Sizes the context's buffers for this problem: two states, and scratch for the local state
-// and (all-gather) every rank's contribution.
-Status prepare(GpuLaspContext* ctx, const TensorView& q, const TensorView& v, int ranks) {
-  ctx->batch = q.shape[0], ctx->heads = q.shape[2], ctx->dk = q.shape[3], ctx->dv = v.shape[3];
+}  // namespace
+
+// Every buffer the passes use, sized once: two states, the scratch (the local state, the
+// arriving and leaving dStates, and with the all-gather every rank's contribution), and the
+// kernels' workspace at the backward's size (the forward's is smaller), so no pass grows a
+// buffer mid-schedule. The inputs are checked here, before any rank posts a transfer.
+Status lasp_reserve_gpu(GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const LinearAttentionParams& params, int ranks) {
+  cuda::LinearCudaDims d;
+  SP_RETURN_IF_ERROR(cuda::check_linear_cuda(q, k, v, params, &d));
+  int device = 0;
+  SP_CUDA_CHECK(cudaGetDevice(&device));
+  SP_CHECK_ARG(q.device.index == device, "q is on GPU " + std::to_string(q.device.index) + " but the current device is " +
+                                             std::to_string(device));
+  ctx->batch = d.batch, ctx->heads = d.heads, ctx->dk = d.dk, ctx->dv = d.dv, ctx->ranks = ranks;
   const size_t one = size_t(state_bytes(*ctx));
   SP_RETURN_IF_ERROR(ctx->state_in.reserve(one));
   SP_RETURN_IF_ERROR(ctx->state_out.reserve(one));
-  return ctx->scratch.reserve(one * (size_t(ranks) + 2));
+  SP_RETURN_IF_ERROR(ctx->scratch.reserve(one * (size_t(ranks) + 2)));
+  const cuda::LinearPlan plan = cuda::plan_linear(d, 0);
+  const size_t floats = std::max(cuda::linear_forward_workspace(d, plan), cuda::linear_backward_workspace(d, plan));
+  return ctx->kernel_workspace.reserve(std::max<size_t>(floats * sizeof(float), 256));
 }
+
+namespace {
 
 Status chain_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                      const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -105,8 +124,8 @@ Status allgather_forward(Communicator& comm, const Layout& layout, const LinearA
   const TensorView in = state_view(ctx->state_in.data(), *ctx, device),
                    out = state_view(ctx->state_out.data(), *ctx, device), local = state_view(scratch, *ctx, device);
   SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
-  char* gathered = scratch + bytes;
-  SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
+  char* gathered = scratch + bytes;  // rank r's contribution at r * bytes (none needed with one rank)
+  if (comm.size() > 1) SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
   SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
   for (int r = 0; r < me; ++r)
     SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx, device),
@@ -166,7 +185,7 @@ Status allgather_backward(Communicator& comm, const Layout& layout, const Linear
   SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
                                                     kernel_options(ctx, s)));
   char* gathered = static_cast<char*>(ctx->scratch.data()) + 2 * bytes;  // after local and arriving
-  SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
+  if (comm.size() > 1) SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
   if (me == last) return Status::Ok();
   SP_CUDA_CHECK(cudaMemsetAsync(arriving.data, 0, bytes, s));
   for (int r = last; r > me; --r)
@@ -194,7 +213,7 @@ Status lasp_forward_gpu(Communicator& comm, const Layout& layout, const LinearAt
                         const TensorView& o, GpuLaspContext* ctx, void* stream) {
   SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
   PhaseScope phase(comm, Phase::kForward);
-  SP_RETURN_IF_ERROR(prepare(ctx, q, v, comm.size()));
+  SP_RETURN_IF_ERROR(lasp_reserve_gpu(ctx, q, k, v, params, comm.size()));
   ctx->algorithm = algorithm != LaspAlgorithm::kAuto ? algorithm
                                                      : choose_lasp_algorithm(comm.size(), state_bytes(*ctx));
   const auto s = static_cast<cudaStream_t>(stream);
@@ -208,8 +227,10 @@ Status lasp_backward_gpu(Communicator& comm, const Layout& layout, const LinearA
                          void* stream) {
   SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
   SP_CHECK_ARG(ctx->state_in.data() != nullptr && ctx->algorithm != LaspAlgorithm::kAuto && ctx->batch == q.shape[0] &&
-                   ctx->heads == q.shape[2],
-               "lasp_backward_gpu needs the context its forward filled");
+                   ctx->heads == q.shape[2] && ctx->dk == q.shape[3] && ctx->dv == v.shape[3] &&
+                   ctx->ranks == comm.size(),
+               "lasp_backward_gpu needs the context its forward filled for this problem and communicator");
+  SP_RETURN_IF_ERROR(lasp_reserve_gpu(ctx, q, k, v, params, comm.size()));  // checks; no growth after the forward
   PhaseScope phase(comm, Phase::kBackward);
   const auto s = static_cast<cudaStream_t>(stream);
   if (ctx->algorithm == LaspAlgorithm::kChain)
