@@ -265,17 +265,18 @@ int run_train(const TrainCliOptions& c) {
     return 2;
   }
   const bool under_mpi = launched_by_mpi();
+  if (gpu && under_mpi) {
+    std::fprintf(stderr, "seqpar train: error: GPU training under mpirun is not built yet (use torchrun, or --gpus "
+                         "N for one process driving N GPUs)\n");
+    return 2;
+  }
   // Under torchrun each process is one GPU rank, its NCCL communicator bootstrapped from the
   // launcher's variables (as seqpar attn does).
   const bool under_torchrun = !under_mpi && gpu && launched_by_torchrun();
+  // A GPU rank per device: a lost peer must end this process rather than hang it.
+  if (under_torchrun || c.gpus > 0) nccl_exit_process_on_failure(true);
   std::unique_ptr<Communicator> world;
   if (under_mpi || under_torchrun) {
-    if (gpu && under_mpi) {
-      std::fprintf(stderr, "seqpar train: error: GPU training under mpirun is not built yet (use torchrun, or --gpus "
-                           "N for one process driving N GPUs)\n");
-      return 2;
-    }
-    if (under_torchrun) nccl_exit_process_on_failure(true);  // a lost peer must not hang this process
     auto comm = under_mpi ? make_mpi_world_communicator() : make_nccl_communicator_env();
     if (!comm.ok()) {
       std::fprintf(stderr, "seqpar train: error: %s\n", comm.status().to_string().c_str());
@@ -298,7 +299,6 @@ int run_train(const TrainCliOptions& c) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
   model::set_blas_threads(world || ranks == 1 ? threads : 1);
-  if (c.gpus > 0) nccl_exit_process_on_failure(true);
   const auto rank_fn = [&](Communicator& comm) -> Status {
 #ifdef SEQPAR_HAVE_CUDA
     if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads, world || c.gpus > 0 ? ranks : 1);

@@ -57,6 +57,7 @@ Status run_one(Communicator& comm, const Options& opt, int64_t N, LaspAlgorithm 
   }
   const int64_t tensors = device_memory_stats(device).current;  // the peak counts what comes after
   GpuLaspContext ctx;  // its states, scratch and kernel workspace too, before any rank communicates
+  // The shapes here are valid by construction, so a failure is memory.
   if (fits) fits = lasp_reserve_gpu(&ctx, t[0].view, t[1].view, t[2].view, params, P).ok();
   (void)cudaGetLastError();
   double short_of_memory = fits ? 0 : 1;  // every rank must agree before any communicates

@@ -27,7 +27,7 @@ namespace seqpar {
 struct GpuLaspContext {
   LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what ran (never kAuto)
   int64_t batch = 0, heads = 0, dk = 0, dv = 0;
-  int ranks = 0;
+  int ranks = 0, device = 0;  // the communicator's size and the GPU the buffers are on
   DeviceBuffer state_in;   // fp32 [B, H, d_k, d_v]: the state entering this rank's tokens
   DeviceBuffer state_out;  // leaving them (the last rank's is the sequence's final state)
   DeviceBuffer scratch;    // local states and dStates, gathered contributions

@@ -15,8 +15,8 @@ namespace {
 
 const TensorView kZero{};  // an absent state or dState: the kernels read zeros
 
-TensorView state_view(void* data, const GpuLaspContext& c, int device) {
-  return TensorView::contiguous(data, DType::kF32, {c.batch, c.heads, c.dk, c.dv}, Device{DeviceKind::kCuda, device});
+TensorView state_view(void* data, const GpuLaspContext& c) {
+  return TensorView::contiguous(data, DType::kF32, {c.batch, c.heads, c.dk, c.dv}, Device{DeviceKind::kCuda, c.device});
 }
 
 int64_t state_bytes(const GpuLaspContext& c) { return c.batch * c.heads * c.dk * c.dv * 4; }
@@ -60,40 +60,14 @@ LinearCudaOptions kernel_options(GpuLaspContext* ctx, cudaStream_t s) {
   return o;
 }
 
-}  // namespace
-
-// Every buffer the passes use, sized once: two states, the scratch (the local state, the
-// arriving and leaving dStates, and with the all-gather every rank's contribution), and the
-// kernels' workspace at the backward's size (the forward's is smaller), so no pass grows a
-// buffer mid-schedule. The inputs are checked here, before any rank posts a transfer.
-Status lasp_reserve_gpu(GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                        const LinearAttentionParams& params, int ranks) {
-  cuda::LinearCudaDims d;
-  SP_RETURN_IF_ERROR(cuda::check_linear_cuda(q, k, v, params, &d));
-  int device = 0;
-  SP_CUDA_CHECK(cudaGetDevice(&device));
-  SP_CHECK_ARG(q.device.index == device, "q is on GPU " + std::to_string(q.device.index) + " but the current device is " +
-                                             std::to_string(device));
-  ctx->batch = d.batch, ctx->heads = d.heads, ctx->dk = d.dk, ctx->dv = d.dv, ctx->ranks = ranks;
-  const size_t one = size_t(state_bytes(*ctx));
-  SP_RETURN_IF_ERROR(ctx->state_in.reserve(one));
-  SP_RETURN_IF_ERROR(ctx->state_out.reserve(one));
-  SP_RETURN_IF_ERROR(ctx->scratch.reserve(one * (size_t(ranks) + 2)));
-  const cuda::LinearPlan plan = cuda::plan_linear(d, 0);
-  const size_t floats = std::max(cuda::linear_forward_workspace(d, plan), cuda::linear_backward_workspace(d, plan));
-  return ctx->kernel_workspace.reserve(std::max<size_t>(floats * sizeof(float), 256));
-}
-
-namespace {
-
 Status chain_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                      const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                     GpuLaspContext* ctx, cudaStream_t s, int device) {
+                     GpuLaspContext* ctx, cudaStream_t s) {
   const int me = comm.rank(), last = comm.size() - 1;
   const size_t bytes = size_t(state_bytes(*ctx));
-  const TensorView in = state_view(ctx->state_in.data(), *ctx, device),
-                   out = state_view(ctx->state_out.data(), *ctx, device),
-                   local = state_view(ctx->scratch.data(), *ctx, device);
+  const TensorView in = state_view(ctx->state_in.data(), *ctx),
+                   out = state_view(ctx->state_out.data(), *ctx),
+                   local = state_view(ctx->scratch.data(), *ctx);
   std::unique_ptr<PendingExchange> incoming, outgoing;
   if (me > 0) {
     const RecvSpec from_prev{me - 1, in.data, bytes};
@@ -117,18 +91,18 @@ Status chain_forward(Communicator& comm, const Layout& layout, const LinearAtten
 
 Status allgather_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                          const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                         GpuLaspContext* ctx, cudaStream_t s, int device) {
+                         GpuLaspContext* ctx, cudaStream_t s) {
   const int me = comm.rank();
   const size_t bytes = size_t(state_bytes(*ctx));
   char* scratch = static_cast<char*>(ctx->scratch.data());
-  const TensorView in = state_view(ctx->state_in.data(), *ctx, device),
-                   out = state_view(ctx->state_out.data(), *ctx, device), local = state_view(scratch, *ctx, device);
+  const TensorView in = state_view(ctx->state_in.data(), *ctx),
+                   out = state_view(ctx->state_out.data(), *ctx), local = state_view(scratch, *ctx);
   SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
   char* gathered = scratch + bytes;  // rank r's contribution at r * bytes (none needed with one rank)
   if (comm.size() > 1) SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
   SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
   for (int r = 0; r < me; ++r)
-    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx, device),
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx),
                                                  layout.local_len(r), params, in, s));
   SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
   return me > 0 ? linear_add_state_term_cuda(q, in, params, o, s) : Status::Ok();
@@ -140,11 +114,11 @@ Status allgather_forward(Communicator& comm, const Layout& layout, const LinearA
 struct BackwardStates {
   TensorView local, arriving, leaving, in;
 };
-BackwardStates backward_states(const GpuLaspContext& ctx, int me, int device) {
+BackwardStates backward_states(const GpuLaspContext& ctx, int me) {
   char* scratch = static_cast<char*>(ctx.scratch.data());
   const size_t bytes = size_t(state_bytes(ctx));
-  return {state_view(scratch, ctx, device), state_view(scratch + bytes, ctx, device),
-          state_view(scratch + 2 * bytes, ctx, device), me > 0 ? state_view(ctx.state_in.data(), ctx, device) : kZero};
+  return {state_view(scratch, ctx), state_view(scratch + bytes, ctx),
+          state_view(scratch + 2 * bytes, ctx), me > 0 ? state_view(ctx.state_in.data(), ctx) : kZero};
 }
 
 // dq is complete from the local pass (it needs the kept incoming state alone); dk, dv get the
@@ -152,10 +126,10 @@ BackwardStates backward_states(const GpuLaspContext& ctx, int me, int device) {
 Status chain_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                       GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                      cudaStream_t s, int device) {
+                      cudaStream_t s) {
   const int me = comm.rank(), last = comm.size() - 1;
   const size_t bytes = size_t(state_bytes(*ctx));
-  const BackwardStates st = backward_states(*ctx, me, device);
+  const BackwardStates st = backward_states(*ctx, me);
   const TensorView &local = st.local, &arriving = st.arriving, &leaving = st.leaving;
   std::unique_ptr<PendingExchange> incoming, outgoing;
   if (me < last) {
@@ -177,10 +151,10 @@ Status chain_backward(Communicator& comm, const Layout& layout, const LinearAtte
 Status allgather_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                           GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                          cudaStream_t s, int device) {
+                          cudaStream_t s) {
   const int me = comm.rank(), last = comm.size() - 1;
   const size_t bytes = size_t(state_bytes(*ctx));
-  const BackwardStates st = backward_states(*ctx, me, device);
+  const BackwardStates st = backward_states(*ctx, me);
   const TensorView &local = st.local, &arriving = st.arriving;
   SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
                                                     kernel_options(ctx, s)));
@@ -189,24 +163,38 @@ Status allgather_backward(Communicator& comm, const Layout& layout, const Linear
   if (me == last) return Status::Ok();
   SP_CUDA_CHECK(cudaMemsetAsync(arriving.data, 0, bytes, s));
   for (int r = last; r > me; --r)
-    SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, state_view(gathered + r * bytes, *ctx, device),
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, state_view(gathered + r * bytes, *ctx),
                                                  layout.local_len(r), params, arriving, s));
   return linear_add_dstate_term_cuda(k, v, arriving, params, dk, dv, s);
 }
 
 }  // namespace
 
-TensorView GpuLaspContext::state_in_view() const {
+TensorView GpuLaspContext::state_in_view() const { return state_view(state_in.data(), *this); }
+TensorView GpuLaspContext::state_out_view() const { return state_view(state_out.data(), *this); }
+
+// Every buffer the passes use, sized once: two states, the scratch (the local state, the
+// arriving and leaving dStates, and with the all-gather every rank's contribution), and the
+// kernels' workspace at the backward's size (the forward's is smaller), so no pass grows a
+// buffer mid-schedule. The inputs are checked here, before any rank posts a transfer.
+Status lasp_reserve_gpu(GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const LinearAttentionParams& params, int ranks) {
+  cuda::LinearCudaDims d;
+  SP_RETURN_IF_ERROR(cuda::check_linear_cuda(q, k, v, params, &d));
   int device = 0;
-  cudaGetDevice(&device);
-  return state_view(state_in.data(), *this, device);
+  SP_CUDA_CHECK(cudaGetDevice(&device));
+  SP_CHECK_ARG(q.device.index == device, "q is on GPU " + std::to_string(q.device.index) + " but the current device is " +
+                                             std::to_string(device));
+  ctx->batch = d.batch, ctx->heads = d.heads, ctx->dk = d.dk, ctx->dv = d.dv, ctx->ranks = ranks, ctx->device = device;
+  const size_t one = size_t(state_bytes(*ctx));
+  SP_RETURN_IF_ERROR(ctx->state_in.reserve(one));
+  SP_RETURN_IF_ERROR(ctx->state_out.reserve(one));
+  SP_RETURN_IF_ERROR(ctx->scratch.reserve(one * (size_t(ranks) + 2)));
+  const cuda::LinearPlan plan = cuda::plan_linear(d, 0);
+  const size_t floats = std::max(cuda::linear_forward_workspace(d, plan), cuda::linear_backward_workspace(d, plan));
+  return ctx->kernel_workspace.reserve(std::max<size_t>(floats * sizeof(float), 256));
 }
 
-TensorView GpuLaspContext::state_out_view() const {
-  int device = 0;
-  cudaGetDevice(&device);
-  return state_view(state_out.data(), *this, device);
-}
 
 Status lasp_forward_gpu(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                         LaspAlgorithm algorithm, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -217,8 +205,8 @@ Status lasp_forward_gpu(Communicator& comm, const Layout& layout, const LinearAt
   ctx->algorithm = algorithm != LaspAlgorithm::kAuto ? algorithm
                                                      : choose_lasp_algorithm(comm.size(), state_bytes(*ctx));
   const auto s = static_cast<cudaStream_t>(stream);
-  if (ctx->algorithm == LaspAlgorithm::kChain) return chain_forward(comm, layout, params, q, k, v, o, ctx, s, q.device.index);
-  return allgather_forward(comm, layout, params, q, k, v, o, ctx, s, q.device.index);
+  if (ctx->algorithm == LaspAlgorithm::kChain) return chain_forward(comm, layout, params, q, k, v, o, ctx, s);
+  return allgather_forward(comm, layout, params, q, k, v, o, ctx, s);
 }
 
 Status lasp_backward_gpu(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
@@ -234,8 +222,8 @@ Status lasp_backward_gpu(Communicator& comm, const Layout& layout, const LinearA
   PhaseScope phase(comm, Phase::kBackward);
   const auto s = static_cast<cudaStream_t>(stream);
   if (ctx->algorithm == LaspAlgorithm::kChain)
-    return chain_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s, q.device.index);
-  return allgather_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s, q.device.index);
+    return chain_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s);
+  return allgather_backward(comm, layout, params, ctx, q, k, v, dout, dq, dk, dv, s);
 }
 
 }  // namespace seqpar

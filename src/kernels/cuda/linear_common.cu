@@ -101,6 +101,11 @@ Status reserve_workspace(const LinearCudaOptions& options, DeviceBuffer* local, 
   return Status::Ok();
 }
 
+void fill_decays(const LinearAttentionParams& params, int64_t heads, float* log2_inv_decay) {
+  for (int64_t h = 0; h < heads; ++h)
+    log2_inv_decay[h] = static_cast<float>(std::log2(1.0 / head_decay(params, h)));
+}
+
 // ---- the steps of one call ------------------------------------------------------------------
 
 namespace {
@@ -110,11 +115,6 @@ struct Operand {
   TensorView t;
   int64_t head_div = 1;
 };
-
-void fill_decays(const LinearAttentionParams& params, int64_t heads, float* log2_inv_decay) {
-  for (int64_t h = 0; h < heads; ++h)
-    log2_inv_decay[h] = static_cast<float>(std::log2(1.0 / head_decay(params, h)));
-}
 
 // A span-local state sweep (output = false) of b and c into `states`, or an output sweep of
 // (a, b, c) from the scanned `states` read with strides (ld_b, ld_c) into out's rows.

@@ -35,6 +35,8 @@ Status check_linear_cuda_rows(const char* name, const TensorView& t, const Linea
                               int64_t dim, bool on_device = true);
 
 LinearPlan plan_linear(const LinearCudaDims& d, int64_t chunks_per_span);
+// log2(1 / lambda_h) of each query head, as the kernels carry it (fp32).
+void fill_decays(const LinearAttentionParams& params, int64_t heads, float* log2_inv_decay);
 
 // fp32 workspace (elements) of each call, and its steps over a workspace at `ws`. Empty views
 // (state_in, state_out, o, dstate_out, dstate_in) are zero or not written, as in the API.

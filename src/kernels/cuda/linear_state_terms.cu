@@ -7,23 +7,23 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
 #include <string>
+#include <tuple>
 
 #include "core/cuda_check.hpp"
+#include "kernels/cuda/linear_host.hpp"
 #include "kernels/cuda/linear_state_terms.hpp"
 #include "seqpar/linear_cuda.hpp"
 
 namespace seqpar {
 namespace {
 
-constexpr int kRows = 32;        // rows of a block's tile
-constexpr int kMaxHeads = 256;   // as the linear kernels
+constexpr int kRows = 32;  // rows of a block's tile
 constexpr int kMaxDim = 128;
 
-// log2(1 / lambda_h) per query head, fp32 as the linear kernels carry it.
+// log2(1 / lambda_h) per query head (cuda::fill_decays), as the linear kernels carry them.
 struct HeadDecays {
-  float log2_inv_decay[kMaxHeads];
+  float log2_inv_decay[cuda::kLinearMaxHeads];
 };
 
 // out[b, i, g, x] += sum over the state heads h of group g: coef * lambda_h^dist(i) *
@@ -119,33 +119,18 @@ __global__ void combine_states(const float* carried, const float* local, float* 
   }
 }
 
-Status check_rows(const char* name, const TensorView& t, DType dtype, int64_t batch, int64_t rows, int64_t heads,
-                  int64_t dim, bool on_device) {
-  const bool ok = (t.device.kind == DeviceKind::kCuda) == on_device && t.dtype == dtype && t.ndim == 4 && t.strides[3] == 1 &&
-                  t.shape[0] == batch && t.shape[1] == rows && t.shape[2] == heads && t.shape[3] == dim;
-  SP_CHECK_ARG(ok, std::string(name) + " must be a " + (on_device ? "device" : "host") + " tensor [" +
-                       std::to_string(batch) + ", " +
-                       std::to_string(rows) + ", " + std::to_string(heads) + ", " + std::to_string(dim) + "] " +
-                       dtype_name(dtype) + " with a contiguous last dim; got " + t.shape_string());
-  return Status::Ok();
-}
-
-Status check_states(const char* name, const TensorView& t, int64_t batch, int64_t heads, int64_t dk, int64_t dv,
-                    bool on_device) {
-  const bool ok = (t.device.kind == DeviceKind::kCuda) == on_device && t.dtype == DType::kF32 && t.ndim == 4 && t.is_contiguous() &&
-                  t.shape[0] == batch && t.shape[1] == heads && t.shape[2] == dk && t.shape[3] == dv;
-  SP_CHECK_ARG(ok, std::string(name) + " must be a contiguous fp32 " + (on_device ? "device" : "host") +
-                       " tensor [" + std::to_string(batch) + ", " +
-                       std::to_string(heads) + ", " + std::to_string(dk) + ", " + std::to_string(dv) + "]; got " +
-                       t.shape_string());
-  return Status::Ok();
-}
-
-Status fill_decays(const LinearAttentionParams& params, int64_t heads, HeadDecays* d) {
-  SP_CHECK_SUPPORTED(heads <= kMaxHeads, "at most " + std::to_string(kMaxHeads) + " query heads");
+// The heads (<= the kernels' maximum) and their decays.
+Status decays_of(const LinearAttentionParams& params, int64_t heads, HeadDecays* d) {
+  SP_CHECK_SUPPORTED(heads <= cuda::kLinearMaxHeads, "at most " + std::to_string(cuda::kLinearMaxHeads) + " query heads");
   SP_RETURN_IF_ERROR(validate_linear_params(params, heads));
-  for (int64_t h = 0; h < heads; ++h) d->log2_inv_decay[h] = float(std::log2(1.0 / head_decay(params, h)));
+  cuda::fill_decays(params, heads, d->log2_inv_decay);
   return Status::Ok();
+}
+
+// A present state, checked as the linear kernels check theirs.
+Status check_state(const char* name, const TensorView& t, const cuda::LinearCudaDims& d, bool on_device) {
+  SP_CHECK_ARG(t.data != nullptr, std::string(name) + " is null");
+  return cuda::check_linear_cuda_state(name, t, d, on_device);
 }
 
 // On the device, asynchronous on `stream`; else the host replay.
@@ -175,11 +160,12 @@ Status add_state_term(const TensorView& q, const TensorView& state_in, const Lin
   SP_CHECK_ARG(q.ndim == 4 && o.ndim == 4, "q and o must be [B, S, H, D]");
   SP_CHECK_SUPPORTED(q.dtype == DType::kBF16 || q.dtype == DType::kF16, "bf16 or fp16 rows");
   const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], dk = q.shape[3], dv = o.shape[3];
-  SP_RETURN_IF_ERROR(check_rows("q", q, q.dtype, B, n, H, dk, on_device));
-  SP_RETURN_IF_ERROR(check_rows("o", o, q.dtype, B, n, H, dv, on_device));
-  SP_RETURN_IF_ERROR(check_states("state_in", state_in, B, H, dk, dv, on_device));
+  const cuda::LinearCudaDims d{B, n, H, H, dk, dv, q.dtype};
+  SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("q", q, d, H, dk, on_device));
+  SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("o", o, d, H, dv, on_device));
+  SP_RETURN_IF_ERROR(check_state("state_in", state_in, d, on_device));
   RowsTimesStates p{};
-  SP_RETURN_IF_ERROR(fill_decays(params, H, &p.decays));
+  SP_RETURN_IF_ERROR(decays_of(params, H, &p.decays));
   p.in = q.data, p.out = o.data, p.states = static_cast<const float*>(state_in.data);
   set_strides(q, p.in_strides), set_strides(o, p.out_strides);
   p.batch = int(B), p.rows = int(n), p.in_heads = int(H), p.group = 1, p.heads = int(H);
@@ -197,13 +183,12 @@ Status add_dstate_term(const TensorView& k, const TensorView& v, const TensorVie
   const int64_t B = k.shape[0], n = k.shape[1], Hkv = k.shape[2], Dk = k.shape[3], Dv = v.shape[3],
                 H = dstate_out.shape[1];
   SP_CHECK_ARG(Hkv >= 1 && H % Hkv == 0, "dstate_out's heads must be a multiple of the K/V heads");
-  SP_RETURN_IF_ERROR(check_rows("k", k, k.dtype, B, n, Hkv, Dk, on_device));
-  SP_RETURN_IF_ERROR(check_rows("v", v, k.dtype, B, n, Hkv, Dv, on_device));
-  SP_RETURN_IF_ERROR(check_rows("dk", dk, k.dtype, B, n, Hkv, Dk, on_device));
-  SP_RETURN_IF_ERROR(check_rows("dv", dv, k.dtype, B, n, Hkv, Dv, on_device));
-  SP_RETURN_IF_ERROR(check_states("dstate_out", dstate_out, B, H, Dk, Dv, on_device));
+  const cuda::LinearCudaDims d{B, n, H, Hkv, Dk, Dv, k.dtype};
+  for (const auto& [name, t, dim] : {std::tuple{"k", &k, Dk}, {"v", &v, Dv}, {"dk", &dk, Dk}, {"dv", &dv, Dv}})
+    SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows(name, *t, d, Hkv, dim, on_device));
+  SP_RETURN_IF_ERROR(check_state("dstate_out", dstate_out, d, on_device));
   RowsTimesStates p{};
-  SP_RETURN_IF_ERROR(fill_decays(params, H, &p.decays));
+  SP_RETURN_IF_ERROR(decays_of(params, H, &p.decays));
   p.states = static_cast<const float*>(dstate_out.data);
   p.batch = int(B), p.rows = int(n), p.in_heads = int(Hkv), p.group = int(H / Hkv), p.heads = int(H);
   p.forward_distance = false, p.coef = 1.f;
@@ -245,10 +230,11 @@ Status linear_state_combine_cuda(const TensorView& carried, const TensorView& lo
                                  const LinearAttentionParams& params, const TensorView& out, void* stream) {
   SP_CHECK_ARG(carried.ndim == 4 && length >= 0, "states must be [B, H, d_k, d_v] and the length non-negative");
   const int64_t B = carried.shape[0], H = carried.shape[1], Dk = carried.shape[2], Dv = carried.shape[3];
+  const cuda::LinearCudaDims d{B, 0, H, H, Dk, Dv, DType::kF32};
   for (const auto& [name, t] : {std::pair{"carried", &carried}, {"local", &local}, {"out", &out}})
-    SP_RETURN_IF_ERROR(check_states(name, *t, B, H, Dk, Dv, true));
+    SP_RETURN_IF_ERROR(check_state(name, *t, d, true));
   HeadDecays decays{};
-  SP_RETURN_IF_ERROR(fill_decays(params, H, &decays));
+  SP_RETURN_IF_ERROR(decays_of(params, H, &decays));
   const int64_t elems = B * H * Dk * Dv;
   if (elems == 0) return Status::Ok();
   const unsigned blocks = unsigned(std::min<int64_t>((elems + 255) / 256, 4096));
