@@ -4,19 +4,16 @@
 // over the whole sequence): outputs, the final state, and every gradient; the bytes each rank
 // sent equal lasp_expected_bytes of an fp32 state. Thread ranks share GPU 0 (P = 1, 2, 3, shards
 // of unequal length), and on two GPUs the NCCL communicator. Skipped without a GPU. The state
-// term kernels are also held one by one to their CPU versions: on the GPU, and everywhere
-// through a host replay of their block code (with a wrong decay caught, so the check can fail).
+// combine is also held to its CPU version.
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "linear_lowp.hpp"
 #include "linear_test_util.hpp"
-#include "kernels/cuda/linear_state_terms.hpp"
 #include "seqpar/gpu.hpp"
 #include "seqpar/gpu_lasp.hpp"
 #include "seqpar/nccl_comm.hpp"
@@ -154,87 +151,6 @@ TEST_F(GpuLasp, RanksOnTwoGpusMeetTheRule) {
     ASSERT_EQ(g.failure, "");
     EXPECT_EQ(check(p, in, g, DType::kBF16), "");
   }
-}
-
-// The state-term kernels against their CPU versions (fp32 rows there, from the same bf16
-// values): each output is one rounding of (bf16 row + fp32 term), so its error stays within two
-// roundings of the CPU's result (the fp32 sums in another order are far below that).
-using StateTerms = std::function<Status(const LinearProblem&, const testing::LinearInputs&, HostTensor* o,
-                                        HostTensor* dk, HostTensor* dv)>;
-
-std::string check_state_terms(const StateTerms& run) {
-  LinearProblem p = problem();
-  p.seq = 300;
-  const testing::LinearInputs in = testing::make_linear_inputs(p, DType::kBF16, 3);
-  HostTensor o = cast(in.dout, DType::kF32), dk = cast(in.k, DType::kF32), dv = cast(in.v, DType::kF32);
-  if (!linear_attention_add_state_term(cast(in.q, DType::kF32).view(), cast(in.state_in, DType::kF32).view(),
-                                       p.params(), o.view())
-           .ok() ||
-      !linear_attention_add_dstate_term(cast(in.k, DType::kF32).view(), cast(in.v, DType::kF32).view(),
-                                        cast(in.dstate_out, DType::kF32).view(), p.params(), dk.view(), dv.view())
-           .ok())
-    return "the CPU versions failed";
-  HostTensor go, gdk, gdv;
-  const Status s = run(p, in, &go, &gdk, &gdv);
-  if (!s.ok()) return s.to_string();
-  std::string why;
-  for (auto [name, got, want] : {std::tuple{"o", &go, &o}, {"dk", &gdk, &dk}, {"dv", &gdv, &dv}}) {
-    const HostTensor ref = cast(*want, DType::kF64);
-    const double err = testing::max_abs_diff(cast(*got, DType::kF64), ref);
-    const double rounding = testing::max_abs_diff(cast(cast(ref, DType::kBF16), DType::kF64), ref);
-    if (!(err <= 2 * rounding)) why += std::string(name) + ": " + std::to_string(err) + " > 2 x " + std::to_string(rounding) + "\n";
-  }
-  return why;
-}
-
-// Runs anywhere: the kernels' own block code replayed on the host.
-TEST(GpuLaspKernels, HostReplayMatchesTheCpu) {
-  EXPECT_EQ(check_state_terms([](const LinearProblem& p, const testing::LinearInputs& in, HostTensor* o,
-                                 HostTensor* dk, HostTensor* dv) -> Status {
-              *o = in.dout, *dk = in.k, *dv = in.v;  // bf16 rows the terms are added to
-              const HostTensor S = cast(in.state_in, DType::kF32), G = cast(in.dstate_out, DType::kF32);
-              SP_RETURN_IF_ERROR(linear_add_state_term_host_replay(in.q.view(), S.view(), p.params(), o->view()));
-              return linear_add_dstate_term_host_replay(in.k.view(), in.v.view(), G.view(), p.params(), dk->view(),
-                                                        dv->view());
-            }),
-            "");
-}
-
-// A wrong decay (every power doubled) fails the check: the check can fail.
-TEST(GpuLaspKernels, CheckCatchesAWrongTerm) {
-  EXPECT_NE(check_state_terms([](const LinearProblem& p, const testing::LinearInputs& in, HostTensor* o,
-                                 HostTensor* dk, HostTensor* dv) -> Status {
-              *o = in.dout, *dk = in.k, *dv = in.v;
-              LinearAttentionParams wrong = p.params();
-              for (double& d : wrong.decay) d = d * d;  // every power doubled
-              const HostTensor S = cast(in.state_in, DType::kF32), G = cast(in.dstate_out, DType::kF32);
-              SP_RETURN_IF_ERROR(linear_add_state_term_host_replay(in.q.view(), S.view(), wrong, o->view()));
-              return linear_add_dstate_term_host_replay(in.k.view(), in.v.view(), G.view(), wrong, dk->view(),
-                                                        dv->view());
-            }),
-            "");
-}
-
-TEST_F(GpuLasp, StateTermKernelsMatchTheCpu) {
-  EXPECT_EQ(check_state_terms([](const LinearProblem& p, const testing::LinearInputs& in, HostTensor* o,
-                                 HostTensor* dk, HostTensor* dv) -> Status {
-              SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
-              SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
-              SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
-              SP_ASSIGN_OR_RETURN(DeviceTensor go, to_device(in.dout));
-              SP_ASSIGN_OR_RETURN(DeviceTensor gdk, to_device(in.k));
-              SP_ASSIGN_OR_RETURN(DeviceTensor gdv, to_device(in.v));
-              SP_ASSIGN_OR_RETURN(DeviceTensor S, to_device(cast(in.state_in, DType::kF32)));
-              SP_ASSIGN_OR_RETURN(DeviceTensor G, to_device(cast(in.dstate_out, DType::kF32)));
-              SP_RETURN_IF_ERROR(linear_add_state_term_cuda(q.view, S.view, p.params(), go.view, nullptr));
-              SP_RETURN_IF_ERROR(
-                  linear_add_dstate_term_cuda(k.view, v.view, G.view, p.params(), gdk.view, gdv.view, nullptr));
-              SP_ASSIGN_OR_RETURN(*o, to_host(go.view));
-              SP_ASSIGN_OR_RETURN(*dk, to_host(gdk.view));
-              SP_ASSIGN_OR_RETURN(*dv, to_host(gdv.view));
-              return Status::Ok();
-            }),
-            "");
 }
 
 TEST_F(GpuLasp, StateCombineMatchesTheCpu) {

@@ -344,6 +344,80 @@ TEST_P(GpuLinearSteps, EachStepMatchesItsHostReplay) {
 INSTANTIATE_TEST_SUITE_P(Variants, GpuLinearSteps, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "pipelined" : "one_stage"; });
 
+// The passes LASP runs before a neighbour's state is known: the forward with o empty (state_out
+// alone) and the backward with dq, dk, dv empty (dstate_in alone) give the same states as the
+// full passes, bit for bit (the same steps on the same inputs), in the host replay and on the GPU.
+struct StatesAlone {
+  HostTensor state_out, dstate_in;
+};
+
+StatesAlone states_alone_emulated(const Case& c, const Inputs& in) {
+  const LinearProblem& p = c.p;
+  cuda::LinearCudaDims d;
+  EXPECT_TRUE(cuda::check_linear_cuda(in.q.view(), in.k.view(), in.v.view(), p.params(), &d, false).ok());
+  const cuda::LinearPlan plan = cuda::plan_linear(d, c.chunks_per_span);
+  StatesAlone r{HostTensor(DType::kF32, {p.batch, p.heads, p.dk, p.dv}),
+                HostTensor(DType::kF32, {p.batch, p.heads, p.dk, p.dv})};
+  std::vector<float> ws(cuda::linear_backward_workspace(d, plan) + 1);
+  testing::emulate_linear_steps(cuda::linear_forward_steps(d, plan, p.params(), in.q.view(), in.k.view(), in.v.view(),
+                                                           in.state_in.view(), {}, r.state_out.view(), ws.data()),
+                                d);
+  testing::emulate_linear_steps(cuda::linear_backward_steps(d, plan, p.params(), in.q.view(), in.k.view(), in.v.view(),
+                                                            {}, in.dout.view(), in.dstate_out.view(), {}, {}, {},
+                                                            r.dstate_in.view(), ws.data()),
+                                d);
+  return {cast(r.state_out, DType::kF64), cast(r.dstate_in, DType::kF64)};
+}
+
+StatusOr<StatesAlone> states_alone_gpu(const Case& c, const Inputs& in) {
+  const LinearProblem& p = c.p;
+  SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
+  SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
+  SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
+  SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(in.dout));
+  SP_ASSIGN_OR_RETURN(DeviceTensor s_in, to_device(in.state_in));
+  SP_ASSIGN_OR_RETURN(DeviceTensor ds_out, to_device(in.dstate_out));
+  SP_ASSIGN_OR_RETURN(DeviceTensor s_out, device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv}));
+  SP_ASSIGN_OR_RETURN(DeviceTensor ds_in, device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv}));
+  LinearCudaOptions options;
+  options.chunks_per_span = c.chunks_per_span;
+  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q.view, k.view, v.view, s_in.view, p.params(), {}, s_out.view,
+                                                   options));
+  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q.view, k.view, v.view, {}, dout.view, ds_out.view, p.params(),
+                                                    {}, {}, {}, ds_in.view, options));
+  SP_ASSIGN_OR_RETURN(HostTensor a, to_host(s_out.view));
+  SP_ASSIGN_OR_RETURN(HostTensor b, to_host(ds_in.view));
+  return StatesAlone{cast(a, DType::kF64), cast(b, DType::kF64)};
+}
+
+const Case& states_alone_case() {
+  static const Case c = make_case("alone", 2, 700, 4, 2, 128, 64, {0.999, 0.9, 0.5, 0.99}, 0.1, DType::kBF16, 3);
+  return c;
+}
+
+TEST(GpuLinearEmulated, StatesAloneMatchTheFullPasses) {
+  const Case& c = states_alone_case();
+  const Inputs in = make_inputs(c, 31);
+  auto full = run_emulated(c, in);
+  ASSERT_TRUE(full.ok()) << full.status().to_string();
+  const StatesAlone alone = states_alone_emulated(c, in);
+  EXPECT_EQ(testing::max_abs_diff(alone.state_out, full->state_out), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(alone.dstate_in, full->dstate_in), 0.0);
+  EXPECT_GT(testing::max_abs(alone.dstate_in), 0.0);
+}
+
+TEST(GpuLinearPartial, StatesAloneMatchTheFullPasses) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = states_alone_case();
+  const Inputs in = make_inputs(c, 31);
+  auto full = run_gpu(c, in, true, false);
+  ASSERT_TRUE(full.ok()) << full.status().to_string();
+  auto alone = states_alone_gpu(c, in);
+  ASSERT_TRUE(alone.ok()) << alone.status().to_string();
+  EXPECT_EQ(testing::max_abs_diff(alone->state_out, full->state_out), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(alone->dstate_in, full->dstate_in), 0.0);
+}
+
 TEST(GpuLinearChecks, RefusesWhatItCannotDo) {
   SKIP_WITHOUT_GPU();
   const LinearAttentionParams params{{0.9}, 1.0, 64};

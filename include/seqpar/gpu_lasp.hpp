@@ -3,11 +3,12 @@
 // kernels (seqpar/linear_cuda.hpp) and a communicator that moves device buffers (NCCL, one GPU
 // per rank; the local communicator for thread ranks sharing a GPU).
 //
-// Overlap as on the CPU: a rank runs its own tokens from a zero state while the neighbour's
-// state (dState in the backward) is in flight, then adds the state's terms
-// (linear_add_state_term_cuda, linear_add_dstate_term_cuda) and combines the carried state
-// (linear_state_combine_cuda). Messages are fp32 states [B, H, d_k, d_v], whatever the rows'
-// dtype, so the bytes are lasp_expected_bytes' with 4-byte elements.
+// Each rank first computes its own state (dState in the backward) from a zero start, the
+// cheaper half of its pass, so that the chain's hops wait on that alone; the entering state,
+// once combined (linear_state_combine_cuda), goes into the rank's full pass as the kernels'
+// state_in (dstate_out), which applies it on tensor cores. Messages are fp32 states
+// [B, H, d_k, d_v], whatever the rows' dtype, so the bytes are lasp_expected_bytes' with 4-byte
+// elements.
 //
 // Shapes: q, o, dout, dq [B, S_local, H, d_k | d_v] and k, dk [B, S_local, H_kv, d_k], v, dv
 // [B, S_local, H_kv, d_v], bf16 or fp16 on this rank's device, as linear_cuda.hpp takes them;

@@ -40,15 +40,17 @@ struct LinearCudaOptions {
   bool pipelined = false;
 };
 
-// Writes o (empty view: not written) and state_out (empty: not written). An empty state_in is
-// a zero state.
+// Writes o and state_out (either empty: not written). An empty state_in is a zero state. With
+// o empty the output sweep is skipped (state_out alone: the span states and their scan).
 Status linear_attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& state_in, const LinearAttentionParams& params,
                                      const TensorView& o, const TensorView& state_out,
                                      const LinearCudaOptions& options = {});
 
 // Writes dq, dk, dv (q's dtype) and dstate_in (empty: not written). An empty state_in or
-// dstate_out is zero. Under GQA, dk and dv are summed over each group in fp32 first.
+// dstate_out is zero. Under GQA, dk and dv are summed over each group in fp32 first. With dq,
+// dk and dv all empty, only dstate_in is computed (one sweep and a scan; state_in and v unread):
+// the dState a sequence parallel rank passes on before a later rank's dState is known.
 Status linear_attention_backward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& state_in, const TensorView& dout,
                                       const TensorView& dstate_out,
@@ -57,16 +59,7 @@ Status linear_attention_backward_cuda(const TensorView& q, const TensorView& k, 
                                       const TensorView& dstate_in,
                                       const LinearCudaOptions& options = {});
 
-// The pieces LASP adds once another rank's state is known (linear_attention.hpp's CPU
-// functions of the same names, on device tensors: rows bf16|fp16 with a contiguous last dim,
-// states fp32 contiguous), asynchronous on `stream`:
-//   o_i += scale lambda^(i+1) S_in^T q_i
-Status linear_add_state_term_cuda(const TensorView& q, const TensorView& state_in,
-                                  const LinearAttentionParams& params, const TensorView& o, void* stream);
-//   dk_j += sum_h lambda_h^(n-1-j) dS_out_h v_j,  dv_j += sum_h lambda_h^(n-1-j) dS_out_h^T k_j
-Status linear_add_dstate_term_cuda(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
-                                   const LinearAttentionParams& params, const TensorView& dk,
-                                   const TensorView& dv, void* stream);
+// LASP's carried-state combine, asynchronous on `stream` (states fp32 contiguous):
 //   out = lambda_h^length carried + local (out may alias either)
 Status linear_state_combine_cuda(const TensorView& carried, const TensorView& local, int64_t length,
                                  const LinearAttentionParams& params, const TensorView& out, void* stream);

@@ -60,6 +60,21 @@ LinearCudaOptions kernel_options(GpuLaspContext* ctx, cudaStream_t s) {
   return o;
 }
 
+// This rank's own state (or dState) from a zero start, computed first so that it can leave
+// for the next rank while the outputs (gradients) are still to come; the full pass then takes
+// the entering state as state_in (dstate_out), on the kernels' tensor cores.
+Status own_state(const TensorView& q, const TensorView& k, const TensorView& v, const LinearAttentionParams& params,
+                 const TensorView& local, GpuLaspContext* ctx, cudaStream_t s) {
+  return linear_attention_forward_cuda(q, k, v, kZero, params, TensorView{}, local, kernel_options(ctx, s));
+}
+Status own_dstate(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                  const LinearAttentionParams& params, const TensorView& local, GpuLaspContext* ctx, cudaStream_t s) {
+  return linear_attention_backward_cuda(q, k, v, kZero, dout, kZero, params, {}, {}, {}, local, kernel_options(ctx, s));
+}
+
+// Rank 0 computes its state and sends it on; a middle rank also combines it with the arriving
+// one first; the last rank needs no state of its own before the arriving one, so its single pass
+// gives the final state.
 Status chain_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                      const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                      GpuLaspContext* ctx, cudaStream_t s) {
@@ -72,23 +87,26 @@ Status chain_forward(Communicator& comm, const Layout& layout, const LinearAtten
   if (me > 0) {
     const RecvSpec from_prev{me - 1, in.data, bytes};
     SP_ASSIGN_OR_RETURN(incoming, start_on(comm, {}, {&from_prev, 1}, s));
-  }
-  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
-  if (incoming) {
-    SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
-    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
   } else {
     SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
-    SP_CUDA_CHECK(cudaMemcpyAsync(out.data, local.data, bytes, cudaMemcpyDeviceToDevice, s));
   }
   if (me < last) {
+    SP_RETURN_IF_ERROR(own_state(q, k, v, params, me > 0 ? local : out, ctx, s));
+    if (incoming) {
+      SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
+      SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
+    }
     const SendSpec to_next{me + 1, out.data, bytes};
     SP_ASSIGN_OR_RETURN(outgoing, start_on(comm, {&to_next, 1}, {}, s));
+  } else if (incoming) {
+    SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
   }
-  if (me > 0) SP_RETURN_IF_ERROR(linear_add_state_term_cuda(q, in, params, o, s));
+  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, me > 0 ? in : kZero, params, o,
+                                                   me == last ? out : TensorView{}, kernel_options(ctx, s)));
   return outgoing ? outgoing->wait_on_stream(s) : Status::Ok();
 }
 
+// Every rank's own state, gathered; the entering state is the earlier ranks' combined.
 Status allgather_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                          const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                          GpuLaspContext* ctx, cudaStream_t s) {
@@ -97,15 +115,18 @@ Status allgather_forward(Communicator& comm, const Layout& layout, const LinearA
   char* scratch = static_cast<char*>(ctx->scratch.data());
   const TensorView in = state_view(ctx->state_in.data(), *ctx),
                    out = state_view(ctx->state_out.data(), *ctx), local = state_view(scratch, *ctx);
-  SP_RETURN_IF_ERROR(linear_attention_forward_cuda(q, k, v, kZero, params, o, local, kernel_options(ctx, s)));
-  char* gathered = scratch + bytes;  // rank r's contribution at r * bytes (none needed with one rank)
-  if (comm.size() > 1) SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
   SP_CUDA_CHECK(cudaMemsetAsync(in.data, 0, bytes, s));
-  for (int r = 0; r < me; ++r)
-    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx),
-                                                 layout.local_len(r), params, in, s));
-  SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
-  return me > 0 ? linear_add_state_term_cuda(q, in, params, o, s) : Status::Ok();
+  if (comm.size() > 1) {
+    SP_RETURN_IF_ERROR(own_state(q, k, v, params, local, ctx, s));
+    char* gathered = scratch + bytes;  // rank r's contribution at r * bytes
+    SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
+    for (int r = 0; r < me; ++r)
+      SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, state_view(gathered + r * bytes, *ctx),
+                                                   layout.local_len(r), params, in, s));
+    SP_RETURN_IF_ERROR(linear_state_combine_cuda(in, local, layout.local_len(me), params, out, s));
+  }
+  return linear_attention_forward_cuda(q, k, v, me > 0 ? in : kZero, params, o,
+                                       comm.size() > 1 ? TensorView{} : out, kernel_options(ctx, s));
 }
 
 // The backward's states in the scratch: this rank's own dState contribution (from a zero
@@ -121,8 +142,8 @@ BackwardStates backward_states(const GpuLaspContext& ctx, int me) {
           state_view(scratch + 2 * bytes, ctx), me > 0 ? state_view(ctx.state_in.data(), ctx) : kZero};
 }
 
-// dq is complete from the local pass (it needs the kept incoming state alone); dk, dv get the
-// arriving dState's terms.
+// The forward's chain reversed: the last rank computes its dState and sends it on; a middle rank
+// also combines it with the arriving one first; rank 0 needs none of its own.
 Status chain_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                       GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -130,24 +151,28 @@ Status chain_backward(Communicator& comm, const Layout& layout, const LinearAtte
   const int me = comm.rank(), last = comm.size() - 1;
   const size_t bytes = size_t(state_bytes(*ctx));
   const BackwardStates st = backward_states(*ctx, me);
-  const TensorView &local = st.local, &arriving = st.arriving, &leaving = st.leaving;
   std::unique_ptr<PendingExchange> incoming, outgoing;
   if (me < last) {
-    const RecvSpec from_next{me + 1, arriving.data, bytes};
+    const RecvSpec from_next{me + 1, st.arriving.data, bytes};
     SP_ASSIGN_OR_RETURN(incoming, start_on(comm, {}, {&from_next, 1}, s));
   }
-  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
-                                                    kernel_options(ctx, s)));
-  if (incoming) SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
-  if (me > 0) {  // the dState entering this rank's tokens, for rank - 1
-    if (incoming) SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, local, layout.local_len(me), params, leaving, s));
-    const SendSpec to_prev{me - 1, incoming ? leaving.data : local.data, bytes};
+  if (me > 0) {
+    SP_RETURN_IF_ERROR(own_dstate(q, k, v, dout, params, st.local, ctx, s));
+    if (incoming) {
+      SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
+      SP_RETURN_IF_ERROR(linear_state_combine_cuda(st.arriving, st.local, layout.local_len(me), params, st.leaving, s));
+    }
+    const SendSpec to_prev{me - 1, incoming ? st.leaving.data : st.local.data, bytes};
     SP_ASSIGN_OR_RETURN(outgoing, start_on(comm, {&to_prev, 1}, {}, s));
+  } else if (incoming) {
+    SP_RETURN_IF_ERROR(incoming->wait_on_stream(s));
   }
-  if (incoming) SP_RETURN_IF_ERROR(linear_add_dstate_term_cuda(k, v, arriving, params, dk, dv, s));
+  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, incoming ? st.arriving : kZero, params,
+                                                    dq, dk, dv, TensorView{}, kernel_options(ctx, s)));
   return outgoing ? outgoing->wait_on_stream(s) : Status::Ok();
 }
 
+// Every rank's own dState, gathered; the arriving dState is the later ranks' combined.
 Status allgather_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                           GpuLaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -155,17 +180,17 @@ Status allgather_backward(Communicator& comm, const Layout& layout, const Linear
   const int me = comm.rank(), last = comm.size() - 1;
   const size_t bytes = size_t(state_bytes(*ctx));
   const BackwardStates st = backward_states(*ctx, me);
-  const TensorView &local = st.local, &arriving = st.arriving;
-  SP_RETURN_IF_ERROR(linear_attention_backward_cuda(q, k, v, st.in, dout, kZero, params, dq, dk, dv, local,
-                                                    kernel_options(ctx, s)));
-  char* gathered = static_cast<char*>(ctx->scratch.data()) + 2 * bytes;  // after local and arriving
-  if (comm.size() > 1) SP_RETURN_IF_ERROR(all_gather_on(comm, local.data, gathered, bytes, s));
-  if (me == last) return Status::Ok();
-  SP_CUDA_CHECK(cudaMemsetAsync(arriving.data, 0, bytes, s));
-  for (int r = last; r > me; --r)
-    SP_RETURN_IF_ERROR(linear_state_combine_cuda(arriving, state_view(gathered + r * bytes, *ctx),
-                                                 layout.local_len(r), params, arriving, s));
-  return linear_add_dstate_term_cuda(k, v, arriving, params, dk, dv, s);
+  if (comm.size() > 1) {
+    SP_RETURN_IF_ERROR(own_dstate(q, k, v, dout, params, st.local, ctx, s));
+    char* gathered = static_cast<char*>(ctx->scratch.data()) + 2 * bytes;  // after local and arriving
+    SP_RETURN_IF_ERROR(all_gather_on(comm, st.local.data, gathered, bytes, s));
+    SP_CUDA_CHECK(cudaMemsetAsync(st.arriving.data, 0, bytes, s));
+    for (int r = last; r > me; --r)
+      SP_RETURN_IF_ERROR(linear_state_combine_cuda(st.arriving, state_view(gathered + r * bytes, *ctx),
+                                                   layout.local_len(r), params, st.arriving, s));
+  }
+  return linear_attention_backward_cuda(q, k, v, st.in, dout, me < last ? st.arriving : kZero, params, dq, dk, dv,
+                                        TensorView{}, kernel_options(ctx, s));
 }
 
 }  // namespace

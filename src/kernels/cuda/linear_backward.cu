@@ -47,9 +47,13 @@ Status linear_attention_backward_cuda(const TensorView& q, const TensorView& k, 
   SP_RETURN_IF_ERROR(cuda::check_linear_cuda_state("dstate_out", dstate_out, d));
   SP_RETURN_IF_ERROR(cuda::check_linear_cuda_state("dstate_in", dstate_in, d));
   SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dout", dout, d, d.heads, d.dv));
-  SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dq", dq, d, d.heads, d.dk));
-  SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dk", dk, d, d.kv_heads, d.dk));
-  SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dv", dv, d, d.kv_heads, d.dv));
+  if (dq.data || dk.data || dv.data) {
+    SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dq", dq, d, d.heads, d.dk));
+    SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dk", dk, d, d.kv_heads, d.dk));
+    SP_RETURN_IF_ERROR(cuda::check_linear_cuda_rows("dv", dv, d, d.kv_heads, d.dv));
+  } else {
+    SP_CHECK_ARG(dstate_in.data != nullptr, "dq, dk, dv and dstate_in are all empty: nothing to compute");
+  }
   const cuda::LinearPlan plan = cuda::plan_linear(d, options.chunks_per_span);
   DeviceBuffer local;
   float* ws = nullptr;

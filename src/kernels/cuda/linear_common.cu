@@ -210,11 +210,18 @@ std::vector<LinearStep> linear_backward_steps(const LinearCudaDims& d, const Lin
   float* dk_rows = bwd_states + plan.state_floats(d);
   float* dv_rows = dk_rows + size_t(d.batch * d.seq * d.heads * d.dk);
   std::vector<LinearStep> steps;
+  // G_prev = lambda^L G + scale sum_t lambda^(t+1) q_t dO_t^T, against time from dstate_out.
+  const auto dstate_steps = [&] {
+    steps.push_back(sweep_step(d, plan, params, true, Q, Q, dO, bwd_states));
+    steps.push_back(scan_step(d, plan, params, bwd_states, dstate_out, dstate_in, true));
+  };
+  if (!dq.data && !dk.data && !dv.data) {  // dstate_in alone: no forward states needed
+    dstate_steps();
+    return steps;
+  }
   steps.push_back(sweep_step(d, plan, params, false, K, K, V, fwd_states));
   steps.push_back(scan_step(d, plan, params, fwd_states, state_in, {}, false));
-  // G_prev = lambda^L G + scale sum_t lambda^(t+1) q_t dO_t^T, against time from dstate_out.
-  steps.push_back(sweep_step(d, plan, params, true, Q, Q, dO, bwd_states));
-  steps.push_back(scan_step(d, plan, params, bwd_states, dstate_out, dstate_in, true));
+  dstate_steps();
   // dq_i = sum_{j<=i} scale lambda^(i-j) (dO_i . v_j) k_j + scale lambda^(i+1) S dO_i: T = S^T,
   // element (b = y, c = x) of S[x][y] at x d_v + y.
   steps.push_back(output_step(sweep_step(d, plan, params, false, dO, V, K, nullptr), fwd_states, 1, d.dv, dq));
