@@ -8,7 +8,8 @@
 //               (a backend whose caps say !takes_delta gets O [B, S_q, H, D] as `delta`);
 //   delta       D = rowsum(dO * O);
 //   merge       (O, LSE) <- merge((O, LSE), (O_part, LSE_part)), -inf safe;
-//   accumulate  acc += x (same shape and dtype).
+//   accumulate  acc += x (same shape; on device backends x may be in the inputs' dtype where
+//               acc is fp32, as O_part may in merge: results sent home travel rounded).
 // Shapes as in attention.hpp: q, o, dout, dq [B, S_q, H, D]; k, v, dk, dv [B, S_k, H_kv, D];
 // lse, delta [B, H, S_q]. `stream` is the CUDA stream of device backends (CPU ones ignore it).
 #pragma once

@@ -24,7 +24,8 @@ enum class BurstPack { kDeltaLse, kOutputLse };
 //   sum over its P-1 sends of the query shard it holds:
 //     kDeltaLse:  (2 B S_j H D + 2 B H S_j) e
 //     kOutputLse: 3 B S_j H D e + 4 B H S_j
-//   plus one dQ accumulator send per shard (P sends): sum_j B S_j H D e_acc     (0 for P = 1)
+//   plus one dQ send per shard (P sends): B S_j H D e_acc for the P - 1 accumulators that
+//   travel on, B S_j H D e for shard rank + 1's, sent home rounded (goes_home)  (0 for P = 1)
 int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t batch,
                                       int64_t heads, int64_t head_dim, DType dtype,
                                       DType accumulator_dtype,

@@ -65,6 +65,12 @@ struct Block {
   auto operator<=>(const Block&) const = default;
 };
 
+// A result sent to the rank whose shard it is arrives home for good, to be added (merged) into
+// that rank's result: it travels rounded to the inputs' dtype, as a kernel's own part would be
+// (row stats as they are), half the bytes of an fp32 accumulator. Results on their way to
+// further ranks travel as accumulators.
+inline bool goes_home(const Block& b, int to_rank) { return is_result(b.kind) && b.span == 1 && b.shard == to_rank; }
+
 // How a received block joins the local block of the same name.
 enum class Combine : uint8_t { kReplace, kAdd, kMerge };
 
@@ -172,6 +178,12 @@ struct BlockBytes {
   BlockBytes head_part(int part, int head_parts) const;
   // A block of the layout's shards: its rows, and with a head part 1/parts of each group's heads.
   int64_t of(const Block& block, const Layout& layout, int head_parts) const;
+  // As a block sent to rank `to_rank` travels (goes_home: results in the inputs' dtype).
+  BlockBytes on_wire(const Block& block, int to_rank) const {
+    BlockBytes b = *this;
+    if (goes_home(block, to_rank)) b.accumulator = input;
+    return b;
+  }
 };
 // The one-shard pieces a span block joins from or splits into (same kind and head part).
 std::vector<Block> span_pieces(const Block& block);
@@ -207,8 +219,9 @@ std::string block_name(const Block& b);
 std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank,
                                         const std::vector<Block>& kept = {});
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
-// received inputs, results (its own included) and arriving parts, each block sized for the
-// layout's longest shard as the GPU executor allocates them. Head groups divide it.
+// received inputs, results (its own included), arriving parts and the rounded copies of
+// results sent home, each block sized for the layout's longest shard as the GPU executor
+// allocates them. Head groups divide it.
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
                          const BlockBytes& bytes, int head_parts = 1);
 

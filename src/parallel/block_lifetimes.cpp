@@ -44,12 +44,17 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
                          const BlockBytes& bytes, int head_parts) {
   const int64_t rows = layout.max_local_len();
-  const auto size = [&](const Block& b) {  // `bytes` is one head group's
-    return (b.part == kAllHeads ? bytes : bytes.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
+  // `bytes` is one head group's; `to`: the rank a transfer goes to (goes_home), or -1.
+  const auto size = [&](const Block& b, int to = -1) {
+    const BlockBytes wire = bytes.on_wire(b, to);
+    return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
   };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
   std::set<Block> held;
-  std::map<int, std::vector<Block>> arriving, leaving;  // per batch: parts to combine, results sent
+  // Per batch: the bytes of the parts to combine and of the rounded copies of results sent home
+  // (both gone at the wait), and the results sent.
+  std::map<int, int64_t> in_flight;
+  std::map<int, std::vector<Block>> leaving;
   int64_t live = 0, peak = 0;
   const auto hold = [&](const Block& b) {
     if (held.insert(b).second) live += size(b), peak = std::max(peak, live);
@@ -73,20 +78,22 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     } else if (s.kind == StepKind::kPost) {
       for (const Transfer& t : s.sends)  // a head part of the rank's own input is cut out to be sent
         if (!is_result(t.block.kind) && t.block.part != kAllHeads && t.block.shard == rank) hold(t.block);
+      const auto in_flight_too = [&](int64_t bytes_of) {
+        live += bytes_of, in_flight[s.batch] += bytes_of, peak = std::max(peak, live);
+      };
       for (const Transfer& t : s.recvs) {
-        if (t.combine == Combine::kReplace || !held.count(t.block)) {
-          hold(t.block);
-        } else {  // a part that joins the held block at the wait
-          live += size(t.block), peak = std::max(peak, live);
-          arriving[s.batch].push_back(t.block);
-        }
+        if (t.combine == Combine::kReplace || !held.count(t.block)) hold(t.block);
+        else in_flight_too(size(t.block, rank));  // a part that joins the held block at the wait
       }
-      for (const Transfer& t : s.sends)
-        if (is_result(t.block.kind)) leaving[s.batch].push_back(t.block);
+      for (const Transfer& t : s.sends) {
+        if (!is_result(t.block.kind)) continue;
+        leaving[s.batch].push_back(t.block);
+        if (goes_home(t.block, t.peer) && bytes.accumulator != bytes.input) in_flight_too(size(t.block, t.peer));
+      }
     } else {
-      for (const Block& b : arriving[s.batch]) live -= size(b);
+      live -= in_flight[s.batch];
       for (const Block& b : leaving[s.batch]) drop(b);
-      arriving.erase(s.batch), leaving.erase(s.batch);
+      in_flight.erase(s.batch), leaving.erase(s.batch);
     }
     for (const auto& [b, at] : last)
       if (at == i) drop(b);

@@ -20,9 +20,12 @@ TrafficBytes ring_expected_bytes(const Layout& layout, int rank, int64_t batch, 
     bytes.forward += 2 * rows * per_token * dtype_size(kv_dtype);
   }
   bytes.backward = bytes.forward;
+  // dK/dV of each shard: the accumulators of P - 1 shards travel on; this rank, the last visitor
+  // of shard rank + 1's, sends that one home rounded to the K/V dtype (goes_home).
   if (P > 1)
     for (int shard = 0; shard < P; ++shard)
-      bytes.backward += 2 * layout.local_len(shard) * per_token * dtype_size(accumulator_dtype);
+      bytes.backward += 2 * layout.local_len(shard) * per_token *
+                        dtype_size(shard == wrap(rank + 1, P) ? kv_dtype : accumulator_dtype);
   return bytes;
 }
 
@@ -38,9 +41,10 @@ int64_t burst_backward_expected_bytes(const Layout& layout, int rank, int64_t ba
                  ? (2 * tensor + 2 * row_stat) * dtype_size(dtype)
                  : 3 * tensor * dtype_size(dtype) + row_stat * dtype_size(DType::kF32);
   }
-  if (P > 1)
+  if (P > 1)  // dQ hops as the ring's dK/dV: the one sent home in the inputs' dtype
     for (int shard = 0; shard < P; ++shard)
-      bytes += batch * layout.local_len(shard) * heads * head_dim * dtype_size(accumulator_dtype);
+      bytes += batch * layout.local_len(shard) * heads * head_dim *
+               dtype_size(shard == wrap(rank + 1, P) ? dtype : accumulator_dtype);
   return bytes;
 }
 

@@ -3,11 +3,13 @@
 // buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
 // Head parts of them are cut out when first named, span blocks joined from their pieces, and
 // results that come home in head parts put together (added where GQA gave two parts one K/V
-// head) before they are rounded into the caller's tensors.
+// head) before they are rounded into the caller's tensors. Results accumulate in fp32; one sent
+// home travels rounded to the inputs' dtype (goes_home) and is added into the fp32 result there.
 #include "seqpar/gpu_executor.hpp"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -113,18 +115,19 @@ class GpuExecutor {
   }
 
   // A block's parts in wire order (schedule.hpp's BlockKind), for one head group: which heads
-  // each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype.
+  // each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype. Results are fp32
+  // accumulators, or (`rounded`) in the inputs' dtype as they travel home (goes_home).
   using Heads = parallel::Heads;
   struct PartShape {
     DType dtype;
     Heads heads;
     std::vector<int64_t> shape;
   };
-  std::vector<PartShape> part_shapes(const Block& b, int64_t rows) const {
+  std::vector<PartShape> part_shapes(const Block& b, int64_t rows, bool rounded = false) const {
     const int64_t hq = heads_of(Heads::kQuery, b.part).count(), hkv = heads_of(Heads::kKV, b.part).count();
     const std::vector<int64_t> q{B_, rows, hq, D_}, kv{B_, rows, hkv, D_}, stats{B_, hq, rows};
-    const DType f32 = DType::kF32;
-    const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{f32, Heads::kStats, stats};
+    const DType f32 = rounded ? dtype_ : DType::kF32;
+    const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{DType::kF32, Heads::kStats, stats};
     switch (b.kind) {
       case BlockKind::kKV: return {KV, KV};
       case BlockKind::kQuery: return {Q};
@@ -147,15 +150,15 @@ class GpuExecutor {
     DeviceBuffer buffer;  // empty where every part is a view of the caller's tensors
     std::vector<TensorView> parts;
   };
-  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b) {
+  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false) {
     auto st = std::make_unique<Stored>();
     const int64_t rows = block_rows(b, plan_.layout), longest = plan_.layout.max_local_len() * b.span;
     size_t capacity = 0;
-    for (const PartShape& p : part_shapes(b, longest))
+    for (const PartShape& p : part_shapes(b, longest, rounded))
       capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
     SP_ASSIGN_OR_RETURN(st->buffer, ws_.take(capacity));
     char* at = static_cast<char*>(st->buffer.data());
-    for (const PartShape& p : part_shapes(b, rows)) {
+    for (const PartShape& p : part_shapes(b, rows, rounded)) {
       st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
       at += padded(view_bytes(st->parts.back()));
     }
@@ -247,7 +250,7 @@ class GpuExecutor {
         SP_RETURN_IF_ERROR(post(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " post"));
       } else if (s.kind == StepKind::kWait) {
-        SP_RETURN_IF_ERROR(wait(s));
+        SP_RETURN_IF_ERROR(wait(s, i));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
       } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
         SP_RETURN_IF_ERROR(s.kind == StepKind::kPack ? pack(s) : regroup(s));
@@ -433,7 +436,10 @@ class GpuExecutor {
     std::unique_ptr<PendingExchange> exchange;
     std::vector<std::pair<Transfer, std::unique_ptr<Stored>>> arriving;  // parts to add or merge
     std::vector<Block> leaving;                                            // results sent away
+    std::vector<std::unique_ptr<Stored>> rounded;                          // their copies sent home
   };
+  // Whether results travel home rounded (the inputs are not fp32, as the accumulators are).
+  bool rounds_home(const Block& b, int to) const { return dtype_ != DType::kF32 && goes_home(b, to); }
 
   Status post(const Step& s) {
     Pending p;
@@ -444,13 +450,20 @@ class GpuExecutor {
       if (is_result(t.block.kind)) {
         SP_ASSIGN_OR_RETURN(from, held_result(t.block));
         p.leaving.push_back(t.block);
+        if (rounds_home(t.block, t.peer)) {
+          SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> rounded, make_block(t.block, true));
+          for (size_t i = 0; i < rounded->parts.size(); ++i)
+            SP_RETURN_IF_ERROR(flash_cast(from->parts[i], rounded->parts[i], s_));
+          from = rounded.get();
+          p.rounded.push_back(std::move(rounded));
+        }
       } else {
         SP_ASSIGN_OR_RETURN(from, input(t.block));
       }
       for (const TensorView& part : from->parts) sends.push_back({t.peer, part.data, view_bytes(part)});
     }
     for (const Transfer& t : s.recvs) {
-      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block));
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block, rounds_home(t.block, me_)));
       for (const TensorView& part : into->parts) recvs.push_back({t.peer, part.data, view_bytes(part)});
       if (t.combine == Combine::kReplace) {
         auto& slot = store_[t.block];
@@ -471,21 +484,41 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  Status wait(const Step& s) {
+  // Whether a step after `at` computes into or receives result b.
+  bool written_after(const Block& b, size_t at) const {
+    const bool forward = pass_ == Pass::kForward;
+    for (size_t i = at + 1; i < steps_.size(); ++i) {
+      const Step& s = steps_[i];
+      if (s.kind == StepKind::kCompute &&
+          (s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ) == b || (!forward && s.kv_block(BlockKind::kDKV) == b)))
+        return true;
+      for (const Transfer& t : s.recvs)
+        if (t.block == b) return true;
+    }
+    return false;
+  }
+
+  Status wait(const Step& s, size_t at) {
     auto it = pending_.find(s.batch);
     SP_CHECK_ARG(it != pending_.end(), "internal: a wait for a batch never posted");
     Pending& p = it->second;
     SP_RETURN_IF_ERROR(p.exchange->wait_on_stream(s_));
+    for (auto& rounded : p.rounded) release(std::move(rounded));
     for (const Block& b : p.leaving) {
       auto left = store_.find(b);
       if (left != store_.end()) release(std::move(left->second)), store_.erase(left);
     }
     for (auto& [t, got] : p.arriving) {
       auto& slot = store_[t.block];
-      if (!slot) {
+      // The first part of a result becomes it, unless it arrived rounded and more will be added
+      // (accumulators are fp32): then it joins a fresh fp32 result.
+      const auto also_here = std::count_if(p.arriving.begin(), p.arriving.end(),
+                                           [&](const auto& a) { return a.first.block == t.block; }) > 1;
+      if (!slot && !(rounds_home(t.block, me_) && (also_here || written_after(t.block, at)))) {
         slot = std::move(got);
         continue;
       }
+      if (!slot) SP_RETURN_IF_ERROR(result(t.block).status());
       if (t.combine == Combine::kMerge) {
         SP_RETURN_IF_ERROR(plan_.backend->merge(slot->parts[0], slot->parts[1], got->parts[0], got->parts[1], s_));
       } else {

@@ -131,7 +131,7 @@ WalkedBytes walk_bytes(const std::vector<Step>& steps, int rank, const Layout& l
   WalkedBytes w;
   for (const Step& s : steps)
     for (const Transfer& t : s.sends) {
-      const int64_t b = bytes.of(t.block, layout, head_parts);
+      const int64_t b = bytes.on_wire(t.block, t.peer).of(t.block, layout, head_parts);
       const LinkClass link = topology.node_of(t.peer) == topology.node_of(rank) ? LinkClass::kIntra
                                                                                  : LinkClass::kInter;
       w.total += b;
