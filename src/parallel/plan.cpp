@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 
 #include "parallel/forward_state.hpp"
 #include "seqpar/distributed_attention.hpp"
@@ -12,7 +13,25 @@
 namespace seqpar {
 namespace {
 
-// The busiest rank's pairs (compute steps) and bytes over both passes.
+// Bytes of the batches a rank waits for with no compute between their post and their wait: the
+// transfers nothing hides.
+int64_t exposed_bytes(const std::vector<Step>& steps, int rank, const Layout& layout, const BlockBytes& bytes,
+                      const Topology& topology, int head_parts) {
+  std::map<int, size_t> posted_at;
+  int64_t exposed = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].kind == StepKind::kPost) posted_at[steps[i].batch] = i;
+    if (steps[i].kind != StepKind::kWait) continue;
+    const size_t post = posted_at.at(steps[i].batch);
+    bool hidden = false;
+    for (size_t j = post + 1; j < i && !hidden; ++j) hidden = steps[j].kind == StepKind::kCompute;
+    if (!hidden) exposed += walk_bytes({steps[post]}, rank, layout, bytes, topology, head_parts).total;
+  }
+  return exposed;
+}
+
+// The busiest rank's pairs (compute steps), and its bytes over both passes with the exposed
+// ones counted twice (sent, then waited for).
 struct Cost {
   double work = 0;  // shard pairs of all heads
   int64_t bytes = 0;
@@ -23,8 +42,11 @@ Cost cost_of(const Algorithm& a, const ScheduleRequest& req, const Layout& layou
   for (int r = 0; r < req.ranks; ++r) {
     c.work = std::max(c.work, compute_work(all[r].forward, req, all[r].head_parts));
     int64_t b = 0;
-    for (Pass p : {Pass::kForward, Pass::kBackward})
-      b += walk_bytes(all[r].pass(p), r, layout, bytes, req.topology, all[r].head_parts).total;
+    for (Pass p : {Pass::kForward, Pass::kBackward}) {
+      const std::vector<Step>& steps = all[r].pass(p);
+      b += walk_bytes(steps, r, layout, bytes, req.topology, all[r].head_parts).total +
+           exposed_bytes(steps, r, layout, bytes, req.topology, all[r].head_parts);
+    }
     c.bytes = std::max(c.bytes, b);
   }
   return c;
@@ -151,7 +173,8 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
     char work[32];
     std::snprintf(work, sizeof work, "%.3g", best.work);
     plan.choice = std::string("auto chose ") + plan.algorithm->name + ": the busiest rank computes " + work +
-                  " shard pairs (of all heads) and sends " + std::to_string(best.bytes) + " bytes";
+                  " shard pairs (of all heads) and sends " + std::to_string(best.bytes) +
+                  " bytes, counting those no compute hides twice";
   } else {
     plan.algorithm = find_algorithm(options.algorithm);
     SP_CHECK_ARG(plan.algorithm, "unknown algorithm '" + options.algorithm + "' (one of " + algorithm_names() + "|auto)");
