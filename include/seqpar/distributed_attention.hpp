@@ -64,7 +64,8 @@ struct AttentionPlan {
 
 // Plans `rank`'s part of the problem. `bytes` describes the blocks (dims, dtypes); auto picks
 // among the supported algorithms the one whose busiest rank does the least work (compute_work), then
-// sends the fewest bytes (forward + backward). A named algorithm that cannot run the problem
+// sends the fewest bytes (forward + backward), counting twice the batches it waits for with no
+// compute between post and wait (nothing hides them). A named algorithm that cannot run the problem
 // is refused with its reason.
 StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout& layout,
                                        const AttentionParams& params, const BlockBytes& bytes, int rank,
