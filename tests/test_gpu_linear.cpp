@@ -50,14 +50,23 @@ struct GpuRun {
   HostTensor o, state_out, dq, dk, dv, dstate_in;
 };
 
+// The inputs on the device.
+struct DeviceInputs {
+  DeviceTensor q, k, v, dout, s_in, ds_out;
+};
+StatusOr<DeviceInputs> upload(const Inputs& in) {
+  DeviceInputs d;
+  for (auto [dst, src] : {std::pair{&d.q, &in.q}, {&d.k, &in.k}, {&d.v, &in.v}, {&d.dout, &in.dout},
+                          {&d.s_in, &in.state_in}, {&d.ds_out, &in.dstate_out}}) {
+    SP_ASSIGN_OR_RETURN(*dst, to_device(*src));
+  }
+  return d;
+}
+
 StatusOr<GpuRun> run_gpu(const Case& c, const Inputs& in, bool backward, bool pipelined) {
   const LinearProblem& p = c.p;
-  SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
-  SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(in.dout));
-  SP_ASSIGN_OR_RETURN(DeviceTensor s_in, to_device(in.state_in));
-  SP_ASSIGN_OR_RETURN(DeviceTensor ds_out, to_device(in.dstate_out));
+  SP_ASSIGN_OR_RETURN(DeviceInputs d, upload(in));
+  const DeviceTensor &q = d.q, &k = d.k, &v = d.v, &dout = d.dout, &s_in = d.s_in, &ds_out = d.ds_out;
   SP_ASSIGN_OR_RETURN(DeviceTensor o, device_zeros(c.dtype, {p.batch, p.seq, p.heads, p.dv}));
   SP_ASSIGN_OR_RETURN(DeviceTensor s_out, device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv}));
   SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(c.dtype, {p.batch, p.seq, p.heads, p.dk}));
@@ -371,12 +380,8 @@ StatesAlone states_alone_emulated(const Case& c, const Inputs& in) {
 
 StatusOr<StatesAlone> states_alone_gpu(const Case& c, const Inputs& in) {
   const LinearProblem& p = c.p;
-  SP_ASSIGN_OR_RETURN(DeviceTensor q, to_device(in.q));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, to_device(in.k));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, to_device(in.v));
-  SP_ASSIGN_OR_RETURN(DeviceTensor dout, to_device(in.dout));
-  SP_ASSIGN_OR_RETURN(DeviceTensor s_in, to_device(in.state_in));
-  SP_ASSIGN_OR_RETURN(DeviceTensor ds_out, to_device(in.dstate_out));
+  SP_ASSIGN_OR_RETURN(DeviceInputs d, upload(in));
+  const DeviceTensor &q = d.q, &k = d.k, &v = d.v, &dout = d.dout, &s_in = d.s_in, &ds_out = d.ds_out;
   SP_ASSIGN_OR_RETURN(DeviceTensor s_out, device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv}));
   SP_ASSIGN_OR_RETURN(DeviceTensor ds_in, device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv}));
   LinearCudaOptions options;
