@@ -2,7 +2,6 @@
 // received input is last used, and the most block bytes a rank holds at once, which the
 // planner divides into head groups to bound the GPU executor's workspace.
 #include <algorithm>
-#include <set>
 
 #include "seqpar/schedule.hpp"
 
@@ -50,17 +49,18 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
   };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
-  std::set<Block> held;
+  std::map<Block, int64_t> held;  // and the bytes each takes
   // Per batch: the bytes of the parts to combine and of the rounded copies of results sent home
   // (both gone at the wait), and the results sent.
   std::map<int, int64_t> in_flight;
   std::map<int, std::vector<Block>> leaving;
   int64_t live = 0, peak = 0;
-  const auto hold = [&](const Block& b) {
-    if (held.insert(b).second) live += size(b), peak = std::max(peak, live);
+  const auto hold = [&](const Block& b, int to = -1) {
+    if (held.emplace(b, size(b, to)).second) live += held[b], peak = std::max(peak, live);
   };
   const auto drop = [&](const Block& b) {
-    if (held.erase(b)) live -= size(b);
+    auto it = held.find(b);
+    if (it != held.end()) live -= it->second, held.erase(it);
   };
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
@@ -82,7 +82,7 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
         live += bytes_of, in_flight[s.batch] += bytes_of, peak = std::max(peak, live);
       };
       for (const Transfer& t : s.recvs) {
-        if (t.combine == Combine::kReplace || !held.count(t.block)) hold(t.block);
+        if (t.combine == Combine::kReplace || !held.count(t.block)) hold(t.block, rank);  // as it arrives
         else in_flight_too(size(t.block, rank));  // a part that joins the held block at the wait
       }
       for (const Transfer& t : s.sends) {

@@ -21,7 +21,9 @@ TrafficBytes ring_expected_bytes(const Layout& layout, int rank, int64_t batch, 
   }
   bytes.backward = bytes.forward;
   // dK/dV of each shard: the accumulators of P - 1 shards travel on; this rank, the last visitor
-  // of shard rank + 1's, sends that one home rounded to the K/V dtype (goes_home).
+  // of shard rank + 1's, sends that one home rounded to the K/V dtype (goes_home). (The ring
+  // runs towards rank + 1, as under the full mask; a mask may turn it round, and then the shard
+  // sent home is rank - 1's.)
   if (P > 1)
     for (int shard = 0; shard < P; ++shard)
       bytes.backward += 2 * layout.local_len(shard) * per_token *

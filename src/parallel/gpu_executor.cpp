@@ -484,17 +484,24 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  // Whether a step after `at` computes into or receives result b.
-  bool written_after(const Block& b, size_t at) const {
+  // Whether result b is used again after step `at` (the wait of batch `batch`): computed into,
+  // received (in a later batch, or one still pending) or sent on.
+  bool used_after(const Block& b, size_t at, int batch) const {
     const bool forward = pass_ == Pass::kForward;
+    const auto names = [&](const std::vector<Transfer>& ts) {
+      return std::any_of(ts.begin(), ts.end(), [&](const Transfer& t) { return t.block == b; });
+    };
     for (size_t i = at + 1; i < steps_.size(); ++i) {
       const Step& s = steps_[i];
       if (s.kind == StepKind::kCompute &&
           (s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ) == b || (!forward && s.kv_block(BlockKind::kDKV) == b)))
         return true;
-      for (const Transfer& t : s.recvs)
-        if (t.block == b) return true;
+      if (names(s.recvs) || names(s.sends)) return true;
     }
+    for (const auto& [other, p] : pending_)
+      if (other != batch && std::any_of(p.arriving.begin(), p.arriving.end(),
+                                        [&](const auto& a) { return a.first.block == b; }))
+        return true;
     return false;
   }
 
@@ -510,11 +517,12 @@ class GpuExecutor {
     }
     for (auto& [t, got] : p.arriving) {
       auto& slot = store_[t.block];
-      // The first part of a result becomes it, unless it arrived rounded and more will be added
-      // (accumulators are fp32): then it joins a fresh fp32 result.
+      // The first part of a result becomes it, unless it arrived rounded and is used again
+      // (accumulators are fp32, and what travels on is sized as fp32): then it joins a fresh fp32
+      // result.
       const auto also_here = std::count_if(p.arriving.begin(), p.arriving.end(),
                                            [&](const auto& a) { return a.first.block == t.block; }) > 1;
-      if (!slot && !(rounds_home(t.block, me_) && (also_here || written_after(t.block, at)))) {
+      if (!slot && !(rounds_home(t.block, me_) && (also_here || used_after(t.block, at, s.batch)))) {
         slot = std::move(got);
         continue;
       }
