@@ -510,5 +510,23 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
   EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
 }
 
+// result_used_after, on the two-rank ring's backward (rank 0): its own dK/dV leaves with the
+// K/V and comes home in the last batch, after which nothing uses it; rank 1's arrives to be
+// added into and is then sent home.
+TEST(BlockLifetimes, ResultUsedAfterFollowsTheRing) {
+  const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 2).value();
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 2, 2);
+  const std::vector<Step> steps = find_algorithm("ring")->make_schedule(req, 0).backward;
+  const Block own{BlockKind::kDKV, 0}, peers{BlockKind::kDKV, 1};
+  std::vector<size_t> waits;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].kind == StepKind::kWait) waits.push_back(i);
+  ASSERT_EQ(waits.size(), 3u) << describe_steps(steps, {}, 0);
+  EXPECT_TRUE(result_used_after(steps, Pass::kBackward, own, waits[0]));   // sent with the K/V
+  EXPECT_TRUE(result_used_after(steps, Pass::kBackward, peers, waits[1]));  // sent home
+  EXPECT_FALSE(result_used_after(steps, Pass::kBackward, own, waits[2]));  // home for good
+  EXPECT_FALSE(result_used_after(steps, Pass::kBackward, peers, waits[2]));
+}
+
 }  // namespace
 }  // namespace seqpar

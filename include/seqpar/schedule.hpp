@@ -218,6 +218,9 @@ std::string block_name(const Block& b);
 // Blocks in `kept` (the forward's RankSchedule::kept) are never dropped.
 std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank,
                                         const std::vector<Block>& kept = {});
+// Whether a step after step `at` computes into, receives or sends result block b (a result that
+// arrived home rounded (goes_home) is then made an fp32 accumulator first).
+bool result_used_after(const std::vector<Step>& steps, Pass pass, const Block& b, size_t at);
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
 // received inputs, results (its own included), arriving parts and the rounded copies of
 // results sent home, each block sized for the layout's longest shard as the GPU executor

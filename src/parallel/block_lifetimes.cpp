@@ -1,6 +1,7 @@
 // How long the executors keep each block of a schedule (include/seqpar/schedule.hpp): where a
-// received input is last used, and the most block bytes a rank holds at once, which the
-// planner divides into head groups to bound the GPU executor's workspace.
+// received input is last used, whether a result is used again, and the most block bytes a rank
+// holds at once, which the planner divides into head groups to bound the GPU executor's
+// workspace.
 #include <algorithm>
 
 #include "seqpar/schedule.hpp"
@@ -38,6 +39,21 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
     }
   }
   return last;
+}
+
+bool result_used_after(const std::vector<Step>& steps, Pass pass, const Block& b, size_t at) {
+  const bool forward = pass == Pass::kForward;
+  const auto names = [&](const std::vector<Transfer>& ts) {
+    return std::any_of(ts.begin(), ts.end(), [&](const Transfer& t) { return t.block == b; });
+  };
+  for (size_t i = at + 1; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    if (s.kind == StepKind::kCompute &&
+        (s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ) == b || (!forward && s.kv_block(BlockKind::kDKV) == b)))
+      return true;
+    if (names(s.recvs) || names(s.sends)) return true;
+  }
+  return false;
 }
 
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,

@@ -126,16 +126,16 @@ class GpuExecutor {
   std::vector<PartShape> part_shapes(const Block& b, int64_t rows, bool rounded = false) const {
     const int64_t hq = heads_of(Heads::kQuery, b.part).count(), hkv = heads_of(Heads::kKV, b.part).count();
     const std::vector<int64_t> q{B_, rows, hq, D_}, kv{B_, rows, hkv, D_}, stats{B_, hq, rows};
-    const DType f32 = rounded ? dtype_ : DType::kF32;
-    const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{DType::kF32, Heads::kStats, stats};
+    const DType acc = rounded ? dtype_ : DType::kF32, f32 = DType::kF32;
+    const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{f32, Heads::kStats, stats};
     switch (b.kind) {
       case BlockKind::kKV: return {KV, KV};
       case BlockKind::kQuery: return {Q};
-      case BlockKind::kOutput: return {{f32, Heads::kQuery, q}, S32};
+      case BlockKind::kOutput: return {{acc, Heads::kQuery, q}, S32};
       case BlockKind::kQueryPack:  // Q, dO, D (or O where the backend takes no D), LSE
         return {Q, Q, takes_delta() ? S32 : Q, S32};
-      case BlockKind::kDQ: return {{f32, Heads::kQuery, q}};
-      case BlockKind::kDKV: return {{f32, Heads::kKV, kv}, {f32, Heads::kKV, kv}};
+      case BlockKind::kDQ: return {{acc, Heads::kQuery, q}};
+      case BlockKind::kDKV: return {{acc, Heads::kKV, kv}, {acc, Heads::kKV, kv}};
       case BlockKind::kGradPack: return {Q, takes_delta() ? S32 : Q, S32};  // dO, D (or O), LSE
     }
     return {};
@@ -484,25 +484,12 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  // Whether result b is used again after step `at` (the wait of batch `batch`): computed into,
-  // received (in a later batch, or one still pending) or sent on.
-  bool used_after(const Block& b, size_t at, int batch) const {
-    const bool forward = pass_ == Pass::kForward;
-    const auto names = [&](const std::vector<Transfer>& ts) {
-      return std::any_of(ts.begin(), ts.end(), [&](const Transfer& t) { return t.block == b; });
-    };
-    for (size_t i = at + 1; i < steps_.size(); ++i) {
-      const Step& s = steps_[i];
-      if (s.kind == StepKind::kCompute &&
-          (s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ) == b || (!forward && s.kv_block(BlockKind::kDKV) == b)))
-        return true;
-      if (names(s.recvs) || names(s.sends)) return true;
-    }
-    for (const auto& [other, p] : pending_)
-      if (other != batch && std::any_of(p.arriving.begin(), p.arriving.end(),
-                                        [&](const auto& a) { return a.first.block == b; }))
-        return true;
-    return false;
+  // Parts of block b arriving in the batches still pending, this one included.
+  size_t arrivals_of(const Block& b) const {
+    size_t n = 0;
+    for (const auto& [batch, p] : pending_)
+      n += std::count_if(p.arriving.begin(), p.arriving.end(), [&](const auto& a) { return a.first.block == b; });
+    return n;
   }
 
   Status wait(const Step& s, size_t at) {
@@ -520,9 +507,8 @@ class GpuExecutor {
       // The first part of a result becomes it, unless it arrived rounded and is used again
       // (accumulators are fp32, and what travels on is sized as fp32): then it joins a fresh fp32
       // result.
-      const auto also_here = std::count_if(p.arriving.begin(), p.arriving.end(),
-                                           [&](const auto& a) { return a.first.block == t.block; }) > 1;
-      if (!slot && !(rounds_home(t.block, me_) && (also_here || used_after(t.block, at, s.batch)))) {
+      if (!slot && !(rounds_home(t.block, me_) &&
+                     (arrivals_of(t.block) > 1 || result_used_after(steps_, pass_, t.block, at)))) {
         slot = std::move(got);
         continue;
       }
