@@ -26,3 +26,8 @@ cp /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/x86_64-li
 mkdir -p .carry/whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/whl nanobind
 du -sh .carry
+# The hand-written two-rank path before the executor redesign (the parent of f9a93a7), for
+# two_gpu_runs.sh's regress stage, which builds its benchmark beside ours on the GPU machine.
+rm -rf .carry/oldpath && mkdir -p .carry/oldpath
+git archive 7e6f94d CMakeLists.txt apps bench include scripts src tests | tar -x -C .carry/oldpath
+du -sh .carry

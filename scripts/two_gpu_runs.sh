@@ -9,6 +9,10 @@
 #           PyTorch (K/V repeated to 32 heads before SDPA); then the sliding window (8K) and 64
 #           documents at 64K, 256K and 512K (ours only: PyTorch's context parallel SDPA takes no
 #           such mask)
+#   regress run 1: the two-rank path before the executor redesign (7e6f94d, packed into
+#           .carry/oldpath by pack_device_deps.sh and built here) against ours and PyTorch context
+#           parallel, same call, causal MHA at REGRESS_SEQS (default 16K, 64K, 128K); each side's
+#           ring, Burst and auto (ours: ring-return and burst-return, the same exchanges)
 #   tests   the GPU schedule tests (ctest -R GpuSchedule|GpuExecutor) and the kill-a-rank test;
 #           the Python module builds beside them (scripts/torch_gpu_check.sh build)
 #   lasp    LASP on GPUs (bench_gpu_lasp): the state chain against the all-gather on every GPU at
@@ -71,7 +75,7 @@ stages=("$@")
 [ ${#stages[@]} = 0 ] && stages=(build attn tests)
 for stage in "${stages[@]}"; do
   stamp "stage $stage"
-  if [[ "$stage" =~ ^(attn|gqa|tests|train|lasp)$ ]] && ! built; then
+  if [[ "$stage" =~ ^(attn|gqa|regress|tests|train|lasp)$ ]] && ! built; then
     stamp "no build here yet: building first"
     build || { status=1; break; }
   fi
@@ -101,6 +105,20 @@ for stage in "${stages[@]}"; do
           --big-from 1048576 | tee -a "$f" || status=1
       done
       python3 bench/compare_multi_gpu.py "$f" "$f" | tee "$out/gqa.md" ;;
+    regress)
+      old=/tmp/seqpar_before_redesign
+      if [ ! -x "$old/build-gpu/bench_gpu_ring" ]; then
+        rm -rf "$old" && cp -r .carry/oldpath "$old" && ln -s "$PWD/.carry" "$old/.carry"
+        (cd "$old" && OUT="$scratch/old" BUILD_JOBS=16 BUILD_TARGETS=bench_gpu_ring within 300 bash scripts/gpu_check.sh build \
+          > "$scratch/old_build.log" 2>&1) || { echo "the old path's build failed"; tail -n 30 "$scratch/old_build.log"; status=1; continue; }
+      fi
+      seqs="${REGRESS_SEQS:-16384,65536,131072}"
+      within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$seqs" --algos ring,burst,auto --single-max 0 \
+        | tee -a "$out/regress_old.jsonl" || status=1
+      within 150 $ring --seqs "$seqs" --algos ring-return,burst-return,auto --single-max 0 | tee -a "$out/regress_new.jsonl" || status=1
+      peer 150 --seqs "$seqs" | tee -a "$out/regress_peer.jsonl" || status=1
+      python3 bench/compare_multi_gpu.py "$out/regress_old.jsonl" "$out/regress_peer.jsonl" | tee "$out/regress_old.md"
+      python3 bench/compare_multi_gpu.py "$out/regress_new.jsonl" "$out/regress_peer.jsonl" | tee "$out/regress_new.md" ;;
     tests)
       # The module compiles on the CPU cores while the tests use the GPUs.
       OUT="$scratch" BUILD_JOBS=16 within 400 bash scripts/torch_gpu_check.sh build > "$scratch/py_build.log" 2>&1 &
@@ -150,7 +168,7 @@ for stage in "${stages[@]}"; do
       cat "$hf"/*.jsonl > "$out/hf.jsonl"
       python3 bench/compare_loss_curves.py "$hf/ours.jsonl" "$hf/plain.jsonl" "$hf/oracle.jsonl" | tee "$out/hf.md" \
         || status=1 ;;
-    *) echo "unknown stage $stage (build, attn, gqa, tests, lasp, train, python)"; status=2 ;;
+    *) echo "unknown stage $stage (build, attn, gqa, regress, tests, lasp, train, python)"; status=2 ;;
   esac
 done
 [ -n "$py_build_pid" ] && { stamp "waiting for the Python module's build"; wait "$py_build_pid"; \

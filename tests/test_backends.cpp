@@ -2,8 +2,8 @@
 // oracle, and on a GPU our CUDA kernels and cuDNN) runs every step kind a schedule needs
 // against the fp64 oracle computed whole (ggml's test-backend-ops is the model): forward
 // continued over two key blocks, backward added over two key blocks against the final LSE and
-// D (or O), delta, merge and accumulate. Rows sit at explicit global positions (two query runs,
-// two key runs), as in a zigzag or striped shard. CPU backends run fp64 (1e-10); GPU backends
+// D (or O), both again from fresh outputs, delta, merge and accumulate. Rows sit at explicit
+// global positions (two query runs, two key runs), as in a zigzag or striped shard. CPU backends run fp64 (1e-10); GPU backends
 // bf16 under the bf16 rule. A backend that refuses a mask must say why.
 #include <gtest/gtest.h>
 
@@ -108,12 +108,13 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     }
     const TensorView k = at.put(p.k, at.input, &keep).value(), v = at.put(p.v, at.input, &keep).value();
     const TensorView dout = at.put(p.dout, at.input, &keep).value();
-    const auto check = [&](const char* what, const TensorView& got, const HostTensor& want, const HostTensor* plain) {
+    const auto check = [&](const char* what, const TensorView& got, const HostTensor& want, const HostTensor* plain,
+                           DType rounding = DType::kF32) {
       const HostTensor ours = at.get(got).value();
       if (!caps.device) {
         EXPECT_LE(testing::max_abs_diff(ours, want), 1e-10) << what;
       } else if (plain) {
-        const std::string why = testing::check_lowp_rule(what, ours, *plain, want, DType::kF32);
+        const std::string why = testing::check_lowp_rule(what, ours, *plain, want, rounding);
         EXPECT_TRUE(why.empty()) << why;
       } else {  // fp32 arithmetic on fp32 data
         EXPECT_LE(testing::max_abs_diff(ours, want), 1e-5 * std::max(1.0, testing::max_abs(want))) << what;
@@ -128,7 +129,7 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     const TensorView lse = at.put(filled(at.acc, {kB, kH, kSq}, -INFINITY), at.acc, &keep).value();
     for (int64_t b : {int64_t(0), kHalf})
       ASSERT_TRUE(backend->forward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), keys_of(p, b), o, lse,
-                                   nullptr).ok());
+                                   FreshOutputs{}, nullptr).ok());
     check("O", o, p.ref.o, lowp ? &plain.o : nullptr);
     check("LSE", lse, p.ref.lse, lowp ? &plain.lse : nullptr);
 
@@ -141,11 +142,41 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     const TensorView dv = at.put(filled(at.acc, {kB, kSk, kHkv, kD}, 0), at.acc, &keep).value();
     for (int64_t b : {int64_t(0), kHalf})
       ASSERT_TRUE(backend->backward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), dout, g_lse, g_d,
-                                    keys_of(p, b), dq, dk.narrow(1, b, b + kHalf), dv.narrow(1, b, b + kHalf), nullptr)
+                                    keys_of(p, b), dq, dk.narrow(1, b, b + kHalf), dv.narrow(1, b, b + kHalf),
+                                    FreshOutputs{}, nullptr)
                       .ok());
     check("dQ", dq, p.ref.dq, lowp ? &plain.dq : nullptr);
     check("dK", dk, p.ref.dk, lowp ? &plain.dk : nullptr);
     check("dV", dv, p.ref.dv, lowp ? &plain.dv : nullptr);
+
+    // The same with fresh outputs holding NaN: each call that is its rows' first writes them
+    // without reading them (rows no key reaches get the empty result). In the accumulators'
+    // dtype and, for a backend that writes parts, in the inputs' (two parts, rounded once).
+    std::vector<DType> fresh_dtypes{at.acc};
+    if (caps.writes_parts) fresh_dtypes.push_back(at.input);
+    for (const DType out : fresh_dtypes) {
+      SCOPED_TRACE(std::string("fresh outputs in ") + dtype_name(out));
+      const DType rounding = out == at.acc ? DType::kF32 : out;
+      const TensorView fo = at.put(filled(out, {kB, kSq, kH, kD}, NAN), out, &keep).value();
+      const TensorView fl = at.put(filled(at.acc, {kB, kH, kSq}, NAN), at.acc, &keep).value();
+      for (int64_t b : {int64_t(0), kHalf})
+        ASSERT_TRUE(backend->forward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), keys_of(p, b), fo, fl,
+                                     FreshOutputs{b == 0, false, false}, nullptr)
+                        .ok());
+      check("fresh O", fo, p.ref.o, lowp ? &plain.o : nullptr, rounding);
+      check("fresh LSE", fl, p.ref.lse, lowp ? &plain.lse : nullptr);
+      const TensorView fdq = at.put(filled(out, {kB, kSq, kH, kD}, NAN), out, &keep).value();
+      const TensorView fdk = at.put(filled(out, {kB, kSk, kHkv, kD}, NAN), out, &keep).value();
+      const TensorView fdv = at.put(filled(out, {kB, kSk, kHkv, kD}, NAN), out, &keep).value();
+      for (int64_t b : {int64_t(0), kHalf})  // each key block's dK/dV rows are fresh in their call
+        ASSERT_TRUE(backend->backward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), dout, g_lse, g_d,
+                                      keys_of(p, b), fdq, fdk.narrow(1, b, b + kHalf), fdv.narrow(1, b, b + kHalf),
+                                      FreshOutputs{false, b == 0, true}, nullptr)
+                        .ok());
+      check("fresh dQ", fdq, p.ref.dq, lowp ? &plain.dq : nullptr, rounding);
+      check("fresh dK", fdk, p.ref.dk, lowp ? &plain.dk : nullptr, rounding);
+      check("fresh dV", fdv, p.ref.dv, lowp ? &plain.dv : nullptr, rounding);
+    }
 
     // delta = rowsum(dO * O), on O as the oracle left it (rounded to the inputs' dtype on GPU).
     const TensorView o_in = at.put(p.ref.o, at.input, &keep).value();
@@ -164,15 +195,16 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     HostTensor o1 = filled(DType::kF64, {kB, kSq, kH, kD}, 0), l1 = filled(DType::kF64, {kB, kH, kSq}, -INFINITY);
     HostTensor o2 = o1, l2 = l1;
     ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view().narrow(1, 0, kHalf), vd.view().narrow(1, 0, kHalf),
-                                             first, o1.view(), l1.view(), nullptr).ok());
+                                             first, o1.view(), l1.view(), FreshOutputs{}, nullptr).ok());
     ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view().narrow(1, kHalf, kSk),
-                                             vd.view().narrow(1, kHalf, kSk), second, o2.view(), l2.view(), nullptr)
+                                             vd.view().narrow(1, kHalf, kSk), second, o2.view(), l2.view(),
+                                             FreshOutputs{}, nullptr)
                     .ok());
     const TensorView mo = at.put(o1, at.acc, &keep).value(), ml = at.put(l1, at.acc, &keep).value();
     ASSERT_TRUE(backend->merge(mo, ml, at.put(o2, at.acc, &keep).value(), at.put(l2, at.acc, &keep).value(), nullptr).ok());
     HostTensor whole_o = filled(DType::kF64, {kB, kSq, kH, kD}, 0), whole_l = filled(DType::kF64, {kB, kH, kSq}, -INFINITY);
     ASSERT_TRUE(cpu_oracle_backend().forward(qd.view(), kd.view(), vd.view(), p.params, whole_o.view(), whole_l.view(),
-                                             nullptr).ok());
+                                             FreshOutputs{}, nullptr).ok());
     check("merged O", mo, whole_o, nullptr);
     check("merged LSE", ml, whole_l, nullptr);
 

@@ -9,8 +9,10 @@
 #include <cuda_runtime.h>
 
 #include <cctype>
+#include <cmath>
 #include <mutex>
 
+#include "seqpar/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 #include "seqpar/gpu_executor.hpp"
 #include "seqpar/nccl_comm.hpp"
@@ -105,6 +107,8 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     SP_ASSIGN_OR_RETURN(DeviceTensor ldq, device_zeros(t, {c.batch, n, c.heads, c.head_dim}));
     SP_ASSIGN_OR_RETURN(DeviceTensor ldk, device_zeros(t, {c.batch, n, c.kv_heads, c.head_dim}));
     SP_ASSIGN_OR_RETURN(DeviceTensor ldv, device_zeros(t, {c.batch, n, c.kv_heads, c.head_dim}));
+    // The outputs hold NaN: the executor must write every element (results written fresh).
+    for (const DeviceTensor* d : {&lo, &llse, &ldq, &ldk, &ldv}) SP_RETURN_IF_ERROR(flash_fill(d->view, NAN));
     const std::unique_ptr<AttentionBackend> backend =
         make_gpu_backend(lq.view, params, /*prefer_cudnn=*/!c.own_kernels, c.max_call_rows);
     SP_CHECK_SUPPORTED(backend != nullptr, "no GPU backend in this build");

@@ -457,10 +457,10 @@ class PlanOnlyDeviceBackend : public AttentionBackend {
   }
   std::string supports(const TensorView&, const AttentionParams&) const override { return {}; }
   Status forward(const TensorView&, const TensorView&, const TensorView&, const AttentionParams&, const TensorView&,
-                 const TensorView&, void*) const override { return unused(); }
+                 const TensorView&, FreshOutputs, void*) const override { return unused(); }
   Status backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                   const TensorView&, const AttentionParams&, const TensorView&, const TensorView&, const TensorView&,
-                  void*) const override { return unused(); }
+                  FreshOutputs, void*) const override { return unused(); }
   Status delta(const TensorView&, const TensorView&, const TensorView&, void*) const override { return unused(); }
   Status merge(const TensorView&, const TensorView&, const TensorView&, const TensorView&, void*) const override {
     return unused();
@@ -510,22 +510,33 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
   EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
 }
 
-// result_used_after, on the two-rank ring's backward (rank 0): its own dK/dV leaves with the
-// K/V and comes home in the last batch, after which nothing uses it; rank 1's arrives to be
-// added into and is then sent home.
-TEST(BlockLifetimes, ResultUsedAfterFollowsTheRing) {
+// result_uses, on the two-rank ring's backward (rank 0): its own dK/dV is computed, sent on
+// with the K/V and added into at home (2 parts, travels on); rank 1's is computed, gets rank
+// 1's part added and goes home (2 parts); its dQ takes both computes. With four ranks the
+// dQ takes four parts.
+TEST(BlockLifetimes, ResultUsesFollowTheRing) {
   const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 2).value();
   const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 2, 2);
   const std::vector<Step> steps = find_algorithm("ring")->make_schedule(req, 0).backward;
-  const Block own{BlockKind::kDKV, 0}, peers{BlockKind::kDKV, 1};
-  std::vector<size_t> waits;
-  for (size_t i = 0; i < steps.size(); ++i)
-    if (steps[i].kind == StepKind::kWait) waits.push_back(i);
-  ASSERT_EQ(waits.size(), 3u) << describe_steps(steps, {}, 0);
-  EXPECT_TRUE(result_used_after(steps, Pass::kBackward, own, waits[0]));   // sent with the K/V
-  EXPECT_TRUE(result_used_after(steps, Pass::kBackward, peers, waits[1]));  // sent home
-  EXPECT_FALSE(result_used_after(steps, Pass::kBackward, own, waits[2]));  // home for good
-  EXPECT_FALSE(result_used_after(steps, Pass::kBackward, peers, waits[2]));
+  const auto uses = result_uses(steps, Pass::kBackward);
+  ASSERT_EQ(uses.size(), 3u) << describe_steps(steps, {}, 0);
+  const ResultUse own = uses.at({BlockKind::kDKV, 0}), peers = uses.at({BlockKind::kDKV, 1}),
+                  dq = uses.at({BlockKind::kDQ, 0});
+  EXPECT_EQ(own.parts, 2);
+  EXPECT_TRUE(own.travels_on);
+  EXPECT_EQ(peers.parts, 2);
+  EXPECT_FALSE(peers.travels_on);
+  EXPECT_EQ(dq.parts, 2);
+  EXPECT_FALSE(dq.travels_on || dq.regrouped || own.regrouped);
+  const Layout four = Layout::create(LayoutKind::kZigzag, 64, 4).value();
+  const ScheduleRequest req4 = make_schedule_request(four, MaskSpec::causal(), 2, 2);
+  EXPECT_EQ(result_uses(find_algorithm("ring")->make_schedule(req4, 0).backward, Pass::kBackward)
+                .at({BlockKind::kDQ, 0})
+                .parts,
+            4);
+  // Ulysses joins its gathered results from span pieces.
+  const auto ulysses = result_uses(find_algorithm("ulysses")->make_schedule(req, 0).forward, Pass::kForward);
+  EXPECT_TRUE(std::any_of(ulysses.begin(), ulysses.end(), [](const auto& u) { return u.second.regrouped; }));
 }
 
 }  // namespace

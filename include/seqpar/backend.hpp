@@ -10,6 +10,11 @@
 //   merge       (O, LSE) <- merge((O, LSE), (O_part, LSE_part)), -inf safe;
 //   accumulate  acc += x (same shape; on device backends x may be in the inputs' dtype where
 //               acc is fp32, as O_part may in merge: results sent home travel rounded).
+// Forward and backward outputs named fresh (FreshOutputs) hold nothing yet: the backend writes
+// them as if they held the empty result, without reading them (no clearing pass, no first
+// read-add-write). A backend that writes parts (caps) also takes outputs, and merge and
+// accumulate targets, in the inputs' dtype: each call then rounds once what it read and added
+// in fp32, so a result of at most two parts comes out as an fp32 accumulator rounded once would.
 // Shapes as in attention.hpp: q, o, dout, dq [B, S_q, H, D]; k, v, dk, dv [B, S_k, H_kv, D];
 // lse, delta [B, H, S_q]. `stream` is the CUDA stream of device backends (CPU ones ignore it).
 #pragma once
@@ -25,11 +30,19 @@ namespace seqpar {
 
 struct BackendCaps {
   bool takes_delta = true;          // backward reads D (else O, passed as `delta`: packs carry O)
-  bool writes_parts = false;        // its kernels write fresh parts it then merges or adds itself
+  bool writes_parts = false;        // its kernels write whole parts it then merges or adds itself
+                                    // (so its outputs may be in the inputs' dtype)
   bool needs_dense_blocks = false;  // its kernels take only full or top-left causal blocks (it
                                     // plans each shard pair into such calls itself)
   bool device = false;              // computes on a GPU: accumulators and row stats are fp32, and
                                     // the planner bounds its workspace with head groups
+};
+
+// Which outputs of a forward or backward call hold nothing yet (see above).
+struct FreshOutputs {
+  bool o = false;    // forward: O and LSE
+  bool dq = false;   // backward: dQ
+  bool dkv = false;  // backward: dK and dV
 };
 
 class AttentionBackend {
@@ -43,12 +56,12 @@ class AttentionBackend {
 
   [[nodiscard]] virtual Status forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                        const AttentionParams& params, const TensorView& o,
-                                       const TensorView& lse, void* stream) const = 0;
+                                       const TensorView& lse, FreshOutputs fresh, void* stream) const = 0;
   [[nodiscard]] virtual Status backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& dout, const TensorView& lse,
                                         const TensorView& delta, const AttentionParams& params,
                                         const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                        void* stream) const = 0;
+                                        FreshOutputs fresh, void* stream) const = 0;
   [[nodiscard]] virtual Status delta(const TensorView& o, const TensorView& dout, const TensorView& delta,
                                      void* stream) const = 0;
   [[nodiscard]] virtual Status merge(const TensorView& o, const TensorView& lse, const TensorView& o_part,

@@ -71,7 +71,8 @@ Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stre
 Status flash_add_cast(const TensorView& src, const TensorView& acc, const TensorView& dst,
                       void* stream = nullptr);
 
-// Sets every element of a contiguous fp32 device tensor (e.g. LSE to -inf).
+// Sets every element of a device view (fp32, bf16 or fp16; up to 4 dims, any strides with a
+// contiguous last dim) to `value`: a fresh result's rows no part reaches, LSE to -inf.
 Status flash_fill(const TensorView& dst, float value, void* stream = nullptr);
 
 // (o, lse) <- merge((o, lse), (o_part, lse_part)); o and both LSEs fp32 (any strides with a

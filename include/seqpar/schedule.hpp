@@ -218,9 +218,16 @@ std::string block_name(const Block& b);
 // Blocks in `kept` (the forward's RankSchedule::kept) are never dropped.
 std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pass, int rank,
                                         const std::vector<Block>& kept = {});
-// Whether a step after step `at` computes into, receives or sends result block b (a result that
-// arrived home rounded (goes_home) is then made an fp32 accumulator first).
-bool result_used_after(const std::vector<Step>& steps, Pass pass, const Block& b, size_t at);
+// result_uses: how each result block a rank holds in a pass is made, which decides how the GPU
+// executor holds it: in the inputs' dtype where at most two parts reach it and it goes nowhere
+// but home (two parts summed in fp32 and rounded once come out as through an fp32
+// accumulator), else as an fp32 accumulator.
+struct ResultUse {
+  int parts = 0;            // computes into it, and receives of it
+  bool travels_on = false;  // sent to a rank it does not belong to (as an accumulator)
+  bool regrouped = false;   // joined from or split into span pieces
+};
+std::map<Block, ResultUse> result_uses(const std::vector<Step>& steps, Pass pass);
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
 // received inputs, results (its own included), arriving parts and the rounded copies of
 // results sent home, each block sized for the layout's longest shard as the GPU executor

@@ -1,5 +1,5 @@
 // How long the executors keep each block of a schedule (include/seqpar/schedule.hpp): where a
-// received input is last used, whether a result is used again, and the most block bytes a rank
+// received input is last used, how each result is made (so how it is held), and the most block bytes a rank
 // holds at once, which the planner divides into head groups to bound the GPU executor's
 // workspace.
 #include <algorithm>
@@ -41,19 +41,24 @@ std::map<Block, size_t> last_input_uses(const std::vector<Step>& steps, Pass pas
   return last;
 }
 
-bool result_used_after(const std::vector<Step>& steps, Pass pass, const Block& b, size_t at) {
+std::map<Block, ResultUse> result_uses(const std::vector<Step>& steps, Pass pass) {
   const bool forward = pass == Pass::kForward;
-  const auto names = [&](const std::vector<Transfer>& ts) {
-    return std::any_of(ts.begin(), ts.end(), [&](const Transfer& t) { return t.block == b; });
-  };
-  for (size_t i = at + 1; i < steps.size(); ++i) {
-    const Step& s = steps[i];
-    if (s.kind == StepKind::kCompute &&
-        (s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ) == b || (!forward && s.kv_block(BlockKind::kDKV) == b)))
-      return true;
-    if (names(s.recvs) || names(s.sends)) return true;
+  std::map<Block, ResultUse> uses;
+  for (const Step& s : steps) {
+    if (s.kind == StepKind::kCompute) {
+      ++uses[s.q_block(forward ? BlockKind::kOutput : BlockKind::kDQ)].parts;
+      if (!forward) ++uses[s.kv_block(BlockKind::kDKV)].parts;
+    } else if ((s.kind == StepKind::kConcat || s.kind == StepKind::kSplit) && is_result(s.block.kind)) {
+      uses[s.block].regrouped = true;
+      for (const Block& piece : span_pieces(s.block)) uses[piece].regrouped = true;
+    } else if (s.kind == StepKind::kPost) {
+      for (const Transfer& t : s.recvs)
+        if (is_result(t.block.kind)) ++uses[t.block].parts;
+      for (const Transfer& t : s.sends)
+        if (is_result(t.block.kind) && !goes_home(t.block, t.peer)) uses[t.block].travels_on = true;
+    }
   }
-  return false;
+  return uses;
 }
 
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,

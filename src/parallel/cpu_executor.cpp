@@ -268,13 +268,14 @@ class Executor {
       SP_ASSIGN_OR_RETURN(Stored* q, input(s.q_block(BlockKind::kQuery)));
       Stored& out = result(s.q_block(BlockKind::kOutput));
       return plan_.backend->forward(q->parts[0], keys->parts[0], keys->parts[1], params, out.parts[0],
-                                    out.parts[1], nullptr);
+                                    out.parts[1], FreshOutputs{}, nullptr);
     }
     SP_ASSIGN_OR_RETURN(Stored* pack, input(s.q_block(BlockKind::kQueryPack)));
     Stored& dq = result(s.q_block(BlockKind::kDQ));
     Stored& dkv = result(s.kv_block(BlockKind::kDKV));
     return plan_.backend->backward(pack->parts[0], keys->parts[0], keys->parts[1], pack->parts[1], pack->parts[3],
-                                   pack->parts[2], params, dq.parts[0], dkv.parts[0], dkv.parts[1], nullptr);
+                                   pack->parts[2], params, dq.parts[0], dkv.parts[0], dkv.parts[1], FreshOutputs{},
+                                   nullptr);
   }
 
   // kPack: the query pack from the Q block and the grad pack of the same name.

@@ -3,8 +3,12 @@
 // buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
 // Head parts of them are cut out when first named, span blocks joined from their pieces, and
 // results that come home in head parts put together (added where GQA gave two parts one K/V
-// head) before they are rounded into the caller's tensors. Results accumulate in fp32; one sent
-// home travels rounded to the inputs' dtype (goes_home) and is added into the fp32 result there.
+// head) before they are rounded into the caller's tensors. A result that at most two parts
+// reach and that goes nowhere but home (result_uses) is held in the inputs' dtype, the rank's
+// own in the caller's tensors: backends that write parts put the first straight into it and sum
+// the second there in fp32, rounding once, as through fp32. Other results accumulate in fp32;
+// one sent home travels rounded to the inputs' dtype (goes_home). A result's first part is
+// computed fresh (FreshOutputs): nothing is cleared before it.
 #include "seqpar/gpu_executor.hpp"
 
 #include <cuda_runtime.h>
@@ -12,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "core/cuda_check.hpp"
 #include "parallel/block_views.hpp"
@@ -59,6 +64,11 @@ class GpuExecutor {
     if (pass_ == Pass::kForward && !kept.empty()) state_->impl().blocks.clear(), state_->impl().plan = &plan_;
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
     last_use_ = last_input_uses(steps_, pass_, me_, pass_ == Pass::kForward ? kept : std::vector<Block>{});
+    if (dtype_ != DType::kF32 && plan_.backend->caps().writes_parts)
+      for (const auto& [b, use] : result_uses(steps_, pass_)) {
+        const bool joined_home = b.shard == me_ && b.span == 1 && plan_.schedule.head_parts > 1;  // join_parts adds
+        if (use.parts <= 2 && !use.travels_on && !use.regrouped && !joined_home) rounded_.insert(b);
+      }
     SP_RETURN_IF_ERROR(ws_.begin(s_));
     PassStats local;
     for (int g = 0; g < plan_.head_groups; ++g) {
@@ -194,15 +204,35 @@ class GpuExecutor {
     }
   }
 
-  // A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
-  StatusOr<Stored*> result(const Block& b) {
+  // How this rank holds result b: in the inputs' dtype (rounded_), its own in the caller's tensors.
+  bool held_rounded(const Block& b) const { return rounded_.count(b) > 0; }
+  bool in_callers(const Block& b) const {
+    return held_rounded(b) && b == Block{b.kind, me_} && home_.count(b.kind);
+  }
+  // A result present (*fresh = false), or made with nothing in it yet (*fresh = true): its first
+  // part is written, not added.
+  StatusOr<Stored*> result(const Block& b, bool* fresh) {
     auto& slot = store_[b];
-    if (!slot) {
-      SP_ASSIGN_OR_RETURN(slot, make_block(b));
-      for (const TensorView& p : slot->parts) SP_CUDA_CHECK(cudaMemsetAsync(p.data, 0, view_bytes(p), s_));
-      if (b.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_fill(slot->parts[1], -INFINITY, s_));
+    *fresh = !slot;
+    if (!slot && in_callers(b)) {
+      slot = std::make_unique<Stored>();
+      slot->parts = home_.at(b.kind);
+    } else if (!slot) {
+      SP_ASSIGN_OR_RETURN(slot, make_block(b, held_rounded(b)));
     }
     return slot.get();
+  }
+  // A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
+  StatusOr<Stored*> cleared_result(const Block& b) {
+    bool fresh = false;
+    SP_ASSIGN_OR_RETURN(Stored* r, result(b, &fresh));
+    if (fresh) SP_RETURN_IF_ERROR(clear(b, *r));
+    return r;
+  }
+  Status clear(const Block& b, const Stored& r) {
+    for (size_t i = 0; i < r.parts.size(); ++i)
+      SP_RETURN_IF_ERROR(flash_fill(r.parts[i], b.kind == BlockKind::kOutput && i == 1 ? -INFINITY : 0.0f, s_));
+    return Status::Ok();
   }
 
   // This rank's own input block for head group g: the caller's slices where they can be used
@@ -231,6 +261,13 @@ class GpuExecutor {
     const auto qh = [&](const TensorView& t) { return t.narrow(2, g * Hg_, (g + 1) * Hg_); };
     const auto kvh = [&](const TensorView& t) { return t.narrow(2, g * Hkg_, (g + 1) * Hkg_); };
     const auto stat_h = [&](const TensorView& t) { return t.narrow(1, g * Hg_, (g + 1) * Hg_); };
+    home_.clear();
+    if (pass_ == Pass::kForward) {
+      home_[BlockKind::kOutput] = {qh(t_.o), stat_h(t_.lse)};
+    } else {
+      home_[BlockKind::kDQ] = {qh(t_.dq)};
+      home_[BlockKind::kDKV] = {kvh(t_.dk), kvh(t_.dv)};
+    }
     SP_RETURN_IF_ERROR(make_home({BlockKind::kKV, me_}, {kvh(t_.k), kvh(t_.v)}));
     if (pass_ == Pass::kForward) {
       SP_RETURN_IF_ERROR(make_home({BlockKind::kQuery, me_}, {qh(t_.q)}));
@@ -250,7 +287,7 @@ class GpuExecutor {
         SP_RETURN_IF_ERROR(post(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " post"));
       } else if (s.kind == StepKind::kWait) {
-        SP_RETURN_IF_ERROR(wait(s, i));
+        SP_RETURN_IF_ERROR(wait(s));
         SP_RETURN_IF_ERROR(ws_.mark(s_, group + std::to_string(i) + " arrived"));
       } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
         SP_RETURN_IF_ERROR(s.kind == StepKind::kPack ? pack(s) : regroup(s));
@@ -269,20 +306,14 @@ class GpuExecutor {
         }
     }
     SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");
-    // The results, put together from their head parts and rounded once into the caller's tensors.
-    for (BlockKind kind : pass_ == Pass::kForward ? std::vector{BlockKind::kOutput}
-                                                  : std::vector{BlockKind::kDQ, BlockKind::kDKV})
-      SP_RETURN_IF_ERROR(join_parts({kind, me_}));
-    if (pass_ == Pass::kForward) {
-      SP_ASSIGN_OR_RETURN(Stored* out, result({BlockKind::kOutput, me_}));
-      SP_RETURN_IF_ERROR(flash_cast(out->parts[0], qh(t_.o), s_));
-      SP_RETURN_IF_ERROR(flash_cast(out->parts[1], stat_h(t_.lse), s_));
-    } else {
-      SP_ASSIGN_OR_RETURN(Stored* dq, result({BlockKind::kDQ, me_}));
-      SP_ASSIGN_OR_RETURN(Stored* dkv, result({BlockKind::kDKV, me_}));
-      SP_RETURN_IF_ERROR(flash_cast(dq->parts[0], qh(t_.dq), s_));
-      SP_RETURN_IF_ERROR(flash_cast(dkv->parts[0], kvh(t_.dk), s_));
-      SP_RETURN_IF_ERROR(flash_cast(dkv->parts[1], kvh(t_.dv), s_));
+    // The results, put together from their head parts and (unless held there) rounded once into
+    // the caller's tensors.
+    for (const auto& [kind, callers] : home_) {
+      const Block own{kind, me_};
+      SP_RETURN_IF_ERROR(join_parts(own));
+      SP_ASSIGN_OR_RETURN(Stored* r, cleared_result(own));
+      if (in_callers(own)) continue;
+      for (size_t i = 0; i < callers.size(); ++i) SP_RETURN_IF_ERROR(flash_cast(r->parts[i], callers[i], s_));
     }
     return ws_.mark(s_, group + "out");
   }
@@ -334,7 +365,7 @@ class GpuExecutor {
     for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
       auto it = store_.find({whole.kind, whole.shard, 1, p});
       if (it == store_.end()) continue;
-      SP_ASSIGN_OR_RETURN(Stored* into, result(whole));
+      SP_ASSIGN_OR_RETURN(Stored* into, cleared_result(whole));
       const std::vector<PartShape> shapes = part_shapes(whole, 0);
       for (size_t i = 0; i < shapes.size(); ++i) {
         const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
@@ -352,13 +383,14 @@ class GpuExecutor {
     SP_ASSIGN_OR_RETURN(Stored* keys, input(s.kv_block(BlockKind::kKV)));
     const bool forward = pass_ == Pass::kForward;
     Stored *q = nullptr, *out = nullptr, *dq = nullptr, *dkv = nullptr;
+    FreshOutputs fresh;
     if (forward) {
       SP_ASSIGN_OR_RETURN(q, input(s.q_block(BlockKind::kQuery)));
-      SP_ASSIGN_OR_RETURN(out, result(s.q_block(BlockKind::kOutput)));
+      SP_ASSIGN_OR_RETURN(out, result(s.q_block(BlockKind::kOutput), &fresh.o));
     } else {
       SP_ASSIGN_OR_RETURN(q, input(s.q_block(BlockKind::kQueryPack)));
-      SP_ASSIGN_OR_RETURN(dq, result(s.q_block(BlockKind::kDQ)));
-      SP_ASSIGN_OR_RETURN(dkv, result(s.kv_block(BlockKind::kDKV)));
+      SP_ASSIGN_OR_RETURN(dq, result(s.q_block(BlockKind::kDQ), &fresh.dq));
+      SP_ASSIGN_OR_RETURN(dkv, result(s.kv_block(BlockKind::kDKV), &fresh.dkv));
     }
     // Spans whose positions go back between shards run per pair of increasing runs: cuDNN
     // plans dense calls and our kernels arithmetic runs, both over increasing positions.
@@ -366,6 +398,12 @@ class GpuExecutor {
     const std::vector<Run>& q_runs = positions_.increasing_runs(s.q_block(BlockKind::kQuery));
     const std::vector<Run>& k_runs = positions_.increasing_runs(s.kv_block(BlockKind::kKV));
     const bool whole = q_runs.size() == 1 && k_runs.size() == 1;
+    if (!whole) {  // several calls, some maybe skipped: the results start cleared
+      if (fresh.o) SP_RETURN_IF_ERROR(clear(s.q_block(BlockKind::kOutput), *out));
+      if (fresh.dq) SP_RETURN_IF_ERROR(clear(s.q_block(BlockKind::kDQ), *dq));
+      if (fresh.dkv) SP_RETURN_IF_ERROR(clear(s.kv_block(BlockKind::kDKV), *dkv));
+      fresh = {};
+    }
     for (const Run& qr : q_runs)
       for (const Run& kr : k_runs) {
         if (!whole && !plan_.params.mask.sees_any(qr.positions, kr.positions)) continue;
@@ -377,13 +415,13 @@ class GpuExecutor {
         const TensorView k = rows(keys->parts[0], kr), v = rows(keys->parts[1], kr);
         if (forward) {
           SP_RETURN_IF_ERROR(plan_.backend->forward(rows(q->parts[0], qr), k, v, params, rows(out->parts[0], qr),
-                                                    stat_rows(out->parts[1], qr), s_));
+                                                    stat_rows(out->parts[1], qr), fresh, s_));
           continue;
         }
         const TensorView delta = takes_delta() ? stat_rows(q->parts[2], qr) : rows(q->parts[2], qr);
         SP_RETURN_IF_ERROR(plan_.backend->backward(rows(q->parts[0], qr), k, v, rows(q->parts[1], qr),
                                                    stat_rows(q->parts[3], qr), delta, params, rows(dq->parts[0], qr),
-                                                   rows(dkv->parts[0], kr), rows(dkv->parts[1], kr), s_));
+                                                   rows(dkv->parts[0], kr), rows(dkv->parts[1], kr), fresh, s_));
       }
     return Status::Ok();
   }
@@ -434,12 +472,14 @@ class GpuExecutor {
 
   struct Pending {
     std::unique_ptr<PendingExchange> exchange;
-    std::vector<std::pair<Transfer, std::unique_ptr<Stored>>> arriving;  // parts to add or merge
+    std::vector<std::pair<Transfer, std::unique_ptr<Stored>>> arriving;  // result parts to combine
     std::vector<Block> leaving;                                            // results sent away
-    std::vector<std::unique_ptr<Stored>> rounded;                          // their copies sent home
+    std::vector<std::unique_ptr<Stored>> rounded;                          // fp32 ones' copies sent home
   };
   // Whether results travel home rounded (the inputs are not fp32, as the accumulators are).
   bool rounds_home(const Block& b, int to) const { return dtype_ != DType::kF32 && goes_home(b, to); }
+  // Whether a result received from the wire can be the block as this rank holds it.
+  bool adoptable(const Block& b) const { return rounds_home(b, me_) == held_rounded(b) && !in_callers(b); }
 
   Status post(const Step& s) {
     Pending p;
@@ -450,7 +490,7 @@ class GpuExecutor {
       if (is_result(t.block.kind)) {
         SP_ASSIGN_OR_RETURN(from, held_result(t.block));
         p.leaving.push_back(t.block);
-        if (rounds_home(t.block, t.peer)) {
+        if (rounds_home(t.block, t.peer) && !held_rounded(t.block)) {
           SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> rounded, make_block(t.block, true));
           for (size_t i = 0; i < rounded->parts.size(); ++i)
             SP_RETURN_IF_ERROR(flash_cast(from->parts[i], rounded->parts[i], s_));
@@ -465,7 +505,7 @@ class GpuExecutor {
     for (const Transfer& t : s.recvs) {
       SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block, rounds_home(t.block, me_)));
       for (const TensorView& part : into->parts) recvs.push_back({t.peer, part.data, view_bytes(part)});
-      if (t.combine == Combine::kReplace) {
+      if (t.combine == Combine::kReplace && (!is_result(t.block.kind) || adoptable(t.block))) {
         auto& slot = store_[t.block];
         release(std::move(slot));
         slot = std::move(into);
@@ -484,15 +524,7 @@ class GpuExecutor {
     return Status::Ok();
   }
 
-  // Parts of block b arriving in the batches still pending, this one included.
-  size_t arrivals_of(const Block& b) const {
-    size_t n = 0;
-    for (const auto& [batch, p] : pending_)
-      n += std::count_if(p.arriving.begin(), p.arriving.end(), [&](const auto& a) { return a.first.block == b; });
-    return n;
-  }
-
-  Status wait(const Step& s, size_t at) {
+  Status wait(const Step& s) {
     auto it = pending_.find(s.batch);
     SP_CHECK_ARG(it != pending_.end(), "internal: a wait for a batch never posted");
     Pending& p = it->second;
@@ -504,22 +536,20 @@ class GpuExecutor {
     }
     for (auto& [t, got] : p.arriving) {
       auto& slot = store_[t.block];
-      // The first part of a result becomes it, unless it arrived rounded and is used again
-      // (accumulators are fp32, and what travels on is sized as fp32): then it joins a fresh fp32
-      // result.
-      if (!slot && !(rounds_home(t.block, me_) &&
-                     (arrivals_of(t.block) > 1 || result_used_after(steps_, pass_, t.block, at)))) {
+      if (t.combine == Combine::kReplace) release(std::move(slot));
+      if (!slot && adoptable(t.block)) {  // the first part becomes the result
         slot = std::move(got);
         continue;
       }
-      if (!slot) SP_RETURN_IF_ERROR(result(t.block).status());
-      if (t.combine == Combine::kMerge) {
-        SP_RETURN_IF_ERROR(plan_.backend->merge(slot->parts[0], slot->parts[1], got->parts[0], got->parts[1], s_));
-      } else {
-        for (size_t i = 0; i < slot->parts.size(); ++i)
-          SP_RETURN_IF_ERROR(plan_.backend->accumulate(slot->parts[i], got->parts[i], s_));
+      bool fresh = false;
+      SP_ASSIGN_OR_RETURN(Stored* into, result(t.block, &fresh));
+      for (size_t i = 0; i < into->parts.size(); ++i) {
+        if (fresh) SP_RETURN_IF_ERROR(flash_cast(got->parts[i], into->parts[i], s_));  // the first part, cast in
+        else if (t.combine == Combine::kMerge && i == 0)
+          SP_RETURN_IF_ERROR(plan_.backend->merge(into->parts[0], into->parts[1], got->parts[0], got->parts[1], s_));
+        else if (t.combine != Combine::kMerge) SP_RETURN_IF_ERROR(plan_.backend->accumulate(into->parts[i], got->parts[i], s_));
       }
-      release(std::move(got));  // stream order: the next use of its buffer comes after these adds
+      release(std::move(got));  // stream order: the next use of its buffer comes after these
     }
     pending_.erase(it);
     return Status::Ok();
@@ -541,6 +571,8 @@ class GpuExecutor {
   parallel::SpanPositions positions_{plan_.layout};
   ForwardState* state_;
   std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
+  std::set<Block> rounded_;                        // results held in the inputs' dtype
+  std::map<BlockKind, std::vector<TensorView>> home_;  // the caller's tensors for the group's own results
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The two CPU backends of include/seqpar/backend.hpp: the fast blocked kernels, and the fp64
 // oracle as a backend (plain loops, obviously right; what the backend test holds every other
 // backend to).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,18 +32,42 @@ Status add_into(const TensorView& acc, const TensorView& x) {
   return Status::Ok();
 }
 
+// A fresh output set to the empty result (the CPU executor's results are whole host tensors).
+Status fill_host(const TensorView& t, double value) {
+  SP_CHECK_ARG(t.is_contiguous(), "the CPU backends take fresh outputs as contiguous tensors; got " + t.shape_string());
+  const int64_t n = t.numel();
+  if (t.dtype == DType::kF32) std::fill_n(t.as<float>(), n, float(value));
+  else if (t.dtype == DType::kF64) std::fill_n(t.as<double>(), n, value);
+  else return SP_STATUS(StatusCode::kUnsupported, "the CPU backends' outputs are fp32 or fp64");
+  return Status::Ok();
+}
+Status clear_fresh_forward(const TensorView& o, const TensorView& lse, FreshOutputs fresh) {
+  if (!fresh.o) return Status::Ok();
+  SP_RETURN_IF_ERROR(fill_host(o, 0));
+  return fill_host(lse, -INFINITY);
+}
+Status clear_fresh_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, FreshOutputs fresh) {
+  if (fresh.dq) SP_RETURN_IF_ERROR(fill_host(dq, 0));
+  if (fresh.dkv) SP_RETURN_IF_ERROR(fill_host(dk, 0));
+  if (fresh.dkv) SP_RETURN_IF_ERROR(fill_host(dv, 0));
+  return Status::Ok();
+}
+
 class CpuKernelBackend : public AttentionBackend {
  public:
   const char* name() const override { return "cpu"; }
   BackendCaps caps() const override { return {}; }
   std::string supports(const TensorView& q, const AttentionParams&) const override { return cpu_supports(q); }
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
-                 const TensorView& o, const TensorView& lse, void*) const override {
+                 const TensorView& o, const TensorView& lse, FreshOutputs fresh, void*) const override {
+    SP_RETURN_IF_ERROR(clear_fresh_forward(o, lse, fresh));
     return cpu_attention_forward(q, k, v, params, o, lse, /*accumulate=*/true);
   }
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& delta, const AttentionParams& params,
-                  const TensorView& dq, const TensorView& dk, const TensorView& dv, void*) const override {
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv, FreshOutputs fresh,
+                  void*) const override {
+    SP_RETURN_IF_ERROR(clear_fresh_backward(dq, dk, dv, fresh));
     return cpu_attention_backward(q, k, v, dout, lse, delta, params, dq, dk, dv);
   }
   Status delta(const TensorView& o, const TensorView& dout, const TensorView& d, void*) const override {
@@ -77,7 +102,8 @@ class CpuOracleBackend final : public CpuKernelBackend {
 
   // The oracle's (O, LSE) of these keys alone, in o's dtype, merged into the running result.
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
-                 const TensorView& o, const TensorView& lse, void*) const override {
+                 const TensorView& o, const TensorView& lse, FreshOutputs fresh, void*) const override {
+    SP_RETURN_IF_ERROR(clear_fresh_forward(o, lse, fresh));
     SP_ASSIGN_OR_RETURN(const ReferenceResult part, reference_attention(q, k, v, TensorView{}, params));
     HostTensor o_part(o.dtype, {o.shape[0], o.shape[1], o.shape[2], o.shape[3]});
     HostTensor lse_part(o.dtype, {lse.shape[0], lse.shape[1], lse.shape[2]});
@@ -89,7 +115,9 @@ class CpuOracleBackend final : public CpuKernelBackend {
   // Plain loops against the given LSE and D: P = exp(s - LSE), dS = P (dO . v - D).
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& delta, const AttentionParams& params,
-                  const TensorView& dq, const TensorView& dk, const TensorView& dv, void*) const override {
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv, FreshOutputs fresh,
+                  void*) const override {
+    SP_RETURN_IF_ERROR(clear_fresh_backward(dq, dk, dv, fresh));
     cpu::AttentionDims d;
     SP_RETURN_IF_ERROR(cpu::validate_qkv(q, k, v, &d));
     const cpu::MaskEvaluator mask(params, d.seq_q, d.seq_k);

@@ -3,6 +3,7 @@
 // arithmetic position runs (one for contiguous and striped shards, up to four for zigzag).
 #include "kernels/cuda/cuda_backend.hpp"
 
+#include <cmath>
 #include <numeric>
 
 #include "kernels/cuda/mask_runs.hpp"
@@ -96,7 +97,12 @@ enum Slot { kLseRows, kDeltaRows };
 
 Status CudaKernelBackend::forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const AttentionParams& params, const TensorView& o, const TensorView& lse,
-                                  void* stream) const {
+                                  FreshOutputs fresh, void* stream) const {
+  // Our kernels add into the fp32 result as they go: a fresh one is cleared first.
+  if (fresh.o) {
+    SP_RETURN_IF_ERROR(flash_fill(o, 0.0f, stream));
+    SP_RETURN_IF_ERROR(flash_fill(lse, -INFINITY, stream));
+  }
   const int64_t n = q.shape[1];
   const AttentionParams plain = without_positions(params);
   const auto& [q_runs, k_runs] = runs(params, n, k.shape[1]);
@@ -120,7 +126,10 @@ Status CudaKernelBackend::forward(const TensorView& q, const TensorView& k, cons
 Status CudaKernelBackend::backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& dout, const TensorView& lse, const TensorView& delta,
                                    const AttentionParams& params, const TensorView& dq, const TensorView& dk,
-                                   const TensorView& dv, void* stream) const {
+                                   const TensorView& dv, FreshOutputs fresh, void* stream) const {
+  if (fresh.dq) SP_RETURN_IF_ERROR(flash_fill(dq, 0.0f, stream));
+  if (fresh.dkv) SP_RETURN_IF_ERROR(flash_fill(dk, 0.0f, stream));
+  if (fresh.dkv) SP_RETURN_IF_ERROR(flash_fill(dv, 0.0f, stream));
   const int64_t n = q.shape[1];
   const AttentionParams plain = without_positions(params);
   const auto& [q_runs, k_runs] = runs(params, n, k.shape[1]);
@@ -149,8 +158,9 @@ Status CudaKernelBackend::merge(const TensorView& o, const TensorView& lse, cons
   return flash_merge_partials(o, lse, o_part, lse_part, stream);
 }
 
+// Targets in the inputs' dtype (results held rounded) are summed in fp32 and rounded once.
 Status CudaKernelBackend::accumulate(const TensorView& acc, const TensorView& x, void* stream) const {
-  return flash_accumulate(x, acc, stream);
+  return acc.dtype == DType::kF32 ? flash_accumulate(x, acc, stream) : flash_add_cast(x, acc, acc, stream);
 }
 
 }  // namespace seqpar::cuda

@@ -34,10 +34,11 @@ class CudaKernelBackend : public AttentionBackend {
   BackendCaps caps() const override;
   std::string supports(const TensorView& q, const AttentionParams& params) const override;
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
-                 const TensorView& o, const TensorView& lse, void* stream) const override;
+                 const TensorView& o, const TensorView& lse, FreshOutputs fresh, void* stream) const override;
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& delta, const AttentionParams& params,
-                  const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const override;
+                  const TensorView& dq, const TensorView& dk, const TensorView& dv, FreshOutputs fresh,
+                  void* stream) const override;
   Status delta(const TensorView& o, const TensorView& dout, const TensorView& delta, void* stream) const override;
   Status merge(const TensorView& o, const TensorView& lse, const TensorView& o_part, const TensorView& lse_part,
                void* stream) const override;

@@ -230,9 +230,13 @@ __global__ void chunk_cast_kernel(const In* src, const AddT* add, Out* dst, int6
   }
 }
 
-__global__ void fill_kernel(float* dst, int64_t n, float value) {
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
-    dst[e] = value;
+// One thread per element of a [d0, d1, d2, d3] view (contiguous last dim).
+template <class Out>
+__global__ void fill_kernel(Out* dst, int64_t n, int64_t d1, int64_t d2, int64_t d3, Strides3 t, float value) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i3 = e % d3, i2 = (e / d3) % d2, i1 = (e / (d3 * d2)) % d1, i0 = e / (d3 * d2 * d1);
+    dst[t.at(i0, i1, i2) + i3] = store_as_float<Out>(value);
+  }
 }
 
 // One thread per element of a [d0, d1, d2, d3] view (last dim contiguous on every side).
@@ -335,12 +339,19 @@ Status flash_add_cast(const TensorView& src, const TensorView& acc, const Tensor
 }
 
 Status flash_fill(const TensorView& dst, float value, void* stream) {
-  SP_CHECK_ARG(dst.dtype == DType::kF32 && dst.is_contiguous() && dst.device.kind == DeviceKind::kCuda,
-               "fill takes a contiguous fp32 device tensor; got " + dst.shape_string());
+  SP_CHECK_ARG(dst.ndim >= 1 && dst.ndim <= 4 && dst.strides[dst.ndim - 1] == 1 && dst.device.kind == DeviceKind::kCuda,
+               "fill takes a device view of up to 4 dims with a contiguous last dim; got " + dst.shape_string());
+  SP_CHECK_SUPPORTED(dst.dtype != DType::kF64, "fill takes fp32, bf16, fp16");
   const int64_t n = dst.numel();
   if (n == 0) return Status::Ok();
-  cuda::fill_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0,
-                      static_cast<cudaStream_t>(stream)>>>(static_cast<float*>(dst.data), n, value);
+  int64_t shape[4] = {1, 1, 1, 1}, ts[4] = {0, 0, 0, 1};
+  for (int i = 0; i < dst.ndim; ++i) shape[4 - dst.ndim + i] = dst.shape[i], ts[4 - dst.ndim + i] = dst.strides[i];
+  cuda::with_elem_type(dst.dtype, [&](auto* tag) {
+    using Out = std::remove_pointer_t<decltype(tag)>;
+    cuda::fill_kernel<Out><<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0,
+                             static_cast<cudaStream_t>(stream)>>>(static_cast<Out*>(dst.data), n, shape[1], shape[2],
+                                                                 shape[3], cuda::Strides3{ts[0], ts[1], ts[2]}, value);
+  });
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

@@ -1,10 +1,16 @@
 // cuDNN as a local-attention backend: each shard pair is planned once (block_plan.hpp) into
-// dense cuDNN calls (full, or top-left causal inside row ranges); a call's fresh (O, LSE) part
-// is merged into the running fp32 result and its dQ, dK, dV parts are added into the fp32
-// gradients, so to the executor it continues and adds like every backend. cuDNN's backward
-// computes D itself from O: the schedules' query packs carry O (caps: !takes_delta).
+// dense cuDNN calls (full, or top-left causal inside row ranges); a call's (O, LSE) part is
+// merged into the running result and its dQ, dK, dV parts are added into the gradients, so to
+// the executor it continues and adds like every backend. A call that is its rows' first part
+// of a fresh result is written straight into it (where the result is in the inputs' dtype) or
+// cast in: no clearing, no read-add-write. Results may be fp32 or in the inputs' dtype (caps:
+// writes_parts). cuDNN's backward computes D itself from O: the schedules' query packs carry O
+// (caps: !takes_delta).
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.hpp"
 #include "seqpar/cudnn_attention.hpp"
@@ -13,7 +19,49 @@
 namespace seqpar::cuda {
 namespace {
 
-enum Slot { kOPart = 10, kLsePart, kDqPart, kDkPart, kDvPart };
+enum Slot { kOPart = 10, kLsePart, kDqPart, kDkPart, kDvPart, kOAcc, kDqAcc, kDkAcc, kDvAcc };
+
+// Rows of one side of a pair (query rows, or key rows) that the pair's calls have written so far.
+class RowCover {
+ public:
+  bool touches(int64_t begin, int64_t end) const {
+    return std::any_of(spans_.begin(), spans_.end(), [&](const auto& r) { return r.first < end && begin < r.second; });
+  }
+  // [begin, end) less the rows written.
+  std::vector<std::pair<int64_t, int64_t>> gaps(int64_t begin, int64_t end) const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    int64_t at = begin;
+    for (const auto& [b, e] : spans_) {  // sorted and disjoint
+      if (e <= at || b >= end) continue;
+      if (b > at) out.emplace_back(at, b);
+      at = std::max(at, e);
+    }
+    if (at < end) out.emplace_back(at, end);
+    return out;
+  }
+  void add(int64_t begin, int64_t end) {
+    spans_.emplace_back(begin, end);
+    std::sort(spans_.begin(), spans_.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& r : spans_)
+      if (!merged.empty() && r.first <= merged.back().second) merged.back().second = std::max(merged.back().second, r.second);
+      else merged.push_back(r);
+    spans_ = std::move(merged);
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> spans_;
+};
+
+// Whether two of a plan's calls share a query row (q_side) or a key row.
+bool calls_share_rows(const std::vector<BlockCall>& calls, bool q_side) {
+  for (size_t i = 0; i < calls.size(); ++i)
+    for (size_t j = i + 1; j < calls.size(); ++j) {
+      const BlockCall &a = calls[i], &b = calls[j];
+      if (q_side ? a.q_begin < b.q_end && b.q_begin < a.q_end : a.k_begin < b.k_end && b.k_begin < a.k_end) return true;
+    }
+  return false;
+}
 
 class CudnnBackend : public CudaKernelBackend {
  public:
@@ -38,51 +86,136 @@ class CudnnBackend : public CudaKernelBackend {
   }
 
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
-                 const TensorView& o, const TensorView& lse, void* stream) const override {
+                 const TensorView& o, const TensorView& lse, FreshOutputs fresh, void* stream) const override {
     SP_ASSIGN_OR_RETURN(const BlockPlan* plan, plan_of(params, q.shape[1], k.shape[1]));
-    const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3];
+    const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
+    Side side{{o}, fresh.o, {}};
+    SP_RETURN_IF_ERROR(stage(side, plan->calls, true, kOAcc, q, &lse, stream));
     for (const BlockCall& c : plan->calls) {
-      const int64_t nq = c.q_end - c.q_begin;
-      SP_ASSIGN_OR_RETURN(const TensorView o_part, scratch(kOPart, q.dtype, {B, nq, H, D}, q));
-      SP_ASSIGN_OR_RETURN(const TensorView lse_part, scratch(kLsePart, DType::kF32, {B, H, nq}, q));
-      SP_RETURN_IF_ERROR(cudnn_attention_forward(q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end),
-                                                 v.narrow(1, c.k_begin, c.k_end), dense(params, c.causal), o_part,
-                                                 lse_part, stream));
-      SP_RETURN_IF_ERROR(flash_merge_partials(o.narrow(1, c.q_begin, c.q_end), lse.narrow(2, c.q_begin, c.q_end),
-                                              o_part, lse_part, stream));
+      const TensorView o_rows = side.out[0].narrow(1, c.q_begin, c.q_end), lse_rows = lse.narrow(2, c.q_begin, c.q_end);
+      const bool first = side.first(c.q_begin, c.q_end);
+      const auto call = [&](const TensorView& o_to, const TensorView& lse_to) {
+        return cudnn_attention_forward(q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end),
+                                       v.narrow(1, c.k_begin, c.k_end), dense(params, c.causal), o_to, lse_to, stream);
+      };
+      if (first && o_rows.dtype == q.dtype && lse_rows.is_contiguous()) {  // straight into the result
+        SP_RETURN_IF_ERROR(call(o_rows, lse_rows));
+      } else {
+        const int64_t nq = c.q_end - c.q_begin;
+        SP_ASSIGN_OR_RETURN(const TensorView o_part, scratch(kOPart, q.dtype, {B, nq, H, D}, q));
+        SP_ASSIGN_OR_RETURN(const TensorView lse_part, scratch(kLsePart, DType::kF32, {B, H, nq}, q));
+        SP_RETURN_IF_ERROR(call(o_part, lse_part));
+        if (first) {
+          SP_RETURN_IF_ERROR(flash_cast(o_part, o_rows, stream));
+          SP_RETURN_IF_ERROR(flash_cast(lse_part, lse_rows, stream));
+        } else {
+          SP_RETURN_IF_ERROR(side.clear_gaps(c.q_begin, c.q_end, &lse, stream));
+          SP_RETURN_IF_ERROR(flash_merge_partials(o_rows, lse_rows, o_part, lse_part, stream));
+        }
+      }
+      side.done.add(c.q_begin, c.q_end);
     }
-    return Status::Ok();
+    SP_RETURN_IF_ERROR(side.clear_gaps(0, n, &lse, stream));
+    return unstage(side, {o}, stream);
   }
 
   // `o` is the forward's output (cuDNN computes D from it).
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& o, const AttentionParams& params, const TensorView& dq,
-                  const TensorView& dk, const TensorView& dv, void* stream) const override {
+                  const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
     SP_CHECK_ARG(o.ndim == 4 && o.same_shape(q), "the cuDNN backward takes O (shaped like q) in place of D; got " +
                                                      o.shape_string());
     SP_ASSIGN_OR_RETURN(const BlockPlan* plan, plan_of(params, q.shape[1], k.shape[1]));
     const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], Hkv = k.shape[2], n = q.shape[1];
+    Side qs{{dq}, fresh.dq, {}}, ks{{dk, dv}, fresh.dkv, {}};
+    SP_RETURN_IF_ERROR(stage(qs, plan->calls, true, kDqAcc, q, nullptr, stream));
+    SP_RETURN_IF_ERROR(stage(ks, plan->calls, false, kDkAcc, q, nullptr, stream));
     for (const BlockCall& c : plan->calls) {
       const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
       TensorView lse_rows = lse;
       if (nq != n || !lse.is_contiguous()) {  // cuDNN wants its rows' stats contiguous
         SP_ASSIGN_OR_RETURN(lse_rows, stat_rows(0, lse, c.q_begin, c.q_end, stream));
       }
-      SP_ASSIGN_OR_RETURN(const TensorView dq_part, scratch(kDqPart, q.dtype, {B, nq, H, D}, q));
-      SP_ASSIGN_OR_RETURN(const TensorView dk_part, scratch(kDkPart, q.dtype, {B, nk, Hkv, D}, q));
-      SP_ASSIGN_OR_RETURN(const TensorView dv_part, scratch(kDvPart, q.dtype, {B, nk, Hkv, D}, q));
+      // Each gradient goes straight into the result where it is the rows' first part and of
+      // cuDNN's dtype, else through a part buffer.
+      const bool q_first = qs.first(c.q_begin, c.q_end), k_first = ks.first(c.k_begin, c.k_end);
+      const TensorView dq_rows = qs.out[0].narrow(1, c.q_begin, c.q_end);
+      const TensorView dk_rows = ks.out[0].narrow(1, c.k_begin, c.k_end), dv_rows = ks.out[1].narrow(1, c.k_begin, c.k_end);
+      const bool q_direct = q_first && dq_rows.dtype == q.dtype, k_direct = k_first && dk_rows.dtype == q.dtype;
+      TensorView dq_to = dq_rows, dk_to = dk_rows, dv_to = dv_rows;
+      if (!q_direct) {
+        SP_ASSIGN_OR_RETURN(dq_to, scratch(kDqPart, q.dtype, {B, nq, H, D}, q));
+      }
+      if (!k_direct) {
+        SP_ASSIGN_OR_RETURN(dk_to, scratch(kDkPart, q.dtype, {B, nk, Hkv, D}, q));
+        SP_ASSIGN_OR_RETURN(dv_to, scratch(kDvPart, q.dtype, {B, nk, Hkv, D}, q));
+      }
       SP_RETURN_IF_ERROR(cudnn_attention_backward(
           q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end), v.narrow(1, c.k_begin, c.k_end),
           o.narrow(1, c.q_begin, c.q_end), dout.narrow(1, c.q_begin, c.q_end), lse_rows, dense(params, c.causal),
-          dq_part, dk_part, dv_part, stream));
-      SP_RETURN_IF_ERROR(flash_accumulate(dq_part, dq.narrow(1, c.q_begin, c.q_end), stream));
-      SP_RETURN_IF_ERROR(flash_accumulate(dk_part, dk.narrow(1, c.k_begin, c.k_end), stream));
-      SP_RETURN_IF_ERROR(flash_accumulate(dv_part, dv.narrow(1, c.k_begin, c.k_end), stream));
+          dq_to, dk_to, dv_to, stream));
+      if (!q_direct) SP_RETURN_IF_ERROR(qs.settle({dq_to}, c.q_begin, c.q_end, q_first, *this, stream));
+      if (!k_direct) SP_RETURN_IF_ERROR(ks.settle({dk_to, dv_to}, c.k_begin, c.k_end, k_first, *this, stream));
+      qs.done.add(c.q_begin, c.q_end);
+      ks.done.add(c.k_begin, c.k_end);
     }
-    return Status::Ok();
+    SP_RETURN_IF_ERROR(qs.clear_gaps(0, n, nullptr, stream));
+    SP_RETURN_IF_ERROR(ks.clear_gaps(0, k.shape[1], nullptr, stream));
+    SP_RETURN_IF_ERROR(unstage(qs, {dq}, stream));
+    return unstage(ks, {dk, dv}, stream);
   }
 
  private:
+  // One side's outputs (O; dQ; dK and dV) as the calls write them: the caller's, or fp32 scratch
+  // where a result in the inputs' dtype would take parts from two calls (summed in fp32 there,
+  // rounded once at the end); `fresh` while the rows no call wrote still hold nothing.
+  struct Side {
+    std::vector<TensorView> out;
+    bool fresh;
+    RowCover done;
+    bool staged = false;
+    // The rows' first part: written in place of the empty result, not combined with it.
+    bool first(int64_t begin, int64_t end) const { return fresh && !done.touches(begin, end); }
+    // Rows [begin, end) that no call wrote set to the empty result (and their LSE to -inf).
+    Status clear_gaps(int64_t begin, int64_t end, const TensorView* lse, void* stream) const {
+      if (!fresh) return Status::Ok();
+      for (const auto& [b, e] : done.gaps(begin, end)) {
+        for (const TensorView& t : out) SP_RETURN_IF_ERROR(flash_fill(t.narrow(1, b, e), 0.0f, stream));
+        if (lse) SP_RETURN_IF_ERROR(flash_fill(lse->narrow(2, b, e), -INFINITY, stream));
+      }
+      return Status::Ok();
+    }
+    // A call's parts into rows [begin, end): cast in as the rows' first part, else added.
+    Status settle(const std::vector<TensorView>& parts, int64_t begin, int64_t end, bool is_first,
+                  const AttentionBackend& be, void* stream) const {
+      if (!is_first) SP_RETURN_IF_ERROR(clear_gaps(begin, end, nullptr, stream));
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const TensorView rows = out[i].narrow(1, begin, end);
+        SP_RETURN_IF_ERROR(is_first ? flash_cast(parts[i], rows, stream) : be.accumulate(rows, parts[i], stream));
+      }
+      return Status::Ok();
+    }
+  };
+  Status stage(Side& side, const std::vector<BlockCall>& calls, bool q_side, int first_slot, const TensorView& like,
+               const TensorView* lse, void* stream) const {
+    if (side.out[0].dtype == DType::kF32 || !calls_share_rows(calls, q_side)) return Status::Ok();
+    for (size_t i = 0; i < side.out.size(); ++i) {
+      const TensorView& t = side.out[i];
+      SP_ASSIGN_OR_RETURN(const TensorView acc, scratch(first_slot + int(i), DType::kF32,
+                                                        std::vector<int64_t>(t.shape.begin(), t.shape.begin() + 4), like));
+      if (side.fresh) SP_RETURN_IF_ERROR(flash_fill(acc, 0.0f, stream));
+      else SP_RETURN_IF_ERROR(flash_cast(t, acc, stream));
+      side.out[i] = acc;
+    }
+    if (side.fresh && lse) SP_RETURN_IF_ERROR(flash_fill(*lse, -INFINITY, stream));
+    side.fresh = false, side.staged = true;
+    return Status::Ok();
+  }
+  Status unstage(const Side& side, const std::vector<TensorView>& to, void* stream) const {
+    for (size_t i = 0; side.staged && i < to.size(); ++i) SP_RETURN_IF_ERROR(flash_cast(side.out[i], to[i], stream));
+    return Status::Ok();
+  }
+
   static AttentionParams dense(const AttentionParams& params, bool causal) {
     AttentionParams p;
     p.scale = params.scale;
