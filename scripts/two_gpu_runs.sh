@@ -11,8 +11,9 @@
 #           such mask)
 #   regress run 1: the two-rank path before the executor redesign (7e6f94d, packed into
 #           .carry/oldpath by pack_device_deps.sh and built here) against ours and PyTorch context
-#           parallel, same call, causal MHA at REGRESS_SEQS (default 16K, 64K, 128K); each side's
-#           ring, Burst and auto (ours: ring-return and burst-return, the same exchanges)
+#           parallel, same call, causal MHA at REGRESS_SEQS (default 16K, 64K, 128K; REGRESS_REPEAT
+#           rounds) and REGRESS_BIG (auto alone); each side's ring, Burst and auto (ours:
+#           ring-return and burst-return, the same exchanges)
 #   tests   the GPU schedule tests (ctest -R GpuSchedule|GpuExecutor) and the kill-a-rank test;
 #           the Python module builds beside them (scripts/torch_gpu_check.sh build)
 #   lasp    LASP on GPUs (bench_gpu_lasp): the state chain against the all-gather on every GPU at
@@ -112,11 +113,21 @@ for stage in "${stages[@]}"; do
         (cd "$old" && OUT="$scratch/old" BUILD_JOBS=16 BUILD_TARGETS=bench_gpu_ring within 300 bash scripts/gpu_check.sh build \
           > "$scratch/old_build.log" 2>&1) || { echo "the old path's build failed"; tail -n 30 "$scratch/old_build.log"; status=1; continue; }
       fi
+      # REGRESS_REPEAT rounds of old then ours at REGRESS_SEQS (the short lengths vary by a few % from
+      # run to run), then auto alone (and our ring-return) at REGRESS_BIG, then the peer at all.
       seqs="${REGRESS_SEQS:-16384,65536,131072}"
-      within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$seqs" --algos ring,burst,auto --single-max 0 \
-        | tee -a "$out/regress_old.jsonl" || status=1
-      within 150 $ring --seqs "$seqs" --algos ring-return,burst-return,auto --single-max 0 | tee -a "$out/regress_new.jsonl" || status=1
-      peer 150 --seqs "$seqs" | tee -a "$out/regress_peer.jsonl" || status=1
+      for _ in $(seq "${REGRESS_REPEAT:-1}"); do
+        within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$seqs" --algos ring,burst,auto --single-max 0 \
+          | tee -a "$out/regress_old.jsonl" || status=1
+        within 150 $ring --seqs "$seqs" --algos ring-return,burst-return,auto --single-max 0 \
+          | tee -a "$out/regress_new.jsonl" || status=1
+      done
+      big="${REGRESS_BIG:-}"
+      if [ -n "$big" ]; then
+        within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$big" --algos auto --single-max 0 | tee -a "$out/regress_old.jsonl" || status=1
+        within 150 $ring --seqs "$big" --algos ring-return,auto --single-max 0 | tee -a "$out/regress_new.jsonl" || status=1
+      fi
+      peer 200 --seqs "$seqs${big:+,$big}" | tee -a "$out/regress_peer.jsonl" || status=1
       python3 bench/compare_multi_gpu.py "$out/regress_old.jsonl" "$out/regress_peer.jsonl" | tee "$out/regress_old.md"
       python3 bench/compare_multi_gpu.py "$out/regress_new.jsonl" "$out/regress_peer.jsonl" | tee "$out/regress_new.md" ;;
     tests)

@@ -500,6 +500,22 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
     EXPECT_EQ(groups(algo, 4, 65536, 32, 32, 0), groups(algo, 4, 65536, 32, 32, 3));
     EXPECT_LE(groups(algo, 2, 65536, 32, 8), at_64k);  // GQA: smaller K/V blocks
   }
+  // Results held as the GPU executor holds them behind a backend that writes parts (bf16 where
+  // at most two parts reach them, a rank's own in the caller's tensors): the two-rank return
+  // schedules run whole at 64K (32K a GPU), where fp32 accumulators made them split; the ring,
+  // whose dK/dV travels on as an accumulator, still splits.
+  const auto held_rounded_groups = [&](const std::string& algo, int64_t per_rank) {
+    const Layout layout = Layout::create(LayoutKind::kZigzag, per_rank * 2, 2).value();
+    BlockBytes bytes{1, 32, 32, 128, DType::kBF16, DType::kF32, DType::kF32, false};
+    bytes.results_rounded = true;
+    return plan_attention({algo}, layout, causal, bytes, 0, device).value().head_groups;
+  };
+  for (const char* algo : {"ring-return", "burst-return"}) {
+    SCOPED_TRACE(algo);
+    EXPECT_GT(groups(algo, 2, 32768, 32, 32), 1);
+    EXPECT_EQ(held_rounded_groups(algo, 32768), 1);
+  }
+  EXPECT_GT(held_rounded_groups("ring", 32768), 1);
   const Layout layout = Layout::create(LayoutKind::kZigzag, 4096, 2).value();
   const BlockBytes bytes{1, 32, 8, 128, DType::kBF16, DType::kF32, DType::kF32, false};
   PlanOptions three("ring");

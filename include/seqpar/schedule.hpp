@@ -170,6 +170,9 @@ struct BlockBytes {
   DType accumulator = DType::kF32;  // running O, dQ, dK, dV
   DType stats = DType::kF32;        // LSE and D
   bool pack_has_delta = true;       // the query pack carries D (else O)
+  // Results are held in the inputs' dtype where holds_rounded says so (a backend that writes
+  // parts, inputs not fp32: block_bytes_for); else every result is an accumulator.
+  bool results_rounded = false;
   // The executor runs the schedule once per head group (heads / groups, K/V heads / groups):
   // a head part of a group that copies K/V heads copies them once per group.
   int head_groups = 1;
@@ -228,10 +231,16 @@ struct ResultUse {
   bool regrouped = false;   // joined from or split into span pieces
 };
 std::map<Block, ResultUse> result_uses(const std::vector<Step>& steps, Pass pass);
+// Whether `rank` holds result b so (where BlockBytes::results_rounded): at most two parts, never
+// sent on or regrouped, and not its own whole-heads result that head parts are added into.
+bool holds_rounded(const Block& b, const ResultUse& use, int rank, int head_parts);
+// A rank's own whole-heads result: held rounded, it is the caller's output tensors themselves.
+inline bool is_own_result(const Block& b, int rank) { return is_result(b.kind) && b == Block{b.kind, rank}; }
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
-// received inputs, results (its own included), arriving parts and the rounded copies of
-// results sent home, each block sized for the layout's longest shard as the GPU executor
-// allocates them. Head groups divide it.
+// received inputs, results (its own included, unless held in the caller's tensors), arriving
+// parts and the rounded copies of accumulators sent home, each block sized for the layout's
+// longest shard as the GPU executor allocates them (results_rounded: as it holds them). Head
+// groups divide it.
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
                          const BlockBytes& bytes, int head_parts = 1);
 

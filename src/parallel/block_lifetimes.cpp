@@ -61,12 +61,27 @@ std::map<Block, ResultUse> result_uses(const std::vector<Step>& steps, Pass pass
   return uses;
 }
 
+bool holds_rounded(const Block& b, const ResultUse& use, int rank, int head_parts) {
+  const bool joined = b.shard == rank && b.span == 1 && b.part == kAllHeads && head_parts > 1;
+  return use.parts <= 2 && !use.travels_on && !use.regrouped && !joined;
+}
+
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,
                          const BlockBytes& bytes, int head_parts) {
   const int64_t rows = layout.max_local_len();
-  // `bytes` is one head group's; `to`: the rank a transfer goes to (goes_home), or -1.
-  const auto size = [&](const Block& b, int to = -1) {
-    const BlockBytes wire = bytes.on_wire(b, to);
+  std::map<Block, ResultUse> uses;
+  if (bytes.results_rounded) uses = result_uses(steps, pass);
+  const auto rounded = [&](const Block& b) {
+    const auto it = uses.find(b);
+    return it != uses.end() && holds_rounded(b, it->second, rank, head_parts);
+  };
+  // `bytes` is one head group's; `to`: the rank a transfer goes to (goes_home), or -1: as held.
+  const auto size = [&](const Block& b, int to = -1) -> int64_t {
+    BlockBytes wire = bytes.on_wire(b, to);
+    if (to < 0 && rounded(b)) {
+      if (is_own_result(b, rank)) return 0;  // the caller's tensors
+      wire.accumulator = bytes.input;
+    }
     return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
   };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
@@ -109,7 +124,8 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
       for (const Transfer& t : s.sends) {
         if (!is_result(t.block.kind)) continue;
         leaving[s.batch].push_back(t.block);
-        if (goes_home(t.block, t.peer) && bytes.accumulator != bytes.input) in_flight_too(size(t.block, t.peer));
+        if (goes_home(t.block, t.peer) && bytes.accumulator != bytes.input && !rounded(t.block))
+          in_flight_too(size(t.block, t.peer));  // its rounded copy
       }
     } else {
       live -= in_flight[s.batch];

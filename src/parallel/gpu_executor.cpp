@@ -64,11 +64,9 @@ class GpuExecutor {
     if (pass_ == Pass::kForward && !kept.empty()) state_->impl().blocks.clear(), state_->impl().plan = &plan_;
     const PhaseScope phase(comm_, pass_ == Pass::kForward ? Phase::kForward : Phase::kBackward);
     last_use_ = last_input_uses(steps_, pass_, me_, pass_ == Pass::kForward ? kept : std::vector<Block>{});
-    if (dtype_ != DType::kF32 && plan_.backend->caps().writes_parts)
-      for (const auto& [b, use] : result_uses(steps_, pass_)) {
-        const bool joined_home = b.shard == me_ && b.span == 1 && plan_.schedule.head_parts > 1;  // join_parts adds
-        if (use.parts <= 2 && !use.travels_on && !use.regrouped && !joined_home) rounded_.insert(b);
-      }
+    if (plan_.block_bytes.results_rounded && dtype_ != DType::kF32 && plan_.backend->caps().writes_parts)
+      for (const auto& [b, use] : result_uses(steps_, pass_))
+        if (holds_rounded(b, use, me_, plan_.schedule.head_parts)) rounded_.insert(b);
     SP_RETURN_IF_ERROR(ws_.begin(s_));
     PassStats local;
     for (int g = 0; g < plan_.head_groups; ++g) {
@@ -206,9 +204,7 @@ class GpuExecutor {
 
   // How this rank holds result b: in the inputs' dtype (rounded_), its own in the caller's tensors.
   bool held_rounded(const Block& b) const { return rounded_.count(b) > 0; }
-  bool in_callers(const Block& b) const {
-    return held_rounded(b) && b == Block{b.kind, me_} && home_.count(b.kind);
-  }
+  bool in_callers(const Block& b) const { return held_rounded(b) && is_own_result(b, me_) && home_.count(b.kind); }
   // A result present (*fresh = false), or made with nothing in it yet (*fresh = true): its first
   // part is written, not added.
   StatusOr<Stored*> result(const Block& b, bool* fresh) {

@@ -130,7 +130,9 @@ bool ForwardState::empty() const { return impl_->blocks.empty(); }
 BlockBytes block_bytes_for(const TensorView& q, const TensorView& k, const AttentionBackend& backend) {
   const BackendCaps caps = backend.caps();
   const DType rounded = caps.device ? DType::kF32 : q.dtype;
-  return {q.shape[0], q.shape[2], k.shape[2], q.shape[3], q.dtype, rounded, rounded, caps.takes_delta};
+  BlockBytes b{q.shape[0], q.shape[2], k.shape[2], q.shape[3], q.dtype, rounded, rounded, caps.takes_delta};
+  b.results_rounded = caps.writes_parts && q.dtype != DType::kF32;
+  return b;
 }
 
 std::vector<RankSchedule> all_rank_schedules(const Algorithm& algorithm, const ScheduleRequest& request) {
