@@ -19,7 +19,10 @@
 namespace seqpar::cuda {
 namespace {
 
-enum Slot { kOPart = 10, kLsePart, kDqPart, kDkPart, kDvPart, kOAcc, kDqAcc, kDkAcc, kDvAcc };
+// Scratch slots. The forward's O part and the backward's dQ part are shaped like q and never
+// live at once (one stream runs a rank's passes in order): they share a slot, as do their
+// fp32 sums.
+enum Slot { kQPart = 10, kLsePart, kDkPart, kDvPart, kQAcc, kDkAcc, kDvAcc };
 
 // Rows of one side of a pair (query rows, or key rows) that the pair's calls have written so far.
 class RowCover {
@@ -90,7 +93,7 @@ class CudnnBackend : public CudaKernelBackend {
     SP_ASSIGN_OR_RETURN(const BlockPlan* plan, plan_of(params, q.shape[1], k.shape[1]));
     const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], n = q.shape[1];
     Side side{{o}, fresh.o, {}};
-    SP_RETURN_IF_ERROR(stage(side, plan->calls, true, kOAcc, q, &lse, stream));
+    SP_RETURN_IF_ERROR(stage(side, plan->calls, true, kQAcc, q, &lse, stream));
     for (const BlockCall& c : plan->calls) {
       const TensorView o_rows = side.out[0].narrow(1, c.q_begin, c.q_end), lse_rows = lse.narrow(2, c.q_begin, c.q_end);
       const bool first = side.first(c.q_begin, c.q_end);
@@ -102,7 +105,7 @@ class CudnnBackend : public CudaKernelBackend {
         SP_RETURN_IF_ERROR(call(o_rows, lse_rows));
       } else {
         const int64_t nq = c.q_end - c.q_begin;
-        SP_ASSIGN_OR_RETURN(const TensorView o_part, scratch(kOPart, q.dtype, {B, nq, H, D}, q));
+        SP_ASSIGN_OR_RETURN(const TensorView o_part, scratch(kQPart, q.dtype, {B, nq, H, D}, q));
         SP_ASSIGN_OR_RETURN(const TensorView lse_part, scratch(kLsePart, DType::kF32, {B, H, nq}, q));
         SP_RETURN_IF_ERROR(call(o_part, lse_part));
         if (first) {
@@ -128,7 +131,7 @@ class CudnnBackend : public CudaKernelBackend {
     SP_ASSIGN_OR_RETURN(const BlockPlan* plan, plan_of(params, q.shape[1], k.shape[1]));
     const int64_t B = q.shape[0], H = q.shape[2], D = q.shape[3], Hkv = k.shape[2], n = q.shape[1];
     Side qs{{dq}, fresh.dq, {}}, ks{{dk, dv}, fresh.dkv, {}};
-    SP_RETURN_IF_ERROR(stage(qs, plan->calls, true, kDqAcc, q, nullptr, stream));
+    SP_RETURN_IF_ERROR(stage(qs, plan->calls, true, kQAcc, q, nullptr, stream));
     SP_RETURN_IF_ERROR(stage(ks, plan->calls, false, kDkAcc, q, nullptr, stream));
     for (const BlockCall& c : plan->calls) {
       const int64_t nq = c.q_end - c.q_begin, nk = c.k_end - c.k_begin;
@@ -144,7 +147,7 @@ class CudnnBackend : public CudaKernelBackend {
       const bool q_direct = q_first && dq_rows.dtype == q.dtype, k_direct = k_first && dk_rows.dtype == q.dtype;
       TensorView dq_to = dq_rows, dk_to = dk_rows, dv_to = dv_rows;
       if (!q_direct) {
-        SP_ASSIGN_OR_RETURN(dq_to, scratch(kDqPart, q.dtype, {B, nq, H, D}, q));
+        SP_ASSIGN_OR_RETURN(dq_to, scratch(kQPart, q.dtype, {B, nq, H, D}, q));
       }
       if (!k_direct) {
         SP_ASSIGN_OR_RETURN(dk_to, scratch(kDkPart, q.dtype, {B, nk, Hkv, D}, q));
@@ -196,6 +199,8 @@ class CudnnBackend : public CudaKernelBackend {
       return Status::Ok();
     }
   };
+  // Side outputs in the inputs' dtype that two calls write go through fp32 scratch (slot
+  // first_slot for the first output, the next slot for the second).
   Status stage(Side& side, const std::vector<BlockCall>& calls, bool q_side, int first_slot, const TensorView& like,
                const TensorView* lse, void* stream) const {
     if (side.out[0].dtype == DType::kF32 || !calls_share_rows(calls, q_side)) return Status::Ok();
