@@ -526,6 +526,51 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
   EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
 }
 
+// Results sent home carry only the rows their pair touched (Transfer::trimmed). On two zigzag
+// ranks under the causal mask, shard 1's queries see only the first chunk of shard 0's keys,
+// and only the second chunk of shard 0's queries sees shard 1's keys: ring-return's rank 1
+// sends half of dK/dV[0] home, burst-return's rank 1 half of dQ[0]; the walk counts half those
+// bytes; the validator refuses a trim that drops a row a pair touched. Contiguous shards (one
+// run each) are never trimmed.
+TEST(TrimmedReturns, CarryTheRowsTheirPairTouched) {
+  const int64_t n = 32;
+  const Layout layout = Layout::create(LayoutKind::kZigzag, 2 * n, 2).value();
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), 2, 2);
+  const auto& r10 = req.pair_rows[1][0];
+  const auto& r01 = req.pair_rows[0][1];
+  EXPECT_EQ(std::vector<int64_t>({r10.q_begin, r10.q_end, r10.k_begin, r10.k_end}), std::vector<int64_t>({0, n, 0, n / 2}));
+  EXPECT_EQ(std::vector<int64_t>({r01.q_begin, r01.q_end, r01.k_begin, r01.k_end}), std::vector<int64_t>({n / 2, n, 0, n}));
+  const BlockBytes bytes{1, 2, 2, 8, DType::kF32, DType::kF32, DType::kF32, true};
+  for (const char* algo : {"ring-return", "burst-return"}) {
+    SCOPED_TRACE(algo);
+    std::vector<RankSchedule> all = all_rank_schedules(*find_algorithm(algo), req);
+    Transfer* sent = nullptr;
+    for (Step& s : all[1].backward)
+      for (Transfer& t : s.sends)
+        if (is_result(t.block.kind)) sent = &t;
+    ASSERT_NE(sent, nullptr);
+    EXPECT_TRUE(sent->trimmed());
+    EXPECT_EQ(sent->row_end - sent->row_begin, n / 2);
+    EXPECT_EQ(transfer_bytes(*sent, 0, layout, bytes) * 2, bytes.of(sent->block, layout, 1));
+    EXPECT_TRUE(validate_schedules(all, req, Pass::kBackward).ok());
+    // One row fewer, on both sides: the pair's touched rows are no longer all sent.
+    Transfer* recv = nullptr;
+    for (Step& s : all[0].backward)
+      for (Transfer& t : s.recvs)
+        if (t.trimmed()) recv = &t;
+    ASSERT_NE(recv, nullptr);
+    sent->row_end -= 1;
+    recv->row_end -= 1;
+    const Status bad = validate_schedules(all, req, Pass::kBackward);
+    EXPECT_FALSE(bad.ok());
+    EXPECT_NE(bad.message().find("touched others"), std::string::npos) << bad.to_string();
+  }
+  const Layout contiguous = Layout::create(LayoutKind::kContiguous, 2 * n, 2).value();
+  const ScheduleRequest whole = make_schedule_request(contiguous, MaskSpec::causal(), 2, 2);
+  for (const Step& s : find_algorithm("ring-return")->make_schedule(whole, 1).backward)
+    for (const Transfer& t : s.sends) EXPECT_FALSE(t.trimmed());
+}
+
 // result_uses, on the two-rank ring's backward (rank 0): its own dK/dV is computed, sent on
 // with the K/V and added into at home (2 parts, travels on); rank 1's is computed, gets rank
 // 1's part added and goes home (2 parts); its dQ takes both computes. With four ranks the

@@ -78,6 +78,10 @@ struct Transfer {
   int peer = 0;
   Block block;
   Combine combine = Combine::kReplace;  // receives only
+  // A result sent home may carry only rows [row_begin, row_end) of the block (the rows its
+  // computes touched: ScheduleRequest::pair_rows); the rest add nothing. row_end < 0: all rows.
+  int64_t row_begin = 0, row_end = -1;
+  bool trimmed() const { return row_end >= 0; }
 };
 
 enum class StepKind : uint8_t { kPost, kCompute, kWait, kConcat, kSplit, kPack };
@@ -138,6 +142,15 @@ struct ScheduleRequest {
   Topology topology;
   // visible[a][b]: some query of shard a sees some key of shard b under the mask.
   std::vector<std::vector<bool>> visible;
+  // pair_rows[a][b], for visible pairs: the local rows of shard a's queries that see some key of
+  // shard b (q_begin, q_end) and of shard b's keys that some query of a sees (k_begin, k_end),
+  // as hulls of the shards' increasing position runs (a zigzag shard's two chunks): a pair's
+  // dQ and dK/dV touch no row outside them. Empty: not worked out (no result is trimmed).
+  struct PairRows {
+    int64_t q_begin = 0, q_end = 0, k_begin = 0, k_end = 0;
+  };
+  std::vector<std::vector<PairRows>> pair_rows;
+  std::vector<int64_t> shard_rows;  // each shard's rows (with pair_rows)
   int64_t heads = 1, kv_heads = 1;
   // Ulysses x ring: the Ulysses degree (0: the algorithm chooses) and the ring-family algorithm
   // run along the ring dimension.
@@ -199,6 +212,9 @@ struct WalkedBytes {
   int64_t by_link[kNumLinkClasses] = {0, 0};
   int64_t by_collective[kNumCollectives] = {};
 };
+// Bytes of a transfer sent to `to_rank` as it travels (trimmed rows, goes_home's dtype).
+int64_t transfer_bytes(const Transfer& t, int to_rank, const Layout& layout, const BlockBytes& bytes,
+                       int head_parts = 1);
 WalkedBytes walk_bytes(const std::vector<Step>& steps, int rank, const Layout& layout,
                        const BlockBytes& bytes, const Topology& topology, int head_parts = 1);
 

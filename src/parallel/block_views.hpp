@@ -32,6 +32,14 @@ inline TensorView rows_slice(const TensorView& t, Heads h, int64_t first, int64_
   return h == Heads::kStats ? t.narrow(2, first, first + n) : t.narrow(1, first, first + n);
 }
 
+// The rows [begin, end) of a contiguous [B, S, h, D] part as contiguous pieces, one per batch
+// entry (one piece when B = 1): how a trimmed transfer (Transfer::trimmed) goes on the wire.
+inline std::vector<TensorView> row_pieces(const TensorView& part, int64_t begin, int64_t end) {
+  std::vector<TensorView> pieces;
+  for (int64_t b = 0; b < part.shape[0]; ++b) pieces.push_back(part.narrow(0, b, b + 1).narrow(1, begin, end));
+  return pieces;
+}
+
 // Where an input block a rank does not hold is cut from: the same block with all heads (for a
 // head part), or the rank's own query pack from its part 1 on (for its own grad pack: the
 // pack less Q). `has` says whether the rank holds a block; nullopt: from nowhere.

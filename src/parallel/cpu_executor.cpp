@@ -121,9 +121,10 @@ class Executor {
     HostTensor data;  // the parts, one after another
     std::vector<TensorView> parts;
   };
-  std::unique_ptr<Stored> make_block(const Block& b) const {
+  // Block b's parts (all its rows, or `rows` of them: a trimmed transfer's).
+  std::unique_ptr<Stored> make_block(const Block& b, int64_t rows = -1) const {
     auto s = std::make_unique<Stored>();
-    const int64_t rows = block_rows(b, plan_.layout);
+    if (rows < 0) rows = block_rows(b, plan_.layout);
     std::vector<std::vector<int64_t>> shapes;
     for (Heads h : part_heads(b.kind)) {
       const int64_t n = heads_of(h, b.part).count();
@@ -349,11 +350,20 @@ class Executor {
       } else {
         SP_ASSIGN_OR_RETURN(from, input(t.block));
       }
-      sends.push_back({t.peer, from->data.view().data, from->data.bytes()});
+      if (!t.trimmed()) {
+        sends.push_back({t.peer, from->data.view().data, from->data.bytes()});
+        continue;
+      }
+      for (const TensorView& part : from->parts)
+        for (const TensorView& piece : parallel::row_pieces(part, t.row_begin, t.row_end))
+          sends.push_back({t.peer, piece.data, size_t(piece.numel()) * dtype_size(piece.dtype)});
     }
     for (const Transfer& t : s.recvs) {
-      std::unique_ptr<Stored> into = make_block(t.block);
-      recvs.push_back({t.peer, into->data.view().data, into->data.bytes()});
+      std::unique_ptr<Stored> into = make_block(t.block, t.trimmed() ? t.row_end - t.row_begin : -1);
+      if (!t.trimmed()) recvs.push_back({t.peer, into->data.view().data, into->data.bytes()});
+      for (const TensorView& part : t.trimmed() ? into->parts : std::vector<TensorView>{})
+        for (const TensorView& piece : parallel::row_pieces(part, 0, t.row_end - t.row_begin))  // as sent
+          recvs.push_back({t.peer, piece.data, size_t(piece.numel()) * dtype_size(piece.dtype)});
       if (t.combine == Combine::kReplace) store_[t.block] = std::move(into);
       else p.arriving.emplace_back(t, std::move(into));
     }
@@ -370,10 +380,18 @@ class Executor {
     for (const Block& b : p.leaving) store_.erase(b);
     for (auto& [t, got] : p.arriving) {
       auto& slot = store_[t.block];
-      if (!slot) {
+      if (!slot && !t.trimmed()) {
         slot = std::move(got);
       } else if (t.combine == Combine::kMerge) {
         SP_RETURN_IF_ERROR(plan_.backend->merge(slot->parts[0], slot->parts[1], got->parts[0], got->parts[1], nullptr));
+      } else if (t.trimmed()) {  // its rows, per batch entry (the backends add contiguous tensors)
+        if (!slot) slot = make_block(t.block);
+        for (size_t i = 0; i < slot->parts.size(); ++i) {
+          const std::vector<TensorView> into = parallel::row_pieces(slot->parts[i], t.row_begin, t.row_end),
+                                        from = parallel::row_pieces(got->parts[i], 0, t.row_end - t.row_begin);
+          for (size_t b = 0; b < into.size(); ++b)
+            SP_RETURN_IF_ERROR(plan_.backend->accumulate(into[b], from[b], nullptr));
+        }
       } else {
         for (size_t i = 0; i < slot->parts.size(); ++i)
           SP_RETURN_IF_ERROR(plan_.backend->accumulate(slot->parts[i], got->parts[i], nullptr));

@@ -158,9 +158,12 @@ class GpuExecutor {
     DeviceBuffer buffer;  // empty where every part is a view of the caller's tensors
     std::vector<TensorView> parts;
   };
-  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false) {
+  // Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in a pooled buffer
+  // sized for the longest shard.
+  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false, int64_t rows = -1) {
     auto st = std::make_unique<Stored>();
-    const int64_t rows = block_rows(b, plan_.layout), longest = plan_.layout.max_local_len() * b.span;
+    const int64_t longest = plan_.layout.max_local_len() * b.span;
+    if (rows < 0) rows = block_rows(b, plan_.layout);
     size_t capacity = 0;
     for (const PartShape& p : part_shapes(b, longest, rounded))
       capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
@@ -496,11 +499,18 @@ class GpuExecutor {
       } else {
         SP_ASSIGN_OR_RETURN(from, input(t.block));
       }
-      for (const TensorView& part : from->parts) sends.push_back({t.peer, part.data, view_bytes(part)});
+      for (const TensorView& part : from->parts)
+        for (const TensorView& piece : t.trimmed() ? parallel::row_pieces(part, t.row_begin, t.row_end)
+                                                   : std::vector<TensorView>{part})
+          sends.push_back({t.peer, piece.data, view_bytes(piece)});
     }
     for (const Transfer& t : s.recvs) {
-      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into, make_block(t.block, rounds_home(t.block, me_)));
-      for (const TensorView& part : into->parts) recvs.push_back({t.peer, part.data, view_bytes(part)});
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into,
+                          make_block(t.block, rounds_home(t.block, me_), t.trimmed() ? t.row_end - t.row_begin : -1));
+      for (const TensorView& part : into->parts)
+        for (const TensorView& piece : t.trimmed() ? parallel::row_pieces(part, 0, t.row_end - t.row_begin)
+                                                   : std::vector<TensorView>{part})
+          recvs.push_back({t.peer, piece.data, view_bytes(piece)});
       if (t.combine == Combine::kReplace && (!is_result(t.block.kind) || adoptable(t.block))) {
         auto& slot = store_[t.block];
         release(std::move(slot));
@@ -533,12 +543,19 @@ class GpuExecutor {
     for (auto& [t, got] : p.arriving) {
       auto& slot = store_[t.block];
       if (t.combine == Combine::kReplace) release(std::move(slot));
-      if (!slot && adoptable(t.block)) {  // the first part becomes the result
+      if (!slot && adoptable(t.block) && !t.trimmed()) {  // the first part becomes the result
         slot = std::move(got);
         continue;
       }
       bool fresh = false;
       SP_ASSIGN_OR_RETURN(Stored* into, result(t.block, &fresh));
+      if (t.trimmed()) {  // some rows of it (dQ or dK/dV, never merged): added into those
+        if (fresh) SP_RETURN_IF_ERROR(clear(t.block, *into));
+        for (size_t i = 0; i < into->parts.size(); ++i)
+          SP_RETURN_IF_ERROR(plan_.backend->accumulate(into->parts[i].narrow(1, t.row_begin, t.row_end), got->parts[i], s_));
+        release(std::move(got));
+        continue;
+      }
       for (size_t i = 0; i < into->parts.size(); ++i) {
         if (fresh) SP_RETURN_IF_ERROR(flash_cast(got->parts[i], into->parts[i], s_));  // the first part, cast in
         else if (t.combine == Combine::kMerge && i == 0)

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
+
+#include "seqpar/block_plan.hpp"
 
 namespace seqpar {
 
@@ -102,9 +105,49 @@ ScheduleRequest make_schedule_request(const Layout& layout, const MaskSpec& mask
   r.heads = heads;
   r.kv_heads = kv_heads;
   r.visible.assign(r.ranks, std::vector<bool>(r.ranks, false));
+  r.pair_rows.assign(r.ranks, std::vector<ScheduleRequest::PairRows>(r.ranks));
+  for (int a = 0; a < r.ranks; ++a) r.shard_rows.push_back(layout.local_len(a));
+  // Each shard's arithmetic position runs (zigzag: its two chunks), as row ranges; a shard of
+  // more than a few runs counts as one (its pairs' results are not trimmed).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs(r.ranks);
+  for (int a = 0; a < r.ranks; ++a) {
+    std::vector<PositionRunSpan> spans = arithmetic_runs(layout.positions(a));
+    if (spans.size() > 8) spans.clear();
+    for (const PositionRunSpan& run : spans) runs[a].push_back({run.begin, run.end});
+    if (runs[a].empty()) runs[a].push_back({0, int64_t(layout.positions(a).size())});
+  }
+  // The hull of the runs of `of` that see (or are seen by) the other shard's rows.
+  const auto hull = [&](int of, const auto& sees) {
+    std::pair<int64_t, int64_t> h{0, 0};
+    bool any = false;
+    for (const auto& [b, e] : runs[of]) {
+      const std::span<const int64_t> run(layout.positions(of).data() + b, size_t(e - b));
+      if (!sees(run)) continue;
+      h = any ? std::pair{h.first, e} : std::pair{b, e};
+      any = true;
+    }
+    return h;
+  };
   for (int a = 0; a < r.ranks; ++a)
-    for (int b = 0; b < r.ranks; ++b) r.visible[a][b] = mask.sees_any(layout.positions(a), layout.positions(b));
+    for (int b = 0; b < r.ranks; ++b) {
+      const std::vector<int64_t>&qa = layout.positions(a), &kb = layout.positions(b);
+      r.visible[a][b] = mask.sees_any(qa, kb);
+      if (!r.visible[a][b]) continue;
+      const auto q = runs[a].size() == 1 ? std::pair<int64_t, int64_t>{0, int64_t(qa.size())}
+                                         : hull(a, [&](std::span<const int64_t> run) { return mask.sees_any(run, kb); });
+      const auto k = runs[b].size() == 1 ? std::pair<int64_t, int64_t>{0, int64_t(kb.size())}
+                                         : hull(b, [&](std::span<const int64_t> run) { return mask.sees_any(qa, run); });
+      r.pair_rows[a][b] = {q.first, q.second, k.first, k.second};
+    }
   return r;
+}
+
+int64_t transfer_bytes(const Transfer& t, int to_rank, const Layout& layout, const BlockBytes& bytes, int head_parts) {
+  const BlockBytes wire = bytes.on_wire(t.block, to_rank);
+  if (!t.trimmed()) return wire.of(t.block, layout, head_parts);
+  const int64_t rows = t.row_end - t.row_begin;
+  if (t.block.part == kAllHeads) return wire.of(t.block.kind, rows);
+  return wire.head_groups * wire.head_part(t.block.part, head_parts).of(t.block.kind, rows);
 }
 
 int64_t BlockBytes::of(BlockKind kind, int64_t rows) const {
@@ -131,7 +174,7 @@ WalkedBytes walk_bytes(const std::vector<Step>& steps, int rank, const Layout& l
   WalkedBytes w;
   for (const Step& s : steps)
     for (const Transfer& t : s.sends) {
-      const int64_t b = bytes.on_wire(t.block, t.peer).of(t.block, layout, head_parts);
+      const int64_t b = transfer_bytes(t, t.peer, layout, bytes, head_parts);
       const LinkClass link = topology.node_of(t.peer) == topology.node_of(rank) ? LinkClass::kIntra
                                                                                  : LinkClass::kInter;
       w.total += b;
@@ -156,6 +199,9 @@ double compute_work(const std::vector<Step>& steps, const ScheduleRequest& reque
 std::string describe_steps(const std::vector<Step>& steps, const Topology& topology, int rank) {
   std::ostringstream out;
   const auto block = [](const Block& b) { return block_name(b); };
+  const auto rows = [](const Transfer& t) {
+    return t.trimmed() ? " rows " + std::to_string(t.row_begin) + "-" + std::to_string(t.row_end) : std::string();
+  };
   const auto link = [&](int peer) {
     return topology.ranks_per_node > 0 && topology.node_of(peer) != topology.node_of(rank) ? " (inter)" : "";
   };
@@ -172,9 +218,9 @@ std::string describe_steps(const std::vector<Step>& steps, const Topology& topol
       out << "post #" << s.batch;
       if (s.collective != Collective::kPointToPoint) out << " (" << collective_name(s.collective) << ")";
       out << ":";
-      for (const Transfer& t : s.sends) out << " send " << block(t.block) << "->r" << t.peer << link(t.peer);
+      for (const Transfer& t : s.sends) out << " send " << block(t.block) << rows(t) << "->r" << t.peer << link(t.peer);
       for (const Transfer& t : s.recvs)
-        out << " recv " << block(t.block) << "<-r" << t.peer << link(t.peer)
+        out << " recv " << block(t.block) << rows(t) << "<-r" << t.peer << link(t.peer)
             << (t.combine == Combine::kAdd ? " (add)" : t.combine == Combine::kMerge ? " (merge)" : "");
     }
     out << '\n';

@@ -28,6 +28,7 @@ struct SymbolicRank {
 struct Message {
   Block block;
   std::set<int> content;
+  int64_t row_begin, row_end;  // Transfer's rows
 };
 
 Block whole_heads(Block b) {
@@ -81,6 +82,25 @@ class Validator {
                      "rank " + std::to_string(rank) + " round " + std::to_string(s.round) + ": " + why);
   }
   static std::string name(const Block& b) { return block_name(b); }
+  // A result sent with some of its rows only: every pair summed into it touched no other row
+  // (a trimmed block is one shard's, sent home).
+  Status check_rows(int r, const Step& s, const Transfer& t, const std::set<int>& content) const {
+    if (!t.trimmed()) return Status::Ok();
+    if (t.block.span != 1 || t.block.kind == BlockKind::kOutput || req_.pair_rows.empty() || t.row_begin < 0 ||
+        t.row_begin > t.row_end || t.row_end > req_.shard_rows[t.block.shard])
+      return fail(r, s, "sends rows " + std::to_string(t.row_begin) + "-" + std::to_string(t.row_end) + " of " +
+                            name(t.block) + ", which cannot be trimmed so");
+    for (int pair : content) {
+      const int q = pair / U_ / P_, kv = pair / U_ % P_;
+      const ScheduleRequest::PairRows& rows = req_.pair_rows[q][kv];
+      const bool dq = t.block.kind == BlockKind::kDQ;
+      if ((dq ? rows.q_begin : rows.k_begin) < t.row_begin || (dq ? rows.q_end : rows.k_end) > t.row_end)
+        return fail(r, s, "sends rows " + std::to_string(t.row_begin) + "-" + std::to_string(t.row_end) + " of " +
+                              name(t.block) + ", but the pair Q[" + std::to_string(q) + "] x KV[" + std::to_string(kv) +
+                              "] summed into it touched others");
+    }
+    return Status::Ok();
+  }
   int triple(int q, int kv, int part) const { return (q * P_ + kv) * U_ + part; }
   bool valid_block(const Block& b) const {
     return b.span >= 1 && b.shard >= 0 && b.shard + b.span <= P_ && b.part >= kAllHeads && b.part < U_ &&
@@ -126,13 +146,15 @@ class Validator {
           auto it = me.blocks.find(t.block);
           if (it == me.blocks.end() || arriving(r, t.block)) return fail(r, s, "sends " + name(t.block) + " it does not hold");
           content = it->second;
+          SP_RETURN_IF_ERROR(check_rows(r, s, t, content));
         } else {
+          if (t.trimmed()) return fail(r, s, "sends some rows of " + name(t.block) + ", an input");
           const Block* from = held_input(r, t.block);
           if (!from) return fail(r, s, "sends " + name(t.block) + " it does not hold");
           mark_used(r, *from);
         }
         posted.send_index.push_back(channel_[{r, t.peer}].size());
-        channel_[{r, t.peer}].push_back({t.block, content});
+        channel_[{r, t.peer}].push_back({t.block, content, t.row_begin, t.row_end});
       }
       for (const Transfer& t : s.recvs) {
         if (t.peer == r || t.peer < 0 || t.peer >= P_) return fail(r, s, "receives from itself or from no rank");
@@ -273,6 +295,8 @@ class Validator {
       if (!(ch[index].block == t.block))
         return fail(r, s, "receives " + name(t.block) + " from r" + std::to_string(t.peer) + ", which sent " +
                               name(ch[index].block));
+      if (ch[index].row_begin != t.row_begin || ch[index].row_end != t.row_end)
+        return fail(r, s, "receives other rows of " + name(t.block) + " than r" + std::to_string(t.peer) + " sent");
       got.push_back(&ch[index]);
     }
     for (const Transfer& t : s.sends)

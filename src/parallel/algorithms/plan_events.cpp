@@ -22,8 +22,8 @@ std::vector<Step> project(const PlanEvents& plan, int rank) {
       s.kind = StepKind::kPost;
       s.round = round;
       s.collective = m.collective;
-      if (m.from == rank) s.sends.push_back({m.to, m.block, Combine::kReplace});
-      if (m.to == rank) s.recvs.push_back({m.from, m.block, m.combine});
+      if (m.from == rank) s.sends.push_back({m.to, m.block, Combine::kReplace, m.row_begin, m.row_end});
+      if (m.to == rank) s.recvs.push_back({m.from, m.block, m.combine, m.row_begin, m.row_end});
     }
     for (auto& [key, s] : starting) {
       s.batch = batches++;

@@ -20,6 +20,7 @@ struct PlanEvents {
     Block block;
     Combine combine;
     Collective collective;
+    int64_t row_begin = 0, row_end = -1;  // a result's rows sent (Transfer::trimmed); -1: all
   };
   std::vector<Compute> computes;
   std::vector<Move> moves;
@@ -32,6 +33,10 @@ struct PlanEvents {
   void move(int from, int to, int post, int wait, Block block, Combine combine = Combine::kReplace,
             Collective collective = Collective::kPointToPoint) {
     moves.push_back({from, to, post, wait, block, combine, collective});
+  }
+  // A result sent home with only rows [row_begin, row_end) of it.
+  void move_rows(int from, int to, int round, Block block, int64_t row_begin, int64_t row_end) {
+    moves.push_back({from, to, round, round, block, Combine::kAdd, Collective::kPointToPoint, row_begin, row_end});
   }
 };
 

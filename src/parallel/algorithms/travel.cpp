@@ -112,8 +112,18 @@ PlanEvents travel_backward(const VisitOrder& order, const ScheduleRequest& reque
   for (int b = 0; b < P; ++b) {
     const auto& h = holders[b];
     if (route == ResultRoute::kHome) {
-      for (const auto& [x, r] : h)
-        if (x != b) plan.move(x, b, r + 1, r + 1, {result, b}, Combine::kAdd);
+      // Each part comes from one pair: only the rows that pair touched go home.
+      for (const auto& [x, r] : h) {
+        if (x == b) continue;
+        int64_t begin = 0, end = -1;
+        if (!request.pair_rows.empty()) {
+          const ScheduleRequest::PairRows& rows = keys ? request.pair_rows[x][b] : request.pair_rows[b][x];
+          begin = keys ? rows.k_begin : rows.q_begin, end = keys ? rows.k_end : rows.q_end;
+          if (begin == 0 && end == request.shard_rows[b]) end = -1;  // every row
+        }
+        if (end < 0) plan.move(x, b, r + 1, r + 1, {result, b}, Combine::kAdd);
+        else plan.move_rows(x, b, r + 1, {result, b}, begin, end);
+      }
       continue;
     }
     // Along the holders: each one's sum leaves in the round the next holder computes its part.
