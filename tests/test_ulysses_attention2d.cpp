@@ -147,6 +147,41 @@ TEST(UlyssesBytes, KeptForwardStateLeavesFourAllToAllsAPass) {
       }
 }
 
+// Ulysses x ring with a returning ring across the groups: the ring dimension's blocks span u
+// shards, so its returns carry every row (the per-shard row hulls that trim ring-return's and
+// burst-return's returns do not apply to group spans). The oracle to 1e-10, valid schedules,
+// measured = walked bytes. (Trimming them with the shards' hulls lost dK/dV or dQ rows.)
+TEST(UlyssesRing, ReturningRingsAcrossGroupsMatchTheOracle) {
+  for (const char* ring : {"ring-return", "burst-return"})
+    for (int P : {4, 8})
+      for (const char* mask : {"causal", "docs:3"}) {
+        SCOPED_TRACE(std::string(ring) + " P=" + std::to_string(P) + " " + mask);
+        Problem g;
+        g.seq = P * 6, g.heads = 4, g.kv_heads = 2, g.head_dim = 4;
+        const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
+        AttentionParams params;
+        params.mask = parse_mask(mask, g.seq).value();
+        PlanOptions options{"ulysses-ring"};
+        options.ulysses = 2;
+        options.ring_algorithm = ring;
+        ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads);
+        req.ulysses = 2;
+        req.ring_algorithm = ring;
+        const auto all = all_rank_schedules(*find_algorithm("ulysses-ring"), req);
+        for (Pass pass : {Pass::kForward, Pass::kBackward})
+          EXPECT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
+        const Inputs in(g);
+        Status status;
+        const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        expect_oracle(run, in, params);
+        for (int r = 0; r < P; ++r)
+          EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
+                    walk_bytes(all[r].backward, r, layout, g.bytes(), {}, all[r].head_parts).total)
+              << "rank " << r;
+      }
+}
+
 // Attention2D keeping the swapped K/V (the report's K_t, V_t): valid schedules, with masks
 // that leave some swaps out, and the oracle to 1e-10.
 TEST(Attention2DBytes, KeptSwappedKVIsValidAndExact) {

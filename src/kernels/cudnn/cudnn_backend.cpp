@@ -8,6 +8,7 @@
 // (caps: !takes_delta).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -56,6 +57,10 @@ class RowCover {
   std::vector<std::pair<int64_t, int64_t>> spans_;
 };
 
+// cuDNN takes its tensors 16-byte aligned; a caller's head slice (a later head group's LSE, say)
+// may start anywhere: such outputs are written through a part buffer.
+bool aligned16(const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+
 // Whether two of a plan's calls share a query row (q_side) or a key row.
 bool calls_share_rows(const std::vector<BlockCall>& calls, bool q_side) {
   for (size_t i = 0; i < calls.size(); ++i)
@@ -101,7 +106,8 @@ class CudnnBackend : public CudaKernelBackend {
         return cudnn_attention_forward(q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end),
                                        v.narrow(1, c.k_begin, c.k_end), dense(params, c.causal), o_to, lse_to, stream);
       };
-      if (first && o_rows.dtype == q.dtype && lse_rows.is_contiguous()) {  // straight into the result
+      // Straight into the result where cuDNN can write it as it is; else through a part buffer.
+      if (first && o_rows.dtype == q.dtype && lse_rows.is_contiguous() && aligned16(o_rows) && aligned16(lse_rows)) {
         SP_RETURN_IF_ERROR(call(o_rows, lse_rows));
       } else {
         const int64_t nq = c.q_end - c.q_begin;
@@ -139,12 +145,13 @@ class CudnnBackend : public CudaKernelBackend {
       if (nq != n || !lse.is_contiguous()) {  // cuDNN wants its rows' stats contiguous
         SP_ASSIGN_OR_RETURN(lse_rows, stat_rows(0, lse, c.q_begin, c.q_end, stream));
       }
-      // Each gradient goes straight into the result where it is the rows' first part and of
-      // cuDNN's dtype, else through a part buffer.
+      // Each gradient goes straight into the result where it is the rows' first part, of cuDNN's
+      // dtype and aligned, else through a part buffer.
       const bool q_first = qs.first(c.q_begin, c.q_end), k_first = ks.first(c.k_begin, c.k_end);
       const TensorView dq_rows = qs.out[0].narrow(1, c.q_begin, c.q_end);
       const TensorView dk_rows = ks.out[0].narrow(1, c.k_begin, c.k_end), dv_rows = ks.out[1].narrow(1, c.k_begin, c.k_end);
-      const bool q_direct = q_first && dq_rows.dtype == q.dtype, k_direct = k_first && dk_rows.dtype == q.dtype;
+      const bool q_direct = q_first && dq_rows.dtype == q.dtype && aligned16(dq_rows);
+      const bool k_direct = k_first && dk_rows.dtype == q.dtype && aligned16(dk_rows) && aligned16(dv_rows);
       TensorView dq_to = dq_rows, dk_to = dk_rows, dv_to = dv_rows;
       if (!q_direct) {
         SP_ASSIGN_OR_RETURN(dq_to, scratch(kQPart, q.dtype, {B, nq, H, D}, q));

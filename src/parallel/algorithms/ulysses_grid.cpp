@@ -136,6 +136,9 @@ ScheduleRequest ring_dimension_request(const ScheduleRequest& req, int u) {
   for (int q = 0; q < req.ranks; ++q)
     for (int kv = 0; kv < req.ranks; ++kv)
       if (req.visible[q][kv]) inner.visible[q / u][kv / u] = true;
+  // The rows a pair touches are worked out per shard; a group's blocks span u shards, so the
+  // ring dimension trims nothing (its returns carry every row).
+  if (u > 1) inner.pair_rows.clear(), inner.shard_rows.clear();
   return inner;
 }
 
