@@ -15,7 +15,8 @@ namespace seqpar {
 struct Problem {
   int64_t seq = 0, heads = 4, kv_heads = 2, head_dim = 16;
   DType dtype = DType::kF64;
-  BlockBytes bytes() const { return {1, heads, kv_heads, head_dim, dtype, dtype, dtype, true}; }
+  int64_t batch = 1;
+  BlockBytes bytes() const { return {batch, heads, kv_heads, head_dim, dtype, dtype, dtype, true}; }
 };
 
 struct RankResults {
@@ -33,9 +34,10 @@ inline RankResults run_ranks(const Problem& g, const Layout& layout, const Atten
                              const std::function<void(AttentionPlan&)>& tweak = {}) {
   const int P = layout.ranks();
   const DType t = g.dtype;
-  RankResults run{HostTensor(t, {1, g.seq, g.heads, g.head_dim}), HostTensor(t, {1, g.heads, g.seq}),
-          HostTensor(t, {1, g.seq, g.heads, g.head_dim}), HostTensor(t, {1, g.seq, g.kv_heads, g.head_dim}),
-          HostTensor(t, {1, g.seq, g.kv_heads, g.head_dim}), std::vector<CommCounters>(P),
+  const int64_t B = g.batch;
+  RankResults run{HostTensor(t, {B, g.seq, g.heads, g.head_dim}), HostTensor(t, {B, g.heads, g.seq}),
+          HostTensor(t, {B, g.seq, g.heads, g.head_dim}), HostTensor(t, {B, g.seq, g.kv_heads, g.head_dim}),
+          HostTensor(t, {B, g.seq, g.kv_heads, g.head_dim}), std::vector<CommCounters>(P),
           std::vector<PassStats>(P)};
   std::mutex mu;
   *status = run_local_ranks(P, [&](Communicator& comm) -> Status {
@@ -44,8 +46,8 @@ inline RankResults run_ranks(const Problem& g, const Layout& layout, const Atten
     const int64_t n = layout.local_len(r);
     SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(options, layout, params, g.bytes(), r, backend));
     if (tweak) tweak(plan);
-    HostTensor lq(t, {1, n, g.heads, g.head_dim}), lk(t, {1, n, g.kv_heads, g.head_dim});
-    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk, llse(t, {1, g.heads, n});
+    HostTensor lq(t, {B, n, g.heads, g.head_dim}), lk(t, {B, n, g.kv_heads, g.head_dim});
+    HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk, llse(t, {B, g.heads, n});
     SP_RETURN_IF_ERROR(layout.shard(q.view(), 1, r, lq.view()));
     SP_RETURN_IF_ERROR(layout.shard(k.view(), 1, r, lk.view()));
     SP_RETURN_IF_ERROR(layout.shard(v.view(), 1, r, lv.view()));
