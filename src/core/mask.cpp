@@ -39,7 +39,7 @@ bool document_of(const std::vector<int64_t>& offsets, int64_t p, int64_t* begin,
 }
 
 // Whether any key of sorted `keys` lies in [lo, hi].
-bool any_key_in(const std::vector<int64_t>& keys, int64_t lo, int64_t hi) {
+bool any_key_in(std::span<const int64_t> keys, int64_t lo, int64_t hi) {
   const auto first = std::lower_bound(keys.begin(), keys.end(), lo);
   return first != keys.end() && *first <= hi;
 }
@@ -48,7 +48,7 @@ bool any_key_in(const std::vector<int64_t>& keys, int64_t lo, int64_t hi) {
 // of `key_blocks` (sorted: the blocks holding keys). Walks the shorter of the two lists over
 // the blocks [lo, hi] meets and looks each up in the other.
 bool any_key_in_row(const BlockPattern& pattern, std::span<const int64_t> row,
-                    const std::vector<int64_t>& key_blocks, const std::vector<int64_t>& keys,
+                    const std::vector<int64_t>& key_blocks, std::span<const int64_t> keys,
                     int64_t lo, int64_t hi) {
   lo = std::max<int64_t>(lo, 0);
   hi = std::min(hi, pattern.covered_len() - 1);
@@ -82,8 +82,15 @@ bool MaskSpec::allows(int64_t qp, int64_t kp) const {
 }
 
 bool MaskSpec::sees_any(std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) const {
-  std::vector<int64_t> keys(k_pos.begin(), k_pos.end());
-  std::sort(keys.begin(), keys.end());
+  // The keys in order: as they are where a layout's shard (or run of one) is already sorted, else
+  // a sorted copy.
+  std::vector<int64_t> sorted;
+  std::span<const int64_t> keys = k_pos;
+  if (!std::is_sorted(k_pos.begin(), k_pos.end())) {
+    sorted.assign(k_pos.begin(), k_pos.end());
+    std::sort(sorted.begin(), sorted.end());
+    keys = sorted;
+  }
   if (keys.empty()) return false;
   std::vector<int64_t> key_blocks;  // sorted blocks of the pattern that hold keys
   if (block_pattern) {
