@@ -1,5 +1,6 @@
 // Running a planned algorithm on P thread ranks of the CPU executor, for the schedule tests:
-// shard the global inputs, plan, forward + backward, unshard, and keep each rank's counters.
+// shard the global inputs, plan, forward + backward, unshard, and keep each rank's counters;
+// random inputs, and the check of a run against the fp64 oracle.
 #pragma once
 
 #include <omp.h>
@@ -24,6 +25,25 @@ struct RankResults {
   std::vector<CommCounters> counters;
   std::vector<PassStats> fwd;
 };
+
+// Random global inputs of a problem (seeds 11-14).
+struct Inputs {
+  HostTensor q, k, v, dout;
+  explicit Inputs(const Problem& g)
+      : q(testing::random_tensor(g.dtype, {g.batch, g.seq, g.heads, g.head_dim}, 11)),
+        k(testing::random_tensor(g.dtype, {g.batch, g.seq, g.kv_heads, g.head_dim}, 12)),
+        v(testing::random_tensor(g.dtype, {g.batch, g.seq, g.kv_heads, g.head_dim}, 13)),
+        dout(testing::random_tensor(g.dtype, {g.batch, g.seq, g.heads, g.head_dim}, 14)) {}
+};
+
+// O, LSE, dQ, dK and dV of a run against the fp64 oracle, to 1e-10.
+inline void expect_oracle(const RankResults& run, const Inputs& in, const AttentionParams& params) {
+  auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
+  ASSERT_TRUE(ref.ok());
+  for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.lse, &ref->lse}, {&run.dq, &ref->dq},
+                                  {&run.dk, &ref->dk}, {&run.dv, &ref->dv}})
+    EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
+}
 
 // Shards the global inputs, plans and runs forward + backward on P thread ranks, unshards.
 // `tweak` may change each rank's plan before it runs (the errata tests swap in printed schedules).
@@ -66,6 +86,21 @@ inline RankResults run_ranks(const Problem& g, const Layout& layout, const Atten
     return layout.unshard(ldv.view(), 1, r, run.dv.view());
   });
   return run;
+}
+
+// Runs the plan on the problem's random inputs: the oracle to 1e-10, and each rank's backward
+// bytes equal to those walked from its schedule (`all`, every rank's).
+inline void expect_exact_with_walked_backward(const Problem& g, const Layout& layout, const AttentionParams& params,
+                                              const PlanOptions& options, const std::vector<RankSchedule>& all) {
+  const Inputs in(g);
+  Status status;
+  const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  expect_oracle(run, in, params);
+  for (int r = 0; r < layout.ranks(); ++r)
+    EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
+              walk_bytes(all[r].backward, r, layout, g.bytes(), options.topology, all[r].head_parts).total)
+        << "rank " << r;
 }
 
 }  // namespace seqpar

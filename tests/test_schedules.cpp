@@ -582,10 +582,6 @@ TEST(TrimmedReturns, BatchesOfTwoMatchTheOracle) {
       const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
       AttentionParams params;
       params.mask = MaskSpec::causal();
-      const HostTensor q = testing::random_tensor(g.dtype, {2, g.seq, g.heads, g.head_dim}, 1);
-      const HostTensor k = testing::random_tensor(g.dtype, {2, g.seq, g.kv_heads, g.head_dim}, 2);
-      const HostTensor v = testing::random_tensor(g.dtype, {2, g.seq, g.kv_heads, g.head_dim}, 3);
-      const HostTensor dout = testing::random_tensor(g.dtype, {2, g.seq, g.heads, g.head_dim}, 4);
       const ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads);
       const std::vector<RankSchedule> all = all_rank_schedules(*find_algorithm(algo), req);
       int trimmed = 0;
@@ -593,18 +589,7 @@ TEST(TrimmedReturns, BatchesOfTwoMatchTheOracle) {
         for (const Step& s : rs.backward)
           for (const Transfer& t : s.sends) trimmed += t.trimmed();
       EXPECT_GT(trimmed, 0);
-      Status status;
-      const RankResults run = run_ranks(g, layout, params, {algo}, q, k, v, dout, &status);
-      ASSERT_TRUE(status.ok()) << status.to_string();
-      auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
-      ASSERT_TRUE(ref.ok());
-      EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), 1e-10) << "dQ";
-      EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), 1e-10) << "dK";
-      EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
-      for (int r = 0; r < P; ++r)
-        EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
-                  walk_bytes(all[r].backward, r, layout, g.bytes(), {}, all[r].head_parts).total)
-            << "rank " << r;
+      expect_exact_with_walked_backward(g, layout, params, {algo}, all);
     }
 }
 

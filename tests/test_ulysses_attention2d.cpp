@@ -18,24 +18,6 @@ using parallel::attention2d_grid;
 using parallel::Grid;
 using parallel::PrintedErrata;
 
-struct Inputs {
-  HostTensor q, k, v, dout;
-  explicit Inputs(const Problem& g)
-      : q(testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 11)),
-        k(testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 12)),
-        v(testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 13)),
-        dout(testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 14)) {}
-};
-
-// O, LSE, dQ, dK and dV of a run against the fp64 oracle, to 1e-10.
-void expect_oracle(const RankResults& run, const Inputs& in, const AttentionParams& params) {
-  auto ref = reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params);
-  ASSERT_TRUE(ref.ok());
-  for (const auto& [got, want] : {std::pair{&run.o, &ref->o}, {&run.lse, &ref->lse}, {&run.dq, &ref->dq},
-                                  {&run.dk, &ref->dk}, {&run.dv, &ref->dv}})
-    EXPECT_LE(testing::max_abs_diff(*got, *want), 1e-10);
-}
-
 AttentionParams causal() {
   AttentionParams p;
   p.mask = MaskSpec::causal();
@@ -170,15 +152,7 @@ TEST(UlyssesRing, ReturningRingsAcrossGroupsMatchTheOracle) {
         const auto all = all_rank_schedules(*find_algorithm("ulysses-ring"), req);
         for (Pass pass : {Pass::kForward, Pass::kBackward})
           EXPECT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
-        const Inputs in(g);
-        Status status;
-        const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
-        ASSERT_TRUE(status.ok()) << status.to_string();
-        expect_oracle(run, in, params);
-        for (int r = 0; r < P; ++r)
-          EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
-                    walk_bytes(all[r].backward, r, layout, g.bytes(), {}, all[r].head_parts).total)
-              << "rank " << r;
+        expect_exact_with_walked_backward(g, layout, params, options, all);
       }
 }
 
