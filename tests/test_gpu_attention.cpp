@@ -409,6 +409,40 @@ TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
   }
 }
 
+// fill on the views the executors clear: a whole tensor (zeros: one memset), rows of it with two
+// batch entries and a head slice (the 8-wide path, D = 64), and a head slice with D = 12 (the
+// per-element path); every element inside takes the value, every one outside keeps its own.
+TEST(FlashSmallKernels, FillSetsTheViewAndNothingElse) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : {DType::kBF16, DType::kF32})
+    for (int64_t D : {64, 12})
+      for (float value : {0.0f, -INFINITY, 1.5f}) {
+        const HostTensor before = testing::random_tensor(t, {2, 33, 4, D}, 91);
+        const HostTensor before_f = cast(before, DType::kF32);
+        for (int which = 0; which < 3; ++which) {
+          auto g = to_device(before);
+          TensorView view = g->view;
+          int64_t row_begin = 0, row_end = 33;
+          bool all_heads = true;
+          if (which == 1) row_begin = 5, row_end = 21, view = view.narrow(1, row_begin, row_end);
+          if (which == 2) {  // heads 1 and 2
+            view.data = static_cast<char*>(view.data) + D * dtype_size(t);
+            view.shape[2] = 2, all_heads = false;
+          }
+          ASSERT_TRUE(flash_fill(view, value).ok());
+          const HostTensor got = cast(to_host(g->view).value(), DType::kF32);
+          int64_t wrong = 0;
+          for (int64_t e = 0; e < got.numel(); ++e) {
+            const int64_t h = (e / D) % 4, row = (e / (D * 4)) % 33;
+            const bool inside = row >= row_begin && row < row_end && (all_heads || h == 1 || h == 2);
+            const float want = inside ? value : before_f.data<float>()[e];
+            if (!(got.data<float>()[e] == want)) ++wrong;
+          }
+          EXPECT_EQ(wrong, 0) << dtype_name(t) << " D=" << D << " value " << value << " view " << which;
+        }
+      }
+}
+
 // The sums the two-rank schedules make in place: out = part + out (bf16 addend, on head
 // slices, both the 8-wide and per-element paths), and a merge whose running O is the bf16
 // output itself, against the same merge from an fp32 copy of it into a separate output.
