@@ -20,6 +20,50 @@
 namespace seqpar {
 namespace {
 
+// Stream buffers: a block given back on its stream serves the next ones taken there (split, or
+// joined with its free neighbour) without more memory; one given back on another stream serves
+// them once that stream is past it; the arena's memory is counted in the device's, and a trim
+// hands it back.
+TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_TRUE(trim_stream_arenas().ok());
+  const int64_t base = device_memory_stats(device).current;
+  cudaStream_t s, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  const size_t mib = size_t(1) << 20;
+  const auto take = [&](size_t bytes) {
+    auto b = StreamBuffer::allocate(bytes, s);
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(cudaMemsetAsync(b->data(), 1, bytes, s), cudaSuccess);
+    return std::move(b).value();
+  };
+  {
+    StreamBuffer a = take(64 * mib);
+    const int64_t held = device_memory_stats(device).current;
+    EXPECT_EQ(held - base, int64_t(64 * mib));
+    a.release(s);
+    StreamBuffer b = take(32 * mib), c = take(32 * mib);  // two halves of a's memory
+    EXPECT_EQ(device_memory_stats(device).current, held);
+    b.release(s), c.release(s);
+    StreamBuffer d = take(64 * mib);  // the halves joined again
+    EXPECT_EQ(device_memory_stats(device).current, held);
+    StreamBuffer e = take(64 * mib);  // while d is held: more memory
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * mib));
+    ASSERT_EQ(cudaMemsetAsync(e.data(), 2, 64 * mib, other), cudaSuccess);
+    e.release(other);
+    ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    StreamBuffer f = take(64 * mib);  // e's memory, the other stream being past it
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * mib));
+  }  // d and f go back on s
+  ASSERT_TRUE(trim_stream_arenas().ok());
+  EXPECT_EQ(device_memory_stats(device).current, base);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
 // A rank that fails makes the others return an error instead of waiting for it.
 TEST(NcclCommunicator, FailingRankAbortsTheOthers) {
   if (cuda_device_count() < 2 || !nccl_available()) GTEST_SKIP() << "needs two CUDA devices and NCCL";

@@ -34,8 +34,9 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
                                 void* stream = nullptr);
 
 
-// Frees this thread's cuDNN workspace on the current device (it is made again, at the size the
-// next call needs): a benchmark counts each configuration's own workspace this way.
+// Frees what this thread's cuDNN calls keep on the current device (compact copies of long
+// calls) and trims the stream arenas their workspaces come from (gpu.hpp: trim_stream_arenas): a
+// benchmark counts each configuration's own memory this way.
 Status cudnn_release_workspace();
 
 }  // namespace seqpar

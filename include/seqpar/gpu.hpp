@@ -32,14 +32,48 @@ bool is_device_pointer(const void* p);
 void abandon_device();
 bool device_abandoned();
 
-// Bytes held by DeviceBuffers on one device now and at most since the last reset (so a
-// benchmark can report the peak workspace of an algorithm).
+// Bytes held on one device by DeviceBuffers and by the stream arenas (their segments, handed
+// out or not), now and at most since the last reset (so a benchmark can report the peak
+// workspace of an algorithm).
 struct DeviceMemoryStats {
   int64_t current = 0;
   int64_t peak = 0;
 };
 DeviceMemoryStats device_memory_stats(int device);
 void reset_device_memory_peak(int device);
+
+// Device memory in stream order (src/core/cuda_stream_arena.cpp): taken for work queued on
+// `stream` and given back once the work that uses it is queued, so that the next block taken on
+// that stream reuses it at once; blocks that never live at the same time so share memory, where
+// buffers kept per use would each hold their largest. Another stream may use a block after an
+// event recorded on `stream` after the allocation. A block given back on another stream than
+// it was taken on is reused once the work queued there so far is done. The memory comes from an
+// arena per device and stream, best fit, kept for reuse (counted in device_memory_stats) until
+// trim_stream_arenas(). cudaMalloc'd: peers with peer access may read and write it (NCCL).
+class StreamBuffer {
+ public:
+  StreamBuffer() = default;
+  ~StreamBuffer();  // given back on the stream it was taken on, if not given back before
+  StreamBuffer(StreamBuffer&& other) noexcept;
+  StreamBuffer& operator=(StreamBuffer&& other) noexcept;
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+
+  static StatusOr<StreamBuffer> allocate(size_t bytes, void* stream);
+  // Gives the memory back after the work queued on `stream` so far.
+  void release(void* stream);
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  void* stream_ = nullptr;
+  int device_ = 0;
+};
+// Waits for the current device's queued work, then returns to CUDA the arenas' segments on it
+// that hold no block, so a measurement starts from the memory it takes itself.
+Status trim_stream_arenas();
 
 // Device memory owned by this object (cudaMalloc / cudaFree on the current device).
 class DeviceBuffer {

@@ -4,9 +4,10 @@
 // kernels).
 //   - Head groups are an outer loop around the schedule: the plan's head_groups split the K/V
 //     heads (and their query heads) so the blocks held at once fit the workspace budget.
-//   - Blocks live in device buffers drawn from a pool kept by the workspace, sized for the
-//     longest shard, so after the first call nothing is allocated. Inputs travel in the
-//     tensors' dtype; running (O, LSE), dQ and dK/dV are fp32 and rounded once, at the end.
+//   - Blocks live in stream buffers (gpu.hpp), each taken when first named and given back in
+//     stream order after its last use, so blocks that never live at once share memory with
+//     each other and with the backend's part buffers and cuDNN's workspace. Inputs travel in
+//     the tensors' dtype; results are fp32 or, where at most two parts reach them, held in it.
 //   - Overlap: with a stream-ordered communicator (NCCL) a post queues its batch on the
 //     communicator's stream after the compute already queued, and a wait makes the compute
 //     stream wait for it, so transfers run under the computes between them; a host-driven
@@ -27,7 +28,7 @@
 
 namespace seqpar {
 
-// Per-rank state reused across calls: the block pool, and with tracing the milestones.
+// Per-rank state reused across calls: the last call's stream, and with tracing the milestones.
 class GpuWorkspace {
  public:
   explicit GpuWorkspace(bool trace = false);
@@ -39,10 +40,7 @@ class GpuWorkspace {
   // as (label, ms after the first), once the stream reached them all. Labels read
   // "fwd|bwd g<group> <step> post|computed|arrived|regrouped" and "... g<group> out".
   StatusOr<std::vector<std::pair<std::string, double>>> take_trace();
-  // Device bytes the pool holds (blocks of the schedule, not the backend's scratch).
-  int64_t pool_bytes() const;
-
-  struct Impl;  // pool, trace (src/parallel/gpu_executor.cpp)
+  struct Impl;  // trace, stream order (src/parallel/gpu_workspace.hpp)
   Impl& impl() { return *impl_; }
 
  private:

@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 
 #include "core/cuda_check.hpp"
+#include "core/cuda_memory.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {
@@ -18,8 +19,9 @@ struct MemoryCounters {
 };
 std::array<MemoryCounters, kMaxTrackedDevices> g_memory;
 std::atomic<bool> g_abandoned{false};
+}  // namespace
 
-void track(int device, int64_t delta) {
+void track_device_bytes(int device, int64_t delta) {
   if (device < 0 || device >= kMaxTrackedDevices) return;
   MemoryCounters& m = g_memory[device];
   const int64_t now = m.current.fetch_add(delta) + delta;
@@ -27,7 +29,6 @@ void track(int device, int64_t delta) {
   while (now > peak && !m.peak.compare_exchange_weak(peak, now)) {
   }
 }
-}  // namespace
 
 void abandon_device() { g_abandoned = true; }
 bool device_abandoned() { return g_abandoned.load(); }
@@ -110,7 +111,7 @@ void DeviceBuffer::release() {
   if (data_) retired_.push_back({data_, bytes_});
   for (const auto& [ptr, bytes] : retired_) {
     if (!device_abandoned()) (void)cudaFree(ptr);
-    track(device_, -static_cast<int64_t>(bytes));
+    track_device_bytes(device_, -static_cast<int64_t>(bytes));
   }
   retired_.clear();
   data_ = nullptr;
@@ -154,7 +155,7 @@ Status DeviceBuffer::reserve(size_t bytes) {
   SP_CUDA_CHECK(cudaGetDevice(&device_));
   SP_CUDA_CHECK(cudaMalloc(&data_, bytes));
   bytes_ = bytes;
-  track(device_, static_cast<int64_t>(bytes));
+  track_device_bytes(device_, static_cast<int64_t>(bytes));
   return Status::Ok();
 }
 

@@ -34,6 +34,12 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept = default;
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept = default;
 StatusOr<DeviceBuffer> DeviceBuffer::allocate(size_t) { return no_cuda(); }
 Status DeviceBuffer::reserve(size_t) { return no_cuda(); }
+StreamBuffer::~StreamBuffer() = default;
+StreamBuffer::StreamBuffer(StreamBuffer&&) noexcept = default;
+StreamBuffer& StreamBuffer::operator=(StreamBuffer&&) noexcept = default;
+StatusOr<StreamBuffer> StreamBuffer::allocate(size_t, void*) { return no_cuda(); }
+void StreamBuffer::release(void*) {}
+Status trim_stream_arenas() { return Status::Ok(); }
 StatusOr<DeviceTensor> to_device(const HostTensor&) { return no_cuda(); }
 StatusOr<DeviceTensor> device_zeros(DType, const std::vector<int64_t>&) { return no_cuda(); }
 StatusOr<HostTensor> to_host(const TensorView&) { return no_cuda(); }

@@ -1,6 +1,5 @@
 // The GPU executor (include/seqpar/gpu_executor.hpp): runs a plan's steps for each head group
-// on device tensors. Blocks are named as the steps name them and live in pooled device
-// buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
+// on device tensors. Blocks are named as the steps name them and live in stream buffers; the rank's own inputs are the caller's tensors where they can be sent as they are.
 // Head parts of them are cut out when first named, span blocks joined from their pieces, and
 // results that come home in head parts put together (added where GQA gave two parts one K/V
 // head) before they are rounded into the caller's tensors. A result that at most two parts
@@ -155,19 +154,17 @@ class GpuExecutor {
   bool takes_delta() const { return plan_.backend->caps().takes_delta; }
 
   struct Stored {
-    DeviceBuffer buffer;  // empty where every part is a view of the caller's tensors
+    StreamBuffer buffer;  // empty where every part is a view of the caller's tensors
     std::vector<TensorView> parts;
   };
-  // Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in a pooled buffer
-  // sized for the longest shard.
+  // Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one stream buffer.
   StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false, int64_t rows = -1) {
     auto st = std::make_unique<Stored>();
-    const int64_t longest = plan_.layout.max_local_len() * b.span;
     if (rows < 0) rows = block_rows(b, plan_.layout);
     size_t capacity = 0;
-    for (const PartShape& p : part_shapes(b, longest, rounded))
+    for (const PartShape& p : part_shapes(b, rows, rounded))
       capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
-    SP_ASSIGN_OR_RETURN(st->buffer, ws_.take(capacity));
+    SP_ASSIGN_OR_RETURN(st->buffer, StreamBuffer::allocate(capacity, s_));
     char* at = static_cast<char*>(st->buffer.data());
     for (const PartShape& p : part_shapes(b, rows, rounded)) {
       st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
@@ -175,13 +172,14 @@ class GpuExecutor {
     }
     return st;
   }
+  // Gives a block's buffer back after the work queued so far (stream order).
   void release(std::unique_ptr<Stored> st) {
-    if (st) ws_.give(std::move(st->buffer));
+    if (st) st->buffer.release(s_);
   }
   void release_all() {
     for (auto& [b, st] : store_) release(std::move(st));
     store_.clear();
-    for (auto& [b, st] : kept_) ws_.give(std::move(st->buffer));
+    for (auto& [b, st] : kept_) st->buffer.release(s_);
     kept_.clear();
   }
 
@@ -301,7 +299,7 @@ class GpuExecutor {
           auto it = store_.find(block);
           if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
           auto k = kept_.find(block);
-          if (k != kept_.end()) ws_.give(std::move(k->second->buffer)), kept_.erase(k);
+          if (k != kept_.end()) k->second->buffer.release(s_), kept_.erase(k);
         }
     }
     SP_CHECK_ARG(pending_.empty(), "internal: the schedule left a batch unwaited");

@@ -1,12 +1,11 @@
-// The GPU executor's per-rank workspace (include/seqpar/gpu_executor.hpp): its block pool and
-// the trace of the milestones the calls passed on their stream.
+// The GPU executor's per-rank workspace (include/seqpar/gpu_executor.hpp): the trace of the
+// milestones the calls passed on their stream. The blocks are stream buffers (gpu.hpp).
 #include "parallel/gpu_workspace.hpp"
 
 namespace seqpar {
 
 GpuWorkspace::GpuWorkspace(bool trace) : impl_(std::make_unique<Impl>()) { impl_->tracing = trace; }
 GpuWorkspace::~GpuWorkspace() = default;
-int64_t GpuWorkspace::pool_bytes() const { return impl_->pooled; }
 
 StatusOr<std::vector<std::pair<std::string, double>>> GpuWorkspace::take_trace() {
   Impl& I = *impl_;

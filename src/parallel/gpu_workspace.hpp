@@ -1,10 +1,10 @@
 // GpuWorkspace's insides (include/seqpar/gpu_executor.hpp), shared by the workspace's own
-// calls (gpu_workspace.cpp) and the GPU executor that draws its blocks from the pool.
+// calls (gpu_workspace.cpp) and the GPU executor: the trace's marks, and the event that orders
+// a call on one stream after the last call on another.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,14 +16,10 @@
 namespace seqpar {
 
 struct GpuWorkspace::Impl {
-  // Free device buffers by size: blocks of one kind share one size (the longest shard's), so
-  // after the first group every block finds a buffer.
-  std::multimap<size_t, DeviceBuffer> pool;
-  int64_t pooled = 0;
   bool tracing = false;
   std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  // The end of the last call's work, on its stream: released buffers may still be in use
-  // there, so a call on another stream waits for it before reusing them.
+  // The end of the last call's work, on its stream: a call on another stream waits for it (the
+  // blocks a forward kept for the backward were written there).
   cudaEvent_t done = nullptr;
   cudaStream_t done_on = nullptr;
 
@@ -40,20 +36,6 @@ struct GpuWorkspace::Impl {
     SP_CUDA_CHECK(cudaEventRecord(done, s));
     done_on = s;
     return Status::Ok();
-  }
-  StatusOr<DeviceBuffer> take(size_t bytes) {
-    auto it = pool.lower_bound(bytes);
-    if (it != pool.end()) {
-      DeviceBuffer b = std::move(it->second);
-      pool.erase(it);
-      return b;
-    }
-    SP_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::allocate(bytes));
-    pooled += int64_t(b.bytes());
-    return b;
-  }
-  void give(DeviceBuffer b) {
-    if (b.data()) pool.emplace(b.bytes(), std::move(b));
   }
   Status mark(cudaStream_t s, std::string label) {
     if (!tracing) return Status::Ok();

@@ -72,6 +72,18 @@ StatusOr<TensorView> CudaKernelBackend::scratch(int slot, DType dtype, const std
   return TensorView::contiguous(scratch_[slot].data(), dtype, shape, like.device);
 }
 
+CudaKernelBackend::PartLease::~PartLease() {
+  for (StreamBuffer& b : taken_) b.release(stream_);
+}
+
+StatusOr<TensorView> CudaKernelBackend::PartLease::take(DType dtype, const std::vector<int64_t>& shape,
+                                                        const TensorView& like) {
+  const TensorView view = TensorView::contiguous(nullptr, dtype, shape, like.device);
+  SP_ASSIGN_OR_RETURN(StreamBuffer b, StreamBuffer::allocate(view.numel() * dtype_size(dtype), stream_));
+  taken_.push_back(std::move(b));
+  return TensorView::contiguous(taken_.back().data(), dtype, shape, like.device);
+}
+
 StatusOr<TensorView> CudaKernelBackend::stat_rows(int slot, const TensorView& stats, int64_t begin, int64_t end,
                                                   void* stream) const {
   SP_ASSIGN_OR_RETURN(TensorView out, scratch(slot, DType::kF32, {stats.shape[0], stats.shape[1], end - begin}, stats));

@@ -52,6 +52,24 @@ class CudaKernelBackend : public AttentionBackend {
   // their row statistics contiguous).
   StatusOr<TensorView> stat_rows(int slot, const TensorView& stats, int64_t begin, int64_t end, void* stream) const;
 
+  // Part buffers of one call (a forward's O part, a backward's dQ, dK, dV parts): stream
+  // buffers (gpu.hpp) given back on the call's stream when the lease ends, so parts share memory
+  // with the blocks and parts that are not live at the same time, where fixed slots would each
+  // keep their own largest.
+  class PartLease {
+   public:
+    explicit PartLease(void* stream) : stream_(stream) {}
+    ~PartLease();
+    PartLease(const PartLease&) = delete;
+    PartLease& operator=(const PartLease&) = delete;
+    // A contiguous device view of this shape in a buffer of its own.
+    StatusOr<TensorView> take(DType dtype, const std::vector<int64_t>& shape, const TensorView& like);
+
+   private:
+    void* stream_;
+    std::vector<StreamBuffer> taken_;
+  };
+
  private:
   // Arithmetic runs of a pair's positions, cached by where the positions live (a layout's
   // position lists do not move while a plan runs).

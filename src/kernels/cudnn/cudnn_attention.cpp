@@ -1,6 +1,6 @@
 // cuDNN SDPA adapter: maps our BSHD views and global-position masks onto cuDNN frontend
 // graphs (dims [B, H, S, D] with our strides), builds each graph once, and executes it with
-// a reused workspace.
+// a stream buffer for its workspace (gpu.hpp).
 #include "seqpar/cudnn_attention.hpp"
 
 #include <cudnn.h>
@@ -39,12 +39,11 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDout, kDq, kDk, kDv };
                                                      sp_fe_err_.get_message());          \
   } while (0)
 
-// Per thread and device: the handle, the built graphs, the workspace, and the compact copies
+// Per thread and device: the handle, the built graphs, and the compact copies
 // of long backward calls (backward_in_head_chunks).
 struct DeviceContext {
   cudnnHandle_t handle = nullptr;
   std::unordered_map<std::string, std::shared_ptr<fe::graph::Graph>> graphs;
-  DeviceBuffer workspace;
   DeviceBuffer compact;
   ~DeviceContext() {
     if (handle) cudnnDestroy(handle);
@@ -162,9 +161,11 @@ Status execute(DeviceContext& ctx, fe::graph::Graph& graph,
                std::unordered_map<int64_t, void*>& pack, void* stream) {
   int64_t workspace = 0;
   SP_FE_CHECK(graph.get_workspace_size(workspace));
-  SP_RETURN_IF_ERROR(ctx.workspace.reserve(static_cast<size_t>(std::max<int64_t>(workspace, 1))));
+  // A stream buffer for this call: given back in stream order, its memory serves the blocks and
+  // parts that follow (a backward's workspace holds an fp32 dQ of the call's rows).
+  SP_ASSIGN_OR_RETURN(StreamBuffer space, StreamBuffer::allocate(size_t(std::max<int64_t>(workspace, 1)), stream));
   SP_CUDNN_CHECK(cudnnSetStream(ctx.handle, static_cast<cudaStream_t>(stream)));
-  SP_FE_CHECK(graph.execute(ctx.handle, pack, ctx.workspace.data()));
+  SP_FE_CHECK(graph.execute(ctx.handle, pack, space.data()));
   return Status::Ok();
 }
 
@@ -362,9 +363,8 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
 Status cudnn_release_workspace() {
   SP_ASSIGN_OR_RETURN(DeviceContext* ctx, context_for_current_device());
   SP_CUDA_CHECK(cudaDeviceSynchronize());  // a call in flight may still use it
-  ctx->workspace = DeviceBuffer();
   ctx->compact = DeviceBuffer();
-  return Status::Ok();
+  return trim_stream_arenas();  // where the calls' workspaces were
 }
 
 }  // namespace seqpar

@@ -20,10 +20,11 @@
 namespace seqpar::cuda {
 namespace {
 
-// Scratch slots. The forward's O part and the backward's dQ part are shaped like q and never
-// live at once (one stream runs a rank's passes in order): they share a slot, as do their
-// fp32 sums.
-enum Slot { kQPart = 10, kLsePart, kDkPart, kDvPart, kQAcc, kDkAcc, kDvAcc };
+// Scratch slots: the forward's LSE part, and the fp32 sums of a side two calls write. The O,
+// dQ, dK and dV parts are stream buffers (PartLease). The forward's sums and the
+// backward's dQ sums never live at once (one stream runs a rank's passes in order): they share
+// a slot.
+enum Slot { kLsePart = 10, kQAcc, kDkAcc, kDvAcc };
 
 // Rows of one side of a pair (query rows, or key rows) that the pair's calls have written so far.
 class RowCover {
@@ -111,7 +112,8 @@ class CudnnBackend : public CudaKernelBackend {
         SP_RETURN_IF_ERROR(call(o_rows, lse_rows));
       } else {
         const int64_t nq = c.q_end - c.q_begin;
-        SP_ASSIGN_OR_RETURN(const TensorView o_part, scratch(kQPart, q.dtype, {B, nq, H, D}, q));
+        PartLease lease(stream);
+        SP_ASSIGN_OR_RETURN(const TensorView o_part, lease.take(q.dtype, {B, nq, H, D}, q));
         SP_ASSIGN_OR_RETURN(const TensorView lse_part, scratch(kLsePart, DType::kF32, {B, H, nq}, q));
         SP_RETURN_IF_ERROR(call(o_part, lse_part));
         if (first) {
@@ -153,12 +155,13 @@ class CudnnBackend : public CudaKernelBackend {
       const bool q_direct = q_first && dq_rows.dtype == q.dtype && aligned16(dq_rows);
       const bool k_direct = k_first && dk_rows.dtype == q.dtype && aligned16(dk_rows) && aligned16(dv_rows);
       TensorView dq_to = dq_rows, dk_to = dk_rows, dv_to = dv_rows;
+      PartLease lease(stream);
       if (!q_direct) {
-        SP_ASSIGN_OR_RETURN(dq_to, scratch(kQPart, q.dtype, {B, nq, H, D}, q));
+        SP_ASSIGN_OR_RETURN(dq_to, lease.take(q.dtype, {B, nq, H, D}, q));
       }
       if (!k_direct) {
-        SP_ASSIGN_OR_RETURN(dk_to, scratch(kDkPart, q.dtype, {B, nk, Hkv, D}, q));
-        SP_ASSIGN_OR_RETURN(dv_to, scratch(kDvPart, q.dtype, {B, nk, Hkv, D}, q));
+        SP_ASSIGN_OR_RETURN(dk_to, lease.take(q.dtype, {B, nk, Hkv, D}, q));
+        SP_ASSIGN_OR_RETURN(dv_to, lease.take(q.dtype, {B, nk, Hkv, D}, q));
       }
       SP_RETURN_IF_ERROR(cudnn_attention_backward(
           q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end), v.narrow(1, c.k_begin, c.k_end),
