@@ -22,8 +22,8 @@ namespace {
 
 // Stream buffers: a block given back on its stream serves the next ones taken there (split, or
 // joined with its free neighbour) without more memory; one given back on another stream serves
-// them once that stream is past it; the arena's memory is counted in the device's, and a trim
-// hands it back.
+// them once that stream is past it; a free block at the end joins the memory mapped after it;
+// the arena's memory is counted in the device's, and a trim hands it back.
 TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
   int device = 0;
@@ -57,7 +57,10 @@ TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
     StreamBuffer f = take(64 * mib);  // e's memory, the other stream being past it
     EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * mib));
-  }  // d and f go back on s
+    f.release(s);
+    StreamBuffer g = take(96 * mib);  // f's memory at the end, and 32 MiB mapped after it
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(96 * mib));
+  }  // d and g go back on s
   ASSERT_TRUE(trim_stream_arenas().ok());
   EXPECT_EQ(device_memory_stats(device).current, base);
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);

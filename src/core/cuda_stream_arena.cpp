@@ -1,17 +1,25 @@
 // StreamBuffer (include/seqpar/gpu.hpp): device memory in stream order, from an arena per
-// device and stream. An arena holds segments from cudaMalloc and hands out their free
-// intervals best fit, splitting them and joining neighbours as blocks come back, so what it
-// holds stays close to the most its stream's blocks need at once, and the same calls in the same
-// order place their blocks alike every time. (CUDA's own stream-ordered pool placed the two-rank
-// ring's blocks differently from run to run, and held up to a fifth more at 64K tokens.)
-// A block given back on the arena's stream is free at once for the next block taken there, as
-// work on one stream runs in order; one given back on another stream waits for an event
-// recorded there.
+// device and stream. An arena reserves one range of addresses and maps physical memory onto
+// its end as it grows (CUDA's virtual memory calls), so the mapped part is one run of bytes:
+// free intervals are handed out best fit, split, and joined with their neighbours as blocks
+// come back, and a free tail joins the memory mapped after it. What an arena holds so stays
+// close to the most its stream's blocks need at once, and the same calls in the same order
+// place their blocks alike every time. (CUDA's stream-ordered pool placed the two-rank ring's
+// blocks differently from run to run and held up to a fifth more at 64K tokens; separate
+// cudaMalloc segments held a tenth more on the two-rank Burst backward, whose cuDNN workspace
+// fit none of the freed blocks.) A block given back on the arena's stream is free at once for
+// the next block taken there, as work on one stream runs in order; one given back on another
+// stream waits for an event recorded there.
+#include <cuda.h>  // the driver's types; its calls are found through the runtime
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,10 +30,47 @@
 namespace seqpar {
 namespace {
 
-constexpr size_t kAlign = 512;                     // every block starts 512-byte aligned
-constexpr size_t kSegmentRound = size_t(2) << 20;  // segments are whole 2 MiB
+constexpr size_t kAlign = 512;  // every block starts 512-byte aligned
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// The driver's virtual memory calls, through the runtime (no link to libcuda).
+struct Driver {
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+};
+StatusOr<const Driver*> driver() {
+  static Driver d{};
+  static const std::string missing = [] {
+    const auto find = [](const char* name, auto** fn) {
+      cudaDriverEntryPointQueryResult found{};
+      void* p = nullptr;
+      const bool ok = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+                      found == cudaDriverEntryPointSuccess && p;
+      (void)cudaGetLastError();
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
+      return ok ? std::string() : std::string(name) + " ";
+    };
+    return find("cuMemCreate", &d.create) + find("cuMemRelease", &d.release) + find("cuMemAddressReserve", &d.reserve) +
+           find("cuMemMap", &d.map) + find("cuMemUnmap", &d.unmap) + find("cuMemSetAccess", &d.set_access) +
+           find("cuMemGetAllocationGranularity", &d.granularity);
+  }();
+  if (!missing.empty())
+    return SP_STATUS(StatusCode::kUnsupported, "the CUDA driver lacks virtual memory calls: " + missing);
+  return &d;
+}
+#define SP_CU_CHECK(expr)                                                                               \
+  do {                                                                                                  \
+    const CUresult sp_cu_ = (expr);                                                                     \
+    if (sp_cu_ != CUDA_SUCCESS)                                                                         \
+      return SP_STATUS(StatusCode::kInternal, std::string(sp_cu_ == CUDA_ERROR_OUT_OF_MEMORY ? "out of device memory: " : "") + \
+                                                  #expr + " failed (CUresult " + std::to_string(int(sp_cu_)) + ")"); \
+  } while (0)
 
 class Arena {
  public:
@@ -36,17 +81,16 @@ class Arena {
     const size_t need = round_up(std::max<size_t>(bytes, 1), kAlign);
     auto fit = by_size_.lower_bound(need);
     if (fit == by_size_.end()) {
-      SP_RETURN_IF_ERROR(add_segment(need));
+      SP_RETURN_IF_ERROR(grow(need));
       fit = by_size_.lower_bound(need);
     }
-    const size_t have = fit->first;
-    const Interval at = fit->second;
+    const size_t have = fit->first, offset = fit->second;
     by_size_.erase(fit);
-    free_[at.seg].erase(at.offset);
-    if (have > need) insert_free(at.seg, at.offset + need, have - need);  // its neighbours are taken
-    char* p = at.seg->base + at.offset;
-    live_[p] = {at.seg, need};
-    return static_cast<void*>(p);
+    free_.erase(offset);
+    if (have > need) insert_free(offset + need, have - need);  // its neighbours are taken
+    void* p = reinterpret_cast<void*>(base_ + offset);
+    live_[p] = need;
+    return p;
   }
 
   // The block at p, given back after the work queued on `on` so far.
@@ -64,65 +108,88 @@ class Arena {
     make_free(p);
   }
 
-  // With the device's work done: every block given back is free, and segments without a block
-  // go back to CUDA.
+  // With the device's work done: every block given back is free, and the mapped memory past
+  // the last block held goes back to CUDA.
   void trim() {
     collect_pending(true);
-    for (auto it = segments_.begin(); it != segments_.end();) {
-      Segment* seg = it->get();
-      const auto spans = free_.find(seg);
-      const bool unused = spans != free_.end() && spans->second.size() == 1 &&
-                          spans->second.begin()->first == 0 && spans->second.begin()->second == seg->bytes;
-      if (unused) {
-        erase_by_size(seg, 0, seg->bytes);
-        free_.erase(spans);
-        (void)cudaFree(seg->base);
-        track_device_bytes(device_, -int64_t(seg->bytes));
-        it = segments_.erase(it);
-      } else {
-        ++it;
-      }
+    while (!chunks_.empty()) {
+      const Driver* d = driver().value();  // it mapped the chunks
+      const auto tail = free_.empty() ? free_.end() : std::prev(free_.end());
+      const size_t last = chunks_.back().second;
+      if (tail == free_.end() || tail->first + tail->second != mapped_ || tail->second < last) break;
+      const size_t offset = tail->first, bytes = tail->second;
+      erase_by_size(offset, bytes);
+      free_.erase(tail);
+      mapped_ -= last;
+      (void)d->unmap(base_ + mapped_, last);
+      (void)d->release(chunks_.back().first);
+      chunks_.pop_back();
+      track_device_bytes(device_, -int64_t(last));
+      if (bytes > last) insert_free(offset, bytes - last);
     }
   }
-
-  int device() const { return device_; }
 
  private:
-  struct Segment {
-    char* base = nullptr;
-    size_t bytes = 0;
-  };
-  struct Interval {
-    Segment* seg;
-    size_t offset;
-  };
-
-  Status add_segment(size_t need) {
-    auto seg = std::make_unique<Segment>();
-    seg->bytes = round_up(need, kSegmentRound);
-    void* base = nullptr;
-    cudaError_t err = cudaMalloc(&base, seg->bytes);
-    if (err == cudaErrorMemoryAllocation) {  // give back the segments nothing uses, and try again
-      (void)cudaGetLastError();
-      SP_CUDA_CHECK(cudaDeviceSynchronize());  // trim() frees what other streams gave back too
-      trim();
-      err = cudaMalloc(&base, seg->bytes);
+  // Maps enough memory past the mapped part that a free tail and it hold `need` bytes.
+  Status grow(size_t need) {
+    SP_ASSIGN_OR_RETURN(const Driver* d, driver());
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device_;
+    if (!base_) {  // addresses for as much as the device holds
+      SP_CU_CHECK(d->granularity(&granule_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+      size_t free_bytes = 0, total = 0;
+      SP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+      range_ = round_up(total, granule_);
+      SP_CU_CHECK(d->reserve(&base_, range_, granule_, 0, 0));
+      int devices = 0;
+      SP_CUDA_CHECK(cudaGetDeviceCount(&devices));
+      for (int peer = 0; peer < devices; ++peer) {  // this device first, then the peers that reach it (NCCL)
+        const int dev = peer == 0 ? device_ : peer == device_ ? 0 : peer;
+        int can = dev == device_;
+        if (!can && (cudaDeviceCanAccessPeer(&can, dev, device_) != cudaSuccess || !can)) {
+          (void)cudaGetLastError();
+          continue;
+        }
+        CUmemAccessDesc a{};
+        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        a.location.id = dev;
+        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        access_.push_back(a);
+      }
     }
-    SP_CUDA_CHECK(err);
-    seg->base = static_cast<char*>(base);
-    track_device_bytes(device_, int64_t(seg->bytes));
-    insert_free(seg.get(), 0, seg->bytes);
-    segments_.push_back(std::move(seg));
+    const bool tail_free = !free_.empty() && std::prev(free_.end())->first + std::prev(free_.end())->second == mapped_;
+    const size_t tail = tail_free ? std::prev(free_.end())->second : 0;
+    const size_t add = round_up(need - tail, granule_);
+    SP_CHECK_ARG(mapped_ + add <= range_, "out of device memory: a stream's blocks would need more than the device holds");
+    CUmemGenericAllocationHandle h{};
+    SP_CU_CHECK(d->create(&h, add, &prop, 0));
+    const CUresult mapped = d->map(base_ + mapped_, add, 0, h, 0);
+    const CUresult granted = mapped == CUDA_SUCCESS ? d->set_access(base_ + mapped_, add, access_.data(), 1) : mapped;
+    if (granted != CUDA_SUCCESS) {
+      if (mapped == CUDA_SUCCESS) (void)d->unmap(base_ + mapped_, add);
+      (void)d->release(h);
+      SP_CU_CHECK(granted);  // mapping the memory, or granting this device access to it
+    }
+    for (size_t i = 1; i < access_.size(); ++i)  // a peer that cannot be granted does not use it
+      (void)d->set_access(base_ + mapped_, add, &access_[i], 1);
+    chunks_.push_back({h, add});
+    track_device_bytes(device_, int64_t(add));
+    const size_t at = mapped_;
+    mapped_ += add;
+    live_[reinterpret_cast<void*>(base_ + at)] = add;  // joined with the free tail as it is given back
+    make_free(reinterpret_cast<void*>(base_ + at));
     return Status::Ok();
   }
-  void insert_free(Segment* seg, size_t offset, size_t bytes) {
-    free_[seg][offset] = bytes;
-    by_size_.insert({bytes, {seg, offset}});
+  void insert_free(size_t offset, size_t bytes) {
+    free_[offset] = bytes;
+    by_size_.insert({bytes, offset});
   }
-  void erase_by_size(Segment* seg, size_t offset, size_t bytes) {
+  void erase_by_size(size_t offset, size_t bytes) {
     auto [lo, hi] = by_size_.equal_range(bytes);
     for (auto it = lo; it != hi; ++it)
-      if (it->second.seg == seg && it->second.offset == offset) {
+      if (it->second == offset) {
         by_size_.erase(it);
         return;
       }
@@ -131,23 +198,21 @@ class Arena {
   void make_free(void* p) {
     auto it = live_.find(p);
     if (it == live_.end()) return;
-    Segment* seg = it->second.first;
-    size_t offset = static_cast<char*>(p) - seg->base, bytes = it->second.second;
+    size_t offset = reinterpret_cast<CUdeviceptr>(p) - base_, bytes = it->second;
     live_.erase(it);
-    auto& spans = free_[seg];
-    auto next = spans.find(offset + bytes);
-    if (next != spans.end()) {
-      erase_by_size(seg, next->first, next->second);
+    auto next = free_.find(offset + bytes);
+    if (next != free_.end()) {
+      erase_by_size(next->first, next->second);
       bytes += next->second;
-      spans.erase(next);
+      free_.erase(next);
     }
-    auto prev = spans.lower_bound(offset);
-    if (prev != spans.begin() && (--prev)->first + prev->second == offset) {
-      erase_by_size(seg, prev->first, prev->second);
+    auto prev = free_.lower_bound(offset);
+    if (prev != free_.begin() && (--prev)->first + prev->second == offset) {
+      erase_by_size(prev->first, prev->second);
       offset = prev->first, bytes += prev->second;
-      spans.erase(prev);
+      free_.erase(prev);
     }
-    insert_free(seg, offset, bytes);
+    insert_free(offset, bytes);
   }
   // Blocks given back on other streams whose event has passed (all: the device is idle).
   void collect_pending(bool all) {
@@ -165,10 +230,13 @@ class Arena {
 
   int device_;
   cudaStream_t stream_;
-  std::vector<std::unique_ptr<Segment>> segments_;
-  std::map<Segment*, std::map<size_t, size_t>> free_;  // per segment: offset -> bytes
-  std::multimap<size_t, Interval> by_size_;            // every free interval, by size
-  std::map<void*, std::pair<Segment*, size_t>> live_;  // block -> (segment, bytes)
+  CUdeviceptr base_ = 0;
+  size_t range_ = 0, mapped_ = 0, granule_ = 0;
+  std::vector<CUmemAccessDesc> access_;
+  std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> chunks_;  // mapped in this order
+  std::map<size_t, size_t> free_;                                         // offset -> bytes
+  std::multimap<size_t, size_t> by_size_;                                 // bytes -> offset
+  std::map<void*, size_t> live_;                                          // block -> bytes
   std::vector<std::pair<void*, cudaEvent_t>> pending_;
 };
 
