@@ -28,7 +28,9 @@ Status copy_bytes_on_stream(void* dst, const void* src, size_t bytes, void* stre
 bool is_device_pointer(const void* p);
 
 // After a communicator abort that could not stop its kernels: DeviceBuffers stop freeing
-// (cudaFree would wait for those kernels forever); the process is expected to exit.
+// (cudaFree would wait for those kernels forever); the process is expected to exit. The Python
+// package also calls it at interpreter exit, once its ranks are destroyed: what other threads
+// still hold is then left to the process's end, as CUDA's and cuDNN's teardown may run first.
 void abandon_device();
 bool device_abandoned();
 
@@ -49,7 +51,8 @@ void reset_device_memory_peak(int device);
 // event recorded on `stream` after the allocation. A block given back on another stream than
 // it was taken on is reused once the work queued there so far is done. The memory comes from an
 // arena per device and stream, best fit, kept for reuse (counted in device_memory_stats) until
-// trim_stream_arenas(). cudaMalloc'd: peers with peer access may read and write it (NCCL).
+// trim_stream_arenas(), or forget_stream_arenas() as the stream ends. Mapped with CUDA's virtual
+// memory calls: peers with peer access may read and write it (NCCL); cudaIpc* cannot share it.
 class StreamBuffer {
  public:
   StreamBuffer() = default;
@@ -69,11 +72,16 @@ class StreamBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   void* stream_ = nullptr;
+  unsigned long long stream_id_ = 0;  // its arena's key: CUDA never reuses a stream's id
   int device_ = 0;
 };
-// Waits for the current device's queued work, then returns to CUDA the arenas' segments on it
-// that hold no block, so a measurement starts from the memory it takes itself.
+// Waits for the current device's queued work, then returns to CUDA the arenas' memory on it
+// that holds no block, so a measurement starts from the memory it takes itself. For quiet
+// points: no other thread may queue work on the device meanwhile.
 Status trim_stream_arenas();
+// Before cudaStreamDestroy(stream): waits for the stream, returns its arena's free memory to
+// CUDA, and drops the arena once its last block comes back (blocks may outlive the stream).
+Status forget_stream_arenas(void* stream);
 
 // Device memory owned by this object (cudaMalloc / cudaFree on the current device).
 class DeviceBuffer {

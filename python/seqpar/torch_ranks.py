@@ -153,3 +153,6 @@ def _release_all():
     with _lock:
         _group_ranks.clear()
         _thread_ranks.clear()
+    # What other threads still hold (the cuDNN handles of PyTorch's autograd threads, which end
+    # only after cuDNN's own teardown, where destroying them crashed) is left to the process's end.
+    _core.abandon_device()

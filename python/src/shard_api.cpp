@@ -15,6 +15,7 @@
 #include "attention.hpp"
 #include "py_transport_comm.hpp"
 #include "rank_context.hpp"
+#include "seqpar/gpu.hpp"
 #include "seqpar/nccl_comm.hpp"
 
 namespace seqpar::py {
@@ -171,6 +172,9 @@ void register_shard_api(nb::module_& m) {
   m.def("nccl_unique_id", &nccl_id);
   m.def("rank_from_nccl_id", &from_nccl_id, nb::arg("id"), nb::arg("rank"), nb::arg("size"), nb::arg("device"));
   m.def("thread_ranks", &thread_ranks, nb::arg("size"));
+  m.def("abandon_device", &abandon_device,
+        "from now on, GPU state still held (buffers, other threads' cuDNN handles) is left to the process's end "
+        "instead of freed: for interpreter exit, once the ranks are destroyed");
   m.def("shard_attention", &shard_attention, nb::arg("rank"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("dout").none(), nb::arg("dq").none(), nb::arg("dk").none(), nb::arg("dv").none(),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale"), nb::arg("algo"), nb::arg("layout"),

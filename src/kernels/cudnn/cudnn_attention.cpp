@@ -50,8 +50,21 @@ struct DeviceContext {
   }
 };
 
+// One thread's contexts. A thread that ends once the device is abandoned leaves them to the
+// process's end: PyTorch joins its autograd threads from a static destructor, after cuDNN's own
+// teardown, where cudnnDestroy crashed (SIGSEGV at exit under torchrun); the Python package
+// abandons the device at interpreter exit for that reason.
+struct ThreadContexts {
+  std::map<int, std::unique_ptr<DeviceContext>> by_device;
+  ~ThreadContexts() {
+    if (!device_abandoned()) return;
+    for (auto& entry : by_device) (void)entry.second.release();
+  }
+};
+
 StatusOr<DeviceContext*> context_for_current_device() {
-  thread_local std::map<int, std::unique_ptr<DeviceContext>> contexts;
+  thread_local ThreadContexts thread_contexts;
+  auto& contexts = thread_contexts.by_device;
   int device = 0;
   SP_CUDA_CHECK(cudaGetDevice(&device));
   auto& ctx = contexts[device];
