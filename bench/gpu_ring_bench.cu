@@ -324,6 +324,7 @@ Status bench_rank(Communicator& comm, const Options& opt) {
       std::fflush(stdout);
     }
   }
+  (void)forget_stream_arenas(s);
   cudaStreamDestroy(s);
   return Status::Ok();
 }

@@ -411,7 +411,9 @@ TEST(FlashSmallKernels, AccumulateAndAddCastOnHeadSlices) {
 
 // fill on the views the executors clear: a whole tensor (zeros: one memset), rows of it with two
 // batch entries and a head slice (the 8-wide path, D = 64), and a head slice with D = 12 (the
-// per-element path); every element inside takes the value, every one outside keeps its own.
+// per-element path), and columns 4 to D - 4 (bf16 rows that start off a 16-byte boundary: the
+// per-element path, fp32 ones the 8-wide path); every element inside takes the value, every one
+// outside keeps its own.
 TEST(FlashSmallKernels, FillSetsTheViewAndNothingElse) {
   SKIP_WITHOUT_GPU();
   for (DType t : {DType::kBF16, DType::kF32})
@@ -419,22 +421,29 @@ TEST(FlashSmallKernels, FillSetsTheViewAndNothingElse) {
       for (float value : {0.0f, -INFINITY, 1.5f}) {
         const HostTensor before = testing::random_tensor(t, {2, 33, 4, D}, 91);
         const HostTensor before_f = cast(before, DType::kF32);
-        for (int which = 0; which < 3; ++which) {
+        for (int which = 0; which < 4; ++which) {
           auto g = to_device(before);
           TensorView view = g->view;
           int64_t row_begin = 0, row_end = 33;
           bool all_heads = true;
+          int64_t col_begin = 0, col_end = D;
           if (which == 1) row_begin = 5, row_end = 21, view = view.narrow(1, row_begin, row_end);
           if (which == 2) {  // heads 1 and 2
             view.data = static_cast<char*>(view.data) + D * dtype_size(t);
             view.shape[2] = 2, all_heads = false;
           }
+          if (which == 3) {  // columns 4 to D - 4: rows of a multiple of 8 that start off 16 bytes in bf16
+            col_begin = 4, col_end = D - 4;
+            view.data = static_cast<char*>(view.data) + col_begin * dtype_size(t);
+            view.shape[3] = col_end - col_begin;
+          }
           ASSERT_TRUE(flash_fill(view, value).ok());
           const HostTensor got = cast(to_host(g->view).value(), DType::kF32);
           int64_t wrong = 0;
           for (int64_t e = 0; e < got.numel(); ++e) {
-            const int64_t h = (e / D) % 4, row = (e / (D * 4)) % 33;
-            const bool inside = row >= row_begin && row < row_end && (all_heads || h == 1 || h == 2);
+            const int64_t col = e % D, h = (e / D) % 4, row = (e / (D * 4)) % 33;
+            const bool inside = row >= row_begin && row < row_end && (all_heads || h == 1 || h == 2) &&
+                                col >= col_begin && col < col_end;
             const float want = inside ? value : before_f.data<float>()[e];
             if (!(got.data<float>()[e] == want)) ++wrong;
           }

@@ -63,7 +63,59 @@ TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
   }  // d and g go back on s
   ASSERT_TRUE(trim_stream_arenas().ok());
   EXPECT_EQ(device_memory_stats(device).current, base);
+  for (cudaStream_t x : {s, other}) {
+    ASSERT_TRUE(forget_stream_arenas(x).ok());
+    ASSERT_EQ(cudaStreamDestroy(x), cudaSuccess);
+  }
+}
+
+// A block given back on another stream waits for that stream: while it is held up, the next
+// block taken on the arena's stream gets other memory. An ending stream's arena goes back to
+// CUDA once its last block does, even a block that outlives the stream.
+TEST(StreamBuffer, WaitsForTheStreamItWasGivenBackOnAndEndsWithItsStream) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_TRUE(trim_stream_arenas().ok());
+  const int64_t base = device_memory_stats(device).current;
+  cudaStream_t s, other;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  const size_t mib = size_t(1) << 20;
+  static std::atomic<bool> go;  // static: `other` may still read it after a failed assertion returns
+  go = false;
+  struct Release {
+    ~Release() { go = true; }
+  } release_on_return;
+  const auto hold_until_go = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  {
+    auto a = StreamBuffer::allocate(8 * mib, s);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    void* const first = a->data();
+    ASSERT_EQ(cudaLaunchHostFunc(other, hold_until_go, &go), cudaSuccess);  // `other` stops here
+    ASSERT_EQ(cudaMemsetAsync(first, 3, 8 * mib, other), cudaSuccess);
+    a->release(other);
+    auto b = StreamBuffer::allocate(8 * mib, s);
+    ASSERT_TRUE(b.ok());
+    EXPECT_NE(b->data(), first) << "a block still in use on another stream was handed out again";
+    go = true;
+    ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    b->release(s);
+    auto c = StreamBuffer::allocate(16 * mib, s);  // both, joined, now that `other` is past a
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(device_memory_stats(device).current - base, int64_t(16 * mib));
+  }
+  ASSERT_GT(device_memory_stats(device).current, base);  // kept for the stream's next blocks
+  auto outliving = StreamBuffer::allocate(4 * mib, s);
+  ASSERT_TRUE(outliving.ok());
+  ASSERT_TRUE(forget_stream_arenas(s).ok());
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_GT(device_memory_stats(device).current, base);  // the outliving block's memory stays
+  outliving->release(s);  // the stream it was taken on, ended
+  EXPECT_EQ(device_memory_stats(device).current, base);
+  ASSERT_TRUE(forget_stream_arenas(other).ok());
   ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
@@ -208,7 +260,10 @@ Status check_device_collectives(Communicator& c) {
     return SP_STATUS(StatusCode::kInternal, "cudaStreamCreate failed");
   struct StreamGuard {
     cudaStream_t s;
-    ~StreamGuard() { (void)cudaStreamDestroy(s); }
+    ~StreamGuard() {
+      (void)forget_stream_arenas(s);
+      (void)cudaStreamDestroy(s);
+    }
   } guard{stream};
 
   // all_gather of 37 bytes per rank (not a multiple of any element size)

@@ -129,6 +129,7 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     Status s = run_forward_gpu(comm, plan, st, ws, stream, nullptr, &kept);
     if (s.ok()) s = run_backward_gpu(comm, plan, st, ws, stream, nullptr, &kept);
     if (s.ok()) s = comm.synchronize(stream);
+    (void)forget_stream_arenas(stream);
     (void)cudaStreamDestroy(stream);
     SP_RETURN_IF_ERROR(s);
     SP_RETURN_IF_ERROR(check_trace(ws, plan));

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "seqpar/gpu.hpp"
+
 namespace seqpar::py {
 
 #ifdef SEQPAR_HAVE_CUDA
@@ -34,7 +36,9 @@ StatusOr<void*> create_stream() {
 }
 
 void destroy_stream(void* stream) {
-  if (stream) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  if (!stream) return;
+  (void)forget_stream_arenas(stream);  // its arena's memory goes back to CUDA
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
 
 Status stream_wait(void* waiter, void* waited) {

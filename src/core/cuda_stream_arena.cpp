@@ -9,7 +9,10 @@
 // cudaMalloc segments held a tenth more on the two-rank Burst backward, whose cuDNN workspace
 // fit none of the freed blocks.) A block given back on the arena's stream is free at once for
 // the next block taken there, as work on one stream runs in order; one given back on another
-// stream waits for an event recorded there.
+// stream waits for an event recorded there. Arenas are keyed by the stream's id, which CUDA
+// never gives to another stream (a handle may come back after cudaStreamDestroy, and
+// cudaStreamPerThread names another stream on each thread); forget_stream_arenas returns an
+// ending stream's memory.
 #include <cuda.h>  // the driver's types; its calls are found through the runtime
 #include <cuda_runtime.h>
 
@@ -39,6 +42,7 @@ struct Driver {
   CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
   CUresult (*release)(CUmemGenericAllocationHandle);
   CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*address_free)(CUdeviceptr, size_t);
   CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*unmap)(CUdeviceptr, size_t);
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
@@ -57,6 +61,7 @@ StatusOr<const Driver*> driver() {
       return ok ? std::string() : std::string(name) + " ";
     };
     return find("cuMemCreate", &d.create) + find("cuMemRelease", &d.release) + find("cuMemAddressReserve", &d.reserve) +
+           find("cuMemAddressFree", &d.address_free) +
            find("cuMemMap", &d.map) + find("cuMemUnmap", &d.unmap) + find("cuMemSetAccess", &d.set_access) +
            find("cuMemGetAllocationGranularity", &d.granularity);
   }();
@@ -74,7 +79,21 @@ StatusOr<const Driver*> driver() {
 
 class Arena {
  public:
-  Arena(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  Arena(int device, cudaStream_t stream, unsigned long long id) : device_(device), stream_(stream), id_(id) {}
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  // Only for an arena that holds no block (an orphan's): the rest goes back to CUDA.
+  ~Arena() {
+    trim(false);
+    if (base_ && mapped_ == 0) (void)driver().value()->address_free(base_, range_);
+  }
+  bool orphaned = false;  // its stream has ended (forget_stream_arenas): dropped once it holds no block
+  // An orphan whose blocks have all come back, those given back on other streams done.
+  bool droppable() {
+    if (!orphaned) return false;
+    collect_pending(false);
+    return live_.empty() && pending_.empty();
+  }
 
   StatusOr<void*> take(size_t bytes) {
     collect_pending(false);
@@ -93,35 +112,39 @@ class Arena {
     return p;
   }
 
-  // The block at p, given back after the work queued on `on` so far.
-  void give(void* p, cudaStream_t on) {
+  // The block at p, given back after the work queued so far on the stream `on` (id `on_id`).
+  // False when no event could mark that point: the caller waits for `on`, then calls free_now.
+  bool give(void* p, cudaStream_t on, unsigned long long on_id) {
+    if (on_id == id_) {
+      make_free(p);
+      return true;
+    }
     cudaEvent_t done = nullptr;
-    if (on != stream_ && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess &&
-        cudaEventRecord(done, on) == cudaSuccess) {
+    if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess && cudaEventRecord(done, on) == cudaSuccess) {
       pending_.push_back({p, done});
-      return;
+      return true;
     }
-    if (on != stream_) {  // no event: wait for that stream here
-      if (done) (void)cudaEventDestroy(done);
-      (void)cudaStreamSynchronize(on);
-    }
-    make_free(p);
+    (void)cudaGetLastError();  // reported here, not by the next kernel's launch check
+    if (done) (void)cudaEventDestroy(done);
+    return false;
   }
+  void free_now(void* p) { make_free(p); }
 
-  // With the device's work done: every block given back is free, and the mapped memory past
-  // the last block held goes back to CUDA.
-  void trim() {
-    collect_pending(true);
+  // The mapped memory past the last block held goes back to CUDA. With `device_idle` (the
+  // device's work done) every block given back is free first; otherwise those whose event passed.
+  // The arena's own stream must have no work queued that uses its free blocks.
+  void trim(bool device_idle) {
+    collect_pending(device_idle);
     while (!chunks_.empty()) {
       const Driver* d = driver().value();  // it mapped the chunks
       const auto tail = free_.empty() ? free_.end() : std::prev(free_.end());
       const size_t last = chunks_.back().second;
       if (tail == free_.end() || tail->first + tail->second != mapped_ || tail->second < last) break;
       const size_t offset = tail->first, bytes = tail->second;
+      if (d->unmap(base_ + mapped_ - last, last) != CUDA_SUCCESS) break;  // still mapped: kept as it is
       erase_by_size(offset, bytes);
       free_.erase(tail);
       mapped_ -= last;
-      (void)d->unmap(base_ + mapped_, last);
       (void)d->release(chunks_.back().first);
       chunks_.pop_back();
       track_device_bytes(device_, -int64_t(last));
@@ -138,13 +161,12 @@ class Arena {
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device_;
     if (!base_) {  // addresses for as much as the device holds
-      SP_CU_CHECK(d->granularity(&granule_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-      size_t free_bytes = 0, total = 0;
+      size_t granule = 0, free_bytes = 0, total = 0;
+      SP_CU_CHECK(d->granularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
       SP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-      range_ = round_up(total, granule_);
-      SP_CU_CHECK(d->reserve(&base_, range_, granule_, 0, 0));
       int devices = 0;
       SP_CUDA_CHECK(cudaGetDeviceCount(&devices));
+      access_.clear();
       for (int peer = 0; peer < devices; ++peer) {  // this device first, then the peers that reach it (NCCL)
         const int dev = peer == 0 ? device_ : peer == device_ ? 0 : peer;
         int can = dev == device_;
@@ -158,11 +180,15 @@ class Arena {
         a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         access_.push_back(a);
       }
+      CUdeviceptr base = 0;
+      SP_CU_CHECK(d->reserve(&base, round_up(total, granule), granule, 0, 0));
+      base_ = base, range_ = round_up(total, granule), granule_ = granule;
     }
     const bool tail_free = !free_.empty() && std::prev(free_.end())->first + std::prev(free_.end())->second == mapped_;
     const size_t tail = tail_free ? std::prev(free_.end())->second : 0;
     const size_t add = round_up(need - tail, granule_);
-    SP_CHECK_ARG(mapped_ + add <= range_, "out of device memory: a stream's blocks would need more than the device holds");
+    if (mapped_ + add > range_)
+      return SP_STATUS(StatusCode::kInternal, "out of device memory: a stream's blocks would need more than the device holds");
     CUmemGenericAllocationHandle h{};
     SP_CU_CHECK(d->create(&h, add, &prop, 0));
     const CUresult mapped = d->map(base_ + mapped_, add, 0, h, 0);
@@ -215,21 +241,23 @@ class Arena {
     insert_free(offset, bytes);
   }
   // Blocks given back on other streams whose event has passed (all: the device is idle).
+  // A failed query (the device is in error) frees the block too: nothing runs there any more.
   void collect_pending(bool all) {
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (all || cudaEventQuery(it->second) == cudaSuccess) {
-        make_free(it->first);
-        (void)cudaEventDestroy(it->second);
-        it = pending_.erase(it);
-      } else {
+      if (!all && cudaEventQuery(it->second) == cudaErrorNotReady) {
+        if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // not an error
         ++it;
+        continue;
       }
+      make_free(it->first);
+      (void)cudaEventDestroy(it->second);
+      it = pending_.erase(it);
     }
-    (void)cudaGetLastError();  // cudaErrorNotReady is not an error
   }
 
   int device_;
   cudaStream_t stream_;
+  unsigned long long id_;
   CUdeviceptr base_ = 0;
   size_t range_ = 0, mapped_ = 0, granule_ = 0;
   std::vector<CUmemAccessDesc> access_;
@@ -245,9 +273,21 @@ std::mutex& arenas_mutex() {
   static auto* m = new std::mutex;
   return *m;
 }
-std::map<std::pair<int, cudaStream_t>, std::unique_ptr<Arena>>& arenas() {
-  static auto* a = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<Arena>>;
+using ArenaMap = std::map<std::pair<int, unsigned long long>, std::unique_ptr<Arena>>;  // (device, stream id)
+ArenaMap& arenas() {
+  static auto* a = new ArenaMap;
   return *a;
+}
+
+StatusOr<unsigned long long> stream_id(cudaStream_t s) {
+  unsigned long long id = 0;
+  SP_CUDA_CHECK(cudaStreamGetId(s, &id));
+  return id;
+}
+
+// Drops the orphaned arenas that hold no block (the arenas' lock held).
+void drop_orphans() {
+  for (auto it = arenas().begin(); it != arenas().end();) it = it->second->droppable() ? arenas().erase(it) : std::next(it);
 }
 
 }  // namespace
@@ -256,9 +296,10 @@ StatusOr<StreamBuffer> StreamBuffer::allocate(size_t bytes, void* stream) {
   StreamBuffer b;
   SP_CUDA_CHECK(cudaGetDevice(&b.device_));
   const auto s = static_cast<cudaStream_t>(stream);
+  SP_ASSIGN_OR_RETURN(b.stream_id_, stream_id(s));
   const std::lock_guard<std::mutex> lock(arenas_mutex());
-  auto& arena = arenas()[{b.device_, s}];
-  if (!arena) arena = std::make_unique<Arena>(b.device_, s);
+  auto& arena = arenas()[{b.device_, b.stream_id_}];
+  if (!arena) arena = std::make_unique<Arena>(b.device_, s, b.stream_id_);
   SP_ASSIGN_OR_RETURN(b.data_, arena->take(bytes));
   b.bytes_ = bytes, b.stream_ = stream;
   return b;
@@ -266,21 +307,40 @@ StatusOr<StreamBuffer> StreamBuffer::allocate(size_t bytes, void* stream) {
 
 void StreamBuffer::release(void* stream) {
   if (data_ && !device_abandoned()) {
+    const auto on = static_cast<cudaStream_t>(stream);
+    // The stream it was taken on needs no lookup (it may have ended since); cudaStreamPerThread
+    // is another stream on each thread.
+    auto on_id = on == static_cast<cudaStream_t>(stream_) && on != cudaStreamPerThread ? StatusOr<unsigned long long>(stream_id_)
+                                                                                       : stream_id(on);
+    bool given = false;
+    {
+      const std::lock_guard<std::mutex> lock(arenas_mutex());
+      auto it = arenas().find({device_, stream_id_});
+      given = it == arenas().end() || (on_id.ok() && it->second->give(data_, on, on_id.value()));
+    }
+    if (!given) {  // no event marks where `on` is: wait for it here, the lock released meanwhile
+      if (!on_id.ok() || cudaStreamSynchronize(on) != cudaSuccess) (void)cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+    }
     const std::lock_guard<std::mutex> lock(arenas_mutex());
-    auto it = arenas().find({device_, static_cast<cudaStream_t>(stream_)});
-    if (it != arenas().end()) it->second->give(data_, static_cast<cudaStream_t>(stream));
+    auto it = arenas().find({device_, stream_id_});
+    if (it != arenas().end()) {
+      if (!given) it->second->free_now(data_);
+      if (it->second->droppable()) arenas().erase(it);  // the last block of an ended stream's arena
+    }
   }
   data_ = nullptr, bytes_ = 0;
 }
 StreamBuffer::~StreamBuffer() { release(stream_); }
 StreamBuffer::StreamBuffer(StreamBuffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_), stream_(other.stream_), device_(other.device_) {
+    : data_(other.data_), bytes_(other.bytes_), stream_(other.stream_), stream_id_(other.stream_id_), device_(other.device_) {
   other.data_ = nullptr, other.bytes_ = 0;
 }
 StreamBuffer& StreamBuffer::operator=(StreamBuffer&& other) noexcept {
   if (this != &other) {
     release(stream_);
-    data_ = other.data_, bytes_ = other.bytes_, stream_ = other.stream_, device_ = other.device_;
+    data_ = other.data_, bytes_ = other.bytes_, stream_ = other.stream_, stream_id_ = other.stream_id_,
+    device_ = other.device_;
     other.data_ = nullptr, other.bytes_ = 0;
   }
   return *this;
@@ -292,7 +352,19 @@ Status trim_stream_arenas() {
   SP_CUDA_CHECK(cudaDeviceSynchronize());  // blocks given back in stream order are free by now
   const std::lock_guard<std::mutex> lock(arenas_mutex());
   for (auto& [key, arena] : arenas())
-    if (key.first == device) arena->trim();
+    if (key.first == device) arena->trim(true);
+  drop_orphans();
+  return Status::Ok();
+}
+
+Status forget_stream_arenas(void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  SP_ASSIGN_OR_RETURN(const unsigned long long id, stream_id(s));
+  SP_CUDA_CHECK(cudaStreamSynchronize(s));  // what it queued is done: its free blocks can go
+  const std::lock_guard<std::mutex> lock(arenas_mutex());
+  for (auto& [key, arena] : arenas())
+    if (key.second == id) arena->orphaned = true, arena->trim(false);
+  drop_orphans();
   return Status::Ok();
 }
 

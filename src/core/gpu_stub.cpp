@@ -40,6 +40,7 @@ StreamBuffer& StreamBuffer::operator=(StreamBuffer&&) noexcept = default;
 StatusOr<StreamBuffer> StreamBuffer::allocate(size_t, void*) { return no_cuda(); }
 void StreamBuffer::release(void*) {}
 Status trim_stream_arenas() { return Status::Ok(); }
+Status forget_stream_arenas(void*) { return Status::Ok(); }
 StatusOr<DeviceTensor> to_device(const HostTensor&) { return no_cuda(); }
 StatusOr<DeviceTensor> device_zeros(DType, const std::vector<int64_t>&) { return no_cuda(); }
 StatusOr<HostTensor> to_host(const TensorView&) { return no_cuda(); }

@@ -122,7 +122,7 @@ struct GpuTrainer::Impl {
 
   Impl(const TrainOptions& options, Communicator& c) : o(options), comm(c) {}
   ~Impl() {
-    if (s && !device_abandoned()) (void)cudaStreamDestroy(s);
+    if (s && !device_abandoned()) (void)forget_stream_arenas(s), (void)cudaStreamDestroy(s);
   }
 
   // Offsets of layer l's tensors (parameter_table order: n1, q, k, v, o, n2, gate, up, down).

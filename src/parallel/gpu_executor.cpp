@@ -51,6 +51,16 @@ class GpuExecutor {
               GpuWorkspace::Impl& ws, cudaStream_t s, ForwardState* state)
       : comm_(comm), plan_(plan), t_(t), pass_(pass), steps_(plan.schedule.pass(pass)), ws_(ws), s_(s),
         me_(comm.rank()), state_(state) {}
+  // A run that stopped with exchanges in flight: the stream waits for them (NCCL writes into
+  // their buffers on its own stream) before the buffers go back to the stream's arena, which
+  // hands them to the next block at once; kept blocks no forward state holds go back here too.
+  ~GpuExecutor() {
+    if (comm_.stream_ordered())
+      for (auto& [batch, p] : pending_)
+        if (p.exchange) (void)p.exchange->wait_on_stream(s_);
+    for (auto& [b, st] : kept_)
+      if (st.use_count() == 1) st->buffer.release(s_);
+  }
 
   Status run(PassStats* stats) {
     SP_RETURN_IF_ERROR(check_args());
