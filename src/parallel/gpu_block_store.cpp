@@ -1,0 +1,243 @@
+// The GPU executor's blocks (the class: gpu_executor_impl.hpp): each block's parts laid out in
+// one stream buffer, or views of the caller's tensors; buffers given back in stream order;
+// blocks kept for the backward; results made, cleared and joined from their head parts; the
+// rank's own inputs, head parts cut out of whole-heads blocks, packs, and span blocks joined
+// from their pieces or split into them.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/gpu_executor_impl.hpp"
+#include "seqpar/flash_cuda.hpp"
+
+namespace seqpar::parallel_gpu {
+
+// A block's parts in wire order (schedule.hpp's BlockKind), for one head group: which heads
+// each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype. Results are fp32
+// accumulators, or (`rounded`) in the inputs' dtype as they travel home (goes_home).
+std::vector<GpuExecutor::PartShape> GpuExecutor::part_shapes(const Block& b, int64_t rows, bool rounded) const {
+  const int64_t hq = heads_of(Heads::kQuery, b.part).count(), hkv = heads_of(Heads::kKV, b.part).count();
+  const std::vector<int64_t> q{B_, rows, hq, D_}, kv{B_, rows, hkv, D_}, stats{B_, hq, rows};
+  const DType acc = rounded ? dtype_ : DType::kF32, f32 = DType::kF32;
+  const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{f32, Heads::kStats, stats};
+  switch (b.kind) {
+    case BlockKind::kKV: return {KV, KV};
+    case BlockKind::kQuery: return {Q};
+    case BlockKind::kOutput: return {{acc, Heads::kQuery, q}, S32};
+    case BlockKind::kQueryPack:  // Q, dO, D (or O where the backend takes no D), LSE
+      return {Q, Q, takes_delta() ? S32 : Q, S32};
+    case BlockKind::kDQ: return {{acc, Heads::kQuery, q}};
+    case BlockKind::kDKV: return {{acc, Heads::kKV, kv}, {acc, Heads::kKV, kv}};
+    case BlockKind::kGradPack: return {Q, takes_delta() ? S32 : Q, S32};  // dO, D (or O), LSE
+  }
+  return {};
+}
+// The heads of head part `part` within the group (all of the group's for kAllHeads).
+HeadRange GpuExecutor::heads_of(Heads h, int part) const {
+  return parallel::heads_of(h, part, plan_.schedule.head_parts, Hg_, Hkg_);
+}
+
+// Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one stream buffer.
+StatusOr<std::unique_ptr<GpuExecutor::Stored>> GpuExecutor::make_block(const Block& b, bool rounded, int64_t rows) {
+  auto st = std::make_unique<Stored>();
+  if (rows < 0) rows = block_rows(b, plan_.layout);
+  size_t capacity = 0;
+  for (const PartShape& p : part_shapes(b, rows, rounded))
+    capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
+  SP_ASSIGN_OR_RETURN(st->buffer, StreamBuffer::allocate(capacity, s_));
+  char* at = static_cast<char*>(st->buffer.data());
+  for (const PartShape& p : part_shapes(b, rows, rounded)) {
+    st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
+    at += padded(view_bytes(st->parts.back()));
+  }
+  return st;
+}
+// Gives a block's buffer back after the work queued so far (stream order).
+void GpuExecutor::release(std::unique_ptr<Stored> st) {
+  if (st) st->buffer.release(s_);
+}
+void GpuExecutor::release_all() {
+  for (auto& [b, st] : store_) release(std::move(st));
+  store_.clear();
+  for (auto& [b, st] : kept_) st->buffer.release(s_);
+  kept_.clear();
+}
+
+// Group g's kept blocks into the state at the forward's end (out of the pool until the
+// backward gives them back); out of it at the backward's start.
+Status GpuExecutor::keep(int g) {
+  for (const Block& b : plan_.schedule.kept) {
+    auto it = store_.find(b);
+    SP_CHECK_ARG(it != store_.end(), "internal: the forward ends without " + block_name(b) + ", which it keeps");
+    state_->impl().blocks[{g, b}] = std::shared_ptr<Stored>(std::move(it->second));
+    store_.erase(it);
+  }
+  return Status::Ok();
+}
+void GpuExecutor::take_kept(int g) {
+  auto& blocks = state_->impl().blocks;
+  for (const Block& b : plan_.schedule.kept) {
+    auto it = blocks.find({g, b});
+    kept_[b] = std::static_pointer_cast<Stored>(it->second);
+    blocks.erase(it);
+  }
+}
+
+// How this rank holds result b: in the inputs' dtype (rounded_), its own in the caller's tensors.
+bool GpuExecutor::held_rounded(const Block& b) const { return rounded_.count(b) > 0; }
+bool GpuExecutor::in_callers(const Block& b) const { return held_rounded(b) && is_own_result(b, me_) && home_.count(b.kind); }
+// A result present (*fresh = false), or made with nothing in it yet (*fresh = true): its first
+// part is written, not added.
+StatusOr<GpuExecutor::Stored*> GpuExecutor::result(const Block& b, bool* fresh) {
+  auto& slot = store_[b];
+  *fresh = !slot;
+  if (!slot && in_callers(b)) {
+    slot = std::make_unique<Stored>();
+    slot->parts = home_.at(b.kind);
+  } else if (!slot) {
+    SP_ASSIGN_OR_RETURN(slot, make_block(b, held_rounded(b)));
+  }
+  return slot.get();
+}
+// A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
+StatusOr<GpuExecutor::Stored*> GpuExecutor::cleared_result(const Block& b) {
+  bool fresh = false;
+  SP_ASSIGN_OR_RETURN(Stored* r, result(b, &fresh));
+  if (fresh) SP_RETURN_IF_ERROR(clear(b, *r));
+  return r;
+}
+Status GpuExecutor::clear(const Block& b, const Stored& r) {
+  for (size_t i = 0; i < r.parts.size(); ++i)
+    SP_RETURN_IF_ERROR(flash_fill(r.parts[i], b.kind == BlockKind::kOutput && i == 1 ? -INFINITY : 0.0f, s_));
+  return Status::Ok();
+}
+// This rank's own input block for head group g: the caller's slices where they can be used
+// as they are, copies (or, for D, computed rows) in a pooled buffer otherwise.
+Status GpuExecutor::make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part) {
+  bool all_usable = computed_part < 0;
+  for (const TensorView& t : slices) all_usable = all_usable && usable_as_is(t);
+  if (all_usable) {
+    auto st = std::make_unique<Stored>();
+    st->parts = slices;
+    store_[b] = std::move(st);
+    return Status::Ok();
+  }
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> st, make_block(b));
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (int(i) == computed_part) continue;
+    if (usable_as_is(slices[i])) st->parts[i] = slices[i];
+    else SP_RETURN_IF_ERROR(flash_cast(slices[i], st->parts[i], s_));
+  }
+  store_[b] = std::move(st);
+  return Status::Ok();
+}
+
+// An input block: held, kept by the forward, or cut out of a block the rank holds: a head
+// part of the same block with all heads, or its own grad pack out of its query pack.
+StatusOr<GpuExecutor::Stored*> GpuExecutor::input(const Block& b) {
+  auto it = store_.find(b);
+  if (it != store_.end()) return it->second.get();
+  auto k = kept_.find(b);
+  if (k != kept_.end()) return k->second.get();
+  const auto source = parallel::input_source(b, me_, [&](const Block& x) { return store_.count(x) > 0; });
+  SP_CHECK_ARG(source.has_value(),
+               "internal: the schedule reads " + block_name(b) + ", which rank " + std::to_string(me_) + " lacks");
+  const auto w = store_.find(source->whole);
+  const size_t first = source->first_part;
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
+  const std::vector<PartShape> shapes = part_shapes(b, 0);
+  for (size_t i = 0; i < shapes.size(); ++i)
+    SP_RETURN_IF_ERROR(flash_cast(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
+                                                        heads_of(shapes[i].heads, b.part)),
+                                  part->parts[i], s_));
+  return (store_[b] = std::move(part)).get();
+}
+
+// kPack: the query pack from the Q block and the grad pack of the same name.
+Status GpuExecutor::pack(const Step& s) {
+  Block q = s.block, grads = s.block;
+  q.kind = BlockKind::kQuery, grads.kind = BlockKind::kGradPack;
+  SP_ASSIGN_OR_RETURN(Stored* from_q, input(q));
+  SP_ASSIGN_OR_RETURN(Stored* from_grads, input(grads));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(s.block));
+  SP_RETURN_IF_ERROR(flash_cast(from_q->parts[0], made->parts[0], s_));
+  for (size_t i = 1; i < made->parts.size(); ++i)
+    SP_RETURN_IF_ERROR(flash_cast(from_grads->parts[i - 1], made->parts[i], s_));
+  store_[s.block] = std::move(made);
+  return Status::Ok();
+}
+
+StatusOr<GpuExecutor::Stored*> GpuExecutor::held_result(const Block& b) {
+  auto it = store_.find(b);
+  SP_CHECK_ARG(it != store_.end(), "internal: the schedule sends " + block_name(b) + ", which rank " +
+                                       std::to_string(me_) + " lacks");
+  return it->second.get();
+}
+
+// The home result's head parts, copied (O, LSE: disjoint heads) or added (dQ, dK/dV: GQA may
+// give two parts one K/V head) into the whole-heads result, and released.
+Status GpuExecutor::join_parts(const Block& whole) {
+  for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
+    auto it = store_.find({whole.kind, whole.shard, 1, p});
+    if (it == store_.end()) continue;
+    SP_ASSIGN_OR_RETURN(Stored* into, cleared_result(whole));
+    const std::vector<PartShape> shapes = part_shapes(whole, 0);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
+      if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_cast(it->second->parts[i], slice, s_));
+      else SP_RETURN_IF_ERROR(flash_accumulate(it->second->parts[i], slice, s_));
+    }
+    release(std::move(it->second));
+    store_.erase(it);
+  }
+  return Status::Ok();
+}
+
+// kConcat: the span block from its pieces (the rank's own input pieces cut from its
+// whole-heads block); kSplit: a span result cut into pieces.
+Status GpuExecutor::regroup(const Step& s) {
+  const Block& b = s.block;
+  const std::vector<PartShape> shapes = part_shapes(b, 0);
+  Stored* whole = nullptr;
+  std::unique_ptr<Stored> joined;
+  if (s.kind == StepKind::kConcat) {
+    SP_ASSIGN_OR_RETURN(joined, make_block(b));
+    whole = joined.get();
+  } else {
+    SP_ASSIGN_OR_RETURN(whole, held_result(b));
+  }
+  int64_t row = 0;
+  for (int x = b.shard; x < b.shard + b.span; ++x) {
+    const Block piece{b.kind, x, 1, b.part};
+    const int64_t n = plan_.layout.local_len(x);
+    Stored* part = nullptr;
+    if (s.kind == StepKind::kConcat) {
+      SP_ASSIGN_OR_RETURN(part, input(piece));
+    } else {
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(piece));
+      part = (store_[piece] = std::move(made)).get();
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const TensorView rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, row, n);
+      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(flash_cast(part->parts[i], rows, s_));
+      else SP_RETURN_IF_ERROR(flash_cast(rows, part->parts[i], s_));
+    }
+    row += n;
+    if (s.kind == StepKind::kConcat && !(x == me_ && piece.part == kAllHeads)) {
+      auto it = store_.find(piece);
+      if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
+    }
+  }
+  if (s.kind == StepKind::kConcat) {
+    store_[b] = std::move(joined);
+  } else {
+    auto it = store_.find(b);
+    release(std::move(it->second)), store_.erase(it);
+  }
+  return Status::Ok();
+}
+
+}  // namespace seqpar::parallel_gpu
