@@ -20,20 +20,42 @@
 namespace seqpar {
 namespace {
 
+constexpr size_t kMiB = size_t(1) << 20;
+
+// Two fresh streams on the current device, and the device's bytes once the arenas are trimmed
+// (base); at the end each stream's arena is forgotten and the stream destroyed, unless end()
+// ended it before.
+struct TwoStreams {
+  int device = 0;
+  int64_t base = 0;
+  cudaStream_t s = nullptr, other = nullptr;
+  void start() {
+    ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+    ASSERT_TRUE(trim_stream_arenas().ok());
+    base = device_memory_stats(device).current;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  }
+  static void end(cudaStream_t& x) {
+    if (!x) return;
+    EXPECT_TRUE(forget_stream_arenas(x).ok());
+    EXPECT_EQ(cudaStreamDestroy(x), cudaSuccess);
+    x = nullptr;
+  }
+  ~TwoStreams() { end(s), end(other); }
+};
+
 // Stream buffers: a block given back on its stream serves the next ones taken there (split, or
 // joined with its free neighbour) without more memory; one given back on another stream serves
 // them once that stream is past it; a free block at the end joins the memory mapped after it;
 // the arena's memory is counted in the device's, and a trim hands it back.
 TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
-  int device = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_TRUE(trim_stream_arenas().ok());
-  const int64_t base = device_memory_stats(device).current;
-  cudaStream_t s, other;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
-  const size_t mib = size_t(1) << 20;
+  TwoStreams streams;
+  ASSERT_NO_FATAL_FAILURE(streams.start());
+  const int device = streams.device;
+  const int64_t base = streams.base;
+  const cudaStream_t s = streams.s, other = streams.other;
   const auto take = [&](size_t bytes) {
     auto b = StreamBuffer::allocate(bytes, s);
     EXPECT_TRUE(b.ok()) << b.status().to_string();
@@ -41,32 +63,28 @@ TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
     return std::move(b).value();
   };
   {
-    StreamBuffer a = take(64 * mib);
+    StreamBuffer a = take(64 * kMiB);
     const int64_t held = device_memory_stats(device).current;
-    EXPECT_EQ(held - base, int64_t(64 * mib));
+    EXPECT_EQ(held - base, int64_t(64 * kMiB));
     a.release(s);
-    StreamBuffer b = take(32 * mib), c = take(32 * mib);  // two halves of a's memory
+    StreamBuffer b = take(32 * kMiB), c = take(32 * kMiB);  // two halves of a's memory
     EXPECT_EQ(device_memory_stats(device).current, held);
     b.release(s), c.release(s);
-    StreamBuffer d = take(64 * mib);  // the halves joined again
+    StreamBuffer d = take(64 * kMiB);  // the halves joined again
     EXPECT_EQ(device_memory_stats(device).current, held);
-    StreamBuffer e = take(64 * mib);  // while d is held: more memory
-    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * mib));
-    ASSERT_EQ(cudaMemsetAsync(e.data(), 2, 64 * mib, other), cudaSuccess);
+    StreamBuffer e = take(64 * kMiB);  // while d is held: more memory
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * kMiB));
+    ASSERT_EQ(cudaMemsetAsync(e.data(), 2, 64 * kMiB, other), cudaSuccess);
     e.release(other);
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
-    StreamBuffer f = take(64 * mib);  // e's memory, the other stream being past it
-    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * mib));
+    StreamBuffer f = take(64 * kMiB);  // e's memory, the other stream being past it
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(64 * kMiB));
     f.release(s);
-    StreamBuffer g = take(96 * mib);  // f's memory at the end, and 32 MiB mapped after it
-    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(96 * mib));
+    StreamBuffer g = take(96 * kMiB);  // f's memory at the end, and 32 MiB mapped after it
+    EXPECT_EQ(device_memory_stats(device).current - held, int64_t(96 * kMiB));
   }  // d and g go back on s
   ASSERT_TRUE(trim_stream_arenas().ok());
   EXPECT_EQ(device_memory_stats(device).current, base);
-  for (cudaStream_t x : {s, other}) {
-    ASSERT_TRUE(forget_stream_arenas(x).ok());
-    ASSERT_EQ(cudaStreamDestroy(x), cudaSuccess);
-  }
 }
 
 // A block given back on another stream waits for that stream: while it is held up, the next
@@ -74,14 +92,11 @@ TEST(StreamBuffer, ReusesWhatWasGivenBackAndCountsWhatItHolds) {
 // CUDA once its last block does, even a block that outlives the stream.
 TEST(StreamBuffer, WaitsForTheStreamItWasGivenBackOnAndEndsWithItsStream) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here";
-  int device = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_TRUE(trim_stream_arenas().ok());
-  const int64_t base = device_memory_stats(device).current;
-  cudaStream_t s, other;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
-  const size_t mib = size_t(1) << 20;
+  TwoStreams streams;
+  ASSERT_NO_FATAL_FAILURE(streams.start());
+  const int device = streams.device;
+  const int64_t base = streams.base;
+  const cudaStream_t s = streams.s, other = streams.other;
   static std::atomic<bool> go;  // static: `other` may still read it after a failed assertion returns
   go = false;
   struct Release {
@@ -91,32 +106,29 @@ TEST(StreamBuffer, WaitsForTheStreamItWasGivenBackOnAndEndsWithItsStream) {
     while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
   {
-    auto a = StreamBuffer::allocate(8 * mib, s);
+    auto a = StreamBuffer::allocate(8 * kMiB, s);
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     void* const first = a->data();
     ASSERT_EQ(cudaLaunchHostFunc(other, hold_until_go, &go), cudaSuccess);  // `other` stops here
-    ASSERT_EQ(cudaMemsetAsync(first, 3, 8 * mib, other), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(first, 3, 8 * kMiB, other), cudaSuccess);
     a->release(other);
-    auto b = StreamBuffer::allocate(8 * mib, s);
+    auto b = StreamBuffer::allocate(8 * kMiB, s);
     ASSERT_TRUE(b.ok());
     EXPECT_NE(b->data(), first) << "a block still in use on another stream was handed out again";
     go = true;
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
     b->release(s);
-    auto c = StreamBuffer::allocate(16 * mib, s);  // both, joined, now that `other` is past a
+    auto c = StreamBuffer::allocate(16 * kMiB, s);  // both, joined, now that `other` is past a
     ASSERT_TRUE(c.ok());
-    EXPECT_EQ(device_memory_stats(device).current - base, int64_t(16 * mib));
+    EXPECT_EQ(device_memory_stats(device).current - base, int64_t(16 * kMiB));
   }
   ASSERT_GT(device_memory_stats(device).current, base);  // kept for the stream's next blocks
-  auto outliving = StreamBuffer::allocate(4 * mib, s);
+  auto outliving = StreamBuffer::allocate(4 * kMiB, s);
   ASSERT_TRUE(outliving.ok());
-  ASSERT_TRUE(forget_stream_arenas(s).ok());
-  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  TwoStreams::end(streams.s);
   EXPECT_GT(device_memory_stats(device).current, base);  // the outliving block's memory stays
   outliving->release(s);  // the stream it was taken on, ended
   EXPECT_EQ(device_memory_stats(device).current, base);
-  ASSERT_TRUE(forget_stream_arenas(other).ok());
-  ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
 // A rank that fails makes the others return an error instead of waiting for it.

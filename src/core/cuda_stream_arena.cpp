@@ -79,7 +79,7 @@ StatusOr<const Driver*> driver() {
 
 class Arena {
  public:
-  Arena(int device, cudaStream_t stream, unsigned long long id) : device_(device), stream_(stream), id_(id) {}
+  Arena(int device, unsigned long long stream_id) : device_(device), id_(stream_id) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   // Only for an arena that holds no block (an orphan's): the rest goes back to CUDA.
@@ -256,8 +256,7 @@ class Arena {
   }
 
   int device_;
-  cudaStream_t stream_;
-  unsigned long long id_;
+  unsigned long long id_;  // its stream's
   CUdeviceptr base_ = 0;
   size_t range_ = 0, mapped_ = 0, granule_ = 0;
   std::vector<CUmemAccessDesc> access_;
@@ -299,7 +298,7 @@ StatusOr<StreamBuffer> StreamBuffer::allocate(size_t bytes, void* stream) {
   SP_ASSIGN_OR_RETURN(b.stream_id_, stream_id(s));
   const std::lock_guard<std::mutex> lock(arenas_mutex());
   auto& arena = arenas()[{b.device_, b.stream_id_}];
-  if (!arena) arena = std::make_unique<Arena>(b.device_, s, b.stream_id_);
+  if (!arena) arena = std::make_unique<Arena>(b.device_, b.stream_id_);
   SP_ASSIGN_OR_RETURN(b.data_, arena->take(bytes));
   b.bytes_ = bytes, b.stream_ = stream;
   return b;
@@ -312,21 +311,20 @@ void StreamBuffer::release(void* stream) {
     // is another stream on each thread.
     auto on_id = on == static_cast<cudaStream_t>(stream_) && on != cudaStreamPerThread ? StatusOr<unsigned long long>(stream_id_)
                                                                                        : stream_id(on);
-    bool given = false;
-    {
+    // `give` to the block's arena under the lock; an ended stream's arena goes with its last block.
+    const auto settle = [&](const auto& give) {
       const std::lock_guard<std::mutex> lock(arenas_mutex());
       auto it = arenas().find({device_, stream_id_});
-      given = it == arenas().end() || (on_id.ok() && it->second->give(data_, on, on_id.value()));
-    }
-    if (!given) {  // no event marks where `on` is: wait for it here, the lock released meanwhile
+      if (it == arenas().end()) return true;
+      if (!give(*it->second)) return false;
+      if (it->second->droppable()) arenas().erase(it);
+      return true;
+    };
+    if (!settle([&](Arena& a) { return on_id.ok() && a.give(data_, on, on_id.value()); })) {
+      // No event marks where `on` is: wait for it here, the lock released meanwhile.
       if (!on_id.ok() || cudaStreamSynchronize(on) != cudaSuccess) (void)cudaDeviceSynchronize();
       (void)cudaGetLastError();
-    }
-    const std::lock_guard<std::mutex> lock(arenas_mutex());
-    auto it = arenas().find({device_, stream_id_});
-    if (it != arenas().end()) {
-      if (!given) it->second->free_now(data_);
-      if (it->second->droppable()) arenas().erase(it);  // the last block of an ended stream's arena
+      (void)settle([&](Arena& a) { return a.free_now(data_), true; });
     }
   }
   data_ = nullptr, bytes_ = 0;
