@@ -523,7 +523,41 @@ TEST(PlanHeadGroups, FollowTheWorkspaceBudget) {
   EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, device).status().code(), StatusCode::kInvalidArgument);
   three.head_groups = 4;
   EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, device).value().head_groups, 4);
-  EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
+  EXPECT_EQ(plan_attention(three, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 4);
+  EXPECT_EQ(plan_attention({"ring"}, layout, causal, bytes, 0, cpu_kernel_backend()).value().head_groups, 1);
+}
+
+// The one executor's head-group loop on the host: every schedule family run in 2 head groups
+// (GQA 8:4, so each group's 4:2 heads still take Ulysses' head parts), keeping forward blocks
+// per group where the algorithm can, matches the oracle, and each rank sends what the walk of
+// its plan says for groups of half the heads.
+TEST(HeadGroupsOnTheHost, MatchTheOracleAndTheWalk) {
+  for (const char* algo : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-ring", "attention2d"}) {
+    SCOPED_TRACE(algo);
+    Problem g;
+    g.heads = 8, g.kv_heads = 4;
+    g.seq = 4 * 16 + 5;
+    const Layout layout = Layout::create(LayoutKind::kStriped, g.seq, 4).value();
+    AttentionParams params;
+    params.mask = MaskSpec::causal();
+    PlanOptions options{algo, topology_for(4)};
+    options.head_groups = 2;
+    options.keep_forward_state = true;
+    const Inputs in(g);
+    Status status;
+    const RankResults run = run_ranks(g, layout, params, options, in.q, in.k, in.v, in.dout, &status);
+    ASSERT_TRUE(status.ok()) << status.to_string();
+    expect_oracle(run, in, params);
+    for (int r = 0; r < layout.ranks(); ++r) {
+      const AttentionPlan plan = plan_attention(options, layout, params, g.bytes(), r, cpu_kernel_backend()).value();
+      ASSERT_EQ(plan.head_groups, 2);
+      for (Pass pass : {Pass::kForward, Pass::kBackward})
+        EXPECT_EQ(run.counters[r].sent(pass == Pass::kForward ? Phase::kForward : Phase::kBackward),
+                  walk_bytes(plan.schedule.pass(pass), r, layout, plan.block_bytes, options.topology,
+                             plan.schedule.head_parts).total)
+            << "rank " << r;
+    }
+  }
 }
 
 // Results sent home carry only the rows their pair touched (Transfer::trimmed). On two zigzag

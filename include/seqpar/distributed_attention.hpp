@@ -30,13 +30,14 @@ struct PlanOptions {
   // Attention2D: the swapped K/V) do: the backward then moves less, and the executors need a
   // ForwardState between the passes.
   bool keep_forward_state = false;
-  // Device backends: the schedule runs once per head group. 0: the fewest groups whose peak
+  // The schedule runs once per head group. Device backends, 0: the fewest groups whose peak
   // block bytes (peak_block_bytes, every rank) fit under the budget below; else this many (it
   // must divide the K/V heads). Seven q shards kept the peak near 36% of PyTorch context
   // parallel's on two GPUs (docs/RESULTS.md); more groups cost speed. The floor keeps small
   // problems whole: at 8K tokens a GPU (H = 32, D = 128, 2 x H200) two groups cost 0.75-0.9 ms
   // of a 9.7-10.5 ms fwd+bwd for 0.35-0.5 GiB saved, while the whole peak is under 1 GiB
-  // (ring-return's backward, the largest: 896 MiB, 14 bf16 q shards of 64 MiB).
+  // (ring-return's backward, the largest: 896 MiB, 14 bf16 q shards of 64 MiB). Host backends
+  // run whole heads unless a count is given.
   int head_groups = 0;
   double workspace_limit_shards = 7.0;          // in units of this rank's q shard (input dtype),
   int64_t workspace_floor_bytes = 1LL << 30;    // but never split a smaller workspace,
@@ -108,7 +109,8 @@ struct PassStats {
   int rounds = 0;          // rounds of the schedule
 };
 
-// Runs the plan's forward (writes o, lse) or backward (writes dq, dk, dv) on host tensors.
+// Runs the plan's forward (writes o, lse) or backward (writes dq, dk, dv) on host tensors, through
+// the one executor (the GPU entry points, gpu_executor.hpp, run it over device memory).
 // `state` carries what the forward keeps (required where plan.schedule.kept is not empty).
 Status run_forward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t,
                        PassStats* stats = nullptr, ForwardState* state = nullptr);

@@ -1,4 +1,5 @@
-// The GPU executor: runs any plan of distributed_attention.hpp on device tensors, over any
+// The GPU entry points of the one executor (src/parallel/executor.cpp): any plan of
+// distributed_attention.hpp on device tensors, its blocks in CUDA stream buffers, over any
 // communicator (NCCL between GPUs, or thread ranks sharing one GPU through the local
 // communicator), computing through the plan's GPU backend (backend.hpp: cuDNN or our own
 // kernels).

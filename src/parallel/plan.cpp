@@ -184,7 +184,9 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
     SP_CHECK_SUPPORTED(why_not.empty(), why_not);
   }
   plan.schedule = plan.algorithm->make_schedule(plan.request, rank);
-  if (backend.caps().device) {
+  // Device backends split the heads to fit the workspace budget; host ones only when asked
+  // (the one executor runs the same group loop on either device, and CPU tests exercise it).
+  if (backend.caps().device || options.head_groups > 0) {
     SP_ASSIGN_OR_RETURN(plan.head_groups, head_groups_for(options, *plan.algorithm, plan.request, layout, bytes));
     plan.block_bytes.head_groups = plan.head_groups;
   }

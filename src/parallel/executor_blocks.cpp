@@ -1,5 +1,5 @@
-// The GPU executor's blocks (the class: gpu_executor_impl.hpp): each block's parts laid out in
-// one stream buffer, or views of the caller's tensors; buffers given back in stream order;
+// The executor's blocks (the class: executor.hpp): each block's parts laid out in one buffer of
+// the block memory, or views of the caller's tensors; buffers given back in stream order;
 // blocks kept for the backward; results made, cleared and joined from their head parts; the
 // rank's own inputs, head parts cut out of whole-heads blocks, packs, and span blocks joined
 // from their pieces or split into them.
@@ -10,45 +10,52 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/gpu_executor_impl.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "parallel/executor.hpp"
 
-namespace seqpar::parallel_gpu {
+namespace seqpar::parallel {
+
+namespace {
+// Parts start 256-byte aligned inside a block's buffer (kernels and NCCL like aligned rows).
+size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
+// Whether a slice of the caller's tensors can be sent and computed on as it is.
+bool usable_as_is(const TensorView& t) { return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+}  // namespace
 
 // A block's parts in wire order (schedule.hpp's BlockKind), for one head group: which heads
-// each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype. Results are fp32
+// each spans (query heads, K/V heads, or row stats [B, H, S]) and its dtype. Results are
 // accumulators, or (`rounded`) in the inputs' dtype as they travel home (goes_home).
-std::vector<GpuExecutor::PartShape> GpuExecutor::part_shapes(const Block& b, int64_t rows, bool rounded) const {
+std::vector<Executor::PartShape> Executor::part_shapes(const Block& b, int64_t rows, bool rounded) const {
   const int64_t hq = heads_of(Heads::kQuery, b.part).count(), hkv = heads_of(Heads::kKV, b.part).count();
   const std::vector<int64_t> q{B_, rows, hq, D_}, kv{B_, rows, hkv, D_}, stats{B_, hq, rows};
-  const DType acc = rounded ? dtype_ : DType::kF32, f32 = DType::kF32;
-  const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, S32{f32, Heads::kStats, stats};
+  const DType acc = rounded ? dtype_ : acc_;
+  const PartShape Q{dtype_, Heads::kQuery, q}, KV{dtype_, Heads::kKV, kv}, RowStats{stats_, Heads::kStats, stats};
   switch (b.kind) {
     case BlockKind::kKV: return {KV, KV};
     case BlockKind::kQuery: return {Q};
-    case BlockKind::kOutput: return {{acc, Heads::kQuery, q}, S32};
+    case BlockKind::kOutput: return {{acc, Heads::kQuery, q}, RowStats};
     case BlockKind::kQueryPack:  // Q, dO, D (or O where the backend takes no D), LSE
-      return {Q, Q, takes_delta() ? S32 : Q, S32};
+      return {Q, Q, takes_delta() ? RowStats : Q, RowStats};
     case BlockKind::kDQ: return {{acc, Heads::kQuery, q}};
     case BlockKind::kDKV: return {{acc, Heads::kKV, kv}, {acc, Heads::kKV, kv}};
-    case BlockKind::kGradPack: return {Q, takes_delta() ? S32 : Q, S32};  // dO, D (or O), LSE
+    case BlockKind::kGradPack: return {Q, takes_delta() ? RowStats : Q, RowStats};  // dO, D (or O), LSE
   }
   return {};
 }
 // The heads of head part `part` within the group (all of the group's for kAllHeads).
-HeadRange GpuExecutor::heads_of(Heads h, int part) const {
+HeadRange Executor::heads_of(Heads h, int part) const {
   return parallel::heads_of(h, part, plan_.schedule.head_parts, Hg_, Hkg_);
 }
 
-// Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one stream buffer.
-StatusOr<std::unique_ptr<GpuExecutor::Stored>> GpuExecutor::make_block(const Block& b, bool rounded, int64_t rows) {
+// Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one buffer.
+StatusOr<std::unique_ptr<Executor::Stored>> Executor::make_block(const Block& b, bool rounded, int64_t rows) {
   auto st = std::make_unique<Stored>();
   if (rows < 0) rows = block_rows(b, plan_.layout);
   size_t capacity = 0;
   for (const PartShape& p : part_shapes(b, rows, rounded))
     capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
-  SP_ASSIGN_OR_RETURN(st->buffer, StreamBuffer::allocate(capacity, s_));
-  char* at = static_cast<char*>(st->buffer.data());
+  SP_ASSIGN_OR_RETURN(st->buffer, mem_.allocate(capacity));
+  char* at = static_cast<char*>(st->buffer->data());
   for (const PartShape& p : part_shapes(b, rows, rounded)) {
     st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
     at += padded(view_bytes(st->parts.back()));
@@ -56,19 +63,19 @@ StatusOr<std::unique_ptr<GpuExecutor::Stored>> GpuExecutor::make_block(const Blo
   return st;
 }
 // Gives a block's buffer back after the work queued so far (stream order).
-void GpuExecutor::release(std::unique_ptr<Stored> st) {
-  if (st) st->buffer.release(s_);
+void Executor::release(std::unique_ptr<Stored> st) {
+  if (st) mem_.release(std::move(st->buffer));
 }
-void GpuExecutor::release_all() {
+void Executor::release_all() {
   for (auto& [b, st] : store_) release(std::move(st));
   store_.clear();
-  for (auto& [b, st] : kept_) st->buffer.release(s_);
+  for (auto& [b, st] : kept_) mem_.release(std::move(st->buffer));
   kept_.clear();
 }
 
-// Group g's kept blocks into the state at the forward's end (out of the pool until the
-// backward gives them back); out of it at the backward's start.
-Status GpuExecutor::keep(int g) {
+// Group g's kept blocks into the state at the forward's end (out of the memory's reuse until
+// the backward gives them back); out of it at the backward's start.
+Status Executor::keep(int g) {
   for (const Block& b : plan_.schedule.kept) {
     auto it = store_.find(b);
     SP_CHECK_ARG(it != store_.end(), "internal: the forward ends without " + block_name(b) + ", which it keeps");
@@ -77,7 +84,7 @@ Status GpuExecutor::keep(int g) {
   }
   return Status::Ok();
 }
-void GpuExecutor::take_kept(int g) {
+void Executor::take_kept(int g) {
   auto& blocks = state_->impl().blocks;
   for (const Block& b : plan_.schedule.kept) {
     auto it = blocks.find({g, b});
@@ -87,11 +94,11 @@ void GpuExecutor::take_kept(int g) {
 }
 
 // How this rank holds result b: in the inputs' dtype (rounded_), its own in the caller's tensors.
-bool GpuExecutor::held_rounded(const Block& b) const { return rounded_.count(b) > 0; }
-bool GpuExecutor::in_callers(const Block& b) const { return held_rounded(b) && is_own_result(b, me_) && home_.count(b.kind); }
+bool Executor::held_rounded(const Block& b) const { return rounded_.count(b) > 0; }
+bool Executor::in_callers(const Block& b) const { return held_rounded(b) && is_own_result(b, me_) && home_.count(b.kind); }
 // A result present (*fresh = false), or made with nothing in it yet (*fresh = true): its first
 // part is written, not added.
-StatusOr<GpuExecutor::Stored*> GpuExecutor::result(const Block& b, bool* fresh) {
+StatusOr<Executor::Stored*> Executor::result(const Block& b, bool* fresh) {
   auto& slot = store_[b];
   *fresh = !slot;
   if (!slot && in_callers(b)) {
@@ -103,20 +110,20 @@ StatusOr<GpuExecutor::Stored*> GpuExecutor::result(const Block& b, bool* fresh) 
   return slot.get();
 }
 // A result present, or made empty: zero, and for (O, LSE) LSE = -inf.
-StatusOr<GpuExecutor::Stored*> GpuExecutor::cleared_result(const Block& b) {
+StatusOr<Executor::Stored*> Executor::cleared_result(const Block& b) {
   bool fresh = false;
   SP_ASSIGN_OR_RETURN(Stored* r, result(b, &fresh));
   if (fresh) SP_RETURN_IF_ERROR(clear(b, *r));
   return r;
 }
-Status GpuExecutor::clear(const Block& b, const Stored& r) {
+Status Executor::clear(const Block& b, const Stored& r) {
   for (size_t i = 0; i < r.parts.size(); ++i)
-    SP_RETURN_IF_ERROR(flash_fill(r.parts[i], b.kind == BlockKind::kOutput && i == 1 ? -INFINITY : 0.0f, s_));
+    SP_RETURN_IF_ERROR(mem_.fill(r.parts[i], b.kind == BlockKind::kOutput && i == 1 ? -INFINITY : 0.0f));
   return Status::Ok();
 }
 // This rank's own input block for head group g: the caller's slices where they can be used
-// as they are, copies (or, for D, computed rows) in a pooled buffer otherwise.
-Status GpuExecutor::make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part) {
+// as they are, copies (or, for D, computed rows) in a block buffer otherwise.
+Status Executor::make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part) {
   bool all_usable = computed_part < 0;
   for (const TensorView& t : slices) all_usable = all_usable && usable_as_is(t);
   if (all_usable) {
@@ -129,7 +136,7 @@ Status GpuExecutor::make_home(const Block& b, const std::vector<TensorView>& sli
   for (size_t i = 0; i < slices.size(); ++i) {
     if (int(i) == computed_part) continue;
     if (usable_as_is(slices[i])) st->parts[i] = slices[i];
-    else SP_RETURN_IF_ERROR(flash_cast(slices[i], st->parts[i], s_));
+    else SP_RETURN_IF_ERROR(mem_.copy(slices[i], st->parts[i]));
   }
   store_[b] = std::move(st);
   return Status::Ok();
@@ -137,7 +144,7 @@ Status GpuExecutor::make_home(const Block& b, const std::vector<TensorView>& sli
 
 // An input block: held, kept by the forward, or cut out of a block the rank holds: a head
 // part of the same block with all heads, or its own grad pack out of its query pack.
-StatusOr<GpuExecutor::Stored*> GpuExecutor::input(const Block& b) {
+StatusOr<Executor::Stored*> Executor::input(const Block& b) {
   auto it = store_.find(b);
   if (it != store_.end()) return it->second.get();
   auto k = kept_.find(b);
@@ -150,27 +157,27 @@ StatusOr<GpuExecutor::Stored*> GpuExecutor::input(const Block& b) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
   const std::vector<PartShape> shapes = part_shapes(b, 0);
   for (size_t i = 0; i < shapes.size(); ++i)
-    SP_RETURN_IF_ERROR(flash_cast(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
+    SP_RETURN_IF_ERROR(mem_.copy(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
                                                         heads_of(shapes[i].heads, b.part)),
-                                  part->parts[i], s_));
+                                  part->parts[i]));
   return (store_[b] = std::move(part)).get();
 }
 
 // kPack: the query pack from the Q block and the grad pack of the same name.
-Status GpuExecutor::pack(const Step& s) {
+Status Executor::pack(const Step& s) {
   Block q = s.block, grads = s.block;
   q.kind = BlockKind::kQuery, grads.kind = BlockKind::kGradPack;
   SP_ASSIGN_OR_RETURN(Stored* from_q, input(q));
   SP_ASSIGN_OR_RETURN(Stored* from_grads, input(grads));
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(s.block));
-  SP_RETURN_IF_ERROR(flash_cast(from_q->parts[0], made->parts[0], s_));
+  SP_RETURN_IF_ERROR(mem_.copy(from_q->parts[0], made->parts[0]));
   for (size_t i = 1; i < made->parts.size(); ++i)
-    SP_RETURN_IF_ERROR(flash_cast(from_grads->parts[i - 1], made->parts[i], s_));
+    SP_RETURN_IF_ERROR(mem_.copy(from_grads->parts[i - 1], made->parts[i]));
   store_[s.block] = std::move(made);
   return Status::Ok();
 }
 
-StatusOr<GpuExecutor::Stored*> GpuExecutor::held_result(const Block& b) {
+StatusOr<Executor::Stored*> Executor::held_result(const Block& b) {
   auto it = store_.find(b);
   SP_CHECK_ARG(it != store_.end(), "internal: the schedule sends " + block_name(b) + ", which rank " +
                                        std::to_string(me_) + " lacks");
@@ -179,7 +186,7 @@ StatusOr<GpuExecutor::Stored*> GpuExecutor::held_result(const Block& b) {
 
 // The home result's head parts, copied (O, LSE: disjoint heads) or added (dQ, dK/dV: GQA may
 // give two parts one K/V head) into the whole-heads result, and released.
-Status GpuExecutor::join_parts(const Block& whole) {
+Status Executor::join_parts(const Block& whole) {
   for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
     auto it = store_.find({whole.kind, whole.shard, 1, p});
     if (it == store_.end()) continue;
@@ -187,8 +194,8 @@ Status GpuExecutor::join_parts(const Block& whole) {
     const std::vector<PartShape> shapes = part_shapes(whole, 0);
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
-      if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(flash_cast(it->second->parts[i], slice, s_));
-      else SP_RETURN_IF_ERROR(flash_accumulate(it->second->parts[i], slice, s_));
+      if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(mem_.copy(it->second->parts[i], slice));
+      else SP_RETURN_IF_ERROR(mem_.add(it->second->parts[i], slice));
     }
     release(std::move(it->second));
     store_.erase(it);
@@ -198,7 +205,7 @@ Status GpuExecutor::join_parts(const Block& whole) {
 
 // kConcat: the span block from its pieces (the rank's own input pieces cut from its
 // whole-heads block); kSplit: a span result cut into pieces.
-Status GpuExecutor::regroup(const Step& s) {
+Status Executor::regroup(const Step& s) {
   const Block& b = s.block;
   const std::vector<PartShape> shapes = part_shapes(b, 0);
   Stored* whole = nullptr;
@@ -222,8 +229,8 @@ Status GpuExecutor::regroup(const Step& s) {
     }
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, row, n);
-      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(flash_cast(part->parts[i], rows, s_));
-      else SP_RETURN_IF_ERROR(flash_cast(rows, part->parts[i], s_));
+      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(mem_.copy(part->parts[i], rows));
+      else SP_RETURN_IF_ERROR(mem_.copy(rows, part->parts[i]));
     }
     row += n;
     if (s.kind == StepKind::kConcat && !(x == me_ && piece.part == kAllHeads)) {
@@ -240,4 +247,4 @@ Status GpuExecutor::regroup(const Step& s) {
   return Status::Ok();
 }
 
-}  // namespace seqpar::parallel_gpu
+}  // namespace seqpar::parallel

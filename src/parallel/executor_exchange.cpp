@@ -1,22 +1,25 @@
-// The GPU executor's exchanges (the class: gpu_executor_impl.hpp): a batch's sends and receives
-// posted on the communicator, fp32 results sent home rounded to the inputs' dtype; at its wait,
+// The executor's exchanges (the class: executor.hpp): a batch's sends and receives posted on
+// the communicator, accumulator results sent home rounded to the inputs' dtype; at its wait,
 // what arrived taken as the block or combined into the result (replaced, added, merged, or
 // added into some of its rows), and the buffers of what was sent given back.
 #include <memory>
 #include <utility>
 #include <vector>
 
-#include "parallel/gpu_executor_impl.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "parallel/executor.hpp"
 
-namespace seqpar::parallel_gpu {
+namespace seqpar::parallel {
 
-// Whether results travel home rounded (the inputs are not fp32, as the accumulators are).
-bool GpuExecutor::rounds_home(const Block& b, int to) const { return dtype_ != DType::kF32 && goes_home(b, to); }
+namespace {
+size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
+}  // namespace
+
+// Whether results travel home rounded (the inputs are narrower than the accumulators).
+bool Executor::rounds_home(const Block& b, int to) const { return dtype_ != acc_ && goes_home(b, to); }
 // Whether a result received from the wire can be the block as this rank holds it.
-bool GpuExecutor::adoptable(const Block& b) const { return rounds_home(b, me_) == held_rounded(b) && !in_callers(b); }
+bool Executor::adoptable(const Block& b) const { return rounds_home(b, me_) == held_rounded(b) && !in_callers(b); }
 
-Status GpuExecutor::post(const Step& s) {
+Status Executor::post(const Step& s) {
   Pending p;
   std::vector<SendSpec> sends;
   std::vector<RecvSpec> recvs;
@@ -28,7 +31,7 @@ Status GpuExecutor::post(const Step& s) {
       if (rounds_home(t.block, t.peer) && !held_rounded(t.block)) {
         SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> rounded, make_block(t.block, true));
         for (size_t i = 0; i < rounded->parts.size(); ++i)
-          SP_RETURN_IF_ERROR(flash_cast(from->parts[i], rounded->parts[i], s_));
+          SP_RETURN_IF_ERROR(mem_.copy(from->parts[i], rounded->parts[i]));
         from = rounded.get();
         p.rounded.push_back(std::move(rounded));
       }
@@ -36,7 +39,7 @@ Status GpuExecutor::post(const Step& s) {
       SP_ASSIGN_OR_RETURN(from, input(t.block));
     }
     for (const TensorView& part : from->parts)
-      for (const TensorView& piece : t.trimmed() ? parallel::row_pieces(part, t.row_begin, t.row_end)
+      for (const TensorView& piece : t.trimmed() ? row_pieces(part, t.row_begin, t.row_end)
                                                  : std::vector<TensorView>{part})
         sends.push_back({t.peer, piece.data, view_bytes(piece)});
   }
@@ -44,7 +47,7 @@ Status GpuExecutor::post(const Step& s) {
     SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into,
                         make_block(t.block, rounds_home(t.block, me_), t.trimmed() ? t.row_end - t.row_begin : -1));
     for (const TensorView& part : into->parts)
-      for (const TensorView& piece : t.trimmed() ? parallel::row_pieces(part, 0, t.row_end - t.row_begin)
+      for (const TensorView& piece : t.trimmed() ? row_pieces(part, 0, t.row_end - t.row_begin)
                                                  : std::vector<TensorView>{part})
         recvs.push_back({t.peer, piece.data, view_bytes(piece)});
     if (t.combine == Combine::kReplace && (!is_result(t.block.kind) || adoptable(t.block))) {
@@ -55,22 +58,23 @@ Status GpuExecutor::post(const Step& s) {
       p.arriving.emplace_back(t, std::move(into));
     }
   }
-  // Host-driven communicators move device buffers at once: what the stream queued must be done.
-  if (!comm_.stream_ordered()) SP_RETURN_IF_ERROR(stream_synchronize(s_));
-  comm_.set_stream(s_);
+  // Host-driven communicators move the buffers at once: what the stream queued must be done.
+  if (!comm_.stream_ordered()) SP_RETURN_IF_ERROR(mem_.settle());
+  const bool on_stream = mem_.device() == DeviceKind::kCuda;
+  if (on_stream) comm_.set_stream(mem_.stream());
   auto started = comm_.start_exchange(sends, recvs);
-  comm_.clear_stream();  // the caller's stream may not outlive this call
+  if (on_stream) comm_.clear_stream();  // the caller's stream may not outlive this call
   SP_RETURN_IF_ERROR(started.status());
   p.exchange = std::move(started).value();
   pending_[s.batch] = std::move(p);
   return Status::Ok();
 }
 
-Status GpuExecutor::wait(const Step& s) {
+Status Executor::wait(const Step& s) {
   auto it = pending_.find(s.batch);
   SP_CHECK_ARG(it != pending_.end(), "internal: a wait for a batch never posted");
   Pending& p = it->second;
-  SP_RETURN_IF_ERROR(p.exchange->wait_on_stream(s_));
+  SP_RETURN_IF_ERROR(p.exchange->wait_on_stream(mem_.stream()));
   for (auto& rounded : p.rounded) release(std::move(rounded));
   for (const Block& b : p.leaving) {
     auto left = store_.find(b);
@@ -85,18 +89,22 @@ Status GpuExecutor::wait(const Step& s) {
     }
     bool fresh = false;
     SP_ASSIGN_OR_RETURN(Stored* into, result(t.block, &fresh));
-    if (t.trimmed()) {  // some rows of it (dQ or dK/dV, never merged): added into those
-      if (fresh) SP_RETURN_IF_ERROR(clear(t.block, *into));
-      for (size_t i = 0; i < into->parts.size(); ++i)
-        SP_RETURN_IF_ERROR(plan_.backend->accumulate(into->parts[i].narrow(1, t.row_begin, t.row_end), got->parts[i], s_));
+    if (t.trimmed()) {  // some rows of it (dQ or dK/dV, never merged): added into those, per
+      if (fresh) SP_RETURN_IF_ERROR(clear(t.block, *into));  // batch entry (contiguous pieces)
+      for (size_t i = 0; i < into->parts.size(); ++i) {
+        const std::vector<TensorView> to = row_pieces(into->parts[i], t.row_begin, t.row_end),
+                                      from = row_pieces(got->parts[i], 0, t.row_end - t.row_begin);
+        for (size_t b = 0; b < to.size(); ++b)
+          SP_RETURN_IF_ERROR(plan_.backend->accumulate(to[b], from[b], mem_.stream()));
+      }
       release(std::move(got));
       continue;
     }
     for (size_t i = 0; i < into->parts.size(); ++i) {
-      if (fresh) SP_RETURN_IF_ERROR(flash_cast(got->parts[i], into->parts[i], s_));  // the first part, cast in
+      if (fresh) SP_RETURN_IF_ERROR(mem_.copy(got->parts[i], into->parts[i]));  // the first part, cast in
       else if (t.combine == Combine::kMerge && i == 0)
-        SP_RETURN_IF_ERROR(plan_.backend->merge(into->parts[0], into->parts[1], got->parts[0], got->parts[1], s_));
-      else if (t.combine != Combine::kMerge) SP_RETURN_IF_ERROR(plan_.backend->accumulate(into->parts[i], got->parts[i], s_));
+        SP_RETURN_IF_ERROR(plan_.backend->merge(into->parts[0], into->parts[1], got->parts[0], got->parts[1], mem_.stream()));
+      else if (t.combine != Combine::kMerge) SP_RETURN_IF_ERROR(plan_.backend->accumulate(into->parts[i], got->parts[i], mem_.stream()));
     }
     release(std::move(got));  // stream order: the next use of its buffer comes after these
   }
@@ -104,4 +112,4 @@ Status GpuExecutor::wait(const Step& s) {
   return Status::Ok();
 }
 
-}  // namespace seqpar::parallel_gpu
+}  // namespace seqpar::parallel
