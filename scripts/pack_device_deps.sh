@@ -26,8 +26,9 @@ cp /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/include/x86_64-li
 mkdir -p .carry/whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/whl nanobind
 du -sh .carry
-# The hand-written two-rank path before the executor redesign (the parent of f9a93a7), for
-# two_gpu_runs.sh's regress stage, which builds its benchmark beside ours on the GPU machine.
+# The code to compare against, for two_gpu_runs.sh's regress stage, which builds its benchmark
+# beside ours on the GPU machine: the hand-written two-rank path before the executor redesign
+# (7e6f94d, the parent of f9a93a7), or BEFORE=<commit>.
 rm -rf .carry/oldpath && mkdir -p .carry/oldpath
-git archive 7e6f94d CMakeLists.txt apps bench include scripts src tests | tar -x -C .carry/oldpath
+git archive "${BEFORE:-7e6f94d}" CMakeLists.txt apps bench include scripts src tests $(git ls-tree --name-only "${BEFORE:-7e6f94d}" cmake) | tar -x -C .carry/oldpath
 du -sh .carry

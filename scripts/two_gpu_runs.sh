@@ -9,8 +9,9 @@
 #           PyTorch (K/V repeated to 32 heads before SDPA); then the sliding window (8K) and 64
 #           documents at 64K, 256K and 512K (ours only: PyTorch's context parallel SDPA takes no
 #           such mask)
-#   regress run 1: the two-rank path before the executor redesign (7e6f94d, packed into
-#           .carry/oldpath by pack_device_deps.sh and built here) against ours and PyTorch context
+#   regress run 1: the two-rank path before the executor redesign (7e6f94d, or BEFORE=<commit>,
+#           packed into .carry/oldpath by pack_device_deps.sh and built here; REGRESS_OLD_ALGOS its
+#           algorithms, default ring,burst,auto) against ours and PyTorch context
 #           parallel, same call, causal MHA at REGRESS_SEQS (default 16K, 64K, 128K; REGRESS_REPEAT
 #           rounds) and REGRESS_BIG (auto alone); each side's ring, Burst and auto (ours:
 #           ring-return and burst-return, the same exchanges)
@@ -117,7 +118,7 @@ for stage in "${stages[@]}"; do
       # run to run), then auto alone (and our ring-return) at REGRESS_BIG, then the peer at all.
       seqs="${REGRESS_SEQS:-16384,65536,131072}"
       for _ in $(seq "${REGRESS_REPEAT:-1}"); do
-        within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$seqs" --algos ring,burst,auto --single-max 0 \
+        within 150 "$old/build-gpu/bench_gpu_ring" --seqs "$seqs" --algos "${REGRESS_OLD_ALGOS:-ring,burst,auto}" --single-max 0 \
           | tee -a "$out/regress_old.jsonl" || status=1
         within 150 $ring --seqs "$seqs" --algos ring-return,burst-return,auto --single-max 0 \
           | tee -a "$out/regress_new.jsonl" || status=1
