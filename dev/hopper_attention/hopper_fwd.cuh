@@ -1,0 +1,534 @@
+// hopper_fwd.cuh: a FlashAttention-3-style attention FORWARD kernel for sm_90a (H100/H200), bf16,
+// head dim 64 or 128, full or causal mask, GQA; writes O (bf16) and LSE (fp32, natural log of
+// the scaled scores, -inf for rows that see no key), following include/seqpar/backend.hpp:
+// q, o [B, S_q, H, D]; k, v [B, S_k, H_kv, D]; lse [B, H, S_q]; query head h reads K/V head
+// h / (H / H_kv) (no copy of K/V).
+//
+// Design (lab version, see README.md):
+// - one CTA per (64 kC query rows, head, batch); 1 + kC warpgroups: WG0 is the producer (one
+//   thread issues every TMA load, the rest exit), the kC others are consumers of 64 query rows
+//   each; setmaxnreg moves registers from the producer (24) to the consumers (240 at kC = 2).
+// - Q, K, V tiles land in shared memory through TMA (cp.async.bulk.tensor, 128-byte swizzle)
+//   completing on mbarriers; K and V have separate full/empty barrier rings of kStages stages
+//   so a K stage is released as soon as S = Q K^T is done, before P V needs its V.
+// - kBN keys per K/V tile: 128, or 176 (FA3's choice at D = 128 without a mask: fewer
+//   softmax rounds and barrier turns per key).
+// - S = Q K^T: wgmma m64nkBNk16, A (Q) and B (K) from shared memory, both K-major.
+//   O += P V: wgmma with A (P, bf16) from registers (the fp32 S accumulator layout is the A
+//   fragment layout, so no shuffles) and B (V) from shared memory, MN-major (tnspB).
+// - kOverlap: intra-warpgroup overlap, FA3's: the S GEMM of block j+1 and the P V GEMM of
+//   block j are in flight together while the softmax of block j+1 runs.
+// - kPingPong: two named barriers make the consumer warpgroups take turns issuing GEMMs, so
+//   one's softmax runs under the other's GEMMs.
+// Key blocks are walked from the last to the first, so the few blocks that need the causal or
+// length mask come first and the loop body after them runs unmasked.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "wgmma_ops.cuh"
+
+namespace hopper_attn {
+
+// Flat, zero-initialisable parameters (FwdParams p{}; then fill).
+struct FwdParams {
+  __nv_bfloat16* o;   // [B, S_q, H, D], contiguous
+  float* lse;         // [B, H, S_q]
+  int batch, heads, kv_heads, seq_q, seq_k;
+  int causal;         // 0: full; 1: key j visible from query i iff j <= i + causal_offset
+  int causal_offset;  // 0 is top-left aligned causal; negative offsets leave rows with no key
+  float scale_log2;   // softmax scale * log2(e): scores are exponentiated with exp2
+};
+
+// kC consumer warpgroups of 64 query rows each: 2 (128 rows; FA3's choice at D = 128) or 3
+// (192 rows; FA3's at D = 64, where each key tile carries half the GEMM work per score and a
+// taller tile amortises its loads and barrier turns). Registers after setmaxnreg: the producer
+// keeps 24, the consumers share the rest of the 64K (2 x 240 or 3 x 160).
+template <int kC>
+struct Cfg {
+  static constexpr int kBM = 64 * kC;
+  static constexpr int kThreads = 128 * (1 + kC);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kC == 2 ? 240 : 160;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kC <= 65536, "register file");
+};
+
+template <int kD, int kBN, int kStages, int kBM>
+struct Smem {
+  // Every tile is stored as kD/64 column blocks of [rows][64 bf16 = 128 bytes], each block
+  // 128-byte swizzled by TMA: the canonical layout wgmma's descriptors describe. All offsets
+  // are multiples of 1024 (the swizzle pattern's period), so descriptors need no base offset.
+  static constexpr int kTileQ = kBM * kD * 2;
+  static constexpr int kTileKV = kBN * kD * 2;
+  static constexpr int q = 0;
+  static constexpr int k = q + kTileQ;
+  static constexpr int v = k + kStages * kTileKV;
+  static constexpr int bar = v + kStages * kTileKV;
+  static constexpr int kBars = 1 + 4 * kStages;  // q_full, k_full[], k_empty[], v_full[], v_empty[]
+  static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
+};
+
+// ---- PTX helpers -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Spins until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Pins registers in place around asynchronous wgmma: the empty asm "reads and writes" them, so
+// the compiler can neither move their uses across a wait nor reuse their registers early.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets in 16-byte units (bits 0-13, 16-29, 32-45), layout type 1 = SWIZZLE_128B
+// (bits 62-63). K-major: SBO = 1024 (next 8 rows), LBO unused (1). MN-major: LBO = the stride
+// between 64-element column blocks, SBO = 1024 (next 8 rows along K).
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- the consumer's per-block math ------------------------------------------------------
+
+// Sets to -inf the scores this thread holds that are past S_k or above the causal diagonal.
+// Accumulator layout (wgmma m64nN, per warp 16 rows): s[4j + e] is row lane/4 + 8*(e>>1),
+// column 8j + 2*(lane%4) + (e&1).
+template <int kBN>
+__device__ __forceinline__ void apply_mask(float (&s)[kBN / 2], int key0, int row0, int lane, const FwdParams& p) {
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + 8 * j + 2 * (lane % 4) + (e & 1);
+      const int row = row0 + 8 * (e >> 1);
+      if (key >= p.seq_k || (p.causal && key > row + p.causal_offset)) s[4 * j + e] = -INFINITY;
+    }
+}
+
+// Online softmax on one block of scores: updates the running max m (log2 units) and the
+// per-thread partial sum l, turns s into unnormalised probabilities, and returns the factor
+// each of the thread's two rows of O must be rescaled by. A row that has seen no key yet keeps
+// m = -inf and uses 0 as its reference, so exp2 never sees (-inf) - (-inf).
+template <int kBN>
+__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&resc)[2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * x], s[4 * j + 2 * x + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(m[x], mx * scale_log2);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    resc[x] = fast_exp2(m[x] - m_use);
+    m[x] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = fast_exp2(fmaf(s[4 * j + 2 * x + e], scale_log2, -m_use));
+        s[4 * j + 2 * x + e] = v;
+        sum += v;
+      }
+    l[x] = l[x] * resc[x] + sum;
+  }
+}
+
+template <int kD>
+__device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&resc)[2]) {
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= resc[e >> 1];
+}
+
+// P (fp32 probabilities in the S accumulator layout) to wgmma A fragments, one per 16 keys:
+// registers {row r cols k..k+1, row r+8 cols k..k+1, row r cols k+8.., row r+8 cols k+8..}.
+template <int kBN>
+__device__ __forceinline__ void convert_p(const float (&s)[kBN / 2], uint32_t (&pf)[kBN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+template <int kBN>
+__device__ __forceinline__ void wgmma_qk(float (&s)[kBN / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (kBN == 192)
+    wgmma_ss_m64n192k16(s, da, db, scale_d);
+  else if constexpr (kBN == 176)
+    wgmma_ss_m64n176k16(s, da, db, scale_d);
+  else
+    wgmma_ss_m64n128k16(s, da, db, scale_d);
+}
+
+template <int kD>
+__device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (kD == 128)
+    wgmma_rs_m64n128k16_tb(o, a, db);
+  else
+    wgmma_rs_m64n64k16_tb(o, a, db);
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+
+template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC>
+__global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+  static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+  static_assert(kBN % 16 == 0 && kBN <= 256, "key tile: whole wgmma k-steps, one TMA box");
+  using L = Smem<kD, kBN, kStages, Cfg<kC>::kBM>;
+  constexpr int kBM = Cfg<kC>::kBM;
+  constexpr int kCB = kD / 64;  // 64-column blocks per row (one 128-byte swizzle atom wide each)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, sBar = base + L::bar;
+  const uint32_t q_full = sBar;
+  auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
+  auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
+  auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
+
+  // Heaviest query blocks first under the causal mask (they have the most key blocks).
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int m0 = m_block * kBM;
+  int n_blocks = (p.seq_k + kBN - 1) / kBN;
+  if (p.causal) {
+    const int last_key = min(m0 + kBM, p.seq_q) - 1 + p.causal_offset;
+    n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBN + 1);
+  }
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), kC);  // one arrival per consumer warpgroup
+      mbar_init(v_empty(s), kC);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kProducerRegs));
+    if (tid == 0) {
+      mbar_expect_tx(q_full, L::kTileQ);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, h, m0, b);
+      for (int it = 0; it < n_blocks; ++it) {
+        const int n_block = n_blocks - 1 - it;
+        const int st = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        mbar_wait(k_empty(st), ph ^ 1);
+        mbar_expect_tx(k_full(st), L::kTileKV);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(sK + st * L::kTileKV + cb * kBN * 128, &tm_k, k_full(st), cb * 64, kvh, n_block * kBN, b);
+        mbar_wait(v_empty(st), ph ^ 1);
+        mbar_expect_tx(v_full(st), L::kTileKV);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(sV + st * L::kTileKV + cb * kBN * 128, &tm_v, v_full(st), cb * 64, kvh, n_block * kBN, b);
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kConsumerRegs));
+  const int c = wg - 1;  // consumer index: query rows c*64 .. c*64+63 of the tile
+  const int lane = tid % 32, warp = (tid % 128) / 32;
+  const int row0 = m0 + c * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
+  const bool is_signaller = (tid % 128) == 0;
+
+  float o[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+  float s[kBN / 2];
+  uint32_t pf[kBN / 16][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, resc[2];
+
+  const uint32_t qa = sQ + c * 64 * 128;
+  auto desc_q = [&](int kk) { return make_desc(qa + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024); };
+  auto desc_k = [&](int st, int kk) {
+    return make_desc(sK + st * L::kTileKV + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+  };
+  auto desc_v = [&](int st, int kk) { return make_desc(sV + st * L::kTileKV + kk * 16 * 128, kBN * 128, 1024); };
+  auto issue_s = [&](int st) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_qk<kBN>(s, desc_q(kk), desc_k(st, kk), kk > 0 ? 1 : 0);
+  };
+  auto issue_pv = [&](int st) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_pv<kD>(o, pf[kk], desc_v(st, kk));
+  };
+  // Blocks that need the mask: past S_k, or crossing the causal diagonal of some row here.
+  const int tile_row_lo = m0 + c * 64;
+  auto needs_mask = [&](int n_block) {
+    const int key_hi = n_block * kBN + kBN - 1;
+    return key_hi >= p.seq_k || (p.causal && key_hi > tile_row_lo + p.causal_offset);
+  };
+  // Ping-pong turn-taking (round robin over the kC consumers): consumer c issues GEMMs only
+  // after bar (1 + c) completes, which consumer c - 1's arrival after its own issue provides.
+  // Each consumer passes the same number of turns, so the counts balance.
+  auto pp_sync = [&]() {
+    if constexpr (kPingPong) named_bar_sync(1 + c, 256);
+  };
+  auto pp_arrive = [&]() {
+    if constexpr (kPingPong) named_bar_arrive(1 + (c + 1) % kC, 256);
+  };
+  if constexpr (kPingPong) {
+    if (c == kC - 1) named_bar_arrive(1, 256);  // consumer 0 takes the first turn
+  }
+
+  mbar_wait(q_full, 0);
+
+  if constexpr (!kOverlap) {
+    for (int it = 0; it < n_blocks; ++it) {
+      const int n_block = n_blocks - 1 - it;
+      const int st = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      mbar_wait(k_full(st), ph);
+      pp_sync();
+      fence_regs(s);
+      wgmma_fence();
+      issue_s(st);
+      wgmma_commit();
+      pp_arrive();
+      wgmma_wait<0>();
+      fence_regs(s);
+      if (is_signaller) mbar_arrive(k_empty(st));
+      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+      rescale_o<kD>(o, resc);
+      convert_p<kBN>(s, pf);
+      mbar_wait(v_full(st), ph);
+      pp_sync();
+      fence_regs(o);
+      wgmma_fence();
+      issue_pv(st);
+      wgmma_commit();
+      pp_arrive();
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pf);
+      if (is_signaller) mbar_arrive(v_empty(st));
+    }
+  } else if (n_blocks > 0) {
+    {  // first block: S alone
+      const int n_block = n_blocks - 1;
+      mbar_wait(k_full(0), 0);
+      pp_sync();
+      fence_regs(s);
+      wgmma_fence();
+      issue_s(0);
+      wgmma_commit();
+      pp_arrive();
+      wgmma_wait<0>();
+      fence_regs(s);
+      if (is_signaller) mbar_arrive(k_empty(0));
+      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+      convert_p<kBN>(s, pf);
+    }
+    for (int it = 1; it < n_blocks; ++it) {
+      const int n_block = n_blocks - 1 - it;
+      const int st = it % kStages, pst = (it - 1) % kStages;
+      const uint32_t ph = (it / kStages) & 1, pph = ((it - 1) / kStages) & 1;
+      mbar_wait(k_full(st), ph);
+      mbar_wait(v_full(pst), pph);
+      pp_sync();
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(pf);
+      wgmma_fence();
+      issue_s(st);
+      wgmma_commit();
+      issue_pv(pst);
+      wgmma_commit();
+      pp_arrive();
+      wgmma_wait<1>();  // S of this block is done; P V of the previous may still run
+      fence_regs(s);
+      if (is_signaller) mbar_arrive(k_empty(st));
+      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pf);
+      if (is_signaller) mbar_arrive(v_empty(pst));
+      rescale_o<kD>(o, resc);
+      convert_p<kBN>(s, pf);
+    }
+    {  // last P V
+      const int st = (n_blocks - 1) % kStages;
+      const uint32_t ph = ((n_blocks - 1) / kStages) & 1;
+      mbar_wait(v_full(st), ph);
+      pp_sync();
+      fence_regs(o);
+      fence_regs(pf);
+      wgmma_fence();
+      issue_pv(st);
+      wgmma_commit();
+      pp_arrive();
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pf);
+      if (is_signaller) mbar_arrive(v_empty(st));
+    }
+  }
+  if constexpr (kPingPong) {
+    if (c == 0) named_bar_sync(1, 256);  // absorbs the last consumer's last arrival
+  }
+
+  // ---------------- epilogue: O / l to bf16, LSE ----------------
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    float lx = l[x];
+    lx += __shfl_xor_sync(0xffffffff, lx, 1);
+    lx += __shfl_xor_sync(0xffffffff, lx, 2);
+    const float inv = lx > 0.f ? 1.f / lx : 0.f;
+    const int row = row0 + 8 * x;
+    if (row < p.seq_q) {
+      __nv_bfloat16* orow = p.o + ((static_cast<int64_t>(b) * p.seq_q + row) * p.heads + h) * kD;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = 8 * j + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+      }
+      if (lane % 4 == 0)
+        p.lse[(static_cast<int64_t>(b) * p.heads + h) * p.seq_q + row] =
+            lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------
+
+// A 4-D tensor map over a [B, S, H, D] bf16 tensor (dims innermost first: D, H, S, B) whose
+// box is 64 columns of D x 1 head x `rows` rows x 1 batch, 128-byte swizzled. Rows past S are
+// zero-filled on load, so partial tiles need no special loads.
+inline CUresult make_tmap(CUtensorMap* map, const void* ptr, int B, int S, int H, int D, int rows) {
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(H), cuuint64_t(S), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(D) * 2, cuuint64_t(H) * D * 2, cuuint64_t(S) * H * D * 2};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides,
+                                box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+struct FwdArgs {
+  const void* q;  // [B, S_q, H, D] bf16
+  const void* k;  // [B, S_k, H_kv, D] bf16
+  const void* v;
+  void* o;        // [B, S_q, H, D] bf16
+  float* lse;     // [B, H, S_q]
+  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  int causal, causal_offset;
+  float scale;    // 0: 1/sqrt(D)
+};
+
+template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC = 2>
+cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
+  constexpr int kBM = Cfg<kC>::kBM;
+  CUtensorMap tq, tk, tv;
+  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM) != CUDA_SUCCESS ||
+      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN) != CUDA_SUCCESS ||
+      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  FwdParams p{};
+  p.o = static_cast<__nv_bfloat16*>(a.o);
+  p.lse = a.lse;
+  p.batch = a.batch;
+  p.heads = a.heads;
+  p.kv_heads = a.kv_heads;
+  p.seq_q = a.seq_q;
+  p.seq_k = a.seq_k;
+  p.causal = a.causal;
+  p.causal_offset = a.causal_offset;
+  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  auto kernel = fwd_kernel<kD, kBN, kStages, kOverlap, kPingPong, kC>;
+  constexpr int smem = Smem<kD, kBN, kStages, kBM>::bytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((a.seq_q + kBM - 1) / kBM, a.heads, a.batch);
+  kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, p);
+  return cudaGetLastError();
+}
+
+}  // namespace hopper_attn

@@ -1,0 +1,34 @@
+// variants.cuh: the kernel variants the lab builds and compares, by name (shared by the test
+// driver hopper_fwd_test.cu and the ctypes library hopper_fwd_lib.cu, so both run the same
+// instantiations). Names: basic (no overlap), overlap (intra-warpgroup overlap), pingpong
+// (overlap + ping-pong between the consumer warpgroups), pingpong3 (same, 3 K/V stages),
+// pp176 (pingpong with 176-key tiles), pp192 (192-key tiles, D = 128), m192 (D = 64:
+// three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers).
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "hopper_fwd.cuh"
+
+namespace hopper_attn {
+
+inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t st) {
+  if (a.head_dim == 128) {
+    if (v == "basic") return launch_fwd<128, 128, 2, false, false>(a, st);
+    if (v == "overlap") return launch_fwd<128, 128, 2, true, false>(a, st);
+    if (v == "pingpong") return launch_fwd<128, 128, 2, true, true>(a, st);
+    if (v == "pingpong3") return launch_fwd<128, 128, 3, true, true>(a, st);
+    if (v == "pp176") return launch_fwd<128, 176, 2, true, true>(a, st);
+    if (v == "pp192") return launch_fwd<128, 192, 2, true, true>(a, st);
+  } else if (a.head_dim == 64) {
+    if (v == "basic") return launch_fwd<64, 128, 2, false, false>(a, st);
+    if (v == "pingpong") return launch_fwd<64, 128, 2, true, true>(a, st);
+    if (v == "pingpong3") return launch_fwd<64, 128, 3, true, true>(a, st);
+    if (v == "pp176") return launch_fwd<64, 176, 2, true, true>(a, st);
+    if (v == "m192") return launch_fwd<64, 128, 2, true, true, 3>(a, st);
+  }
+  std::fprintf(stderr, "no variant %s at D = %d\n", v.c_str(), a.head_dim);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace hopper_attn
