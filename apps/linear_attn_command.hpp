@@ -1,5 +1,6 @@
 // `seqpar linear-attn`: causal linear attention with decay, forward + backward over N ranks
-// (threads) with LASP or LASP-2, checked against the fp64 oracle, with byte counts per rank.
+// (threads, or the processes of mpirun) with LASP or LASP-2, checked against the fp64 oracle,
+// with byte counts per rank.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,7 @@ struct LinearAttnOptions {
 void add_linear_attn_command(CLI::App& app, LinearAttnOptions& options, int* exit_code);
 
 // Runs the job; returns the exit code (0 ok, 1 failed check or bytes, 2 bad arguments).
-int run_linear_attn(const LinearAttnOptions& options);
+// ranks_given: --ranks was on the command line (under mpirun it must equal the process count).
+int run_linear_attn(const LinearAttnOptions& options, bool ranks_given);
 
 }  // namespace seqpar::app

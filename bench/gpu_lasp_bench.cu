@@ -1,4 +1,4 @@
-// Multi-GPU LASP benchmark (seqpar/gpu_lasp.hpp): one process, a thread per GPU, NCCL between
+// Multi-GPU LASP benchmark (seqpar/lasp.hpp on device tensors): one process, a thread per GPU, NCCL between
 // them. For each total length N and algorithm (lasp: the state chain; lasp2: the all-gather of
 // state contributions), each GPU holds N / P contiguous tokens and runs forward + backward with
 // our CUDA linear kernels; bench_gpu_linear's shapes (B = 1, H = 16, d = 128, per-head decay,
@@ -20,7 +20,7 @@
 
 #include "bench_util.cuh"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_lasp.hpp"
+#include "seqpar/lasp.hpp"
 #include "seqpar/nccl_comm.hpp"
 
 namespace seqpar {
@@ -56,9 +56,9 @@ Status run_one(Communicator& comm, const Options& opt, int64_t N, LaspAlgorithm 
     if (fits) t.push_back(std::move(a).value());
   }
   const int64_t tensors = device_memory_stats(device).current;  // the peak counts what comes after
-  GpuLaspContext ctx;  // its states, scratch and kernel workspace too, before any rank communicates
+  LaspContext ctx;  // its states, scratch and kernel workspace too, before any rank communicates
   // The shapes here are valid by construction, so a failure is memory.
-  if (fits) fits = lasp_reserve_gpu(&ctx, t[0].view, t[1].view, t[2].view, params, P).ok();
+  if (fits) fits = lasp_reserve(&ctx, t[0].view, t[1].view, t[2].view, params, P, algo).ok();
   (void)cudaGetLastError();
   double short_of_memory = fits ? 0 : 1;  // every rank must agree before any communicates
   SP_RETURN_IF_ERROR(comm.all_reduce(&short_of_memory, 1, DType::kF64, ReduceOp::kMax));
@@ -73,9 +73,9 @@ Status run_one(Communicator& comm, const Options& opt, int64_t N, LaspAlgorithm 
   cudaEventCreate(&e1);
   const auto fwd_bwd = [&]() -> Status {
     SP_RETURN_IF_ERROR(
-        lasp_forward_gpu(comm, layout, params, algo, t[0].view, t[1].view, t[2].view, t[4].view, &ctx, nullptr));
-    return lasp_backward_gpu(comm, layout, params, &ctx, t[0].view, t[1].view, t[2].view, t[3].view, t[5].view,
-                             t[6].view, t[7].view, nullptr);
+        lasp_forward(comm, layout, params, algo, t[0].view, t[1].view, t[2].view, t[4].view, &ctx, nullptr));
+    return lasp_backward(comm, layout, params, &ctx, t[0].view, t[1].view, t[2].view, t[3].view, t[5].view,
+                         t[6].view, t[7].view, nullptr);
   };
   std::vector<double> ms;
   for (int it = 0; it < opt.warmup + opt.iters; ++it) {

@@ -1,10 +1,10 @@
-// LASP on GPUs (seqpar/gpu_lasp.hpp): the state chain and the all-gather over P ranks, each
-// holding a contiguous shard on the device, gathered and held to the whole sequence's fp64
-// oracle under the bf16 rule (tests/linear_lowp.hpp's plain low-precision baseline, one call
+// LASP on GPUs (seqpar/lasp.hpp with device tensors): the state chain and the all-gather over P
+// ranks, each holding a contiguous shard on the device, gathered and held to the whole sequence's
+// fp64 oracle under the bf16 rule (tests/linear_lowp.hpp's plain low-precision baseline, one call
 // over the whole sequence): outputs, the final state, and every gradient; the bytes each rank
-// sent equal lasp_expected_bytes of an fp32 state. Thread ranks share GPU 0 (P = 1, 2, 3, shards
-// of unequal length), and on two GPUs the NCCL communicator. Skipped without a GPU. The state
-// combine is also held to its CPU version.
+// sent equal the walk of its passes and lasp_expected_bytes of an fp32 state. Thread ranks share
+// GPU 0 (P = 1, 2, 3, shards of unequal length), and on two GPUs the NCCL communicator. Skipped
+// without a GPU. The backend table's state combine and zero are also held to the CPU row.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear_backend.hpp"
 #include "linear_lowp.hpp"
 #include "linear_test_util.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_lasp.hpp"
+#include "seqpar/lasp.hpp"
 #include "seqpar/nccl_comm.hpp"
 
 namespace seqpar {
@@ -58,15 +59,18 @@ Gathered run_lasp(const LinearProblem& p, LaspAlgorithm algorithm, int ranks, La
     SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(dtype, {p.batch, n, p.heads, p.dk}));
     SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_zeros(dtype, {p.batch, n, p.kv_heads, p.dk}));
     SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_zeros(dtype, {p.batch, n, p.kv_heads, p.dv}));
-    GpuLaspContext ctx;
+    LaspContext ctx;
     comm.reset_counters();
-    SP_RETURN_IF_ERROR(lasp_forward_gpu(comm, layout, p.params(), algorithm, q.view, k.view, v.view, o.view, &ctx,
-                                        nullptr));
-    SP_RETURN_IF_ERROR(lasp_backward_gpu(comm, layout, p.params(), &ctx, q.view, k.view, v.view, dout.view, dq.view,
-                                         dk.view, dv.view, nullptr));
+    SP_RETURN_IF_ERROR(lasp_forward(comm, layout, p.params(), algorithm, q.view, k.view, v.view, o.view, &ctx,
+                                    nullptr));
+    SP_RETURN_IF_ERROR(lasp_backward(comm, layout, p.params(), &ctx, q.view, k.view, v.view, dout.view, dq.view,
+                                     dk.view, dv.view, nullptr));
     SP_RETURN_IF_ERROR(comm.synchronize(nullptr));
-    const LaspTraffic want = lasp_expected_bytes(
-        ctx.algorithm, comm.size(), me, lasp_state_bytes(p.batch, p.heads, p.dk, p.dv, DType::kF32));
+    const int64_t state_bytes = lasp_state_bytes(p.batch, p.heads, p.dk, p.dv, DType::kF32);
+    SP_CHECK_ARG(ctx.state_bytes() == state_bytes, "the states are not fp32");
+    const LaspTraffic want = lasp_expected_bytes(ctx.algorithm, comm.size(), me, state_bytes);
+    const LaspTraffic walked = lasp_walked_bytes(ctx.algorithm, comm.size(), me, state_bytes);
+    SP_CHECK_ARG(walked.forward == want.forward && walked.backward == want.backward, "the walk is not the formula");
     SP_CHECK_ARG(comm.counters().sent(Phase::kForward) == want.forward &&
                      comm.counters().sent(Phase::kBackward) == want.backward,
                  "rank " + std::to_string(me) + " sent " + std::to_string(comm.counters().sent(Phase::kForward)) +
@@ -76,7 +80,7 @@ Gathered run_lasp(const LinearProblem& p, LaspAlgorithm algorithm, int ranks, La
     SP_ASSIGN_OR_RETURN(HostTensor hdq, to_host(dq.view));
     SP_ASSIGN_OR_RETURN(HostTensor hdk, to_host(dk.view));
     SP_ASSIGN_OR_RETURN(HostTensor hdv, to_host(dv.view));
-    SP_ASSIGN_OR_RETURN(HostTensor state, to_host(ctx.state_out_view()));
+    SP_ASSIGN_OR_RETURN(HostTensor state, lasp_state_out_on_host(ctx));
     std::lock_guard lock(mu);
     for (auto [local, whole] : {std::pair{&ho, &g.o}, {&hdq, &g.dq}, {&hdk, &g.dk}, {&hdv, &g.dv}})
       SP_RETURN_IF_ERROR(layout.unshard(local->view(), 1, me, whole->view()));
@@ -153,21 +157,27 @@ TEST_F(GpuLasp, RanksOnTwoGpusMeetTheRule) {
   }
 }
 
+// The combine of the backend table's two rows: the CUDA one against the CPU one on fp32 states.
 TEST_F(GpuLasp, StateCombineMatchesTheCpu) {
   const LinearProblem p = problem();
   const testing::LinearInputs in = testing::make_linear_inputs(p, DType::kBF16, 5);
   const HostTensor S = cast(in.state_in, DType::kF32), G = cast(in.dstate_out, DType::kF32);
   HostTensor want(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
-  ASSERT_TRUE(linear_state_combine(S.view(), G.view(), 123, p.params(), want.view()).ok());
+  const std::unique_ptr<LinearBackend> cpu = make_cpu_linear_backend(), gpu = make_cuda_linear_backend();
+  ASSERT_TRUE(gpu != nullptr);
+  ASSERT_TRUE(cpu->combine(S.view(), G.view(), 123, p.params(), want.view(), nullptr).ok());
   auto s = to_device(S), g = to_device(G);
   auto out = device_zeros(DType::kF32, {p.batch, p.heads, p.dk, p.dv});
   ASSERT_TRUE(s.ok() && g.ok() && out.ok());
-  ASSERT_TRUE(linear_state_combine_cuda(s->view, g->view, 123, p.params(), out->view, nullptr).ok());
+  ASSERT_TRUE(gpu->combine(s->view, g->view, 123, p.params(), out->view, nullptr).ok());
   const HostTensor ref = cast(want, DType::kF64);
   EXPECT_LE(testing::max_abs_diff(cast(to_host(out->view).value(), DType::kF64), ref), 1e-5 * testing::max_abs(ref));
-  // In place, as the LASP passes call it (out is carried).
-  ASSERT_TRUE(linear_state_combine_cuda(s->view, g->view, 123, p.params(), s->view, nullptr).ok());
+  // In place, as the all-gather's prefix calls it (out is carried).
+  ASSERT_TRUE(gpu->combine(s->view, g->view, 123, p.params(), s->view, nullptr).ok());
   EXPECT_LE(testing::max_abs_diff(cast(to_host(s->view).value(), DType::kF64), ref), 1e-5 * testing::max_abs(ref));
+  // zero, on the stream.
+  ASSERT_TRUE(gpu->zero(s->view, nullptr).ok());
+  EXPECT_EQ(testing::max_abs(cast(to_host(s->view).value(), DType::kF64)), 0.0);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// LASP over in-process ranks: the chain and the all-gather variant against the fp64 oracle
+// LASP over in-process CPU ranks: the chain and the all-gather variant against the fp64 oracle
 // (outputs, final state, dq, dk, dv) over decays, GQA, d_k != d_v, uneven lengths, odd chunk
-// lengths and T in {1, 2, 3, 4, 8}; bytes per rank equal to the formula and independent of N;
-// sequence groups in a data-parallel world; and one regression test per erratum of the paper.
+// lengths and T in {1, 2, 3, 4, 8}; bytes per rank equal to the walk of the passes and the
+// formula, and independent of N; sequence groups in a data-parallel world. The errata have their
+// own file (test_lasp_errata.cpp), the GPU half test_gpu_lasp.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,13 +54,15 @@ Status lasp_on_ranks(Communicator& comm, const LinearInputs& in, const LinearPro
   HostTensor dk(DType::kF64, {p.batch, n, p.kv_heads, p.dk}), dv(DType::kF64, {p.batch, n, p.kv_heads, p.dv});
   LaspContext ctx;
   SP_RETURN_IF_ERROR(lasp_forward(comm, layout, p.params(), algo, q.view(), k.view(), v.view(), o.view(), &ctx));
-  SP_RETURN_IF_ERROR(lasp_backward(comm, layout, p.params(), ctx, q.view(), k.view(), v.view(), dout.view(),
+  SP_RETURN_IF_ERROR(lasp_backward(comm, layout, p.params(), &ctx, q.view(), k.view(), v.view(), dout.view(),
                                    dq.view(), dk.view(), dv.view()));
   SP_RETURN_IF_ERROR(layout.unshard(o.view(), 1, me, run->o.view()));
   SP_RETURN_IF_ERROR(layout.unshard(dq.view(), 1, me, run->dq.view()));
   SP_RETURN_IF_ERROR(layout.unshard(dk.view(), 1, me, run->dk.view()));
   SP_RETURN_IF_ERROR(layout.unshard(dv.view(), 1, me, run->dv.view()));
-  if (me == comm.size() - 1) run->final_state = ctx.state_out;
+  if (me == comm.size() - 1) {
+    SP_ASSIGN_OR_RETURN(run->final_state, lasp_state_out_on_host(ctx));
+  }
   run->counters[me] = comm.counters();
   if (me == 0) run->ran = ctx.algorithm;
   return Status::Ok();
@@ -154,6 +157,9 @@ TEST(Lasp, BytesAreOneStatePerHopAndIndependentOfN) {
       int64_t chain_messages[2] = {0, 0};
       for (int r = 0; r < T; ++r) {
         const LaspTraffic want = lasp_expected_bytes(algo, T, r, state_bytes);
+        const LaspTraffic walked = lasp_walked_bytes(algo, T, r, state_bytes);
+        EXPECT_EQ(run.counters[r].sent(Phase::kForward), walked.forward) << "N=" << N << " rank " << r;
+        EXPECT_EQ(run.counters[r].sent(Phase::kBackward), walked.backward) << "N=" << N << " rank " << r;
         EXPECT_EQ(run.counters[r].sent(Phase::kForward), want.forward) << "N=" << N << " rank " << r;
         EXPECT_EQ(run.counters[r].sent(Phase::kBackward), want.backward) << "N=" << N << " rank " << r;
         EXPECT_EQ(run.counters[r].received(Phase::kForward), algo == LaspAlgorithm::kChain ? (r > 0) * state_bytes
@@ -171,6 +177,18 @@ TEST(Lasp, BytesAreOneStatePerHopAndIndependentOfN) {
           EXPECT_EQ(run.counters[r].sent(ph), first[algo][r].sent(ph)) << "N=" << N << " rank " << r;
     }
   }
+}
+
+// The bytes walked from every rank's steps are the paper's formula: the chain sends one state
+// downstream per pass (none from the last rank of the pass), the all-gather (T-1) states.
+TEST(Lasp, WalkedBytesAreTheFormula) {
+  for (int ranks : {1, 2, 3, 4, 8})
+    for (LaspAlgorithm algo : {LaspAlgorithm::kChain, LaspAlgorithm::kAllGather})
+      for (int r = 0; r < ranks; ++r) {
+        const LaspTraffic walked = lasp_walked_bytes(algo, ranks, r, 4096), formula = lasp_expected_bytes(algo, ranks, r, 4096);
+        EXPECT_EQ(walked.forward, formula.forward) << lasp_algorithm_name(algo) << " T=" << ranks << " rank " << r;
+        EXPECT_EQ(walked.backward, formula.backward) << lasp_algorithm_name(algo) << " T=" << ranks << " rank " << r;
+      }
 }
 
 TEST(Lasp, AutoPicksTheChainUnderTheRingModel) {
@@ -229,9 +247,13 @@ TEST(Lasp, RefusesWhatItCannotRun) {
     SP_CHECK_ARG(!lasp_forward(comm, three, p.params(), LaspAlgorithm::kChain, q.view(), q.view(), q.view(),
                                q.view(), &ctx).ok(), "a layout over 3 ranks accepted on 2");
     SP_ASSIGN_OR_RETURN(const Layout two, Layout::create(LayoutKind::kContiguous, p.seq, 2));
-    const LaspContext never_forwarded;
-    SP_CHECK_ARG(!lasp_backward(comm, two, p.params(), never_forwarded, q.view(), q.view(), q.view(), q.view(),
+    LaspContext never_forwarded;
+    SP_CHECK_ARG(!lasp_backward(comm, two, p.params(), &never_forwarded, q.view(), q.view(), q.view(), q.view(),
                                 q.view(), q.view(), q.view()).ok(), "a backward without its forward ran");
+    HostTensor bf16(DType::kBF16, {1, two.local_len(comm.rank()), 2, 4});
+    SP_CHECK_ARG(lasp_forward(comm, two, p.params(), LaspAlgorithm::kChain, bf16.view(), bf16.view(), bf16.view(),
+                              bf16.view(), &never_forwarded).code() == StatusCode::kUnsupported,
+                 "bf16 host tensors accepted by the CPU backend");
     return Status::Ok();
   });
   EXPECT_TRUE(s.ok()) << s.to_string();

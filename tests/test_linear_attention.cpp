@@ -148,27 +148,39 @@ TEST(LinearKernel, StrongDecayOverLongChunksStaysFinite) {
   expect_all_close(got, want.value(), 1e-12);
 }
 
-// forward(zero state) + state term == forward(state); backward(zero dState) + dState term ==
-// backward(dState); combine(S, local, n) == the outgoing state.
-TEST(LinearKernel, StateTermsCompleteTheZeroStatePass) {
+// The pieces LASP splits a pass into: a forward with no o gives the tokens' own state (from a
+// zero state), a backward with no dq, dk, dv their own dState (from a zero dState), both equal to
+// what the full passes from zero write; combine(S_in, own, n) is then the outgoing state (dState).
+TEST(LinearKernel, OwnStatesAndTheCombineMakeThePassesStates) {
   LinearProblem p{2, 57, 4, 2, 6, 5, {0.9, 0.6, 1.0, 0.75}, 0.5, 40};
   const LinearInputs in = make_linear_inputs(p, DType::kF64, 61);
   const LinearReferenceResult whole = run_chunked(in, p);
-  LinearReferenceResult part = whole;
   const LinearAttentionParams params = p.params();
-  ASSERT_TRUE(linear_attention_forward(in.q.view(), in.k.view(), in.v.view(), kNone, params, part.o.view(),
-                                       part.state_out.view()).ok());
-  ASSERT_TRUE(linear_attention_add_state_term(in.q.view(), in.state_in.view(), params, part.o.view()).ok());
-  ASSERT_TRUE(linear_state_combine(in.state_in.view(), part.state_out.view(), p.seq, params,
-                                   part.state_out.view()).ok());
-  ASSERT_TRUE(linear_attention_backward(in.q.view(), in.k.view(), in.v.view(), in.state_in.view(), in.dout.view(),
-                                        kNone, params, part.dq.view(), part.dk.view(), part.dv.view(),
-                                        part.dstate_in.view()).ok());
-  ASSERT_TRUE(linear_attention_add_dstate_term(in.k.view(), in.v.view(), in.dstate_out.view(), params,
-                                               part.dk.view(), part.dv.view()).ok());
-  ASSERT_TRUE(linear_state_combine(in.dstate_out.view(), part.dstate_in.view(), p.seq, params,
-                                   part.dstate_in.view()).ok());
-  expect_all_close(part, whole, 1e-12);
+  HostTensor own(DType::kF64, {p.batch, p.heads, p.dk, p.dv}), own_grad(DType::kF64, {p.batch, p.heads, p.dk, p.dv});
+  ASSERT_TRUE(linear_attention_forward(in.q.view(), in.k.view(), in.v.view(), kNone, params, kNone, own.view()).ok());
+  ASSERT_TRUE(linear_attention_backward(in.q.view(), in.k.view(), in.v.view(), kNone, in.dout.view(), kNone, params,
+                                        kNone, kNone, kNone, own_grad.view()).ok());
+  // From zero, the full passes' states are the own ones, bit for bit.
+  LinearReferenceResult from_zero = whole;
+  ASSERT_TRUE(linear_attention_forward(in.q.view(), in.k.view(), in.v.view(), kNone, params, from_zero.o.view(),
+                                       from_zero.state_out.view()).ok());
+  ASSERT_TRUE(linear_attention_backward(in.q.view(), in.k.view(), in.v.view(), kNone, in.dout.view(), kNone, params,
+                                        from_zero.dq.view(), from_zero.dk.view(), from_zero.dv.view(),
+                                        from_zero.dstate_in.view()).ok());
+  EXPECT_EQ(testing::max_abs_diff(own, from_zero.state_out), 0.0);
+  EXPECT_EQ(testing::max_abs_diff(own_grad, from_zero.dstate_in), 0.0);
+  HostTensor carried(DType::kF64, {p.batch, p.heads, p.dk, p.dv}), carried_grad(DType::kF64, {p.batch, p.heads, p.dk, p.dv});
+  ASSERT_TRUE(linear_state_combine(in.state_in.view(), own.view(), p.seq, params, carried.view()).ok());
+  ASSERT_TRUE(linear_state_combine(in.dstate_out.view(), own_grad.view(), p.seq, params, carried_grad.view()).ok());
+  expect_close("state_out", carried, whole.state_out, 1e-12);
+  expect_close("dstate_in", carried_grad, whole.dstate_in, 1e-12);
+  // In place, as the all-gather's prefix calls it.
+  ASSERT_TRUE(linear_state_combine(in.state_in.view(), own.view(), p.seq, params, own.view()).ok());
+  EXPECT_EQ(testing::max_abs_diff(own, carried), 0.0);
+  // A backward with nothing to write is refused.
+  EXPECT_EQ(linear_attention_backward(in.q.view(), in.k.view(), in.v.view(), kNone, in.dout.view(), kNone, params,
+                                      kNone, kNone, kNone, kNone).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(LinearKernel, RefusesBadArguments) {

@@ -6,12 +6,20 @@
 //          backward; T-1 messages of one state per pass per group.
 //   lasp2  (LASP-2 style) each rank's own state contribution from a zero state, one all_gather
 //          of the T contributions, a local decayed prefix (suffix in the backward).
-// Both overlap the same way: the rank's tokens are processed from a zero state while the
-// neighbour's state is in flight, then the state terms are added.
+// One pass order for both (src/parallel/lasp_steps.hpp): each rank first computes its own
+// contribution from a zero state (the cheap half of its pass) so the neighbour waits on that
+// alone, then its full pass from the entering state.
+//
+// One implementation for both devices, through a linear-attention backend table chosen by the
+// tensors' device: host tensors (fp32/fp64, states in the inputs' dtype) on the CPU kernels;
+// CUDA tensors (bf16/fp16, fp32 states) on our CUDA kernels, over a communicator that moves
+// device buffers (NCCL, or thread ranks sharing a GPU). States live on the tensors' device.
+// Device work is queued on `stream` (a cudaStream_t; nullptr the default stream) and returns
+// queued there; host-driven communicators get the stream synchronised before a batch is posted.
 //
 // Shapes are those of linear_attention.hpp with S = this rank's local length
 // (layout.local_len(rank)): q, o, dout, dq [B, S_local, H, d_k | d_v]; k, dk [B, S_local, H_kv,
-// d_k]; v, dv [B, S_local, H_kv, d_v]; states [B, H, d_k, d_v] in the inputs' dtype (fp32/fp64).
+// d_k]; v, dv [B, S_local, H_kv, d_v]; states [B, H, d_k, d_v].
 #pragma once
 
 #include <cstdint>
@@ -42,34 +50,61 @@ double lasp_chain_seconds(int ranks, int64_t state_bytes, const LaspLinkModel& l
 double lasp_allgather_seconds(int ranks, int64_t state_bytes, const LaspLinkModel& link);
 LaspAlgorithm choose_lasp_algorithm(int ranks, int64_t state_bytes, const LaspLinkModel& link = {});
 
-// Bytes of one message: a state of every (batch, query head).
+// Bytes of one message: a state of every (batch, query head) in the states' dtype.
 int64_t lasp_state_bytes(int64_t batch, int64_t heads, int64_t dk, int64_t dv, DType dtype);
-// Bytes rank `rank` of `ranks` sends per pass (kChain or kAllGather).
+// Bytes rank `rank` of `ranks` sends per pass (kChain or kAllGather): the paper's formula.
 struct LaspTraffic {
   int64_t forward = 0, backward = 0;
 };
 LaspTraffic lasp_expected_bytes(LaspAlgorithm algorithm, int ranks, int rank, int64_t state_bytes);
+// The same, walked from the steps the passes run (tests hold the two and the counters equal).
+LaspTraffic lasp_walked_bytes(LaspAlgorithm algorithm, int ranks, int rank, int64_t state_bytes);
+
+// The backend, the states and the scratch of one rank's passes (defined in src/parallel/lasp.cpp).
+struct LaspBuffers;
 
 // What the forward keeps for the backward: the state entering this rank's tokens (received, or
-// prefixed from the gathered ones, once; the backward neither receives nor recomputes it).
+// prefixed from the gathered ones, once; the backward neither receives nor recomputes it), and
+// the buffers both passes reuse. One per rank and layer; move-only.
 struct LaspContext {
-  LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what ran (never kAuto)
-  HostTensor state_in;   // [B, H, d_k, d_v]
-  HostTensor state_out;  // [B, H, d_k, d_v] leaving this rank; the last rank's is the final state
+  LaspContext();
+  ~LaspContext();
+  LaspContext(LaspContext&&) noexcept;
+  LaspContext& operator=(LaspContext&&) noexcept;
+
+  LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what runs (never kAuto)
+  std::unique_ptr<LaspBuffers> buffers;             // null until reserved (or forwarded)
+
+  // [B, H, d_k, d_v] views on the tensors' device (empty before a forward): the state entering
+  // this rank's tokens (zero on rank 0), and leaving them (the last rank's is the final state).
+  TensorView state_in() const;
+  TensorView state_out() const;
+  // Bytes of one state message (lasp_state_bytes in the states' dtype); 0 before reserving.
+  int64_t state_bytes() const;
 };
+
+// The leaving state copied into a host tensor (after the stream's work is done).
+StatusOr<HostTensor> lasp_state_out_on_host(const LaspContext& ctx);
+
+// Checks the inputs, picks the backend of their device and sizes every buffer of *ctx for this
+// problem on `ranks` ranks with this algorithm (kAuto: choose_lasp_algorithm's pick; either way
+// ctx->algorithm says which). The forward does it too; a caller that must know whether the
+// problem fits before any rank communicates (a benchmark at the edge of memory) calls it first.
+Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm);
 
 // Forward on this rank: writes o [B, S_local, H, d_v] and fills *ctx. The layout must be
 // contiguous over comm.size() ranks; the sequence starts from a zero state.
 Status lasp_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                     LaspAlgorithm algorithm, const TensorView& q, const TensorView& k,
-                    const TensorView& v, const TensorView& o, LaspContext* ctx);
+                    const TensorView& v, const TensorView& o, LaspContext* ctx, void* stream = nullptr);
 
 // Backward on this rank (the algorithm of ctx): writes dq, dk, dv; no gradient arrives for the
 // final state.
 Status lasp_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
-                     const LaspContext& ctx, const TensorView& q, const TensorView& k,
-                     const TensorView& v, const TensorView& dout, const TensorView& dq,
-                     const TensorView& dk, const TensorView& dv);
+                     LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                     const TensorView& dv, void* stream = nullptr);
 
 // Data-sequence hybrid (Algorithm 1): a world of W = T x G ranks as G sequence groups of T
 // consecutive ranks (group = rank / T), each running its own sequences. W must be divisible by

@@ -75,23 +75,17 @@ Status linear_attention_forward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& o, const TensorView& state_out);
 
 // Writes dq, dk, dv and dstate_in (empty: not written). An empty state_in or dstate_out is zero.
+// With dq, dk and dv all empty, only dstate_in is computed (state_in, k and v unread): the dState
+// a sequence-parallel rank passes on before a later rank's dState is known.
 Status linear_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& state_in, const TensorView& dout,
                                  const TensorView& dstate_out, const LinearAttentionParams& params,
                                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                  const TensorView& dstate_in);
 
-// The pieces a distributed schedule adds once the state from another rank is known, so the
-// rest runs before it arrives (a forward from a zero state gives the remainder):
-//   o_i += scale * lambda^(i+1) S_in^T q_i
-Status linear_attention_add_state_term(const TensorView& q, const TensorView& state_in,
-                                       const LinearAttentionParams& params, const TensorView& o);
-//   dk_j += sum_h lambda_h^(n-1-j) dS_out_h v_j,  dv_j += sum_h lambda_h^(n-1-j) dS_out_h^T k_j
-// (the sum over the query heads h of K/V head j's group).
-Status linear_attention_add_dstate_term(const TensorView& k, const TensorView& v,
-                                        const TensorView& dstate_out,
-                                        const LinearAttentionParams& params, const TensorView& dk,
-                                        const TensorView& dv);
+// LASP's carried-state combine: a distributed schedule runs each rank's tokens from a zero state
+// first (a forward with o empty gives their own state, a backward with no dq, dk, dv their own
+// dState), then carries the state arriving from another rank across them:
 // out = lambda_h^length * carried + local, per head: a state (or dState) carried across
 // `length` tokens plus what those tokens add. out may alias either input.
 Status linear_state_combine(const TensorView& carried, const TensorView& local, int64_t length,

@@ -16,7 +16,6 @@ using cpu::LinearDims;
 using cpu::present;
 
 constexpr int64_t kTile = 32;       // score tile edge inside a chunk
-constexpr int64_t kRowBlock = 64;   // rows per task of the state-term kernels
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
@@ -181,6 +180,24 @@ void backward_head(const Args<T>& a, int64_t b, int64_t h) {
   store_state(G, a.dstate_in, b, h, d);
 }
 
+// dstate_in alone (dq, dk, dv not asked): backward_head's dState sweep without the rest, the
+// same operations in the same order, so it equals the full backward's dstate_in bit for bit.
+template <class T>
+void dstate_head(const Args<T>& a, int64_t b, int64_t h) {
+  const LinearDims& d = a.d;
+  const int64_t n = d.seq, C = std::min<int64_t>(a.params->chunk, std::max<int64_t>(n, 1));
+  const HeadRows<const T> Q(a.q, b, h), dO(a.dout, b, h);
+  const std::vector<T> pw = decay_table<T>(*a.params, h, C);
+  const T scale = static_cast<T>(a.params->scale);
+  std::vector<T> G = load_state<T>(a.dstate_out, b, h, d);
+  for (int64_t c0 = (n - 1) / C * C; c0 >= 0 && n > 0; c0 -= C) {
+    const int64_t m = std::min(C, n - c0);
+    for (T& x : G) x *= pw[m];
+    for (int64_t r = 0; r < m; ++r) add_outer(scale * pw[r + 1], Q[c0 + r], dO[c0 + r], G.data(), d.dk, d.dv);
+  }
+  store_state(G, a.dstate_in, b, h, d);
+}
+
 template <class T>
 void forward_all(const Args<T>& a) {
 #pragma omp parallel for collapse(2) schedule(dynamic)
@@ -193,6 +210,12 @@ void forward_all(const Args<T>& a) {
 template <class T>
 void backward_all(Args<T> a) {
   const LinearDims& d = a.d;
+  if (!present(a.dq) && !present(a.dk) && !present(a.dv)) {
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t h = 0; h < d.heads; ++h) dstate_head(a, b, h);
+    return;
+  }
   const TensorView dk = a.dk, dv = a.dv;
   HostTensor dk_heads, dv_heads;
   if (d.group() > 1) {
@@ -256,9 +279,12 @@ Status linear_attention_backward(const TensorView& q, const TensorView& k, const
   SP_RETURN_IF_ERROR(cpu::validate_linear_state("dstate_out", dstate_out, q.dtype, d));
   SP_RETURN_IF_ERROR(cpu::validate_linear_state("dstate_in", dstate_in, q.dtype, d));
   SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dout", dout, q.dtype, d.batch, d.seq, d.heads, d.dv, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dq", dq, q.dtype, d.batch, d.seq, d.heads, d.dk, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dk", dk, q.dtype, d.batch, d.seq, d.kv_heads, d.dk, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dv", dv, q.dtype, d.batch, d.seq, d.kv_heads, d.dv, false));
+  // dq, dk, dv all absent: dstate_in alone (what a sequence-parallel rank passes on first).
+  const bool dstate_only = !present(dq) && !present(dk) && !present(dv);
+  SP_CHECK_ARG(!dstate_only || present(dstate_in), "the backward has nothing to write");
+  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dq", dq, q.dtype, d.batch, d.seq, d.heads, d.dk, dstate_only));
+  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dk", dk, q.dtype, d.batch, d.seq, d.kv_heads, d.dk, dstate_only));
+  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dv", dv, q.dtype, d.batch, d.seq, d.kv_heads, d.dv, dstate_only));
   if (q.dtype == DType::kF64)
     backward_all(Args<double>{d, &params, q, k, v, state_in, {}, {}, dout, dstate_out, dq, dk, dv, dstate_in});
   else
@@ -267,45 +293,6 @@ Status linear_attention_backward(const TensorView& q, const TensorView& k, const
 }
 
 namespace {
-
-template <class T>
-void add_state_term(const TensorView& q, const TensorView& state_in, const LinearAttentionParams& params,
-                    const TensorView& o, const LinearDims& d) {
-  const int64_t blocks = (d.seq + kRowBlock - 1) / kRowBlock;
-  const T scale = static_cast<T>(params.scale);
-#pragma omp parallel for collapse(3) schedule(static)
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t h = 0; h < d.heads; ++h)
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const T* S = state_in.as<T>() + (b * d.heads + h) * d.state_elems();
-        const HeadRows<const T> Q(q, b, h);
-        const HeadRows<T> O(o, b, h);
-        for (int64_t i = blk * kRowBlock; i < std::min(d.seq, (blk + 1) * kRowBlock); ++i)
-          add_state_transposed_times(scale * static_cast<T>(decay_power(params, h, i + 1)), S, Q[i], O[i], d.dk, d.dv);
-      }
-}
-
-template <class T>
-void add_dstate_term(const TensorView& k, const TensorView& v, const TensorView& dstate_out,
-                     const LinearAttentionParams& params, const TensorView& dk, const TensorView& dv,
-                     const LinearDims& d) {
-  const int64_t blocks = (d.seq + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for collapse(3) schedule(static)
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t g = 0; g < d.kv_heads; ++g)
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const HeadRows<const T> K(k, b, g), V(v, b, g);
-        const HeadRows<T> dK(dk, b, g), dV(dv, b, g);
-        for (int64_t h = g * d.group(); h < (g + 1) * d.group(); ++h) {
-          const T* G = dstate_out.as<T>() + (b * d.heads + h) * d.state_elems();
-          for (int64_t j = blk * kRowBlock; j < std::min(d.seq, (blk + 1) * kRowBlock); ++j) {
-            const T w = static_cast<T>(decay_power(params, h, d.seq - 1 - j));
-            add_state_times(w, G, V[j], dK[j], d.dk, d.dv);
-            add_state_transposed_times(w, G, K[j], dV[j], d.dk, d.dv);
-          }
-        }
-      }
-}
 
 template <class T>
 void combine(const TensorView& carried, const TensorView& local, int64_t length,
@@ -320,45 +307,6 @@ void combine(const TensorView& carried, const TensorView& local, int64_t length,
 }
 
 }  // namespace
-
-Status linear_attention_add_state_term(const TensorView& q, const TensorView& state_in,
-                                       const LinearAttentionParams& params, const TensorView& o) {
-  SP_CHECK_ARG(q.ndim == 4 && o.ndim == 4, "q and o must be [B, S, H, D]");
-  LinearDims d{q.shape[0], q.shape[1], q.shape[2], q.shape[2], q.shape[3], o.shape[3]};
-  SP_RETURN_IF_ERROR(check_float_dtype(q.dtype));
-  SP_RETURN_IF_ERROR(validate_linear_params(params, d.heads));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("q", q, q.dtype, d.batch, d.seq, d.heads, d.dk, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("o", o, q.dtype, d.batch, d.seq, d.heads, d.dv, false));
-  SP_CHECK_ARG(present(state_in), "state_in is null");
-  SP_RETURN_IF_ERROR(cpu::validate_linear_state("state_in", state_in, q.dtype, d));
-  if (q.dtype == DType::kF64)
-    add_state_term<double>(q, state_in, params, o, d);
-  else
-    add_state_term<float>(q, state_in, params, o, d);
-  return Status::Ok();
-}
-
-Status linear_attention_add_dstate_term(const TensorView& k, const TensorView& v,
-                                        const TensorView& dstate_out,
-                                        const LinearAttentionParams& params, const TensorView& dk,
-                                        const TensorView& dv) {
-  SP_CHECK_ARG(k.ndim == 4 && v.ndim == 4 && dstate_out.ndim == 4,
-               "k, v must be [B, S, H_kv, D] and dstate_out [B, H, d_k, d_v]");
-  LinearDims d{k.shape[0], k.shape[1], dstate_out.shape[1], k.shape[2], k.shape[3], v.shape[3]};
-  SP_CHECK_ARG(d.kv_heads >= 1 && d.heads % d.kv_heads == 0,
-               "dstate_out's heads must be a multiple of the K/V heads");
-  SP_RETURN_IF_ERROR(check_float_dtype(k.dtype));
-  SP_RETURN_IF_ERROR(validate_linear_params(params, d.heads));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("v", v, k.dtype, d.batch, d.seq, d.kv_heads, d.dv, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dk", dk, k.dtype, d.batch, d.seq, d.kv_heads, d.dk, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_tensor("dv", dv, k.dtype, d.batch, d.seq, d.kv_heads, d.dv, false));
-  SP_RETURN_IF_ERROR(cpu::validate_linear_state("dstate_out", dstate_out, k.dtype, d));
-  if (k.dtype == DType::kF64)
-    add_dstate_term<double>(k, v, dstate_out, params, dk, dv, d);
-  else
-    add_dstate_term<float>(k, v, dstate_out, params, dk, dv, d);
-  return Status::Ok();
-}
 
 Status linear_state_combine(const TensorView& carried, const TensorView& local, int64_t length,
                             const LinearAttentionParams& params, const TensorView& out) {
