@@ -1,4 +1,4 @@
-// One rank's forward + backward for `seqpar attn` (attn_compute.hpp).
+// One rank's forward + backward for `seqpar attn` (attn_compute.hpp), through a Session.
 #include "attn_compute.hpp"
 
 #include <chrono>
@@ -10,9 +10,8 @@
 #endif
 
 #include "attn_report.hpp"
-#include "seqpar/backend.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "seqpar/session.hpp"
 
 namespace seqpar::app {
 namespace {
@@ -40,9 +39,10 @@ Status run_cpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
                     const std::string& algo, const Inputs& in, RankRun* run) {
   const AttnOptions& o = job.opt;
   const int me = comm.rank();
-  SP_ASSIGN_OR_RETURN(run->plan, plan_attention(plan_options(job, algo), layout, params, cpu_block_bytes(job), me,
-                                                cpu_kernel_backend()));
-  run->backend = cpu_kernel_backend().name();
+  Session session(comm, {plan_options(job, algo)});
+  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session.plan(layout, params, in.q.view(), in.k.view()));
+  run->plan = *plan;
+  run->backend = plan->backend->name();
   const int64_t B = o.batch, H = o.heads, Hkv = job.kv_heads, D = o.head_dim, n = layout.local_len(me);
   const DType t = job.dtype;
   run->out = HostTensor(t, {B, n, H, D});
@@ -55,12 +55,12 @@ Status run_cpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   ForwardState kept;  // what --keep-forward-state plans keep between the passes
-  SP_RETURN_IF_ERROR(run_forward_cpu(comm, *run->plan, tensors, &run->fwd_stats, &kept));
+  SP_RETURN_IF_ERROR(session.run(*plan, Pass::kForward, tensors, {nullptr, &kept, &run->fwd_stats}));
   run->times[0] = seconds_since(t0);
   SP_RETURN_IF_ERROR(comm.barrier());
   if (me == 0) progress("running backward");
   t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_backward_cpu(comm, *run->plan, tensors, nullptr, &kept));
+  SP_RETURN_IF_ERROR(session.run(*plan, Pass::kBackward, tensors, {nullptr, &kept}));
   run->times[1] = seconds_since(t0);
   return Status::Ok();
 }
@@ -89,15 +89,12 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_zeros(t, {B, n, H, D}));
   SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_zeros(t, {B, n, Hkv, D}));
   SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_zeros(t, {B, n, Hkv, D}));
-  const std::unique_ptr<AttentionBackend> backend =
-      make_gpu_backend(q.view, params, /*prefer_cudnn=*/true, o.max_call_rows);
-  SP_CHECK_SUPPORTED(backend != nullptr, "this build has no GPU backend");
-  const std::string why_not = backend->supports(q.view, params);
-  SP_CHECK_SUPPORTED(why_not.empty(), why_not);
-  SP_ASSIGN_OR_RETURN(run->plan, plan_attention(plan_options(job, algo), layout, params,
-                                                block_bytes_for(q.view, k.view, *backend), me, *backend));
-  run->backend = backend->name();
-  GpuWorkspace ws;
+  SessionOptions session_options{plan_options(job, algo)};
+  session_options.max_call_rows = o.max_call_rows;
+  Session session(comm, session_options);  // cuDNN where it takes the problem, else our kernels
+  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session.plan(layout, params, q.view, k.view));
+  run->plan = *plan;
+  run->backend = plan->backend->name();
   cudaStream_t stream = nullptr;  // a stream of our own, ordered only by explicit events
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
     return SP_STATUS(StatusCode::kInternal, "cannot create a CUDA stream");
@@ -113,7 +110,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   SP_RETURN_IF_ERROR(comm.barrier());
   auto t0 = Clock::now();
   ForwardState kept;  // what --keep-forward-state plans keep between the passes
-  SP_RETURN_IF_ERROR(run_forward_gpu(comm, *run->plan, st, ws, stream, &run->fwd_stats, &kept));
+  SP_RETURN_IF_ERROR(session.run(*plan, Pass::kForward, st, {stream, &kept, &run->fwd_stats}));
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   run->times[0] = seconds_since(t0);
   SP_RETURN_IF_ERROR(comm.barrier());
@@ -124,7 +121,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   t0 = Clock::now();
-  SP_RETURN_IF_ERROR(run_backward_gpu(comm, *run->plan, st, ws, stream, nullptr, &kept));
+  SP_RETURN_IF_ERROR(session.run(*plan, Pass::kBackward, st, {stream, &kept}));
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   run->times[1] = seconds_since(t0);
   SP_ASSIGN_OR_RETURN(run->out, to_host(out.view));

@@ -1,6 +1,6 @@
-// `seqpar attn`'s computation on one rank: plans the job through the single algorithm API
-// (distributed_attention.hpp) and runs forward + backward on CPU ranks (host tensors, the CPU
-// executor) or GPU ranks (device tensors, the GPU executor), timing each pass.
+// `seqpar attn`'s computation on one rank: plans the job through a Session (session.hpp: the
+// backend for the device, the plan) and runs forward + backward through the one executor on CPU
+// ranks (host tensors) or GPU ranks (device tensors), timing each pass.
 #pragma once
 
 #include <optional>

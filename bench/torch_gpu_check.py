@@ -5,6 +5,8 @@ printing PASS or FAIL with its figures, and a JSON line per result.
             world-size-1 torch.distributed NCCL group) against PyTorch's SDPA on cuDNN, under
             the bf16 rule: max|ours - fp64| <= 2 max|SDPA bf16 - fp64| + max|round(fp64) - fp64|
             for o, dq, dk, dv.
+  docs      packed documents given as cu_seqlens (thread ranks, and the world-size-1 group)
+            against SDPA run on each document alone, under the same rule.
   compile   torch._dynamo.explain finds no graph break in a module calling seqpar.torch, and
             torch.compile(fullgraph=True) runs it and agrees with eager.
   hf        LlamaForCausalLM (small, random) with attn_implementation="seqpar" (thread ranks, and
@@ -16,7 +18,7 @@ printing PASS or FAIL with its figures, and a JSON line per result.
             transformers calls it: [B, H, S, D] views, autograd) over calling the C++ API through
             the binding directly on the same rank and buffers; median of interleaved steps.
 
-Usage: python3 bench/torch_gpu_check.py [--checks sdpa,compile,hf,overhead] [--jsonl FILE]
+Usage: python3 bench/torch_gpu_check.py [--checks sdpa,docs,compile,hf,overhead] [--jsonl FILE]
 """
 import argparse
 import json
@@ -114,6 +116,59 @@ def reference(q, k, v, dout, who, causal, left):
     return (o.detach(),) + tuple(t.detach() for t in grads)
 
 
+def reference_docs(q, k, v, dout, who, causal, offsets):
+    """(o, dq, dk, dv) of the fp64 oracle or plain bf16 SDPA run on each document alone."""
+    dtype = torch.float64 if who == "oracle" else BF16
+    qq, kk, vv = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    parts = []
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        if who == "oracle":
+            with sdpa_kernel(SDPBackend.MATH):
+                parts.append(sdpa_bshd(qq[:, a:b], kk[:, a:b], vv[:, a:b], causal))
+        else:
+            with plain_sdpa():
+                parts.append(sdpa_bshd(qq[:, a:b], kk[:, a:b], vv[:, a:b], causal))
+    o = torch.cat(parts, dim=1)
+    grads = torch.autograd.grad(o, (qq, kk, vv), dout.to(dtype))
+    return (o.detach(),) + tuple(t.detach() for t in grads)
+
+
+def doc_offsets(S, n, seed):
+    """n documents of random lengths (at least 1 token) packed into S tokens: [0, ..., S]."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(S - 1, generator=g)[: n - 1].add(1).sort().values.tolist()
+    return [0] + cuts + [S]
+
+
+def check_docs():
+    """Packed documents given as cu_seqlens (thread ranks and a world-size-1 group) against SDPA
+    run per document, under the bf16 rule (cuDNN takes no document mask: our kernels run)."""
+    # (mode, ranks, algo, layout, causal, S, documents, H, H_kv, D)
+    cases = [("threads", 2, "auto", "zigzag", True, 4096, 16, 8, 2, 128),
+             ("threads", 3, "ring-return", "striped", True, 4000, 5, 8, 8, 64),
+             ("threads", 2, "ulysses", "contiguous", False, 4096, 8, 8, 4, 128),
+             ("group", 1, "auto", "zigzag", True, 4096, 32, 16, 4, 128)]
+    all_ok = True
+    for mode, ranks, algo, layout, causal, S, n, H, Hkv, D in cases:
+        name = f"{mode} P={ranks} {algo}/{layout} causal={causal} S={S} docs={n} H={H}/{Hkv} D={D}"
+        try:
+            offsets = doc_offsets(S, n, seed=S + n)
+            q, k, v, dout = case_inputs(S, H, Hkv, D, seed=S + H)
+            oracle = reference_docs(q, k, v, dout, "oracle", causal, offsets)
+            plain = reference_docs(q, k, v, dout, "plain", causal, offsets)
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            group = dist.group.WORLD if mode == "group" else None
+            o = st.attention(qq, kk, vv, causal=causal, cu_seqlens=torch.tensor(offsets), algo=algo, layout=layout,
+                             group=group, ranks=None if group else ranks)
+            ours = (o.detach(),) + torch.autograd.grad(o, (qq, kk, vv), dout)
+            all_ok &= rule_report("docs", name, ours, plain, oracle)
+            del oracle, plain, ours, o
+            torch.cuda.empty_cache()
+        except Exception:
+            all_ok &= report("docs", False, case=name, error=traceback.format_exc())
+    return all_ok
+
+
 def rule_report(check, name, ours, plain, oracle, **extra):
     figures, ok = {}, True
     for i, t in enumerate(("o", "dq", "dk", "dv")):
@@ -168,6 +223,24 @@ def check_multi():
             mine = [[st.shard(t, layout=layout, group=group) for t in res] for res in whole]
             qq, kk, vv = (st.shard(t, layout=layout, group=group).requires_grad_() for t in (q, k, v))
             o = st.attention(qq, kk, vv, causal=causal, algo=algo, layout=layout, group=group, seq_len=S)
+            ours = (o.detach(),) + torch.autograd.grad(o, (qq, kk, vv), st.shard(dout, layout=layout, group=group))
+            all_ok &= rule_report("multi", name, ours, mine[1], mine[0], rank=me)
+            del whole, mine, ours, o
+            torch.cuda.empty_cache()
+        except Exception:
+            all_ok &= report("multi", False, case=name, rank=me, error=traceback.format_exc())
+    # Packed documents (cu_seqlens, global offsets) against SDPA per document.
+    for algo, layout, causal, S, n, H, Hkv, D in [("auto", "zigzag", True, 8192, 16, 16, 4, 128),
+                                                  ("ring-return", "striped", True, 8000, 64, 8, 8, 64)]:
+        name = f"P={P} {algo}/{layout} causal={causal} S={S} docs={n} H={H}/{Hkv} D={D}"
+        try:
+            offsets = doc_offsets(S, n, seed=S + n)
+            q, k, v, dout = case_inputs(S, H, Hkv, D, seed=S + H)
+            whole = [reference_docs(q, k, v, dout, who, causal, offsets) for who in ("oracle", "plain")]
+            mine = [[st.shard(t, layout=layout, group=group) for t in res] for res in whole]
+            qq, kk, vv = (st.shard(t, layout=layout, group=group).requires_grad_() for t in (q, k, v))
+            o = st.attention(qq, kk, vv, causal=causal, cu_seqlens=offsets, algo=algo, layout=layout, group=group,
+                             seq_len=S)
             ours = (o.detach(),) + torch.autograd.grad(o, (qq, kk, vv), st.shard(dout, layout=layout, group=group))
             all_ok &= rule_report("multi", name, ours, mine[1], mine[0], rank=me)
             del whole, mine, ours, o
@@ -333,7 +406,7 @@ def check_overhead(seqs, iters):
 def main():
     global _jsonl
     parser = argparse.ArgumentParser()
-    parser.add_argument("--checks", default="sdpa,compile,hf,overhead")
+    parser.add_argument("--checks", default="sdpa,docs,compile,hf,overhead")
     parser.add_argument("--overhead-seqs", default="32768,65536")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--jsonl")
@@ -348,7 +421,7 @@ def main():
         dist.init_process_group("nccl", init_method=f"file://{init}", rank=0, world_size=1, device_id=DEV)
     emit({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(DEV), "seqpar": seqpar.__version__,
           "nccl": _core.nccl_available()})
-    runs = {"sdpa": check_sdpa, "multi": check_multi, "compile": check_compile, "hf": check_hf,
+    runs = {"sdpa": check_sdpa, "docs": check_docs, "multi": check_multi, "compile": check_compile, "hf": check_hf,
             "overhead": lambda: check_overhead([int(s) for s in args.overhead_seqs.split(",")], args.iters)}
     summary = {}
     for name in args.checks.split(","):

@@ -11,7 +11,7 @@
 # Output in $OUT (or ./torch_gpu_out): torch_gpu_check.log (everything), torch_gpu_check.jsonl.
 # Needs there: PyTorch with CUDA, transformers, Python headers, and nanobind (installed, or its
 # wheel in .whl/ or .carry/whl/, which scripts/pack_device_deps.sh puts there). CHECKS picks the
-# checks (default sdpa,compile,hf,overhead); BUILD_JOBS the compile jobs (default 16).
+# checks (default sdpa,docs,compile,hf,overhead); BUILD_JOBS the compile jobs (default 16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-torch_gpu_out}"
@@ -72,7 +72,7 @@ for stage in $stages; do
         echo "FAIL checks: no staged module in $pkg (run the build stage first)"; status=1; continue
       fi
       PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" SEQPAR_COMM_TIMEOUT_S=120 timeout "${CHECK_TIMEOUT:-560}" \
-        python3 -X faulthandler -u bench/torch_gpu_check.py --checks "${CHECKS:-sdpa,compile,hf,overhead}" \
+        python3 -X faulthandler -u bench/torch_gpu_check.py --checks "${CHECKS:-sdpa,docs,compile,hf,overhead}" \
         --jsonl "$out/torch_gpu_check.jsonl"
       rc=$?
       [ "$rc" = 124 ] && echo "FAIL checks: timed out after ${CHECK_TIMEOUT:-560} s"

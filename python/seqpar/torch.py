@@ -2,6 +2,7 @@
 
     o = seqpar.torch.attention(q, k, v, causal=True, group=group)       # local shards
     o = seqpar.torch.attention(q, k, v, causal=True, ranks=4)           # full sequences
+    o = seqpar.torch.attention(q, k, v, causal=True, cu_seqlens=offsets, group=group)  # documents
 
 q [B, S, H, D], k and v [B, S, H_kv, D] (H divisible by H_kv); o like q; lse [B, H, S].
 With `group` (a torch.distributed process group) q, k, v are this process's shard of the
@@ -16,7 +17,7 @@ Needs torch; `import seqpar` alone does not.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -34,12 +35,26 @@ def _check_tensor(t, name: str) -> None:
         raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim]; got shape {tuple(t.shape)}")
 
 
+def _offsets(cu_seqlens) -> List[int]:
+    """cu_seqlens as a list of ints ([] for none)."""
+    if cu_seqlens is None:
+        return []
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
+            raise ValueError(f"cu_seqlens must be a 1-D integer tensor; got {cu_seqlens.dim()}-D {cu_seqlens.dtype}")
+        return [int(x) for x in cu_seqlens.tolist()]
+    try:
+        return [int(x) for x in cu_seqlens]
+    except (TypeError, ValueError):
+        raise TypeError("cu_seqlens must be a 1-D integer tensor or a sequence of ints") from None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               window_size: Tuple[int, int] = (-1, -1), softmax_scale: Optional[float] = None,
               return_lse: bool = False, algo: str = "auto", group=None, layout: str = "zigzag",
               seq_len: Optional[int] = None, ranks: Optional[int] = None,
               window: Optional[Tuple[int, int]] = None, scale: Optional[float] = None,
-              ulysses: int = 0, ring_algo: Optional[str] = None):
+              ulysses: int = 0, ring_algo: Optional[str] = None, cu_seqlens=None, mask: Optional[str] = None):
     """Exact softmax attention, sequence parallel, differentiable in q, k and v.
 
     causal / window_size: flash-attn's mask; window_size=(left, right) keys around the
@@ -50,6 +65,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     this rank's shard and seq_len the global length (default: the ranks' local lengths summed,
     at the cost of one small exchange per call). Without a group: ranks thread ranks (default 2).
     window and scale are accepted as older names of window_size and softmax_scale.
+    cu_seqlens: packed documents, flash-attn's varlen convention: the global start offset of
+    each document and the total length (a 1-D integer tensor or a sequence of ints: [0, 5, 12,
+    20] is three documents); a query sees keys of its own document only, under causal /
+    window_size inside it. Offsets are global positions (with a group: of the whole sequence,
+    not of this rank's shard). mask: any mask of `seqpar attn --mask` as text instead of the
+    window ("bigbird:W,G,R[,B=N]", "bigbird-causal:...", "blocks:PATH", "blocks-causal:PATH",
+    "docs:N", "window:L,R", "causal", "full").
 
     Returns o, or (o, lse) with return_lse (lse carries no gradient). Problems seqpar cannot
     run raise ValueError or TypeError with the reason; a failed transfer raises RuntimeError.
@@ -70,6 +92,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if not isinstance(algo, str) or not isinstance(layout, str):
         raise TypeError("algo and layout must be strings")
     algo = algorithm_spec(algo, ulysses, ring_algo)
+    doc_offsets = _offsets(cu_seqlens)
+    if mask is not None and not isinstance(mask, str):
+        raise TypeError(f"mask must be a string (parse_mask's text); got {type(mask).__name__}")
+    if mask and (causal or tuple(window_size) != (-1, -1)):
+        raise ValueError("give the mask either as causal / window_size or as mask text, not both")
     if group is not None:
         size = torch.distributed.get_world_size(group)
         if ranks is not None and int(ranks) != size:
@@ -86,5 +113,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     o, lse = torch.ops.seqpar.attention_forward(
         q, k, v, left, right, 0.0 if softmax_scale is None else float(softmax_scale), algo, layout,
-        0 if seq_len is None else int(seq_len), group_name, int(n))
+        0 if seq_len is None else int(seq_len), group_name, int(n), doc_offsets, mask or "")
     return (o, lse) if return_lse else o

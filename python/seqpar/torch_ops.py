@@ -1,7 +1,8 @@
 """seqpar's attention as PyTorch custom operators (torch.library), so that autograd and
 torch.compile (fullgraph) see one opaque op each way instead of tracing into the binding:
 
-  seqpar::attention_forward(q, k, v, ...) -> (o, lse)
+  seqpar::attention_forward(q, k, v, ...) -> (o, lse)      (the mask: a window, documents'
+                                                             offsets, or parse_mask's text)
   seqpar::attention_backward(dout, q, k, v, o, lse, ...) -> (dq, dk, dv)
 
 Both run either over a torch.distributed group (group_name set; q, k, v are this rank's
@@ -35,11 +36,12 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: int, scale: float, algo: str,
-         layout: str, seq_len: int, group_name: str, ranks: int) -> None:
+         layout: str, seq_len: int, group_name: str, ranks: int, doc_offsets: List[int], mask: str) -> None:
     """Runs the forward (5 tensors: q, k, v, o, lse; o and lse written) or the backward (9: and
     dout, dq, dk, dv; the last three written) on the ranks these arguments name."""
     q = tensors[0]
-    opts = dict(window_left=window_left, window_right=window_right, scale=scale, algo=algo, layout=layout)
+    opts = dict(window_left=window_left, window_right=window_right, scale=scale, algo=algo, layout=layout,
+                doc_offsets=list(doc_offsets), mask=mask)
     if group_name:
         group = torch.distributed.distributed_c10d._resolve_process_group(group_name)
         rank = torch_ranks.group_rank(group, q.device)
@@ -83,17 +85,18 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
 @torch.library.custom_op("seqpar::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_left: int, window_right: int,
                       scale: float, algo: str, layout: str, seq_len: int, group_name: str,
-                      ranks: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                      ranks: int, doc_offsets: List[int], mask: str) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _plain(q), _plain(k), _plain(v)
     B, S, H, _ = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((B, H, S), dtype=_lse_dtype(q), device=q.device)
-    _run([q, k, v, o, lse], window_left, window_right, scale, algo, layout, seq_len, group_name, ranks)
+    _run([q, k, v, o, lse], window_left, window_right, scale, algo, layout, seq_len, group_name, ranks, doc_offsets,
+         mask)
     return o, lse
 
 
 @attention_forward.register_fake
-def _(q, k, v, window_left, window_right, scale, algo, layout, seq_len, group_name, ranks):
+def _(q, k, v, window_left, window_right, scale, algo, layout, seq_len, group_name, ranks, doc_offsets, mask):
     B, S, H, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, S), dtype=_lse_dtype(q))
 
@@ -101,17 +104,18 @@ def _(q, k, v, window_left, window_right, scale, algo, layout, seq_len, group_na
 @torch.library.custom_op("seqpar::attention_backward", mutates_args=())
 def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, window_left: int, window_right: int, scale: float, algo: str, layout: str,
-                       seq_len: int, group_name: str,
-                       ranks: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       seq_len: int, group_name: str, ranks: int, doc_offsets: List[int],
+                       mask: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, lse, dout = (_plain(t) for t in (q, k, v, o, lse, dout))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _run([q, k, v, o, lse, dout, dq, dk, dv], window_left, window_right, scale, algo, layout, seq_len, group_name,
-         ranks)
+         ranks, doc_offsets, mask)
     return dq, dk, dv
 
 
 @attention_backward.register_fake
-def _(dout, q, k, v, o, lse, window_left, window_right, scale, algo, layout, seq_len, group_name, ranks):
+def _(dout, q, k, v, o, lse, window_left, window_right, scale, algo, layout, seq_len, group_name, ranks, doc_offsets,
+      mask):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

@@ -1,6 +1,6 @@
 // A rank's attention over its local shard (rank_context.hpp): the argument checks a Python
-// caller reads, plans cached by problem, and the CPU or GPU executor over the rank's
-// communicator; thread ranks run in threads of their own.
+// caller reads, the mask of a call (window, documents, or parse_mask's text), and the pass run
+// through the rank's Session for the call's algorithm; thread ranks run in threads of their own.
 #include "rank_context.hpp"
 
 #include <omp.h>
@@ -13,15 +13,12 @@
 
 #include "attention.hpp"
 #include "cuda_streams.hpp"
-#ifdef SEQPAR_HAVE_CUDA
-#include "seqpar/gpu_executor.hpp"
-#endif
 
 namespace seqpar::py {
 namespace {
 
-// Plans kept per context; beyond this many problems the cache starts over.
-constexpr size_t kMaxPlans = 64;
+// Masks parsed from text kept per context; beyond this many the cache starts over.
+constexpr size_t kMaxMasks = 16;
 
 void require_type(bool cond, const std::string& message) {
   if (!cond) throw nb::type_error(message.c_str());
@@ -101,7 +98,19 @@ void check_shard_call(ShardCall& c, int rank, int ranks) {
           "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
               std::to_string(c.window_right) + ")");
   require(c.scale >= 0.0, "scale must be positive");
+  require(c.mask.empty() || (c.window_left == -1 && c.window_right == -1),
+          "give the mask either as a window (window_size, causal) or as text (mask=" + c.mask + "), not both");
   if (c.seq_len == 0) c.seq_len = S * ranks;
+  if (!c.doc_offsets.empty()) {
+    const std::vector<int64_t>& d = c.doc_offsets;
+    bool increasing = d.front() == 0;
+    for (size_t i = 1; increasing && i < d.size(); ++i) increasing = d[i] >= d[i - 1];
+    require(d.size() >= 2 && increasing && d.back() == c.seq_len,
+            "cu_seqlens must be the documents' global start offsets and the total length: start at 0, never "
+            "decrease and end at the sequence's " + std::to_string(c.seq_len) + " tokens; got " +
+                std::to_string(d.size()) + " offsets from " + std::to_string(d.front()) + " to " +
+                std::to_string(d.back()));
+  }
   const Layout layout = make_layout(c.layout, c.seq_len, ranks);
   require(layout.local_len(rank) == S,
           "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + " holds " +
@@ -116,72 +125,41 @@ RankContext::RankContext(std::unique_ptr<Communicator> comm, bool own_stream)
 RankContext::~RankContext() {
   if (device_ >= 0) {
     DeviceGuard guard(device_);
-    plans_.clear();
-    workspace_.reset();
-    cudnn_.reset();
-    cuda_.reset();
+    sessions_.clear();
     destroy_stream(stream_);
   }
 }
 
-StatusOr<const AttentionBackend*> RankContext::backend_for(const ShardCall& c, const AttentionParams& params) {
-  if (c.q.device_id < 0) return &cpu_kernel_backend();
-  // Device state lives on the first GPU this rank computed on.
-  SP_CHECK_ARG(device_ < 0 || device_ == c.q.device_id,
-               "this rank's state lives on GPU " + std::to_string(device_) + "; its tensors are now on GPU " +
-                   std::to_string(c.q.device_id));
-  device_ = c.q.device_id;
-  if (!cudnn_) cudnn_ = make_cudnn_backend();
-  if (cudnn_ && cudnn_->supports(c.q.view, params).empty()) return cudnn_.get();
-  if (!cuda_) cuda_ = make_cuda_backend();
-  SP_CHECK_SUPPORTED(cuda_ != nullptr, "this seqpar module has no GPU backend (built without CUDA)");
-  const std::string why_not = cuda_->supports(c.q.view, params);
-  SP_CHECK_SUPPORTED(why_not.empty(), why_not);
-  return cuda_.get();
-}
-
-StatusOr<const AttentionPlan*> RankContext::plan_for(const ShardCall& c) {
+// The call's mask: parse_mask's text (cached: a block pattern is read once, and its identity
+// keys the plans), or the window; documents ANDed with it.
+StatusOr<AttentionParams> RankContext::params_for(const ShardCall& c) {
   AttentionParams params;
   params.scale = c.scale;
-  params.mask = MaskSpec::window(c.window_left, c.window_right);
-  SP_ASSIGN_OR_RETURN(const AttentionBackend* backend, backend_for(c, params));
-  const TensorView &q = c.q.view, &k = c.k.view;
-  const std::string key = c.algo + "|" + c.layout + "|" + std::to_string(c.seq_len) + "|" + q.shape_string() + "|" +
-                          k.shape_string() + "|" + std::to_string(c.window_left) + "," +
-                          std::to_string(c.window_right) + "|" + std::to_string(c.scale) + "|" + backend->name();
-  auto found = plans_.find(key);
-  if (found != plans_.end()) return &found->second;
-  SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(c.layout));
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, c.seq_len, comm_->size()));
-  SP_ASSIGN_OR_RETURN(const PlanOptions options, plan_options_from_spec(c.algo));
-  SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(options, layout, params,
-                                                         block_bytes_for(q, k, *backend), comm_->rank(), *backend));
-  if (plans_.size() >= kMaxPlans) plans_.clear();
-  return &plans_.emplace(key, std::move(plan)).first->second;
+  if (c.mask.empty()) {
+    params.mask = MaskSpec::window(c.window_left, c.window_right);
+  } else {
+    const std::string key = c.mask + "@" + std::to_string(c.seq_len);
+    auto found = masks_.find(key);
+    if (found == masks_.end()) {
+      SP_ASSIGN_OR_RETURN(MaskSpec parsed, parse_mask(c.mask, c.seq_len));
+      if (masks_.size() >= kMaxMasks) masks_.clear();
+      found = masks_.emplace(key, std::move(parsed)).first;
+    }
+    params.mask = found->second;
+  }
+  if (!c.doc_offsets.empty()) {
+    SP_CHECK_ARG(!params.mask.has_documents(), "the mask text (" + c.mask + ") has documents already; cu_seqlens too");
+    params.mask.doc_offsets = c.doc_offsets;
+  }
+  return params;
 }
 
-Status RankContext::run_on_device(const AttentionPlan& plan, const ShardTensors& st, const ShardCall& c,
-                                  void* stream) {
-#ifdef SEQPAR_HAVE_CUDA
-  DeviceGuard guard(device_);
-  SP_RETURN_IF_ERROR(guard.status());
-  if (!workspace_) workspace_ = {new GpuWorkspace(), [](GpuWorkspace* w) { delete w; }};
-  void* s = stream;
-  if (own_stream_) {
-    if (!stream_) {
-      SP_ASSIGN_OR_RETURN(stream_, create_stream());
-    }
-    s = stream_;
-    SP_RETURN_IF_ERROR(stream_wait(s, stream));  // the inputs the caller queued
-  }
-  SP_RETURN_IF_ERROR(c.backward ? run_backward_gpu(*comm_, plan, st, *workspace_, s)
-                                : run_forward_gpu(*comm_, plan, st, *workspace_, s));
-  if (own_stream_) SP_RETURN_IF_ERROR(stream_wait(stream, s));  // the caller's later work reads the results
-  return Status::Ok();
-#else
-  (void)plan, (void)st, (void)c, (void)stream;
-  return Status(StatusCode::kUnsupported, "this seqpar module was built without CUDA");
-#endif
+StatusOr<Session*> RankContext::session_for(const std::string& algo) {
+  auto found = sessions_.find(algo);
+  if (found != sessions_.end()) return found->second.get();
+  SessionOptions options;
+  SP_ASSIGN_OR_RETURN(options.plan, plan_options_from_spec(algo));
+  return sessions_.emplace(algo, std::make_unique<Session>(*comm_, std::move(options))).first->second.get();
 }
 
 Status RankContext::run(const ShardCall& c, void* stream, std::string* algo_run) {
@@ -189,15 +167,36 @@ Status RankContext::run(const ShardCall& c, void* stream, std::string* algo_run)
     // A thread rank starts on GPU 0: the backends, plans and buffers belong on the tensors' GPU.
     std::optional<DeviceGuard> guard;
     if (c.q.device_id >= 0) {
+      SP_CHECK_ARG(device_ < 0 || device_ == c.q.device_id,
+                   "this rank's state lives on GPU " + std::to_string(device_) + "; its tensors are now on GPU " +
+                       std::to_string(c.q.device_id));
+      device_ = c.q.device_id;
       guard.emplace(c.q.device_id);
       SP_RETURN_IF_ERROR(guard->status());
     }
-    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, plan_for(c));
+    SP_ASSIGN_OR_RETURN(const AttentionParams params, params_for(c));
+    SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(c.layout));
+    SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, c.seq_len, comm_->size()));
+    SP_ASSIGN_OR_RETURN(Session* session, session_for(c.algo));
+    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session->plan(layout, params, c.q.view, c.k.view));
     if (algo_run) *algo_run = plan->algorithm->name;
     const ShardTensors st{c.q.view,    c.k.view,  c.v.view,  c.o.view, c.lse.view,
                           c.dout.view, c.dq.view, c.dk.view, c.dv.view};
-    if (c.q.device_id >= 0) return run_on_device(*plan, st, c, stream);
-    return c.backward ? run_backward_cpu(*comm_, *plan, st) : run_forward_cpu(*comm_, *plan, st);
+    const Pass pass = c.backward ? Pass::kBackward : Pass::kForward;
+    if (c.q.device_id < 0) return session->run(*plan, pass, st);
+    // Thread ranks on a GPU queue on a stream each, ordered after the caller's inputs and
+    // before the caller's later work.
+    void* s = stream;
+    if (own_stream_) {
+      if (!stream_) {
+        SP_ASSIGN_OR_RETURN(stream_, create_stream());
+      }
+      s = stream_;
+      SP_RETURN_IF_ERROR(stream_wait(s, stream));
+    }
+    SP_RETURN_IF_ERROR(session->run(*plan, pass, st, {s}));
+    if (own_stream_) SP_RETURN_IF_ERROR(stream_wait(stream, s));
+    return Status::Ok();
   } catch (const std::exception& e) {  // e.g. bad_alloc: no exception leaves a rank
     return Status(StatusCode::kInternal, std::string("rank failed: ") + e.what());
   }

@@ -1,7 +1,8 @@
 // One rank's state for attention over its local shard (seqpar.torch with a process group or
 // thread ranks), kept between calls: its communicator (the torch.distributed transport, NCCL,
-// or a thread rank's local one), the GPU backends and workspace it reuses, its plans cached by
-// problem, and for thread ranks on a GPU a stream of its own.
+// or a thread rank's local one), a Session per algorithm spec (include/seqpar/session.hpp: the
+// backend choice, the plans cached by problem, the GPU workspace), the masks parsed from text,
+// and for thread ranks on a GPU a stream of its own.
 #pragma once
 
 #include <map>
@@ -10,11 +11,7 @@
 #include <vector>
 
 #include "arrays.hpp"
-#include "seqpar/distributed_attention.hpp"
-
-namespace seqpar {
-class GpuWorkspace;
-}
+#include "seqpar/session.hpp"
 
 namespace seqpar::py {
 
@@ -26,6 +23,8 @@ struct ShardCall {
   ArrayView dout, dq, dk, dv; // backward only
   bool backward = false;
   int64_t window_left = -1, window_right = -1;
+  std::vector<int64_t> doc_offsets;  // documents: global start offsets and the total (cu_seqlens)
+  std::string mask;                  // a mask in parse_mask's text, instead of the window
   double scale = 0.0;  // 0: 1/sqrt(D)
   std::string algo = "auto", layout = "zigzag";
   int64_t seq_len = 0;  // the global length; 0: the local length times the ranks
@@ -52,18 +51,15 @@ class RankContext {
   Communicator& comm() { return *comm_; }
 
  private:
-  StatusOr<const AttentionPlan*> plan_for(const ShardCall& call);
-  StatusOr<const AttentionBackend*> backend_for(const ShardCall& call, const AttentionParams& params);
-  Status run_on_device(const AttentionPlan& plan, const ShardTensors& st, const ShardCall& call, void* stream);
+  StatusOr<AttentionParams> params_for(const ShardCall& call);
+  StatusOr<Session*> session_for(const std::string& algo);
 
   std::unique_ptr<Communicator> comm_;
   bool own_stream_;
   int device_ = -1;  // the GPU this rank's device state lives on, once it has any
   void* stream_ = nullptr;
-  std::unique_ptr<AttentionBackend> cudnn_, cuda_;
-  // Made and deleted where CUDA is built (rank_context.cpp), so CPU builds never name its code.
-  std::unique_ptr<GpuWorkspace, void (*)(GpuWorkspace*)> workspace_{nullptr, nullptr};
-  std::map<std::string, AttentionPlan> plans_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_;  // by algorithm spec
+  std::map<std::string, MaskSpec> masks_;                     // parsed, by text and length
 };
 
 // Runs calls[r] on contexts[r] in one thread per rank (thread ranks over local communicators)

@@ -28,6 +28,8 @@ struct Options {
   double scale;
   std::string algo, layout;
   int64_t seq_len;
+  std::vector<int64_t> doc_offsets;
+  std::string mask;
 };
 
 ShardCall make_call(const Array& q, const Array& k, const Array& v, const Array& o, const Array& lse,
@@ -53,6 +55,8 @@ ShardCall make_call(const Array& q, const Array& k, const Array& v, const Array&
   c.algo = opt.algo;
   c.layout = opt.layout;
   c.seq_len = opt.seq_len;
+  c.doc_offsets = opt.doc_offsets;
+  c.mask = opt.mask;
   return c;
 }
 
@@ -75,8 +79,10 @@ std::string shard_attention(RankContext& ctx, const Array& q, const Array& k, co
                             const Array& lse, const std::optional<Array>& dout, const std::optional<Array>& dq,
                             const std::optional<Array>& dk, const std::optional<Array>& dv, int64_t window_left,
                             int64_t window_right, double scale, const std::string& algo, const std::string& layout,
-                            int64_t seq_len, uintptr_t stream) {
-  ShardCall c = make_call(q, k, v, o, lse, dout, dq, dk, dv, {window_left, window_right, scale, algo, layout, seq_len});
+                            int64_t seq_len, const std::vector<int64_t>& doc_offsets, const std::string& mask,
+                            uintptr_t stream) {
+  ShardCall c = make_call(q, k, v, o, lse, dout, dq, dk, dv,
+                          {window_left, window_right, scale, algo, layout, seq_len, doc_offsets, mask});
   check_shard_call(c, ctx.comm().rank(), ctx.comm().size());
   std::string algo_run;
   Status status;
@@ -91,7 +97,8 @@ std::string shard_attention(RankContext& ctx, const Array& q, const Array& k, co
 // Every thread rank's call at once: shards[r] = (q, k, v, o, lse[, dout, dq, dk, dv]) of rank r.
 std::string threads_attention(const std::vector<RankContext*>& ranks, const std::vector<std::vector<Array>>& shards,
                               int64_t window_left, int64_t window_right, double scale, const std::string& algo,
-                              const std::string& layout, int64_t seq_len, uintptr_t stream) {
+                              const std::string& layout, int64_t seq_len, const std::vector<int64_t>& doc_offsets,
+                              const std::string& mask, uintptr_t stream) {
   require(!ranks.empty() && ranks.size() == shards.size(), "need one shard tuple per rank");
   std::vector<ShardCall> calls;
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -100,7 +107,7 @@ std::string threads_attention(const std::vector<RankContext*>& ranks, const std:
     const bool bwd = t.size() == 9;
     auto opt = [&](size_t i) { return bwd ? std::optional<Array>(t[i]) : std::nullopt; };
     calls.push_back(make_call(t[0], t[1], t[2], t[3], t[4], opt(5), opt(6), opt(7), opt(8),
-                              {window_left, window_right, scale, algo, layout, seq_len}));
+                              {window_left, window_right, scale, algo, layout, seq_len, doc_offsets, mask}));
     check_shard_call(calls.back(), static_cast<int>(r), static_cast<int>(ranks.size()));
   }
   std::string algo_run;
@@ -178,10 +185,11 @@ void register_shard_api(nb::module_& m) {
   m.def("shard_attention", &shard_attention, nb::arg("rank"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("dout").none(), nb::arg("dq").none(), nb::arg("dk").none(), nb::arg("dv").none(),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale"), nb::arg("algo"), nb::arg("layout"),
-        nb::arg("seq_len"), nb::arg("stream"));
+        nb::arg("seq_len"), nb::arg("doc_offsets") = std::vector<int64_t>{}, nb::arg("mask") = "",
+        nb::arg("stream") = 0);
   m.def("threads_attention", &threads_attention, nb::arg("ranks"), nb::arg("shards"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("scale"), nb::arg("algo"), nb::arg("layout"), nb::arg("seq_len"),
-        nb::arg("stream"));
+        nb::arg("doc_offsets") = std::vector<int64_t>{}, nb::arg("mask") = "", nb::arg("stream") = 0);
 }
 
 }  // namespace seqpar::py

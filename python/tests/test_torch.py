@@ -82,7 +82,7 @@ def test_custom_op_and_torch_compile_fullgraph():
     # The op is registered with torch.library (opcheck: schema, fake tensors, autograd), and a
     # module calling it compiles whole with the default backend (inductor).
     q, k, v = (torch.randn(1, 20, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    torch.library.opcheck(torch.ops.seqpar.attention_forward.default, (q, k, v, -1, 0, 0.0, "ring", "zigzag", 0, "", 2))
+    torch.library.opcheck(torch.ops.seqpar.attention_forward.default, (q, k, v, -1, 0, 0.0, "ring", "zigzag", 0, "", 2, [], ""))
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -111,3 +111,65 @@ def test_a_failed_call_leaves_the_next_one_working():
     with pytest.raises(ValueError, match="supported|refuse|distflash|mask|causal"):
         st.attention(q, q, q, algo="distflash", layout="striped", ranks=2)
     assert torch.allclose(st.attention(q, q, q, causal=True, ranks=2), torch_attention(q, q, q, -1, 0), atol=1e-10)
+
+
+def sdpa_per_document(q, k, v, offsets, causal):
+    """PyTorch's SDPA run on each document alone ([B, S, H, D] slices), the outputs put together."""
+    parts = []
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        qt, kt, vt = (t[:, a:b].transpose(1, 2) for t in (q, k, v))
+        parts.append(torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                      enable_gqa=True).transpose(1, 2))
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("algo,layout,ranks,causal", [
+    ("auto", "zigzag", 2, True), ("ring", "striped", 3, False), ("burst-return", "zigzag", 4, True),
+    ("ulysses", "contiguous", 2, True),
+])
+def test_documents_from_cu_seqlens_match_sdpa_per_document(dtype, tol, algo, layout, ranks, causal):
+    # Packed documents of unequal lengths, one of a single token: the values and the gradients
+    # of q, k and v equal SDPA run on each document by itself.
+    g = torch.Generator().manual_seed(3)
+    offsets = [0, 11, 12, 30, 47, 53]
+    S = offsets[-1]
+    q = torch.randn(2, S, 4, 8, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, S, 2, 8, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, S, 2, 8, generator=g, dtype=dtype, requires_grad=True)
+    dout = torch.randn(2, S, 4, 8, generator=g, dtype=dtype)
+    o = st.attention(q, k, v, causal=causal, cu_seqlens=torch.tensor(offsets, dtype=torch.int32), algo=algo,
+                     ranks=ranks, layout=layout)
+    grads = torch.autograd.grad(o, (q, k, v), dout)
+    o_ref = sdpa_per_document(q, k, v, offsets, causal)
+    grads_ref = torch.autograd.grad(o_ref, (q, k, v), dout)
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o,) + grads, (o_ref,) + grads_ref):
+        err = (got - want).abs().max().item()
+        assert err <= tol * max(1.0, want.abs().max().item()), f"{name}: {err:.3g}"
+
+
+def test_mask_text_reaches_block_sparse_patterns(tmp_path):
+    # A block pattern written to a file (blocks of 4 tokens: each query block sees itself and
+    # block 0, under the causal band) against the same mask made by hand.
+    S, B = 24, 4
+    n = S // B
+    rows = [[1 if kb == qb or kb == 0 else 0 for kb in range(n)] for qb in range(n)]
+    path = tmp_path / "pattern.txt"
+    path.write_text(f"block_size {B}\n" + "".join(" ".join(map(str, r)) + "\n" for r in rows))
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, S, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    o = st.attention(q, k, v, mask=f"blocks-causal:{path}", ranks=3, algo="ring")
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    ok = (j <= i) & ((j // B == i // B) | (j // B == 0))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    o_ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=ok).transpose(1, 2)
+    assert (o - o_ref).abs().max().item() <= 1e-10
+    dq, dq_ref = (torch.autograd.grad(x.sum(), q)[0] for x in (o, o_ref))
+    assert (dq - dq_ref).abs().max().item() <= 1e-10
+    with pytest.raises(ValueError, match="not both"):
+        st.attention(q, k, v, causal=True, mask="causal", ranks=2)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        st.attention(q, k, v, cu_seqlens=[0, 5, 20], ranks=2)  # ends before the 24 tokens
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        st.attention(q, k, v, cu_seqlens="0,24", ranks=2)

@@ -1,6 +1,7 @@
 """seqpar.torch.attention over torch.distributed with the gloo backend, one rank per process
 (2 and 4 processes): outputs, LSE and gradients against PyTorch's SDPA on the full sequence
-(float32 to 1e-5, float64 to 1e-10), torch.compile(fullgraph=True), errors as Python
+(float32 to 1e-5, float64 to 1e-10), packed documents from cu_seqlens against SDPA per
+document, torch.compile(fullgraph=True), errors as Python
 exceptions, a rank that never joins, and the NCCL bootstrap's trip through the group's store. Skipped where torch is not installed."""
 import pytest
 
@@ -22,6 +23,14 @@ def test_matches_sdpa_with_gradients(world):
             assert not case["lse_requires_grad"] and case["o_dtype"] == f"torch.{case['dtype']}"
         # The communicator counts what travelled over gloo.
         assert value["counters"]["forward"]["sent"] > 0 and value["counters"]["backward"]["sent"] > 0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_documents_from_cu_seqlens_match_sdpa_per_document(world):
+    for rank, value in enumerate(dist_harness.values(dist_harness.run(world, "dist_cases", "documents_vs_sdpa"))):
+        for case in value:
+            for name, err in case["errors"].items():
+                assert err <= TOL["float32"], f"rank {rank} {case['config']} {name}: {err:.3g}"
 
 
 def test_compile_fullgraph_no_graph_break():
