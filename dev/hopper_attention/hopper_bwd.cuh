@@ -1,0 +1,646 @@
+// hopper_bwd.cuh: a FlashAttention-3-style attention BACKWARD kernel for sm_90a (H100/H200), bf16,
+// head dim 128 (and 64), full or causal mask (top-left + offset, as the forward), GQA. Follows
+// include/seqpar/backend.hpp: given the final LSE [B, H, S_q] (natural log of the scaled scores,
+// -inf for rows that see no key) and D = rowsum(dO * O) [B, H, S_q] (or O, from which a small
+// preprocessing kernel computes D), it writes dQ [B, S_q, H, D], dK and dV [B, S_k, H_kv, D],
+// all bf16; `accumulate` makes it add to them instead (the backend's "backward adds").
+//
+// Design (lab version; README.md has the reasoning and the numbers):
+// - One CTA per (128-key tile, KV head, batch). It loops over the query heads of its GQA group
+//   and, for each, over the 64-row query tiles that can see its keys (causal: from the diagonal
+//   down), so dK and dV of the group are summed in registers and written once, unshared.
+// - 3 warpgroups. WG0 is the producer (setmaxnreg 24): warp 0 loads K and V once and then
+//   Q, dO (TMA, 128-byte swizzle) and the tile's LSE*log2(e) and D (1-D bulk copies) into a
+//   2-stage ring; warp 1 drains the dQ partials (below). WG1 and WG2 are the consumers
+//   (setmaxnreg 240), each owning 64 of the 128 keys.
+// - Per query tile, in each consumer (all GEMMs are wgmma, accumulators in registers):
+//     S^T  = K_w Q^T      m64n64, A = K (smem, K-major), B = Q (smem, K-major)
+//     dP^T = V_w dO^T     m64n64, likewise
+//     P^T  = exp2(S^T * scale*log2e - LSE2[q]),  dS^T = P^T * (dP^T - D[q])
+//     dV  += P^T dO       m64nD, A = P^T from registers (the S^T accumulator layout is the A
+//                         fragment layout), B = dO (smem, MN-major)
+//     dS^T -> smem (bf16, swizzled by hand), barrier between the two consumers
+//     dQ_w  = dS K[:, w]  m64n(D/2), A = dS (smem, M-major), B = K (smem, MN-major): each
+//                         consumer computes half of dQ's columns over all 128 keys
+//     dK  += dS^T Q       m64nD, A = dS^T from registers, B = Q (smem, MN-major)
+//   Computing S^T rather than S (keys as the M dimension, FA3's SdP_swapAB) is what lets P^T and
+//   dS^T feed the dK/dV GEMMs straight from registers.
+// - dQ: each consumer writes its fp32 dQ half to shared memory in its fragment order and the
+//   producer's warp 1 adds it to a zeroed fp32 accumulator in global memory with one bulk
+//   reduction (cp.reduce.async.bulk .add.f32, 16 KB); a final kernel turns the accumulator into
+//   bf16 dQ (times the softmax scale). Named barriers hand the shared buffer back and forth.
+// - Masking: P = 0 for keys past S_k and above the causal diagonal, only in the tiles that
+//   cross either; rows past S_q and rows with no key get LSE2 = +inf and D = 0 from the
+//   preprocessing kernel, so their P and dS are exactly 0 (no NaN from -inf - -inf).
+// - Variants (dispatch_bwd): 0 "base" (the above; the faster one, measured on H200) and 1
+//   "defer" (kDefer below).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "hopper_fwd.cuh"  // PTX helpers (mbarrier, TMA, wgmma fences, descriptors), make_tmap
+#include "wgmma_bwd_ops.cuh"
+#include "wgmma_ops.cuh"
+
+namespace hopper_attn {
+
+namespace bwd {
+constexpr int kBM = 64;    // query rows per tile (one wgmma M; the N of S^T)
+constexpr int kBN = 128;   // keys per CTA: 64 per consumer warpgroup
+constexpr int kThreads = 384;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// Named barriers (0 is __syncthreads).
+constexpr int kBarDS = 1;        // both consumers stored dS (256 threads)
+constexpr int kBarDqEmpty = 2;   // + w: consumer w may write its dQ buffer (128 + 32 threads)
+constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 + 32 threads)
+}  // namespace bwd
+
+struct BwdParams {
+  float* dq_acc;        // [B, H, n_mtiles, 64 * D] fp32, zeroed; each tile in fragment order
+  const float* lse2;    // [B, H, S_q_pad]: LSE * log2(e); +inf for no-key rows and padding
+  const float* dpsum;   // [B, H, S_q_pad]: D; 0 on padding
+  __nv_bfloat16* dk;    // [B, S_k, H_kv, D]
+  __nv_bfloat16* dv;
+  int batch, heads, kv_heads, seq_q, seq_k, seq_q_pad;
+  int causal, causal_offset;  // key j visible from query i iff j <= i + causal_offset
+  int accumulate;             // add to dk, dv (and dq) instead of overwriting them
+  float scale, scale_log2;
+};
+
+template <int kD>
+struct BwdSmem {
+  static constexpr int kTileQ = bwd::kBM * kD * 2;    // Q or dO tile, bf16
+  static constexpr int kTileK = bwd::kBN * kD * 2;    // K or V tile, bf16
+  static constexpr int kTileDS = bwd::kBN * bwd::kBM * 2;  // dS^T [128 keys][64 queries] bf16
+  static constexpr int kTileDQ = bwd::kBM * kD * 4;   // dQ tile fp32 (two consumer halves)
+  static constexpr int k = 0;
+  static constexpr int v = k + kTileK;
+  static constexpr int q = v + kTileK;
+  static constexpr int dO = q + 2 * kTileQ;
+  static constexpr int ds = dO + 2 * kTileQ;
+  static constexpr int dq = ds + 2 * kTileDS;
+  static constexpr int lse = dq + kTileDQ;            // 2 stages x 64 floats
+  static constexpr int dpsum = lse + 2 * 256;
+  static constexpr int bar = dpsum + 2 * 256;
+  static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
+  static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
+};
+
+// ---- PTX helpers the forward does not have ---------------------------------------------
+
+// 1-D bulk copy global -> shared, completing on an mbarrier (LSE2 / D tiles).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// global[dst..] += shared[src..] (fp32), as one bulk asynchronous reduction.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (wgmma,
+// bulk copy) reads of them; a barrier then publishes them to the other threads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+
+// kDefer: leave the dK GEMM of query tile i in flight into tile i + 1 (waited for together with
+// the next S^T), so the tensor cores have it queued while this warpgroup issues the next tile;
+// Q's stage is then released one tile later. dK then reads dS^T back from shared memory (SS)
+// rather than from registers: with dS^T pinned in registers across tiles, ptxas ran out of
+// registers and serialized the wgmmas (C7512).
+template <int kD, bool kDefer>
+__global__ void __launch_bounds__(bwd::kThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const BwdParams p) {
+  static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+  using L = BwdSmem<kD>;
+  using namespace bwd;
+  constexpr int kCB = kD / 64;   // 64-column (128-byte) blocks per row
+  constexpr int kDQN = kD / 2;   // dQ columns per consumer
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
+  const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
+  const uint32_t kv_full = sBar;
+  auto q_full = [&](int s) { return sBar + 8u * (1 + s); };
+  auto q_empty = [&](int s) { return sBar + 8u * (3 + s); };
+  auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
+  auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
+
+  // Heaviest key tiles (under the causal mask, the first ones) are launched first.
+  const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int G = p.heads / p.kv_heads;
+  const int n0 = n_block * kBN;
+  const int n_m_total = (p.seq_q + kBM - 1) / kBM;
+  int m_lo = 0;  // first query tile with a row that sees a key of this tile
+  if (p.causal) {
+    const int x = n0 - p.causal_offset;
+    m_lo = x > 0 ? x / kBM : 0;
+  }
+  const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
+  const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(q_full(s), 1);
+      mbar_init(do_full(s), 1);
+      mbar_init(q_empty(s), 2);  // one arrival per consumer warpgroup
+      mbar_init(do_empty(s), 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer warpgroup ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    const int warp = tid / 32, lane = tid % 32;
+    if (warp == 0 && lane == 0 && n_iter > 0) {
+      mbar_expect_tx(kv_full, 2 * L::kTileK);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sK + cb * kBN * 128, &tm_k, kv_full, cb * 64, kvh, n0, b);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sV + cb * kBN * 128, &tm_v, kv_full, cb * 64, kvh, n0, b);
+      for (int it = 0; it < n_iter; ++it) {
+        const int h = kvh * G + it / n_m, m = m_lo + it % n_m;
+        const int st = it & 1;
+        const uint32_t ph = (it >> 1) & 1;
+        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kBM;
+        mbar_wait(q_empty(st), ph ^ 1);
+        mbar_expect_tx(q_full(st), L::kTileQ + 256);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(sQ + st * L::kTileQ + cb * kBM * 128, &tm_q, q_full(st), cb * 64, h, m * kBM, b);
+        bulk_load(sLSE + st * 256, p.lse2 + row_stat, 256, q_full(st));
+        mbar_wait(do_empty(st), ph ^ 1);
+        mbar_expect_tx(do_full(st), L::kTileQ + 256);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(sdO + st * L::kTileQ + cb * kBM * 128, &tm_do, do_full(st), cb * 64, h, m * kBM, b);
+        bulk_load(sDP + st * 256, p.dpsum + row_stat, 256, do_full(st));
+      }
+    } else if (warp == 1 && n_iter > 0) {
+      // dQ drain: after consumer w filled its half, add it to the global accumulator; hand the
+      // buffer back once the bulk engine has read it. The first "empty" is given up front, and
+      // none after the last tile, so every named barrier's arrivals balance.
+      named_bar_arrive(kBarDqEmpty + 0, 160);
+      named_bar_arrive(kBarDqEmpty + 1, 160);
+      for (int it = 0; it < n_iter; ++it) {
+        const int h = kvh * G + it / n_m, m = m_lo + it % n_m;
+        float* gtile = p.dq_acc + ((static_cast<int64_t>(b) * p.heads + h) * n_m_total + m) * (kBM * kD);
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          named_bar_sync(kBarDqFull + w, 160);
+          if (lane == 0) {
+            bulk_reduce_add_f32(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
+            bulk_commit();
+          }
+        }
+        if (lane == 0) bulk_wait_read<1>();
+        __syncwarp();
+        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 0, 160);
+        if (lane == 0) bulk_wait_read<0>();
+        __syncwarp();
+        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 1, 160);
+      }
+      if (lane == 0) bulk_wait<0>();
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  const int w = wg - 1;  // keys w*64 .. w*64+63 of the tile; dQ columns w*kD/2 ..
+  const int lane = tid % 32, warp = (tid % 128) / 32;
+  const bool is_signaller = (tid % 128) == 0;
+  const int key_r0 = n0 + w * 64 + warp * 16 + lane / 4;  // this thread's keys: key_r0, key_r0 + 8
+
+  float dv[kD / 2], dk[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dv[i] = dk[i] = 0.f;
+  float s[kBM / 2], dp[kBM / 2], dq[kDQN / 2];
+  uint32_t pf[kBM / 16][4], dsf[kBM / 16][4];
+
+  // Descriptors. K-major operands (S^T, dP^T): 64-column blocks of [rows][128 B], SBO 1024, the
+  // k-step inside a swizzle atom by +32 B. MN-major operands (dV, dK, dQ): rows are the K dim,
+  // a k-step is 16 rows (+2048 B), LBO = the stride between 64-column blocks, SBO 1024.
+  // Each is a base descriptor plus (byte offset >> 4) in its low word (shared addresses stay
+  // below 2^18, so the 14-bit address field never carries). The bases go through an opaque move
+  // every iteration so the compiler does not hoist some 24 loop-invariant 64-bit descriptors out
+  // of the loop and spill them (it did: 48 bytes of spills at D = 128).
+  auto desc_kw = [&](uint32_t tile, int kk) {  // K or V rows w*64.., as A (K-major)
+    return make_desc(tile + w * 64 * 128, 16, 1024) + (((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4);
+  };
+  auto desc_qk = [&](uint32_t tile, int kk) {  // Q or dO tile as B, K-major (N = queries)
+    return make_desc(tile, 16, 1024) + (((kk / 4) * kBM * 128 + (kk % 4) * 32) >> 4);
+  };
+  auto desc_qmn = [&](uint32_t tile, int kk) {  // Q or dO tile as B, MN-major (K = queries, N = d)
+    return make_desc(tile, kBM * 128, 1024) + ((kk * 16 * 128) >> 4);
+  };
+  auto desc_ds = [&](uint32_t buf, int kk) {  // dS^T [keys][queries] as A = dS, M-major
+    return make_desc(buf, kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
+  };
+  auto desc_kmn = [&](uint32_t tk, int kk) {  // K as B of dQ, MN-major: this consumer's kD/2 columns
+    // D = 128: column block w; D = 64: one block, the consumer's 32 columns start 64 B into a row.
+    return make_desc(tk + (kD == 128 ? w * kBN * 128 : w * 64), kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
+  };
+  auto opaque = [](uint32_t x) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+  };
+
+  if (n_iter > 0) mbar_wait(kv_full, 0);
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int m = m_lo + it % n_m;
+    const int q0 = m * kBM;
+    const int st = it & 1;
+    const uint32_t ph = (it >> 1) & 1;
+    const uint32_t tQ = opaque(sQ + st * L::kTileQ), tdO = opaque(sdO + st * L::kTileQ);
+    const uint32_t tK = opaque(sK), tV = opaque(sV), tdS = opaque(sdS + st * L::kTileDS);
+
+    // S^T and dP^T, both in flight.
+    mbar_wait(q_full(st), ph);
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n64k16(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    mbar_wait(do_full(st), ph);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n64k16(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
+    wgmma_commit();
+
+    // Row statistics of this thread's 16 query columns: 8 * j + 2 * (lane % 4) + {0, 1}.
+    float2 lse[kBM / 8];
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) lse[j] = ld_shared_f2(sLSE + st * 256 + (8 * j + 2 * (lane % 4)) * 4);
+
+    wgmma_wait<1>();  // S^T done (and, with kDefer, the previous tile's dK)
+    fence_regs(s);
+    if constexpr (kDefer) {
+      fence_regs(dk);
+      if (it > 0 && is_signaller) mbar_arrive(q_empty(st ^ 1));
+    }
+    // P^T = exp2(S^T * scale * log2(e) - LSE2). Accumulator layout: s[4j + e] is key
+    // key_r0 + 8 * (e >> 1), query q0 + 8j + 2 * (lane % 4) + (e & 1).
+    const bool need_mask = n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float l2 = (e & 1) ? lse[j].y : lse[j].x;
+        s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2));
+      }
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_r0 + 8 * (e >> 1);
+          const int q = q0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          if (key >= p.seq_k || (p.causal && key > q + p.causal_offset)) s[4 * j + e] = 0.f;
+        }
+    }
+    float2 dsum[kBM / 8];
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) dsum[j] = ld_shared_f2(sDP + st * 256 + (8 * j + 2 * (lane % 4)) * 4);
+
+    wgmma_wait<0>();
+    fence_regs(dp);
+    // dS^T = P^T * (dP^T - D)
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float dd = (e & 1) ? dsum[j].y : dsum[j].x;
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd);
+      }
+    convert_p<kBM>(s, pf);
+    convert_p<kBM>(dp, dsf);
+
+    // dV += P^T dO (P^T from registers).
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dsf);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) wgmma_pv<kD>(dv, pf[kk], desc_qmn(tdO, kk));
+    wgmma_commit();
+
+    // dS^T to shared memory (buffer it % 2), rows = keys, 128 B = 64 queries per row, 128-byte
+    // swizzled as TMA would (16-byte chunk c of row r at c ^ (r % 8)). dsf[kk][r] holds key
+    // row (warp*16 + lane/4 + 8*(r&1)) and queries 8*(2kk + (r>>1)) + 2*(lane%4) + {0, 1}.
+    {
+      const uint32_t buf = tdS;
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = w * 64 + warp * 16 + lane / 4 + 8 * (r & 1);
+          const int chunk = (2 * kk + (r >> 1)) ^ (row & 7);
+          st_shared_u32(buf + row * 128 + chunk * 16 + 4 * (lane % 4), dsf[kk][r]);
+        }
+    }
+    fence_proxy_async();
+    named_bar_sync(kBarDS, 256);
+
+    // dQ_w = dS K[:, w half] (both operands from shared memory, over all 128 keys), then
+    // dK += dS^T Q (base: dS^T from registers; defer: from its shared-memory tile).
+    fence_regs(dq);
+    fence_regs(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      if constexpr (kD == 128)
+        wgmma_ss_m64n64k16_tt(dq, desc_ds(tdS, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
+      else
+        wgmma_ss_m64n32k16_tt(dq, desc_ds(tdS, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    if constexpr (kDefer) {
+      // A = dS^T read back from shared memory (this consumer's 64 key rows; queries are the
+      // contiguous K dimension here), so no registers stay pinned while dK runs into the next tile.
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        const uint64_t da = make_desc(tdS + w * 64 * 128, 16, 1024) + ((kk * 32) >> 4);
+        if constexpr (kD == 128)
+          wgmma_ss_m64n128k16_tb(dk, da, desc_qmn(tQ, kk));
+        else
+          wgmma_ss_m64n64k16_tb(dk, da, desc_qmn(tQ, kk));
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
+    }
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dV and dQ are done; dK may still run
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dq);
+    if (is_signaller) mbar_arrive(do_empty(st));
+    // dQ half to shared memory in fragment order: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp
+    // at ((wp * kD/16 + jj) * 32 + l) * 16 B; each warp store is 512 contiguous bytes.
+    named_bar_sync(kBarDqEmpty + w, 160);
+    {
+      const uint32_t buf = sDQ + w * (L::kTileDQ / 2);
+#pragma unroll
+      for (int jj = 0; jj < kDQN / 8; ++jj)
+        st_shared_v4(buf + ((warp * (kDQN / 8) + jj) * 32 + lane) * 16, dq[4 * jj], dq[4 * jj + 1], dq[4 * jj + 2],
+                     dq[4 * jj + 3]);
+    }
+    fence_proxy_async();
+    named_bar_arrive(kBarDqFull + w, 160);
+
+    if constexpr (!kDefer) {
+      wgmma_wait<0>();
+      fence_regs(dk);
+      fence_regs(dsf);
+      if (is_signaller) mbar_arrive(q_empty(st));
+    }
+  }
+  if constexpr (kDefer) {
+    wgmma_wait<0>();
+    fence_regs(dk);
+  }
+
+  // ---------------- epilogue: dK (times the scale) and dV to bf16 ----------------
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int key = key_r0 + 8 * x;
+    if (key >= p.seq_k) continue;
+    const int64_t off = ((static_cast<int64_t>(b) * p.seq_k + key) * p.kv_heads + kvh) * kD;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      float k0 = dk[4 * j + 2 * x] * p.scale, k1 = dk[4 * j + 2 * x + 1] * p.scale;
+      float v0 = dv[4 * j + 2 * x], v1 = dv[4 * j + 2 * x + 1];
+      uint32_t* pk = reinterpret_cast<uint32_t*>(p.dk + off + col);
+      uint32_t* pv = reinterpret_cast<uint32_t*>(p.dv + off + col);
+      if (p.accumulate) {
+        const __nv_bfloat162 ok = *reinterpret_cast<const __nv_bfloat162*>(pk);
+        const __nv_bfloat162 ov = *reinterpret_cast<const __nv_bfloat162*>(pv);
+        k0 += __low2float(ok);
+        k1 += __high2float(ok);
+        v0 += __low2float(ov);
+        v1 += __high2float(ov);
+      }
+      *pk = pack_bf16(k0, k1);
+      *pv = pack_bf16(v0, v1);
+    }
+  }
+}
+
+// ---- preprocessing and dQ conversion -------------------------------------------------------
+
+// LSE2 = LSE * log2(e) (+inf where LSE = -inf: such rows see no key, and P must be 0), D =
+// rowsum(dO * O) unless given; padded rows (S_q .. S_q_pad) get LSE2 = +inf and D = 0. One group
+// of kD/8 lanes per (b, q, h) row, 16-byte loads; h fastest so O and dO stream contiguously.
+template <int kD>
+__global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
+                                      const float* delta, float* lse2, float* dpsum, int B, int H, int Sq,
+                                      int Sq_pad) {
+  constexpr int kLanes = kD / 8;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = t / kLanes;
+  const int sub = static_cast<int>(t % kLanes);
+  if (row >= static_cast<int64_t>(B) * Sq_pad * H) return;
+  const int h = static_cast<int>(row % H);
+  const int q = static_cast<int>((row / H) % Sq_pad);
+  const int b = static_cast<int>(row / (static_cast<int64_t>(H) * Sq_pad));
+  float acc = 0.f;
+  if (q < Sq && delta == nullptr) {
+    const int64_t off = ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + sub * 8;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + off);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dout + off);
+    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
+    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = __bfloat1622float2(o2[i]), c = __bfloat1622float2(d2[i]);
+      acc = fmaf(a.x, c.x, acc);
+      acc = fmaf(a.y, c.y, acc);
+    }
+  }
+#pragma unroll
+  for (int s = kLanes / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffff, acc, s);
+  if (sub == 0) {
+    const int64_t si = (static_cast<int64_t>(b) * H + h) * Sq_pad + q;
+    float l2 = INFINITY, d = 0.f;
+    if (q < Sq) {
+      const int64_t li = (static_cast<int64_t>(b) * H + h) * Sq + q;
+      const float l = lse[li];
+      l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+      d = delta ? delta[li] : acc;
+    }
+    lse2[si] = l2;
+    dpsum[si] = d;
+  }
+}
+
+// dQ = scale * dQ_acc (+ dQ if accumulating), bf16. One thread per float4 of the accumulator,
+// whose in-tile order is the consumers' fragment order (see the kernel's dQ store).
+template <int kD>
+__global__ void bwd_convert_dq_kernel(const float* dq_acc, __nv_bfloat16* dq, int B, int H, int Sq, int n_mtiles,
+                                      float scale, int accumulate) {
+  constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t f = t * 4;
+  const int64_t total = static_cast<int64_t>(B) * H * n_mtiles * kBM * kD;
+  if (f >= total) return;
+  const int64_t tile = f / (kBM * kD);
+  const int in_tile = static_cast<int>(f % (kBM * kD));
+  const int m = static_cast<int>(tile % n_mtiles);
+  const int h = static_cast<int>((tile / n_mtiles) % H);
+  const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
+  const int w = in_tile / kHalf, r = in_tile % kHalf;
+  const int lane = (r / 4) % 32, jj = (r / 128) % kJJ, warp = r / (128 * kJJ);
+  const float4 v = *reinterpret_cast<const float4*>(dq_acc + f);
+  const int col = w * (kD / 2) + 8 * jj + 2 * (lane % 4);
+  const float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {  // e = 2x, 2x + 1: row + 8x, columns col, col + 1
+    const int q = m * kBM + warp * 16 + lane / 4 + 8 * x;
+    if (q >= Sq) continue;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(dq + ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + col);
+    float a0 = vals[2 * x] * scale, a1 = vals[2 * x + 1] * scale;
+    if (accumulate) {
+      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
+      a0 += __low2float(old);
+      a1 += __high2float(old);
+    }
+    *dst = pack_bf16(a0, a1);
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------
+
+struct BwdArgs {
+  const void* q;     // [B, S_q, H, D] bf16
+  const void* k;     // [B, S_k, H_kv, D] bf16
+  const void* v;
+  const void* o;     // [B, S_q, H, D] bf16 (for D = rowsum(dO * O)); unused when delta is given
+  const void* dout;  // [B, S_q, H, D] bf16
+  const float* lse;  // [B, H, S_q]
+  const float* delta;  // [B, H, S_q] or nullptr (then computed from o and dout)
+  void* dq;          // [B, S_q, H, D] bf16
+  void* dk;          // [B, S_k, H_kv, D] bf16
+  void* dv;
+  void* workspace;   // bwd_workspace_bytes(...)
+  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
+  int causal, causal_offset, accumulate;
+  float scale;       // 0: 1/sqrt(D)
+  int variant;       // 0 base, 1 defer (see dispatch_bwd)
+  int main_only;     // timing aid: launch only the main kernel (the workspace must hold a
+                     // previous call's LSE2 and D; dQ is then neither zeroed nor converted)
+};
+
+inline int bwd_seq_pad(int seq_q) { return (seq_q + bwd::kBM - 1) / bwd::kBM * bwd::kBM; }
+// fp32 dQ accumulator + LSE2 + D.
+inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
+  const size_t pad = static_cast<size_t>(bwd_seq_pad(Sq));
+  return static_cast<size_t>(B) * H * pad * D * 4 + 2 * static_cast<size_t>(B) * H * pad * 4;
+}
+
+template <int kD, bool kDefer>
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  using L = BwdSmem<kD>;
+  const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
+  float* dq_acc = static_cast<float*>(a.workspace);
+  float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
+  float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
+  CUtensorMap tq, tk, tv, tdo;
+  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, bwd::kBM) != CUDA_SUCCESS ||
+      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN) != CUDA_SUCCESS ||
+      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN) != CUDA_SUCCESS ||
+      make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, bwd::kBM) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  cudaError_t e = cudaSuccess;
+  if (!a.main_only) {
+    if ((e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
+        cudaSuccess)
+      return e;
+    const int64_t threads = static_cast<int64_t>(a.batch) * pad * a.heads * (kD / 8);
+    bwd_preprocess_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
+        dpsum, a.batch, a.heads, a.seq_q, pad);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  BwdParams p{};
+  p.dq_acc = dq_acc;
+  p.lse2 = lse2;
+  p.dpsum = dpsum;
+  p.dk = static_cast<__nv_bfloat16*>(a.dk);
+  p.dv = static_cast<__nv_bfloat16*>(a.dv);
+  p.batch = a.batch;
+  p.heads = a.heads;
+  p.kv_heads = a.kv_heads;
+  p.seq_q = a.seq_q;
+  p.seq_k = a.seq_k;
+  p.seq_q_pad = pad;
+  p.causal = a.causal;
+  p.causal_offset = a.causal_offset;
+  p.accumulate = a.accumulate;
+  p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  auto kernel = bwd_kernel<kD, kDefer>;
+  constexpr int smem = L::bytes;
+  if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
+  const dim3 grid((a.seq_k + bwd::kBN - 1) / bwd::kBN, a.kv_heads, a.batch);
+  kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  if (!a.main_only) {
+    const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
+    bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+        dq_acc, static_cast<__nv_bfloat16*>(a.dq), a.batch, a.heads, a.seq_q, n_mtiles, p.scale, a.accumulate);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// Variants: 0 "base", 1 "defer" (kDefer above).
+inline cudaError_t dispatch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  if (a.head_dim == 128) return a.variant ? launch_bwd<128, true>(a, stream) : launch_bwd<128, false>(a, stream);
+  if (a.head_dim == 64) return a.variant ? launch_bwd<64, true>(a, stream) : launch_bwd<64, false>(a, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace hopper_attn
