@@ -151,9 +151,7 @@ Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_
   const auto exchange = [&](int64_t bytes, cudaStream_t on) -> Status {
     const SendSpec sp{(me + 1) % P, send.data(), size_t(bytes)};
     const RecvSpec rp{(me + P - 1) % P, recv.data(), size_t(bytes)};
-    comm.set_stream(on);
-    auto pending = comm.start_exchange({&sp, 1}, {&rp, 1});
-    comm.clear_stream();
+    auto pending = comm.start_exchange({&sp, 1}, {&rp, 1}, StreamOrder::on(on));
     if (!pending.ok()) return pending.status();
     return pending.value() ? pending.value()->wait_on_stream(on) : Status::Ok();
   };

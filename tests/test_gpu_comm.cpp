@@ -202,7 +202,7 @@ struct Gate {
   }
 };
 
-// One collective, `call(in, out)`, run on host buffers and on device buffers holding the same
+// One collective, `call(in, out, order)`, run on host buffers and on device buffers holding the same
 // input; the device input is written on the stream behind a gate, so a collective that does
 // not wait for the stream reads zeros. A stream-ordered backend must return while the gate is
 // still shut (it opens after 10 s; host-driven ones synchronise the stream, so it opens after
@@ -212,7 +212,7 @@ Status compare_with_host(Communicator& c, cudaStream_t stream, const std::vector
                          bool in_place, int64_t expected_sent, const std::string& what, Call call) {
   std::vector<char> host_in = input, host_out(out_bytes, 0x5a);
   const Traffic host_before = traffic(c);
-  SP_RETURN_IF_ERROR(call(host_in.data(), host_out.data()));
+  SP_RETURN_IF_ERROR(call(host_in.data(), host_out.data(), StreamOrder{}));
   const Traffic host_moved = since(host_before, traffic(c));
 
   SP_ASSIGN_OR_RETURN(DeviceBuffer staged, DeviceBuffer::allocate(std::max<size_t>(input.size(), 1)));
@@ -227,12 +227,10 @@ Status compare_with_host(Communicator& c, cudaStream_t stream, const std::vector
       cudaMemcpyAsync(in.data(), staged.data(), input.size(), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
     return SP_STATUS(StatusCode::kInternal, "queueing the input failed");
   const Traffic device_before = traffic(c);
-  c.set_stream(stream);
-  const Status called = call(in.data(), out.data());
+  const Status called = call(in.data(), out.data(), StreamOrder::on(stream));
   // A stream-ordered backend returns while the gate still holds the stream.
   const bool host_waited = cudaStreamQuery(stream) == cudaSuccess;
   gate->open = true;
-  c.clear_stream();
   SP_RETURN_IF_ERROR(called);
   const Traffic device_moved = since(device_before, traffic(c));
   std::vector<char> device_out(in_place ? input.size() : out_bytes);
@@ -282,7 +280,7 @@ Status check_device_collectives(Communicator& c) {
   const std::vector<char> mine = ramp(DType::kF32, 37, r, 0);
   const std::vector<char> piece(mine.begin(), mine.begin() + 37);
   SP_RETURN_IF_ERROR(compare_with_host(c, stream, piece, 37 * size_t(P), false, int64_t(P - 1) * 37, "all_gather",
-                                       [&](void* in, void* out) { return c.all_gather(in, out, 37); }));
+                                       [&](void* in, void* out, StreamOrder o) { return c.all_gather(in, out, 37, o); }));
 
   for (DType dtype : {DType::kF32, DType::kF64, DType::kBF16, DType::kF16}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
@@ -291,14 +289,14 @@ Status check_device_collectives(Communicator& c) {
       SP_RETURN_IF_ERROR(compare_with_host(
           c, stream, ramp(dtype, count * size_t(P), r, 1), count * es, false, int64_t(P - 1) * int64_t(count * es),
           "reduce_scatter " + name,
-          [&](void* in, void* out) { return c.reduce_scatter(in, out, count, dtype, op); }));
+          [&](void* in, void* out, StreamOrder o) { return c.reduce_scatter(in, out, count, dtype, op, o); }));
       // 1001 elements: P = 2, 3, 4 pad the chunks; 1000 divides for P = 2, 4 (the ring runs in place).
       for (size_t n : {size_t(1001), size_t(1000)}) {
         const int64_t chunk = int64_t((n + size_t(P) - 1) / size_t(P));
         SP_RETURN_IF_ERROR(compare_with_host(c, stream, ramp(dtype, n, r, 2), n * es, true,
                                              2 * int64_t(P - 1) * chunk * int64_t(es),
                                              "all_reduce " + name + " of " + std::to_string(n),
-                                             [&](void* in, void*) { return c.all_reduce(in, n, dtype, op); }));
+                                             [&](void* in, void*, StreamOrder o) { return c.all_reduce(in, n, dtype, op, o); }));
       }
     }
   }
@@ -314,12 +312,12 @@ Status check_device_collectives(Communicator& c) {
   }
   std::vector<char> pieces(in_total);
   for (size_t i = 0; i < in_total; ++i) pieces[i] = char(r * 31 + int(i));
-  SP_RETURN_IF_ERROR(compare_with_host(c, stream, pieces, out_total, false, sent, "all_to_all_v", [&](void* in, void* out) {
-    return c.all_to_all_v(in, send_bytes, send_offsets, out, recv_bytes, recv_offsets);
+  SP_RETURN_IF_ERROR(compare_with_host(c, stream, pieces, out_total, false, sent, "all_to_all_v", [&](void* in, void* out, StreamOrder o) {
+    return c.all_to_all_v(in, send_bytes, send_offsets, out, recv_bytes, recv_offsets, o);
   }));
   const std::vector<char> blocks = ramp(DType::kF32, 6 * size_t(P), r, 3);
   return compare_with_host(c, stream, blocks, blocks.size(), false, int64_t(P - 1) * 24, "all_to_all",
-                           [&](void* in, void* out) { return c.all_to_all(in, out, 24); });
+                           [&](void* in, void* out, StreamOrder o) { return c.all_to_all(in, out, 24, o); });
 }
 
 // Thread ranks sharing GPU 0 through the local communicator: 2P ranks split into two groups of

@@ -77,6 +77,16 @@ class PendingExchange {
 
 class DeviceBuffer;
 
+// Where a call on device buffers is ordered: after the work queued so far on a CUDA stream (`on`;
+// nullptr is the legacy default stream, a valid stream), and work queued there later sees its
+// result. A call given none (StreamOrder{}) starts at once and, on device buffers, completes
+// before returning: the caller synchronises its stream first. Host buffers ignore it.
+struct StreamOrder {
+  void* stream = nullptr;
+  bool set = false;
+  static StreamOrder on(void* s) { return {s, true}; }
+};
+
 class Communicator {
  public:
   Communicator();
@@ -91,27 +101,29 @@ class Communicator {
   // peer (messages between a pair are matched in posting order).
   [[nodiscard]] Status exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
   // Starts the batch and returns at once where the backend can progress it in the background
-  // (the overlap used by the schedules); otherwise it completes before returning.
+  // (the overlap used by the schedules); otherwise it completes before returning. Device
+  // buffers: stream-ordered backends start it after the work queued on `order`'s stream;
+  // host-driven ones start it at once (see stream_ordered()).
   [[nodiscard]] StatusOr<std::unique_ptr<PendingExchange>> start_exchange(
-      std::span<const SendSpec> sends, std::span<const RecvSpec> recvs);
+      std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, StreamOrder order = {});
 
   // Collectives. Buffers are all on the host or all on the device (device buffers need
   // moves_device_buffers(); the others take every buffer for host memory). Bytes are counted as the ring sends them, to the next rank, on
-  // every backend. On device buffers a collective is ordered after the work queued on the
-  // stream given to set_stream() and work queued there later sees its result: stream-ordered
-  // backends (NCCL) do this without blocking the host (native NCCL collectives); host-driven
-  // ones synchronise that stream first and return when done (ring over exchange, reductions
-  // by a CUDA kernel). With no stream set, the caller synchronises before and the call
-  // completes before returning. Host buffers always complete before returning.
+  // every backend. On device buffers a collective is ordered after the work queued on
+  // `order`'s stream and work queued there later sees its result: stream-ordered backends
+  // (NCCL) do this without blocking the host (native NCCL collectives); host-driven ones
+  // synchronise that stream first and return when done (ring over exchange, reductions by a
+  // CUDA kernel). With no stream, the caller synchronises before and the call completes before
+  // returning. Host buffers always complete before returning.
   // all_gather: send [n] from each rank into recv [P * n] in rank order; sends (P-1) n.
-  [[nodiscard]] Status all_gather(const void* send, void* recv, size_t bytes_per_rank);
+  [[nodiscard]] Status all_gather(const void* send, void* recv, size_t bytes_per_rank, StreamOrder order = {});
   // reduce_scatter: send [P * count] -> recv [count] = reduction of block `rank` over ranks;
   // sends (P-1) count elements. f64, f32, bf16, f16 (these two reduce through float).
   [[nodiscard]] Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                                      ReduceOp op);
+                                      ReduceOp op, StreamOrder order = {});
   // all_to_all: block r of send [P * n] goes to rank r; recv block r came from rank r. One
   // batch of point-to-point (all_to_all_v with equal splits); sends (P-1) n.
-  [[nodiscard]] Status all_to_all(const void* send, void* recv, size_t bytes_per_rank);
+  [[nodiscard]] Status all_to_all(const void* send, void* recv, size_t bytes_per_rank, StreamOrder order = {});
   // all_to_all_v: uneven splits, one batch of point-to-point. send_bytes[q] bytes at
   // send + send_offsets[q] go to rank q; recv_bytes[q] bytes from rank q land at
   // recv + recv_offsets[q] (every span has P entries; send_bytes[q] on this rank must equal
@@ -120,10 +132,10 @@ class Communicator {
   [[nodiscard]] Status all_to_all_v(const void* send, std::span<const size_t> send_bytes,
                                     std::span<const size_t> send_offsets, void* recv,
                                     std::span<const size_t> recv_bytes,
-                                    std::span<const size_t> recv_offsets);
+                                    std::span<const size_t> recv_offsets, StreamOrder order = {});
   // all_reduce in place over [count] elements (reduce-scatter + all-gather over P chunks of
   // ceil(count / P), padded); sends 2 (P-1) ceil(count / P) elements.
-  [[nodiscard]] Status all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
+  [[nodiscard]] Status all_reduce(void* data, size_t count, DType dtype, ReduceOp op, StreamOrder order = {});
   [[nodiscard]] virtual Status barrier();
   // Ranks with the same color form a sub-communicator, ordered by (key, rank). Collective.
   [[nodiscard]] virtual StatusOr<std::unique_ptr<Communicator>> split(int color, int key) = 0;
@@ -132,19 +144,13 @@ class Communicator {
   virtual void abort(const std::string& reason) = 0;
 
   // ---- device buffers ----
-  // Stream-ordered backends (NCCL) start a batch after the work already queued on the stream
-  // given to set_stream(), on a stream of their own. Host-driven backends (local, mpi) start
-  // it at once: the caller synchronises its stream before posting device buffers.
+  // Stream-ordered backends (NCCL) start a batch after the work already queued on the call's
+  // StreamOrder stream, on a stream of their own. Host-driven backends (local, mpi) start it at
+  // once: the caller synchronises its stream before posting device buffers.
   virtual bool stream_ordered() const { return false; }
   // Whether device buffers may be sent and received (NCCL; the local communicator copies them
   // between ranks sharing a GPU); MPI here moves host memory only.
   virtual bool moves_device_buffers() const { return stream_ordered(); }
-  // The ordering stream for the next batches (nullptr is the legacy default stream, a valid
-  // stream); clear_stream() makes batches start at once again.
-  void set_stream(void* stream) { stream_ = stream, has_stream_ = true; }
-  void clear_stream() { stream_ = nullptr, has_stream_ = false; }
-  bool has_stream() const { return has_stream_; }
-  void* stream() const { return stream_; }
   // Blocks the host until the work queued on `stream` is done. Stream-ordered backends keep
   // watching for a failed or stalled peer meanwhile (the timeout counts from the last
   // progress) and abort instead of hanging.
@@ -156,6 +162,24 @@ class Communicator {
   void reset_counters() { counters_ = {}; }
 
  protected:
+  // The ordering stream of the call in progress (its StreamOrder), for the backends' hooks.
+  bool has_stream() const { return has_stream_; }
+  void* stream() const { return stream_; }
+  void set_stream(void* stream) { stream_ = stream, has_stream_ = true; }
+  void clear_stream() { stream_ = nullptr, has_stream_ = false; }
+  // A public call's StreamOrder for its duration; a call given none keeps the enclosing call's.
+  class OrderScope {
+   public:
+    OrderScope(Communicator& c, StreamOrder order) : c_(c), saved_{c.stream_, c.has_stream_} {
+      if (order.set) c.set_stream(order.stream);
+    }
+    ~OrderScope() { c_.stream_ = saved_.stream, c_.has_stream_ = saved_.set; }
+
+   private:
+    Communicator& c_;
+    StreamOrder saved_;
+  };
+
   // Backend hooks. `post` starts the batch and returns its handle.
   [[nodiscard]] virtual StatusOr<std::unique_ptr<PendingExchange>> post(
       std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) = 0;

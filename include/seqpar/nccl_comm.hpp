@@ -1,6 +1,6 @@
 // The NCCL communicator: the Communicator interface over NCCL point-to-point, one GPU per
 // rank. Batches run on the communicator's own CUDA stream, ordered after the work queued on
-// the stream given to set_stream(), so a schedule overlaps transfers with compute without
+// the stream of the call's StreamOrder, so a schedule overlaps transfers with compute without
 // blocking the host (PendingExchange::wait_on_stream). Host buffers (the collectives' small
 // bookkeeping) are staged through device memory.
 //

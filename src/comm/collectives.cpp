@@ -189,7 +189,8 @@ Status Communicator::run_device_collective(const CollectiveSpec& spec) {
 
 // ---- the public collectives ----------------------------------------------------------------
 
-Status Communicator::all_gather(const void* send, void* recv, size_t n) {
+Status Communicator::all_gather(const void* send, void* recv, size_t n, StreamOrder order) {
+  const OrderScope scope(*this, order);
   SP_ASSIGN_OR_RETURN(const bool on_device, buffers_on_device(*this, {send, recv}));
   if (on_device)
     return run_device_collective({CollectiveKind::kAllGather, send, recv, n, DType::kF32, ReduceOp::kSum});
@@ -198,7 +199,8 @@ Status Communicator::all_gather(const void* send, void* recv, size_t n) {
 }
 
 Status Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                                    ReduceOp op) {
+                                    ReduceOp op, StreamOrder order) {
+  const OrderScope scope(*this, order);
   SP_ASSIGN_OR_RETURN(const bool on_device, buffers_on_device(*this, {send, recv}));
   if (on_device)
     return run_device_collective({CollectiveKind::kReduceScatter, send, recv, count, dtype, op});
@@ -211,25 +213,27 @@ Status Communicator::reduce_scatter(const void* send, void* recv, size_t count, 
   return Status::Ok();
 }
 
-Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+Status Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op, StreamOrder order) {
   if (size() == 1) return Status::Ok();
+  const OrderScope scope(*this, order);
   SP_ASSIGN_OR_RETURN(const bool on_device, buffers_on_device(*this, {data}));
   if (on_device)
     return run_device_collective({CollectiveKind::kAllReduce, data, data, count, dtype, op});
   return ring_all_reduce(data, count, dtype, op, false);
 }
 
-Status Communicator::all_to_all(const void* send, void* recv, size_t n) {
+Status Communicator::all_to_all(const void* send, void* recv, size_t n, StreamOrder order) {
   const std::vector<size_t> bytes(size(), n);
   std::vector<size_t> offsets(size());
   for (int q = 0; q < size(); ++q) offsets[q] = q * n;
-  return all_to_all_v(send, bytes, offsets, recv, bytes, offsets);
+  return all_to_all_v(send, bytes, offsets, recv, bytes, offsets, order);
 }
 
 Status Communicator::all_to_all_v(const void* send, std::span<const size_t> send_bytes,
                                   std::span<const size_t> send_offsets, void* recv,
                                   std::span<const size_t> recv_bytes,
-                                  std::span<const size_t> recv_offsets) {
+                                  std::span<const size_t> recv_offsets, StreamOrder order) {
+  const OrderScope scope(*this, order);
   const int P = size(), r = rank();
   const size_t p = static_cast<size_t>(P);
   SP_CHECK_ARG(send_bytes.size() == p && send_offsets.size() == p && recv_bytes.size() == p &&

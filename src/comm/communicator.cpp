@@ -64,7 +64,8 @@ void Communicator::count_ring(size_t sent, size_t received) {
 }
 
 StatusOr<std::unique_ptr<PendingExchange>> Communicator::start_exchange(
-    std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
+    std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, StreamOrder order) {
+  const OrderScope scope(*this, order);
   SP_RETURN_IF_ERROR(check_specs(sends, recvs));
   count(sends, recvs);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<PendingExchange> pending, post(sends, recvs));

@@ -416,10 +416,8 @@ Status GpuTrainer::step(StepReport* report) {
   if (I.comm.size() > 1 && I.comm.moves_device_buffers()) {
     // On the device, ordered on the trainer's stream: NCCL's all-reduce without a host wait,
     // or the ring between thread ranks sharing the GPU.
-    I.comm.set_stream(I.s);
-    const Status reduced = I.comm.all_reduce(I.grads.p(), size_t(I.count), DType::kF32, ReduceOp::kSum);
-    I.comm.clear_stream();  // the stream may not outlive the trainer
-    SP_RETURN_IF_ERROR(reduced);
+    SP_RETURN_IF_ERROR(
+        I.comm.all_reduce(I.grads.p(), size_t(I.count), DType::kF32, ReduceOp::kSum, StreamOrder::on(I.s)));
   } else if (I.comm.size() > 1) {  // a host-only communicator: through host memory
     std::vector<float> host(size_t(I.count));
     SP_RETURN_IF_ERROR(stream_synchronize(I.s));

@@ -60,10 +60,8 @@ Status Executor::post(const Step& s) {
   }
   // Host-driven communicators move the buffers at once: what the stream queued must be done.
   if (!comm_.stream_ordered()) SP_RETURN_IF_ERROR(mem_.settle());
-  const bool on_stream = mem_.device() == DeviceKind::kCuda;
-  if (on_stream) comm_.set_stream(mem_.stream());
-  auto started = comm_.start_exchange(sends, recvs);
-  if (on_stream) comm_.clear_stream();  // the caller's stream may not outlive this call
+  const StreamOrder order = mem_.device() == DeviceKind::kCuda ? StreamOrder::on(mem_.stream()) : StreamOrder{};
+  auto started = comm_.start_exchange(sends, recvs, order);
   SP_RETURN_IF_ERROR(started.status());
   p.exchange = std::move(started).value();
   pending_[s.batch] = std::move(p);

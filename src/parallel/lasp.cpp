@@ -77,18 +77,11 @@ class Link {
   StatusOr<std::unique_ptr<PendingExchange>> post(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
     if (!device_) return comm_.start_exchange(sends, recvs);
     if (!comm_.stream_ordered()) SP_RETURN_IF_ERROR(backend_.synchronize(stream_));
-    comm_.set_stream(stream_);
-    auto started = comm_.start_exchange(sends, recvs);
-    comm_.clear_stream();
-    return started;
+    return comm_.start_exchange(sends, recvs, StreamOrder::on(stream_));
   }
   Status wait(PendingExchange& batch) { return device_ ? batch.wait_on_stream(stream_) : batch.wait(); }
   Status all_gather(const void* send, void* recv, size_t bytes) {
-    if (!device_) return comm_.all_gather(send, recv, bytes);
-    comm_.set_stream(stream_);
-    const Status done = comm_.all_gather(send, recv, bytes);
-    comm_.clear_stream();
-    return done;
+    return comm_.all_gather(send, recv, bytes, device_ ? StreamOrder::on(stream_) : StreamOrder{});
   }
 
  private:
