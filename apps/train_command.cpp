@@ -151,17 +151,9 @@ constexpr double kPeakFlops = 989e12;
 
 // What the loop asks of either trainer beyond their shared methods.
 const AttentionPlan& plan_of(const Trainer& t) { return t.model().attention_plan(); }
-Status save_state(const Trainer& t, const std::string& path) { return t.save(path); }
-Status load_state(Trainer& t, const std::string& path) { return t.load(path); }
 const char* memory_label(const Trainer&) { return "activations"; }
 #ifdef SEQPAR_HAVE_CUDA
 const AttentionPlan& plan_of(const GpuTrainer& t) { return t.attention_plan(); }
-Status save_state(const GpuTrainer&, const std::string&) {
-  return SP_STATUS(StatusCode::kUnsupported, "GPU training writes no checkpoint files yet (use --export)");
-}
-Status load_state(GpuTrainer&, const std::string&) {
-  return SP_STATUS(StatusCode::kUnsupported, "GPU training resumes from no checkpoint file yet (use --init-from)");
-}
 const char* memory_label(const GpuTrainer&) { return "device peak"; }
 #endif
 
@@ -175,7 +167,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     SP_ASSIGN_OR_RETURN(const std::vector<float> weights, load_model_safetensors(c.init_from, o.model));
     SP_RETURN_IF_ERROR(trainer->set_parameters(weights));
   }
-  if (!c.resume.empty()) SP_RETURN_IF_ERROR(load_state(*trainer, c.resume));
+  if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
   RunRecord record;
   if (!c.dump_dir.empty()) {
     SP_ASSIGN_OR_RETURN(const std::vector<float> initial, trainer->gather_parameters());  // every rank
@@ -233,9 +225,9 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
       }
       std::fflush(stdout);
     }
-    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(save_state(*trainer, c.save));
+    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(trainer->save(c.save));
   }
-  if (!c.save.empty()) SP_RETURN_IF_ERROR(save_state(*trainer, c.save));
+  if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
   if (lead && !c.dump_dir.empty()) SP_RETURN_IF_ERROR(write_record(c.dump_dir, o, record));
   std::vector<float> final_weights;
   if (!c.export_dir.empty()) {  // every rank

@@ -1,11 +1,12 @@
 // The GPU trainer against the CPU trainer (fp32) from the same weights and batch: the first
 // step's loss and every parameter's gradient agree within bf16 training's error; thread ranks
 // sharing the GPU, and ranks on two GPUs (NCCL), agree with one rank; the checkpointing
-// policies give the same loss; and a few steps lower the loss. Skipped without a GPU (the
-// two-GPU case without two GPUs and NCCL).
+// policies give the same loss; a few steps lower the loss; a resumed run equals a straight one.
+// Skipped without a GPU (the two-GPU case without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <mutex>
 
@@ -128,6 +129,54 @@ TEST_F(GpuTrain, LossFallsOverSteps) {
   const Status s = run<GpuTrainer>(o, 1, &r);
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_LT(r.losses.back(), 0.75 * r.losses.front()) << r.losses.front() << " -> " << r.losses.back();
+}
+
+// A run saved at step 2 and resumed by a new trainer equals a straight run of 4 steps bit for
+// bit (losses and final weights), and the CPU trainer reads the same file.
+TEST_F(GpuTrain, ResumeEqualsAStraightRunBitForBit) {
+  const TrainOptions o = options(4);
+  const std::string path = ::testing::TempDir() + "/seqpar_gpu_resume.ckpt";
+  auto comms = make_local_communicators(1);
+  std::vector<double> straight_losses, resumed_losses;
+  std::vector<float> straight, resumed;
+  {
+    auto t = GpuTrainer::create(o, *comms[0]).value();
+    for (int i = 0; i < 4; ++i) {
+      StepReport r;
+      ASSERT_TRUE(t->step(&r).ok());
+      straight_losses.push_back(r.loss);
+    }
+    straight = t->gather_parameters().value();
+  }
+  {
+    auto t = GpuTrainer::create(o, *comms[0]).value();
+    for (int i = 0; i < 2; ++i) {
+      StepReport r;
+      ASSERT_TRUE(t->step(&r).ok());
+      resumed_losses.push_back(r.loss);
+    }
+    const Status saved = t->save(path);
+    ASSERT_TRUE(saved.ok()) << saved.to_string();
+  }
+  auto t = GpuTrainer::create(o, *comms[0]).value();
+  const Status loaded = t->load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+  EXPECT_EQ(t->steps_done(), 2);
+  while (t->steps_done() < 4) {
+    StepReport r;
+    ASSERT_TRUE(t->step(&r).ok());
+    resumed_losses.push_back(r.loss);
+  }
+  resumed = t->gather_parameters().value();
+  EXPECT_EQ(resumed_losses, straight_losses);
+  ASSERT_EQ(resumed.size(), straight.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < straight.size(); ++i) differ += std::memcmp(&resumed[i], &straight[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << straight.size() << " weights";
+  auto cpu = Trainer::create(o, *comms[0]).value();  // the CPU trainer reads the GPU's file
+  const Status read = cpu->load(path);
+  ASSERT_TRUE(read.ok()) << read.to_string();
+  EXPECT_EQ(cpu->steps_done(), 2);
 }
 
 TEST_F(GpuTrain, RefusesWhatItLacks) {

@@ -3,10 +3,11 @@
 // src/model/*.cu), attention through the GPU executor (any --algo; cuDNN or our kernels), the
 // fused LM head + cross-entropy, AdamW on the device. Ranks: one, or thread ranks sharing the
 // GPU (the local communicator; the gradients are summed through host memory, for tests).
-// Data parallel groups, ZeRO and checkpoint files are the CPU trainer's so far.
+// Checkpoint files as the CPU trainer's; data parallel groups and ZeRO are the CPU trainer's so far.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "seqpar/trainer.hpp"
@@ -28,6 +29,11 @@ class GpuTrainer {
   // Device bytes our buffers held at most since the trainer was made (weights, optimizer,
   // activations, the head's scratch, the attention's blocks; not cuBLAS's or cuDNN's own).
   int64_t peak_device_bytes() const;
+  // Saves (rank 0 writes; every rank calls) and restores the whole state in the CPU trainer's
+  // checkpoint format (trainer.hpp): fp32 master weights, AdamW's moments and steps, the data
+  // position. Either trainer resumes the other's file.
+  Status save(const std::string& path) const;
+  Status load(const std::string& path);
 
   struct Impl;
 

@@ -10,10 +10,10 @@
 #include <map>
 
 #include "core/cuda_check.hpp"
+#include "model/checkpoint_file.hpp"
 #include "model/layers_cuda.hpp"
-#include "seqpar/backend.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "seqpar/session.hpp"
 
 namespace seqpar {
 namespace {
@@ -105,10 +105,9 @@ struct GpuTrainer::Impl {
   TrainOptions o;
   Communicator& comm;
   std::unique_ptr<TrainingData> data;
-  std::unique_ptr<AttentionBackend> backend;
-  std::unique_ptr<AttentionPlan> plan;
-  std::unique_ptr<AttentionPlan> early_plan;  // sequence policy: the sequence's first half
-  GpuWorkspace ws;
+  std::unique_ptr<Session> session;  // the attention's backend, plans and workspace
+  const AttentionPlan* plan = nullptr;
+  const AttentionPlan* early_plan = nullptr;  // sequence policy: the sequence's first half
   cudaStream_t s = nullptr;
   int device = 0;
   std::vector<ParamInfo> table;
@@ -158,7 +157,7 @@ struct GpuTrainer::Impl {
     SP_RETURN_IF_ERROR(copy_rows(v.p(), half * kv_row, a.v.p(), S * kv_row, half * kv_row, size_t(B), s));
     const ShardTensors t{view(q.p(), {B, half, H, D}), view(k.p(), {B, half, Hkv, D}), view(v.p(), {B, half, Hkv, D}),
                          view(oh.p(), {B, half, H, D}), view(lh.p(), {B, H, half}),    {}, {}, {}, {}};
-    SP_RETURN_IF_ERROR(run_forward_gpu(comm, *early_plan, t, ws, s));
+    SP_RETURN_IF_ERROR(session->run(*early_plan, Pass::kForward, t, {s}));
     SP_ASSIGN_OR_RETURN(a.o, Buf<Half>::make(rows * H * D));
     SP_ASSIGN_OR_RETURN(a.lse, Buf<float>::make(B * H * S));
     char* o = reinterpret_cast<char*>(a.o.p());
@@ -189,7 +188,7 @@ struct GpuTrainer::Impl {
       SP_ASSIGN_OR_RETURN(a.lse, Buf<float>::make(B * H * S));
       const ShardTensors t{view(a.q.p(), {B, S, H, D}), view(a.k.p(), {B, S, Hkv, D}), view(a.v.p(), {B, S, Hkv, D}),
                            view(a.o.p(), {B, S, H, D}), view(a.lse.p(), {B, H, S}),    {}, {}, {}, {}};
-      SP_RETURN_IF_ERROR(run_forward_gpu(comm, *plan, t, ws, s));
+      SP_RETURN_IF_ERROR(session->run(*plan, Pass::kForward, t, {s}));
     }
     SP_ASSIGN_OR_RETURN(a.x_mid, Buf<float>::make(rows * hid));
     SP_CUDA_CHECK(cudaMemcpyAsync(a.x_mid.p(), a.x_in.p(), size_t(rows * hid) * 4, cudaMemcpyDeviceToDevice, s));
@@ -237,7 +236,7 @@ struct GpuTrainer::Impl {
     const ShardTensors t{view(a.q.p(), {B, S, H, D}),   view(a.k.p(), {B, S, Hkv, D}), view(a.v.p(), {B, S, Hkv, D}),
                          view(a.o.p(), {B, S, H, D}),   view(a.lse.p(), {B, H, S}),    view(dout.p(), {B, S, H, D}),
                          view(dq.p(), {B, S, H, D}),    view(dk.p(), {B, S, Hkv, D}),  view(dv.p(), {B, S, Hkv, D})};
-    SP_RETURN_IF_ERROR(run_backward_gpu(comm, *plan, t, ws, s));
+    SP_RETURN_IF_ERROR(session->run(*plan, Pass::kBackward, t, {s}));
     SP_RETURN_IF_ERROR(cu::rope_apply(dq.p(), positions.p(), B, S, H, D, o.model.rope_theta, true, st));
     SP_RETURN_IF_ERROR(cu::rope_apply(dk.p(), positions.p(), B, S, Hkv, D, o.model.rope_theta, true, st));
     SP_RETURN_IF_ERROR(cu::linear_backward(a.h1.p(), w(at(l, 1)), dq.p(), dh.p(), dw(at(l, 1)), rows, hid, H * D, false, st));
@@ -341,12 +340,8 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
   params.mask = MaskSpec::causal();
   const TensorView q_like = I.view(static_cast<Half*>(nullptr), {I.B, I.S, I.H, I.D});
   const TensorView k_like = I.view(static_cast<Half*>(nullptr), {I.B, I.S, I.Hkv, I.D});
-  I.backend = make_gpu_backend(q_like, params);
-  SP_CHECK_SUPPORTED(I.backend != nullptr, "this build has no GPU attention backend");
-  SP_ASSIGN_OR_RETURN(AttentionPlan plan,
-                      plan_attention(options.plan_options(), layout, params,
-                                     block_bytes_for(q_like, k_like, *I.backend), comm.rank(), *I.backend));
-  I.plan = std::make_unique<AttentionPlan>(std::move(plan));
+  I.session = std::make_unique<Session>(comm, SessionOptions{options.plan_options()});
+  SP_ASSIGN_OR_RETURN(I.plan, I.session->plan(layout, params, q_like, k_like));
   if (options.checkpointing == Checkpointing::kSequence) {  // as the CPU model (transformer.cpp)
     const int P = layout.ranks();
     SP_CHECK_SUPPORTED(layout.kind() == LayoutKind::kStriped && layout.seq_len() % (2 * P) == 0,
@@ -355,10 +350,7 @@ StatusOr<std::unique_ptr<GpuTrainer>> GpuTrainer::create(const TrainOptions& opt
     SP_ASSIGN_OR_RETURN(const Layout early, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
     const TensorView qh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.H, I.D});
     const TensorView kh = I.view(static_cast<Half*>(nullptr), {I.B, I.S / 2, I.Hkv, I.D});
-    SP_ASSIGN_OR_RETURN(AttentionPlan p, plan_attention(options.plan_options(),
-                                                        early, params, block_bytes_for(qh, kh, *I.backend), comm.rank(),
-                                                        *I.backend));
-    I.early_plan = std::make_unique<AttentionPlan>(std::move(p));
+    SP_ASSIGN_OR_RETURN(I.early_plan, I.session->plan(early, params, qh, kh));
   }
   I.table = parameter_table(c);
   I.count = parameter_count(c);
@@ -473,5 +465,31 @@ const std::vector<std::vector<int32_t>>& GpuTrainer::last_inputs() const { retur
 const std::vector<std::vector<int32_t>>& GpuTrainer::last_targets() const { return impl_->last_targets; }
 const AttentionPlan& GpuTrainer::attention_plan() const { return *impl_->plan; }
 int64_t GpuTrainer::peak_device_bytes() const { return device_memory_stats(impl_->device).peak; }
+
+// Every rank holds the whole state (no ZeRO on the GPU yet): rank 0 writes it.
+Status GpuTrainer::save(const std::string& path) const {
+  Impl& I = *impl_;
+  model::TrainingState state;
+  SP_ASSIGN_OR_RETURN(state.params, gather_parameters());
+  for (auto [from, to] : {std::pair{&I.m, &state.first_moment}, {&I.v, &state.second_moment}}) {
+    to->resize(size_t(I.count));
+    SP_RETURN_IF_ERROR(copy_bytes(to->data(), from->p(), size_t(I.count) * 4));
+  }
+  state.steps = I.steps, state.optimizer_steps = I.adam_steps, state.data_position = I.data->position();
+  SP_RETURN_IF_ERROR(I.comm.barrier());
+  if (I.comm.rank() == 0) SP_RETURN_IF_ERROR(model::write_checkpoint(path, state));
+  return I.comm.barrier();
+}
+
+Status GpuTrainer::load(const std::string& path) {
+  Impl& I = *impl_;
+  SP_ASSIGN_OR_RETURN(const model::TrainingState state, model::read_checkpoint(path, I.count));
+  SP_RETURN_IF_ERROR(set_parameters(state.params));
+  SP_RETURN_IF_ERROR(copy_bytes(I.m.p(), state.first_moment.data(), size_t(I.count) * 4));
+  SP_RETURN_IF_ERROR(copy_bytes(I.v.p(), state.second_moment.data(), size_t(I.count) * 4));
+  I.steps = state.steps, I.adam_steps = state.optimizer_steps;
+  I.data->seek(state.data_position);
+  return Status::Ok();
+}
 
 }  // namespace seqpar

@@ -1,14 +1,13 @@
-// The training loop (include/seqpar/trainer.hpp) and its checkpoint files: a small binary file,
-// "SEQPARCK" + version, the step, the data position, then parameters and both moments (fp32).
+// The training loop (include/seqpar/trainer.hpp); its checkpoints in the one file format of
+// model/checkpoint_file.hpp.
 #include "seqpar/trainer.hpp"
+
+#include "model/checkpoint_file.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 
 namespace seqpar {
 namespace {
@@ -251,69 +250,31 @@ StatusOr<std::vector<float>> Trainer::gather_parameters() const {
 }
 const Transformer<float>& Trainer::model() const { return *impl_->model; }
 
-namespace {
-constexpr char kMagic[8] = {'S', 'E', 'Q', 'P', 'A', 'R', 'C', 'K'};
-constexpr uint32_t kVersion = 1;
-}  // namespace
-
 Status Trainer::save(const std::string& path) const {
   Impl& I = *impl_;
-  std::vector<float> m = I.adamw->first_moment(), v = I.adamw->second_moment();
+  model::TrainingState state;
+  state.first_moment = I.adamw->first_moment(), state.second_moment = I.adamw->second_moment();
   if (I.o.zero_stage > 0) {  // the moments live in slices: the file holds them whole
-    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->first_moment().data(), &m));
-    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->second_moment().data(), &v));
+    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->first_moment().data(), &state.first_moment));
+    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->second_moment().data(), &state.second_moment));
   }
-  SP_ASSIGN_OR_RETURN(const std::vector<float> params, gather_parameters());
+  SP_ASSIGN_OR_RETURN(state.params, gather_parameters());
+  state.steps = I.steps, state.optimizer_steps = I.adamw->steps_taken(), state.data_position = I.data->position();
   SP_RETURN_IF_ERROR(I.world.barrier());
-  if (I.world.rank() == 0) {
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      SP_CHECK_ARG(out.good(), "cannot write the checkpoint " + tmp);
-      const int64_t header[3] = {I.count, I.steps, I.adamw->steps_taken()};
-      const uint64_t data_at = I.data->position();
-      out.write(kMagic, 8);
-      out.write(reinterpret_cast<const char*>(&kVersion), sizeof(kVersion));
-      out.write(reinterpret_cast<const char*>(header), sizeof(header));
-      out.write(reinterpret_cast<const char*>(&data_at), sizeof(data_at));
-      for (const float* a : {params.data(), static_cast<const float*>(m.data()), static_cast<const float*>(v.data())})
-        out.write(reinterpret_cast<const char*>(a), std::streamsize(I.count * sizeof(float)));
-      SP_CHECK_ARG(out.good(), "writing the checkpoint " + tmp + " failed");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);  // the last good checkpoint stays whole until then
-    SP_CHECK_ARG(!ec, "cannot move the checkpoint into place at " + path + ": " + ec.message());
-  }
+  if (I.world.rank() == 0) SP_RETURN_IF_ERROR(model::write_checkpoint(path, state));
   return I.world.barrier();
 }
 
 Status Trainer::load(const std::string& path) {
   Impl& I = *impl_;
-  std::ifstream in(path, std::ios::binary);
-  SP_CHECK_ARG(in.good(), "cannot read the checkpoint " + path);
-  char magic[8];
-  uint32_t version = 0;
-  int64_t header[3] = {0, 0, 0};
-  uint64_t data_at = 0;
-  in.read(magic, 8);
-  in.read(reinterpret_cast<char*>(&version), sizeof(version));
-  SP_CHECK_ARG(in.good() && std::memcmp(magic, kMagic, 8) == 0 && version == kVersion,
-               path + " is not a seqpar checkpoint (version " + std::to_string(kVersion) + ")");
-  in.read(reinterpret_cast<char*>(header), sizeof(header));
-  in.read(reinterpret_cast<char*>(&data_at), sizeof(data_at));
-  SP_CHECK_ARG(header[0] == I.count, path + " holds " + std::to_string(header[0]) + " parameters; this model has " +
-                                         std::to_string(I.count));
-  std::vector<float> params(size_t(I.count)), m(size_t(I.count)), v(size_t(I.count));
-  for (float* a : {params.data(), m.data(), v.data()})
-    in.read(reinterpret_cast<char*>(a), std::streamsize(I.count * sizeof(float)));
-  SP_CHECK_ARG(in.good(), path + " is truncated");
-  SP_RETURN_IF_ERROR(set_parameters(params));
+  SP_ASSIGN_OR_RETURN(const model::TrainingState state, model::read_checkpoint(path, I.count));
+  SP_RETURN_IF_ERROR(set_parameters(state.params));
   const int64_t lo = I.adamw->begin(), hi = I.adamw->end();  // this rank's moments
-  std::copy(m.begin() + lo, m.begin() + hi, I.adamw->first_moment().begin());
-  std::copy(v.begin() + lo, v.begin() + hi, I.adamw->second_moment().begin());
-  I.steps = header[1];
-  I.adamw->set_steps_taken(header[2]);
-  I.data->seek(data_at);
+  std::copy(state.first_moment.begin() + lo, state.first_moment.begin() + hi, I.adamw->first_moment().begin());
+  std::copy(state.second_moment.begin() + lo, state.second_moment.begin() + hi, I.adamw->second_moment().begin());
+  I.steps = state.steps;
+  I.adamw->set_steps_taken(state.optimizer_steps);
+  I.data->seek(state.data_position);
   return Status::Ok();
 }
 
