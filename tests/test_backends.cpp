@@ -1,10 +1,13 @@
 // Every local-attention backend of this build (all_backends(): the CPU kernels, the fp64
-// oracle, and on a GPU our CUDA kernels and cuDNN) runs every step kind a schedule needs
+// oracle, and on a GPU our CUDA kernels, cuDNN and the Hopper kernels) runs every step kind a schedule needs
 // against the fp64 oracle computed whole (ggml's test-backend-ops is the model): forward
 // continued over two key blocks, backward added over two key blocks against the final LSE and
 // D (or O), both again from fresh outputs, delta, merge and accumulate. Rows sit at explicit
-// global positions (two query runs, two key runs), as in a zigzag or striped shard. CPU backends run fp64 (1e-10); GPU backends
-// bf16 under the bf16 rule. A backend that refuses a mask must say why.
+// global positions (two query runs, two key runs), as in a zigzag or striped shard (suite Masks), or
+// each side one run, as a contiguous shard pair of a ring step is (suite ShardPairs: head dims 64
+// and 128, GQA, causal diagonals at offsets, rows and pairs that see no key, odd lengths).
+// CPU backends run fp64 (1e-10); GPU backends bf16 under the bf16 rule. A backend that refuses a
+// problem must say why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,7 +23,37 @@ namespace {
 
 using testing::cast;
 
-constexpr int64_t kB = 1, kH = 4, kHkv = 2, kD = 64, kSq = 70, kSk = 90, kHalf = 45;
+// A shard pair: dims, the mask, and the rows' global positions as runs of consecutive positions
+// (start, rows); the keys are passed in two blocks, rows [0, half) and [half, S_k).
+struct Case {
+  std::string name, mask;
+  int64_t B, H, Hkv, D;
+  std::vector<std::pair<int64_t, int64_t>> q_runs, k_runs;
+  int64_t half;
+  double scale = 0;  // 0: 1/sqrt(D)
+  int64_t seq_q() const {
+    int64_t n = 0;
+    for (const auto& r : q_runs) n += r.second;
+    return n;
+  }
+  int64_t seq_k() const {
+    int64_t n = 0;
+    for (const auto& r : k_runs) n += r.second;
+    return n;
+  }
+};
+
+// The Masks suite's pair: two query runs and two key runs (each key block one run), D = 64, GQA 4:2.
+Case zigzag_case(const std::string& mask) {
+  return Case{mask, mask, 1, 4, 2, 64, {{100, 35}, {300, 35}}, {{60, 45}, {290, 45}}, 45};
+}
+
+std::vector<int64_t> positions_of(const std::vector<std::pair<int64_t, int64_t>>& runs) {
+  std::vector<int64_t> p;
+  for (const auto& [start, n] : runs)
+    for (int64_t i = 0; i < n; ++i) p.push_back(start + i);
+  return p;
+}
 
 struct Problem {
   std::vector<int64_t> q_pos, k_pos;
@@ -30,13 +63,15 @@ struct Problem {
   HostTensor delta;     // rowsum(dO * O) of the oracle
 };
 
-Problem make_problem(const std::string& mask, DType dtype) {
+Problem make_problem(const Case& c, DType dtype) {
+  const int64_t kB = c.B, kH = c.H, kHkv = c.Hkv, kD = c.D, kSq = c.seq_q(), kSk = c.seq_k();
   Problem p;
-  for (int64_t i = 0; i < kSq; ++i) p.q_pos.push_back(i < kSq / 2 ? 100 + i : 300 + i - kSq / 2);
-  // Keys in two runs, the second ahead of some queries: dense blocks for cuDNN's planner too
+  // Keys in runs, the later ones ahead of some queries: dense blocks for cuDNN's planner too
   // (strided shards are the GPU schedule test's).
-  for (int64_t j = 0; j < kSk; ++j) p.k_pos.push_back(j < kHalf ? 60 + j : 290 + j - kHalf);
-  p.params.mask = parse_mask(mask, 400).value();
+  p.q_pos = positions_of(c.q_runs);
+  p.k_pos = positions_of(c.k_runs);
+  p.params.mask = parse_mask(c.mask, 400).value();
+  p.params.scale = c.scale;
   p.params.q_positions = p.q_pos.data();
   p.params.k_positions = p.k_pos.data();
   p.q = testing::random_tensor(dtype, {kB, kSq, kH, kD}, 31);
@@ -89,16 +124,14 @@ AttentionParams keys_of(const Problem& p, int64_t begin) {
   return a;
 }
 
-class BackendVsOracle : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(BackendVsOracle, EveryStepKind) {
-  const std::string mask = GetParam();
+void every_step_kind(const Case& c) {
+  const int64_t kB = c.B, kH = c.H, kHkv = c.Hkv, kD = c.D, kSq = c.seq_q(), kSk = c.seq_k(), kHalf = c.half;
   for (const AttentionBackend* backend : all_backends()) {
     SCOPED_TRACE(backend->name());
     const BackendCaps caps = backend->caps();
     if (caps.device && cuda_device_count() == 0) continue;  // GPU backends need a device
     const Place at{caps.device, caps.device ? DType::kBF16 : DType::kF64, caps.device ? DType::kF32 : DType::kF64};
-    const Problem p = make_problem(mask, at.input);
+    const Problem p = make_problem(c, at.input);
     std::vector<DeviceTensor> keep;
     const TensorView q = at.put(p.q, at.input, &keep).value();
     const std::string why_not = backend->supports(q, p.params);
@@ -127,9 +160,10 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     // forward: continued over two key blocks from the empty result.
     const TensorView o = at.put(filled(at.acc, {kB, kSq, kH, kD}, 0), at.acc, &keep).value();
     const TensorView lse = at.put(filled(at.acc, {kB, kH, kSq}, -INFINITY), at.acc, &keep).value();
+    const auto block_end = [&](int64_t b) { return b == 0 ? kHalf : kSk; };
     for (int64_t b : {int64_t(0), kHalf})
-      ASSERT_TRUE(backend->forward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), keys_of(p, b), o, lse,
-                                   FreshOutputs{}, nullptr).ok());
+      ASSERT_TRUE(backend->forward(q, k.narrow(1, b, block_end(b)), v.narrow(1, b, block_end(b)), keys_of(p, b), o,
+                                   lse, FreshOutputs{}, nullptr).ok());
     check("O", o, p.ref.o, lowp ? &plain.o : nullptr);
     check("LSE", lse, p.ref.lse, lowp ? &plain.lse : nullptr);
 
@@ -141,8 +175,8 @@ TEST_P(BackendVsOracle, EveryStepKind) {
     const TensorView dk = at.put(filled(at.acc, {kB, kSk, kHkv, kD}, 0), at.acc, &keep).value();
     const TensorView dv = at.put(filled(at.acc, {kB, kSk, kHkv, kD}, 0), at.acc, &keep).value();
     for (int64_t b : {int64_t(0), kHalf})
-      ASSERT_TRUE(backend->backward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), dout, g_lse, g_d,
-                                    keys_of(p, b), dq, dk.narrow(1, b, b + kHalf), dv.narrow(1, b, b + kHalf),
+      ASSERT_TRUE(backend->backward(q, k.narrow(1, b, block_end(b)), v.narrow(1, b, block_end(b)), dout, g_lse, g_d,
+                                    keys_of(p, b), dq, dk.narrow(1, b, block_end(b)), dv.narrow(1, b, block_end(b)),
                                     FreshOutputs{}, nullptr)
                       .ok());
     check("dQ", dq, p.ref.dq, lowp ? &plain.dq : nullptr);
@@ -160,8 +194,8 @@ TEST_P(BackendVsOracle, EveryStepKind) {
       const TensorView fo = at.put(filled(out, {kB, kSq, kH, kD}, NAN), out, &keep).value();
       const TensorView fl = at.put(filled(at.acc, {kB, kH, kSq}, NAN), at.acc, &keep).value();
       for (int64_t b : {int64_t(0), kHalf})
-        ASSERT_TRUE(backend->forward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), keys_of(p, b), fo, fl,
-                                     FreshOutputs{b == 0, false, false}, nullptr)
+        ASSERT_TRUE(backend->forward(q, k.narrow(1, b, block_end(b)), v.narrow(1, b, block_end(b)), keys_of(p, b), fo,
+                                     fl, FreshOutputs{b == 0, false, false}, nullptr)
                         .ok());
       check("fresh O", fo, p.ref.o, lowp ? &plain.o : nullptr, rounding);
       check("fresh LSE", fl, p.ref.lse, lowp ? &plain.lse : nullptr);
@@ -169,9 +203,9 @@ TEST_P(BackendVsOracle, EveryStepKind) {
       const TensorView fdk = at.put(filled(out, {kB, kSk, kHkv, kD}, NAN), out, &keep).value();
       const TensorView fdv = at.put(filled(out, {kB, kSk, kHkv, kD}, NAN), out, &keep).value();
       for (int64_t b : {int64_t(0), kHalf})  // each key block's dK/dV rows are fresh in their call
-        ASSERT_TRUE(backend->backward(q, k.narrow(1, b, b + kHalf), v.narrow(1, b, b + kHalf), dout, g_lse, g_d,
-                                      keys_of(p, b), fdq, fdk.narrow(1, b, b + kHalf), fdv.narrow(1, b, b + kHalf),
-                                      FreshOutputs{false, b == 0, true}, nullptr)
+        ASSERT_TRUE(backend->backward(q, k.narrow(1, b, block_end(b)), v.narrow(1, b, block_end(b)), dout, g_lse, g_d,
+                                      keys_of(p, b), fdq, fdk.narrow(1, b, block_end(b)),
+                                      fdv.narrow(1, b, block_end(b)), FreshOutputs{false, b == 0, true}, nullptr)
                         .ok());
       check("fresh dQ", fdq, p.ref.dq, lowp ? &plain.dq : nullptr, rounding);
       check("fresh dK", fdk, p.ref.dk, lowp ? &plain.dk : nullptr, rounding);
@@ -223,6 +257,9 @@ TEST_P(BackendVsOracle, EveryStepKind) {
   }
 }
 
+class BackendVsOracle : public ::testing::TestWithParam<std::string> {};
+TEST_P(BackendVsOracle, EveryStepKind) { every_step_kind(zigzag_case(GetParam())); }
+
 INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
                          ::testing::Values("full", "causal", "window:40,0", "window:30,10", "docs:3"),
                          [](const auto& info) {
@@ -231,6 +268,47 @@ INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return n;
                          });
+
+// Shard pairs whose sides are one run each (what the Hopper kernels take; every backend runs
+// them). name, mask, B, H, H_kv, D, query runs, key runs, rows of the first key block[, scale].
+class BackendVsOracleRuns : public ::testing::TestWithParam<Case> {};
+TEST_P(BackendVsOracleRuns, EveryStepKind) { every_step_kind(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(
+    ShardPairs, BackendVsOracleRuns,
+    ::testing::Values(
+        // The diagonal pair: the second key block is ahead of the first 64 query rows (a pair's
+        // rows that see no key of it), GQA 4:2.
+        Case{"causal_diagonal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 130}}, {{0, 130}}, 64},
+        // A ring step from the past: every key before every query (causal is full here).
+        Case{"causal_past_d128", "causal", 1, 2, 2, 128, {{300, 100}}, {{0, 180}}, 90},
+        // Keys start after the queries: the first 50 query rows see no key at all (LSE -inf,
+        // O = 0), and the second key block is seen by none (an empty pair), MQA 4:1.
+        Case{"causal_no_key_rows_d64_mqa", "causal", 1, 4, 1, 64, {{100, 77}}, {{150, 90}}, 45},
+        // The diagonal with an offset between the sides (q0 - k0 = 40), D = 64.
+        Case{"causal_offset_d64", "causal", 1, 4, 2, 64, {{40, 100}}, {{0, 150}}, 70},
+        // Keys in the future of every query: nothing is visible, every row is empty.
+        Case{"causal_future_d128", "causal", 1, 2, 1, 128, {{0, 64}}, {{64, 128}}, 64},
+        // The causal band shifted right (window -1,16: keys up to 16 ahead).
+        Case{"band_right16_d128", "window:-1,16", 1, 2, 2, 128, {{0, 96}}, {{32, 100}}, 50},
+        Case{"full_d64_gqa_scale", "full", 1, 4, 2, 64, {{0, 70}}, {{500, 90}}, 45, 0.2},  // a scale of our own
+        Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100}),
+    [](const auto& info) { return info.param.name; });
+
+// The shard-pair cases above must not pass by every Hopper case being refused: on an sm_90 GPU
+// the backend takes a bf16 causal problem of each head dim.
+TEST(HopperBackend, TakesBf16CausalOnHopper) {
+  const std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
+  if (!hopper || cuda_device_count() == 0) GTEST_SKIP() << "no Hopper backend in this build, or no GPU";
+  AttentionParams causal;
+  causal.mask = MaskSpec::causal();
+  for (int64_t d : {64, 128}) {
+    auto q = device_zeros(DType::kBF16, {1, 256, 4, d}).value();
+    const std::string why_not = hopper->supports(q.view, causal);
+    if (why_not.find("sm_90") != std::string::npos) GTEST_SKIP() << why_not;  // another GPU
+    EXPECT_TRUE(why_not.empty()) << "D = " << d << ": " << why_not;
+  }
+}
 
 }  // namespace
 }  // namespace seqpar

@@ -8,7 +8,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 what=${1:-all}
 mkdir -p "$here/build"
-flags=(-gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo
+# The kernels are the library's: src/ on the include path (kernels/hopper/*.cuh).
+flags=(-gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I "$here/../../src"
        -Xcompiler -static-libstdc++ -Xcompiler -static-libgcc)
 if [ "$what" != bwd ]; then
   nvcc "${flags[@]}" --resource-usage -Xcompiler -O2 \

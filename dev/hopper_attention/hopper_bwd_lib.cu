@@ -4,7 +4,7 @@
 // build/libhopper_bwd.so. The forward (for O and LSE) comes from build/libhopper_fwd.so.
 #include <cuda_runtime.h>
 
-#include "hopper_bwd.cuh"
+#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
 
 extern "C" size_t hopper_bwd_workspace(int B, int H, int Sq, int D) {
   return hopper_attn::bwd_workspace_bytes(B, H, Sq, D);

@@ -31,8 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "hopper_bwd.cuh"
-#include "variants.cuh"
+#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
 
 using hopper_attn::BwdArgs;
 

@@ -4,8 +4,7 @@
 // build/libhopper_fwd.so.
 #include <cuda_runtime.h>
 
-#include "hopper_fwd.cuh"
-#include "variants.cuh"
+#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
 
 // q, o [B, Sq, H, D] bf16; k, v [B, Sk, Hkv, D] bf16; lse [B, H, Sq] fp32; all contiguous.
 // Returns the cudaError_t of the launch (0 on success).

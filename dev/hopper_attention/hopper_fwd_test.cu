@@ -28,8 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "hopper_fwd.cuh"
-#include "variants.cuh"
+#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
 
 using hopper_attn::FwdArgs;
 

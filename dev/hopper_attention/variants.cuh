@@ -4,13 +4,17 @@
 // (overlap + ping-pong between the consumer warpgroups), pingpong3 (same, 3 K/V stages),
 // pp176 (pingpong with 176-key tiles), pp192 (192-key tiles, D = 128), m192 (D = 64:
 // three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers).
+// The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
+// src/ on the include path); the backend runs pp192 (D = 128), m192 (D = 64) and backward base.
 #pragma once
 #include <cstdio>
 #include <string>
 
-#include "hopper_fwd.cuh"
+#include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_fwd.cuh"
 
 namespace hopper_attn {
+using namespace seqpar::hopper;
 
 inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t st) {
   if (a.head_dim == 128) {
@@ -28,6 +32,13 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "m192") return launch_fwd<64, 128, 2, true, true, 3>(a, st);
   }
   std::fprintf(stderr, "no variant %s at D = %d\n", v.c_str(), a.head_dim);
+  return cudaErrorInvalidValue;
+}
+
+// Backward variants: 0 "base", 1 "defer" (kDefer in hopper_bwd.cuh).
+inline cudaError_t dispatch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  if (a.head_dim == 128) return a.variant ? launch_bwd<128, true>(a, stream) : launch_bwd<128, false>(a, stream);
+  if (a.head_dim == 64) return a.variant ? launch_bwd<64, true>(a, stream) : launch_bwd<64, false>(a, stream);
   return cudaErrorInvalidValue;
 }
 

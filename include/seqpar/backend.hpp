@@ -73,7 +73,8 @@ class AttentionBackend {
 const AttentionBackend& cpu_kernel_backend();
 // The fp64 oracle as a backend: plain loops, every step computed in fp64 (fp32 or fp64 tensors).
 const AttentionBackend& cpu_oracle_backend();
-// Every backend this build has (GPU ones where CUDA is built), for the backend test. The GPU
+// Every backend this build has (GPU ones where CUDA is built: ours, cuDNN, Hopper), for the
+// backend test. The GPU
 // instances keep scratch: use them from one thread.
 std::vector<const AttentionBackend*> all_backends();
 
@@ -82,6 +83,11 @@ std::vector<const AttentionBackend*> all_backends();
 // a diagnostic for very long shards).
 std::unique_ptr<AttentionBackend> make_cuda_backend();
 std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0);
+// Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128, full or causal masks, each
+// side's positions one run with step 1 (supports() says what else it refuses; it refuses every
+// GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code. Not a default choice:
+// make_gpu_backend never picks it.
+std::unique_ptr<AttentionBackend> make_hopper_backend();
 // The GPU backend for problems like (q, params): cuDNN where built, preferred and supported,
 // else our own kernels; nullptr without CUDA.
 std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const AttentionParams& params,

@@ -1,11 +1,12 @@
-// hopper_bwd.cuh: a FlashAttention-3-style attention BACKWARD kernel for sm_90a (H100/H200), bf16,
+// The Hopper attention BACKWARD kernel: FlashAttention-3-style, for sm_90a (H100/H200), bf16,
 // head dim 128 (and 64), full or causal mask (top-left + offset, as the forward), GQA. Follows
 // include/seqpar/backend.hpp: given the final LSE [B, H, S_q] (natural log of the scaled scores,
 // -inf for rows that see no key) and D = rowsum(dO * O) [B, H, S_q] (or O, from which a small
 // preprocessing kernel computes D), it writes dQ [B, S_q, H, D], dK and dV [B, S_k, H_kv, D],
-// all bf16; `accumulate` makes it add to them instead (the backend's "backward adds").
+// bf16 or fp32 (dq_f32, dkv_f32), any row strides; `accumulate` makes it add to them instead (the
+// backend's "backward adds": each element read, added in fp32 and rounded once).
 //
-// Design (lab version; README.md has the reasoning and the numbers):
+// Design (dev/hopper_attention/README.md has the reasoning, the A/B runs and the numbers):
 // - One CTA per (128-key tile, KV head, batch). It loops over the query heads of its GQA group
 //   and, for each, over the 64-row query tiles that can see its keys (causal: from the diagonal
 //   down), so dK and dV of the group are summed in registers and written once, unshared.
@@ -28,25 +29,24 @@
 // - dQ: each consumer writes its fp32 dQ half to shared memory in its fragment order and the
 //   producer's warp 1 adds it to a zeroed fp32 accumulator in global memory with one bulk
 //   reduction (cp.reduce.async.bulk .add.f32, 16 KB); a final kernel turns the accumulator into
-//   bf16 dQ (times the softmax scale). Named barriers hand the shared buffer back and forth.
+//   dQ (times the softmax scale; added to dQ with accumulate). Named barriers hand the shared
+//   buffer back and forth.
 // - Masking: P = 0 for keys past S_k and above the causal diagonal, only in the tiles that
 //   cross either; rows past S_q and rows with no key get LSE2 = +inf and D = 0 from the
 //   preprocessing kernel, so their P and dS are exactly 0 (no NaN from -inf - -inf).
-// - Variants (dispatch_bwd): 0 "base" (the above; the faster one, measured on H200) and 1
-//   "defer" (kDefer below).
+// - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
+//   the backend runs), and kDefer = true, "defer" (below; the lab's dispatch_bwd picks by name).
 #pragma once
 
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
+#include <cmath>
 #include <cstdint>
 
-#include "hopper_fwd.cuh"  // PTX helpers (mbarrier, TMA, wgmma fences, descriptors), make_tmap
-#include "wgmma_bwd_ops.cuh"
-#include "wgmma_ops.cuh"
+#include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
+#include "kernels/hopper/hopper_ptx.cuh"
+#include "kernels/hopper/wgmma_bwd_ops.cuh"
+#include "kernels/hopper/wgmma_ops.cuh"
 
-namespace hopper_attn {
+namespace seqpar::hopper {
 
 namespace bwd {
 constexpr int kBM = 64;    // query rows per tile (one wgmma M; the N of S^T)
@@ -63,12 +63,14 @@ struct BwdParams {
   float* dq_acc;        // [B, H, n_mtiles, 64 * D] fp32, zeroed; each tile in fragment order
   const float* lse2;    // [B, H, S_q_pad]: LSE * log2(e); +inf for no-key rows and padding
   const float* dpsum;   // [B, H, S_q_pad]: D; 0 on padding
-  __nv_bfloat16* dk;    // [B, S_k, H_kv, D]
-  __nv_bfloat16* dv;
+  void* dk;             // [B, S_k, H_kv, D]: bf16, or fp32 with out_f32; element strides dk_s*
+  void* dv;             // likewise, dv_s*
   int batch, heads, kv_heads, seq_q, seq_k, seq_q_pad;
   int causal, causal_offset;  // key j visible from query i iff j <= i + causal_offset
-  int accumulate;             // add to dk, dv (and dq) instead of overwriting them
+  int accumulate;             // add to dk, dv instead of overwriting them
   float scale, scale_log2;
+  int out_f32;  // dk, dv in fp32
+  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
 };
 
 template <int kD>
@@ -90,45 +92,28 @@ struct BwdSmem {
   static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
-// ---- PTX helpers the forward does not have ---------------------------------------------
+// ---- output stores -------------------------------------------------------------------------
 
-// 1-D bulk copy global -> shared, completing on an mbarrier (LSE2 / D tiles).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// global[dst..] += shared[src..] (fp32), as one bulk asynchronous reduction.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
-                   reinterpret_cast<uint64_t>(dst)),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
-}
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy (wgmma,
-// bulk copy) reads of them; a barrier then publishes them to the other threads.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
+// out[off], out[off + 1] (+)= g: bf16 or fp32 (out_f32); with accumulate the old value is read,
+// added in fp32 and rounded once.
+__device__ __forceinline__ void add_out(void* out, int64_t off, float2 g, int out_f32, int accumulate) {
+  if (out_f32) {
+    float2* dst = reinterpret_cast<float2*>(static_cast<float*>(out) + off);
+    if (accumulate) {
+      const float2 old = *dst;
+      g.x += old.x;
+      g.y += old.y;
+    }
+    *dst = g;
+  } else {
+    uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + off);
+    if (accumulate) {
+      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
+      g.x += __low2float(old);
+      g.y += __high2float(old);
+    }
+    *dst = pack_bf16(g.x, g.y);
+  }
 }
 
 // ---- the kernel --------------------------------------------------------------------------
@@ -144,6 +129,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const BwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+#ifdef SEQPAR_HOPPER_STUB
+  __trap();  // a device pass without sm_90a features: never launched (device_refusal)
+#else
   using L = BwdSmem<kD>;
   using namespace bwd;
   constexpr int kCB = kD / 64;   // 64-column (128-byte) blocks per row
@@ -447,26 +435,18 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   for (int x = 0; x < 2; ++x) {
     const int key = key_r0 + 8 * x;
     if (key >= p.seq_k) continue;
-    const int64_t off = ((static_cast<int64_t>(b) * p.seq_k + key) * p.kv_heads + kvh) * kD;
+    const int64_t koff = b * p.dk_sb + key * p.dk_ss + kvh * p.dk_sh;
+    const int64_t voff = b * p.dv_sb + key * p.dv_ss + kvh * p.dv_sh;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int col = 8 * j + 2 * (lane % 4);
-      float k0 = dk[4 * j + 2 * x] * p.scale, k1 = dk[4 * j + 2 * x + 1] * p.scale;
-      float v0 = dv[4 * j + 2 * x], v1 = dv[4 * j + 2 * x + 1];
-      uint32_t* pk = reinterpret_cast<uint32_t*>(p.dk + off + col);
-      uint32_t* pv = reinterpret_cast<uint32_t*>(p.dv + off + col);
-      if (p.accumulate) {
-        const __nv_bfloat162 ok = *reinterpret_cast<const __nv_bfloat162*>(pk);
-        const __nv_bfloat162 ov = *reinterpret_cast<const __nv_bfloat162*>(pv);
-        k0 += __low2float(ok);
-        k1 += __high2float(ok);
-        v0 += __low2float(ov);
-        v1 += __high2float(ov);
-      }
-      *pk = pack_bf16(k0, k1);
-      *pv = pack_bf16(v0, v1);
+      float2 gk = make_float2(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale);
+      float2 gv = make_float2(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]);
+      add_out(p.dk, koff + col, gk, p.out_f32, p.accumulate);
+      add_out(p.dv, voff + col, gv, p.out_f32, p.accumulate);
     }
   }
+#endif  // SEQPAR_HOPPER_STUB
 }
 
 // ---- preprocessing and dQ conversion -------------------------------------------------------
@@ -477,7 +457,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 template <int kD>
 __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
                                       const float* delta, float* lse2, float* dpsum, int B, int H, int Sq,
-                                      int Sq_pad) {
+                                      int Sq_pad, StatStrides lse_st, StatStrides delta_st) {
   constexpr int kLanes = kD / 8;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = t / kLanes;
@@ -506,21 +486,20 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
     const int64_t si = (static_cast<int64_t>(b) * H + h) * Sq_pad + q;
     float l2 = INFINITY, d = 0.f;
     if (q < Sq) {
-      const int64_t li = (static_cast<int64_t>(b) * H + h) * Sq + q;
-      const float l = lse[li];
+      const float l = lse[b * lse_st.b + h * lse_st.h + q];
       l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-      d = delta ? delta[li] : acc;
+      d = delta ? delta[b * delta_st.b + h * delta_st.h + q] : acc;
     }
     lse2[si] = l2;
     dpsum[si] = d;
   }
 }
 
-// dQ = scale * dQ_acc (+ dQ if accumulating), bf16. One thread per float4 of the accumulator,
+// dQ = scale * dQ_acc (+ dQ if accumulating), bf16 or fp32. One thread per float4 of the accumulator,
 // whose in-tile order is the consumers' fragment order (see the kernel's dQ store).
 template <int kD>
-__global__ void bwd_convert_dq_kernel(const float* dq_acc, __nv_bfloat16* dq, int B, int H, int Sq, int n_mtiles,
-                                      float scale, int accumulate) {
+__global__ void bwd_convert_dq_kernel(const float* dq_acc, void* dq, RowStrides dq_st, int out_f32, int B, int H,
+                                      int Sq, int n_mtiles, float scale, int accumulate) {
   constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t f = t * 4;
@@ -540,38 +519,13 @@ __global__ void bwd_convert_dq_kernel(const float* dq_acc, __nv_bfloat16* dq, in
   for (int x = 0; x < 2; ++x) {  // e = 2x, 2x + 1: row + 8x, columns col, col + 1
     const int q = m * kBM + warp * 16 + lane / 4 + 8 * x;
     if (q >= Sq) continue;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(dq + ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + col);
-    float a0 = vals[2 * x] * scale, a1 = vals[2 * x + 1] * scale;
-    if (accumulate) {
-      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
-      a0 += __low2float(old);
-      a1 += __high2float(old);
-    }
-    *dst = pack_bf16(a0, a1);
+    add_out(dq, b * dq_st.b + q * dq_st.s + h * dq_st.h + col,
+            make_float2(vals[2 * x] * scale, vals[2 * x + 1] * scale), out_f32, accumulate);
   }
 }
 
 // ---- host side ---------------------------------------------------------------------------
 
-struct BwdArgs {
-  const void* q;     // [B, S_q, H, D] bf16
-  const void* k;     // [B, S_k, H_kv, D] bf16
-  const void* v;
-  const void* o;     // [B, S_q, H, D] bf16 (for D = rowsum(dO * O)); unused when delta is given
-  const void* dout;  // [B, S_q, H, D] bf16
-  const float* lse;  // [B, H, S_q]
-  const float* delta;  // [B, H, S_q] or nullptr (then computed from o and dout)
-  void* dq;          // [B, S_q, H, D] bf16
-  void* dk;          // [B, S_k, H_kv, D] bf16
-  void* dv;
-  void* workspace;   // bwd_workspace_bytes(...)
-  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  int causal, causal_offset, accumulate;
-  float scale;       // 0: 1/sqrt(D)
-  int variant;       // 0 base, 1 defer (see dispatch_bwd)
-  int main_only;     // timing aid: launch only the main kernel (the workspace must hold a
-                     // previous call's LSE2 and D; dQ is then neither zeroed nor converted)
-};
 
 inline int bwd_seq_pad(int seq_q) { return (seq_q + bwd::kBM - 1) / bwd::kBM * bwd::kBM; }
 // fp32 dQ accumulator + LSE2 + D.
@@ -588,10 +542,10 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
   float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
   CUtensorMap tq, tk, tv, tdo;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, bwd::kBM) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN) != CUDA_SUCCESS ||
-      make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, bwd::kBM) != CUDA_SUCCESS)
+  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.q_st) != CUDA_SUCCESS ||
+      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.k_st) != CUDA_SUCCESS ||
+      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.v_st) != CUDA_SUCCESS ||
+      make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.dout_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   if (!a.main_only) {
@@ -601,15 +555,19 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
     const int64_t threads = static_cast<int64_t>(a.batch) * pad * a.heads * (kD / 8);
     bwd_preprocess_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
-        dpsum, a.batch, a.heads, a.seq_q, pad);
+        dpsum, a.batch, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
+        stat_strides(a.delta_st, a.heads, a.seq_q));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   BwdParams p{};
   p.dq_acc = dq_acc;
   p.lse2 = lse2;
   p.dpsum = dpsum;
-  p.dk = static_cast<__nv_bfloat16*>(a.dk);
-  p.dv = static_cast<__nv_bfloat16*>(a.dv);
+  p.dk = a.dk;
+  p.dv = a.dv;
+  p.out_f32 = a.dkv_f32;
+  const RowStrides kst = row_strides(a.dk_st, a.seq_k, a.kv_heads, kD), vst = row_strides(a.dv_st, a.seq_k, a.kv_heads, kD);
+  p.dk_sb = kst.b, p.dk_ss = kst.s, p.dk_sh = kst.h, p.dv_sb = vst.b, p.dv_ss = vst.s, p.dv_sh = vst.h;
   p.batch = a.batch;
   p.heads = a.heads;
   p.kv_heads = a.kv_heads;
@@ -618,7 +576,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   p.seq_q_pad = pad;
   p.causal = a.causal;
   p.causal_offset = a.causal_offset;
-  p.accumulate = a.accumulate;
+  p.accumulate = a.accumulate && !a.dkv_fresh;
   p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   auto kernel = bwd_kernel<kD, kDefer>;
@@ -630,17 +588,11 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   if (!a.main_only) {
     const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
     bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        dq_acc, static_cast<__nv_bfloat16*>(a.dq), a.batch, a.heads, a.seq_q, n_mtiles, p.scale, a.accumulate);
+        dq_acc, a.dq, row_strides(a.dq_st, a.seq_q, a.heads, kD), a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles,
+        p.scale, a.accumulate && !a.dq_fresh);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-// Variants: 0 "base", 1 "defer" (kDefer above).
-inline cudaError_t dispatch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  if (a.head_dim == 128) return a.variant ? launch_bwd<128, true>(a, stream) : launch_bwd<128, false>(a, stream);
-  if (a.head_dim == 64) return a.variant ? launch_bwd<64, true>(a, stream) : launch_bwd<64, false>(a, stream);
-  return cudaErrorInvalidValue;
-}
-
-}  // namespace hopper_attn
+}  // namespace seqpar::hopper

@@ -5,7 +5,7 @@
 #   ss_..._tt: A and B from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1):
 #              dQ = dS K, where dS is stored as dS^T [keys][queries] (queries contiguous, i.e.
 #              M-major A) and K as [keys][d] (d contiguous, i.e. N-major B).
-# Usage: python3 gen_wgmma_bwd.py > wgmma_bwd_ops.cuh
+# Usage: python3 src/kernels/hopper/gen_wgmma_bwd.py > src/kernels/hopper/wgmma_bwd_ops.cuh
 def acc_list(n):
     return ", ".join("%" + str(i) for i in range(n))
 
@@ -19,7 +19,7 @@ out.append("// memory, both MN-major (transposed), scale_d a runtime predicate (
 out.append("// 'ss_tb': A from shared memory K-major, B MN-major, always accumulating (the 'defer' dK).")
 out.append("#pragma once")
 out.append("#include <cstdint>")
-out.append("namespace hopper_attn {")
+out.append("namespace seqpar::hopper {")
 for n in (32, 64):
     nacc = n // 2
     out.append("__device__ __forceinline__ void wgmma_ss_m64n%dk16_tt(float (&d)[%d], uint64_t da, uint64_t db, int scale_d) {" % (n, nacc))
@@ -38,5 +38,5 @@ for n in (64, 128):
     out.append("      : %s" % acc_constraints(nacc))
     out.append('      : "l"(da), "l"(db));')
     out.append("}")
-out.append("}  // namespace hopper_attn")
+out.append("}  // namespace seqpar::hopper")
 print("\n".join(out))

@@ -1,10 +1,10 @@
-// hopper_fwd.cuh: a FlashAttention-3-style attention FORWARD kernel for sm_90a (H100/H200), bf16,
-// head dim 64 or 128, full or causal mask, GQA; writes O (bf16) and LSE (fp32, natural log of
-// the scaled scores, -inf for rows that see no key), following include/seqpar/backend.hpp:
-// q, o [B, S_q, H, D]; k, v [B, S_k, H_kv, D]; lse [B, H, S_q]; query head h reads K/V head
+// The Hopper attention FORWARD kernel: FlashAttention-3-style, for sm_90a (H100/H200), bf16,
+// head dim 64 or 128, full or causal mask with a position offset, GQA; writes O (bf16 or fp32,
+// any row strides) and LSE (fp32, natural log of the scaled scores, -inf for rows that see no
+// key), following include/seqpar/backend.hpp: q, o [B, S_q, H, D]; k, v [B, S_k, H_kv, D]; lse [B, H, S_q]; query head h reads K/V head
 // h / (H / H_kv) (no copy of K/V).
 //
-// Design (lab version, see README.md):
+// Design (dev/hopper_attention/README.md has the reasoning, the A/B runs and the numbers):
 // - one CTA per (64 kC query rows, head, batch); 1 + kC warpgroups: WG0 is the producer (one
 //   thread issues every TMA load, the rest exit), the kC others are consumers of 64 query rows
 //   each; setmaxnreg moves registers from the producer (24) to the consumers (240 at kC = 2).
@@ -24,24 +24,24 @@
 // length mask come first and the loop body after them runs unmasked.
 #pragma once
 
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
+#include <cmath>
 #include <cstdint>
 
-#include "wgmma_ops.cuh"
+#include "kernels/hopper/hopper_ptx.cuh"
+#include "kernels/hopper/wgmma_ops.cuh"
 
-namespace hopper_attn {
+namespace seqpar::hopper {
 
 // Flat, zero-initialisable parameters (FwdParams p{}; then fill).
 struct FwdParams {
-  __nv_bfloat16* o;   // [B, S_q, H, D], contiguous
-  float* lse;         // [B, H, S_q]
+  void* o;            // [B, S_q, H, D]: bf16, or fp32 with o_f32; element strides o_sb, o_ss, o_sh
+  float* lse;         // [B, H, S_q]; element strides lse_sb, lse_sh
   int batch, heads, kv_heads, seq_q, seq_k;
   int causal;         // 0: full; 1: key j visible from query i iff j <= i + causal_offset
   int causal_offset;  // 0 is top-left aligned causal; negative offsets leave rows with no key
   float scale_log2;   // softmax scale * log2(e): scores are exponentiated with exp2
+  int o_f32;
+  int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh;
 };
 
 // kC consumer warpgroups of 64 query rows each: 2 (128 rows; FA3's choice at D = 128) or 3
@@ -71,86 +71,6 @@ struct Smem {
   static constexpr int kBars = 1 + 4 * kStages;  // q_full, k_full[], k_empty[], v_full[], v_empty[]
   static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
-
-// ---- PTX helpers -------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Spins until the phase of the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
-      "%5}], [%6];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Pins registers in place around asynchronous wgmma: the empty asm "reads and writes" them, so
-// the compiler can neither move their uses across a wait nor reuse their registers early.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
-// byte offsets in 16-byte units (bits 0-13, 16-29, 32-45), layout type 1 = SWIZZLE_128B
-// (bits 62-63). K-major: SBO = 1024 (next 8 rows), LBO unused (1). MN-major: LBO = the stride
-// between 64-element column blocks, SBO = 1024 (next 8 rows along K).
-__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= 1ull << 62;
-  return d;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // ---- the consumer's per-block math ------------------------------------------------------
 
@@ -244,6 +164,9 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kBN % 16 == 0 && kBN <= 256, "key tile: whole wgmma k-steps, one TMA box");
+#ifdef SEQPAR_HOPPER_STUB
+  __trap();  // a device pass without sm_90a features: never launched (device_refusal)
+#else
   using L = Smem<kD, kBN, kStages, Cfg<kC>::kBM>;
   constexpr int kBM = Cfg<kC>::kBM;
   constexpr int kCB = kD / 64;  // 64-column blocks per row (one 128-byte swizzle atom wide each)
@@ -463,56 +386,40 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     const float inv = lx > 0.f ? 1.f / lx : 0.f;
     const int row = row0 + 8 * x;
     if (row < p.seq_q) {
-      __nv_bfloat16* orow = p.o + ((static_cast<int64_t>(b) * p.seq_q + row) * p.heads + h) * kD;
+      const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) {
         const int col = 8 * j + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(o[4 * j + 2 * x] * inv, o[4 * j + 2 * x + 1] * inv);
+        const float a0 = o[4 * j + 2 * x] * inv, a1 = o[4 * j + 2 * x + 1] * inv;
+        if (p.o_f32)
+          *reinterpret_cast<float2*>(static_cast<float*>(p.o) + orow + col) = make_float2(a0, a1);
+        else
+          *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + col) = pack_bf16(a0, a1);
       }
       if (lane % 4 == 0)
-        p.lse[(static_cast<int64_t>(b) * p.heads + h) * p.seq_q + row] =
-            lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
+        p.lse[b * p.lse_sb + h * p.lse_sh + row] = lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
     }
   }
+#endif  // SEQPAR_HOPPER_STUB
 }
 
 // ---- host side ---------------------------------------------------------------------------
-
-// A 4-D tensor map over a [B, S, H, D] bf16 tensor (dims innermost first: D, H, S, B) whose
-// box is 64 columns of D x 1 head x `rows` rows x 1 batch, 128-byte swizzled. Rows past S are
-// zero-filled on load, so partial tiles need no special loads.
-inline CUresult make_tmap(CUtensorMap* map, const void* ptr, int B, int S, int H, int D, int rows) {
-  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(H), cuuint64_t(S), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(D) * 2, cuuint64_t(H) * D * 2, cuuint64_t(S) * H * D * 2};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides,
-                                box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-
-struct FwdArgs {
-  const void* q;  // [B, S_q, H, D] bf16
-  const void* k;  // [B, S_k, H_kv, D] bf16
-  const void* v;
-  void* o;        // [B, S_q, H, D] bf16
-  float* lse;     // [B, H, S_q]
-  int batch, heads, kv_heads, seq_q, seq_k, head_dim;
-  int causal, causal_offset;
-  float scale;    // 0: 1/sqrt(D)
-};
 
 template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC = 2>
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBM = Cfg<kC>::kBM;
   CUtensorMap tq, tk, tv;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN) != CUDA_SUCCESS)
+  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
+      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.k_st) != CUDA_SUCCESS ||
+      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.v_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   FwdParams p{};
-  p.o = static_cast<__nv_bfloat16*>(a.o);
+  p.o = a.o;
   p.lse = a.lse;
+  p.o_f32 = a.o_f32;
+  const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
+  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
+  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
   p.batch = a.batch;
   p.heads = a.heads;
   p.kv_heads = a.kv_heads;
@@ -531,4 +438,4 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace hopper_attn
+}  // namespace seqpar::hopper

@@ -2,7 +2,7 @@
 # Generates wgmma_ops.cuh: the inline-PTX wrappers for the warpgroup MMA shapes the forward
 # kernel uses. Written out by a script because each wrapper names every accumulator register
 # as an asm operand (64 of them at N = 128), which is tedious and error-prone by hand.
-# Usage: python3 gen_wgmma.py > wgmma_ops.cuh
+# Usage: python3 src/kernels/hopper/gen_wgmma.py > src/kernels/hopper/wgmma_ops.cuh
 def acc_list(n):
     return ", ".join("%" + str(i) for i in range(n))
 
@@ -16,7 +16,7 @@ out.append("// shared memory through descriptors (both K-major: Q K^T); 'rs' tak
 out.append("// B from shared memory, MN-major (tnspB = 1: V stored [keys][d] with d contiguous).")
 out.append("#pragma once")
 out.append("#include <cstdint>")
-out.append("namespace hopper_attn {")
+out.append("namespace seqpar::hopper {")
 # S = Q K^T at N = kBN keys (128, or 176 as FA3 uses for D = 128 without a mask); O += P V
 # at N = D (64 or 128).
 for n in (64, 128, 176, 192):
@@ -36,5 +36,5 @@ for n in (64, 128, 176, 192):
     out.append("      : %s" % acc_constraints(nacc))
     out.append('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));')
     out.append("}")
-out.append("}  // namespace hopper_attn")
+out.append("}  // namespace seqpar::hopper")
 print("\n".join(out))

@@ -1,0 +1,252 @@
+// Our sm_90a kernels (FlashAttention-3-style: wgmma, TMA, warp specialisation) as the local-
+// attention backend "hopper" of include/seqpar/backend.hpp. Each call is one kernel launch over
+// the whole shard pair: bf16, head dim 64 or 128, the full mask or a causal band (window (-1, R),
+// R >= 0: causal is R = 0) whose diagonal sits where the pair's positions put it, which needs
+// each side's positions to be one increasing run with step 1 (a contiguous shard; a zigzag shard
+// is two runs and is refused). GQA reads K/V heads by index.
+//   forward   a fresh result (FreshOutputs::o) is written straight by the kernel (O in bf16 or
+//             fp32, LSE fp32; rows that see no key get O = 0, LSE = -inf); else the pair's part
+//             goes to a stream buffer and is merged into the running (O, LSE)
+//             (flash_merge_partials);
+//   backward  the kernels add into dQ, dK, dV (bf16 or fp32: each element read once, added in
+//             fp32, rounded once), or write them where fresh, against the final LSE and the
+//             given D (caps: takes_delta);
+//   delta, merge, accumulate: our CUDA kernels' (CudaKernelBackend).
+// Tensors may be strided views (TMA takes any 16-byte multiple strides; outputs any even ones)
+// with a contiguous last dim; what the kernels cannot take is refused (supports, or the call's
+// status for K/V, whose length supports() does not see).
+#include "kernels/hopper/hopper_backend.hpp"
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/hopper/hopper_args.hpp"
+#include "seqpar/flash_cuda.hpp"
+
+namespace seqpar::hopper {
+namespace {
+
+// Why rows [0, n) at `positions` (null: the default start) are not one run with step 1; empty
+// when they are. *start receives the first position.
+std::string run_refusal(const int64_t* positions, int64_t n, int64_t default_start, int64_t* start,
+                        const char* side) {
+  *start = positions && n > 0 ? positions[0] : default_start;
+  if (!positions) return {};
+  for (int64_t i = 1; i < n; ++i)
+    if (positions[i] != positions[i - 1] + 1)
+      return std::string("the Hopper kernels take each side's positions as one increasing run with step 1; the ") +
+             side + " positions break at row " + std::to_string(i) + " (" + std::to_string(positions[i - 1]) +
+             " then " + std::to_string(positions[i]) + ")";
+  return {};
+}
+
+// Why TMA cannot load this [B, S, H, D] bf16 view: it wants a contiguous last dim, a 16-byte
+// aligned base and strides that are multiples of 16 bytes.
+std::string load_refusal(const TensorView& t, const char* what) {
+  if (t.ndim != 4) return std::string(what) + " must be [B, S, H, D]; got " + t.shape_string();
+  if (t.strides[3] != 1) return std::string(what) + " needs a contiguous last dim for the Hopper kernels";
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.strides[0] % 8 != 0 || t.strides[1] % 8 != 0 ||
+      t.strides[2] % 8 != 0 || t.strides[0] < 0 || t.strides[1] < 0 || t.strides[2] < 0)
+    return std::string(what) + ": the Hopper kernels' TMA loads need a 16-byte aligned base and row strides that are "
+                               "multiples of 8 elements";
+  return {};
+}
+
+// Whether the kernels can store into this [B, S, H, D] output (bf16 or fp32, pairs of elements
+// from a contiguous last dim, even strides).
+bool storable(const TensorView& t) {
+  if (t.ndim != 4 || (t.dtype != DType::kBF16 && t.dtype != DType::kF32) || t.strides[3] != 1) return false;
+  const size_t pair = 2 * dtype_size(t.dtype);
+  return reinterpret_cast<uintptr_t>(t.data) % pair == 0 && t.strides[0] % 2 == 0 && t.strides[1] % 2 == 0 &&
+         t.strides[2] % 2 == 0;
+}
+RowStrides strides_of(const TensorView& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
+StatStrides stat_strides_of(const TensorView& t) { return {t.strides[0], t.strides[1]}; }
+bool stats_readable(const TensorView& t) { return t.ndim == 3 && t.dtype == DType::kF32 && t.strides[2] == 1; }
+
+Status launched(int error, const char* what) {
+  if (error == 0) return Status::Ok();
+  return Status(StatusCode::kInternal, std::string("the Hopper ") + what + " failed: " + error_string(error));
+}
+
+// Where a pair's causal band puts its diagonal: key row j is visible from query row i iff
+// j <= i + offset, or every key is (full), or none is (empty).
+struct Band {
+  bool causal = false, empty = false;
+  int offset = 0;
+};
+
+class HopperBackend : public cuda::CudaKernelBackend {
+ public:
+  const char* name() const override { return "hopper"; }
+  BackendCaps caps() const override {
+    BackendCaps c;
+    c.takes_delta = true;   // the backward takes the final D as given
+    c.writes_parts = true;  // outputs may be in the inputs' dtype (bf16)
+    c.device = true;
+    return c;
+  }
+
+  std::string supports(const TensorView& q, const AttentionParams& params) const override {
+    if (q.device.kind != DeviceKind::kCuda) return "the Hopper kernels take device tensors";
+    if (std::string why = device_refusal(q.device.index); !why.empty()) return why;
+    if (q.dtype != DType::kBF16) return std::string("the Hopper kernels compute in bf16, not ") + dtype_name(q.dtype);
+    if (q.ndim != 4) return "the Hopper kernels take q as [B, S, H, D]; got " + q.shape_string();
+    if (q.shape[3] != 64 && q.shape[3] != 128)
+      return "the Hopper kernels take head dim 64 or 128, not " + std::to_string(q.shape[3]);
+    if (q.shape[0] > 65535 || q.shape[2] > 65535) return "the Hopper kernels take at most 65535 batch entries and heads";
+    if (q.shape[1] > INT_MAX / 4) return "the Hopper kernels take at most 2^29 query rows per call";
+    if (std::string why = load_refusal(q, "q"); !why.empty()) return why;
+    const MaskSpec& m = params.mask;
+    if (m.has_block_pattern()) return "the Hopper kernels do not take block-sparse masks";
+    if (m.has_documents()) return "the Hopper kernels do not take document masks";
+    if (m.window_left >= 0)
+      return "the Hopper kernels take the full mask or a causal band (window -1,R), not window " +
+             std::to_string(m.window_left) + "," + std::to_string(m.window_right);
+    int64_t start = 0;
+    return run_refusal(params.q_positions, q.shape[1], 0, &start, "query");
+  }
+
+  Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
+                 const TensorView& o, const TensorView& lse, FreshOutputs fresh, void* stream) const override {
+    SP_ASSIGN_OR_RETURN(const Band band, checked_band(q, k, v, params));
+    const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], D = q.shape[3];
+    SP_CHECK_ARG(o.ndim == 4 && o.same_shape(q) && stats_readable(lse) && lse.shape[0] == B && lse.shape[1] == H &&
+                     lse.shape[2] == n,
+                 "the Hopper forward takes O shaped like q and an fp32 LSE [B, H, S_q]; got " + o.shape_string() +
+                     ", " + lse.shape_string());
+    if (n == 0) return Status::Ok();
+    if (band.empty) {  // no key of this pair is visible: the running result stays as it is
+      if (!fresh.o) return Status::Ok();
+      SP_RETURN_IF_ERROR(flash_fill(o, 0.0f, stream));
+      return flash_fill(lse, -INFINITY, stream);
+    }
+    FwdArgs a = args(q, k, v, params, band);
+    if (fresh.o && storable(o)) {  // straight into the result
+      a.o = o.data, a.o_f32 = o.dtype == DType::kF32, a.o_st = strides_of(o);
+      a.lse = static_cast<float*>(lse.data), a.lse_st = stat_strides_of(lse);
+      return launched(hopper::forward(a, stream), "forward");
+    }
+    // This pair's part, then cast in (fresh) or merged into the running result.
+    PartLease lease(stream);
+    SP_ASSIGN_OR_RETURN(const TensorView o_part, lease.take(q.dtype, {B, n, H, D}, q));
+    SP_ASSIGN_OR_RETURN(const TensorView lse_part, lease.take(DType::kF32, {B, H, n}, q));
+    a.o = o_part.data, a.lse = static_cast<float*>(lse_part.data);
+    SP_RETURN_IF_ERROR(launched(hopper::forward(a, stream), "forward"));
+    if (fresh.o) {
+      SP_RETURN_IF_ERROR(flash_cast(o_part, o, stream));
+      return flash_cast(lse_part, lse, stream);
+    }
+    return flash_merge_partials(o, lse, o_part, lse_part, stream);
+  }
+
+  Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                  const TensorView& lse, const TensorView& delta, const AttentionParams& params, const TensorView& dq,
+                  const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
+    SP_ASSIGN_OR_RETURN(const Band band, checked_band(q, k, v, params));
+    const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], D = q.shape[3], nk = k.shape[1], Hkv = k.shape[2];
+    if (std::string why = load_refusal(dout, "dout"); !why.empty()) return Status(StatusCode::kUnsupported, why);
+    SP_CHECK_ARG(dout.same_shape(q) && dout.dtype == q.dtype, "dout must be shaped like q; got " + dout.shape_string());
+    for (const TensorView* t : {&lse, &delta})
+      SP_CHECK_ARG(stats_readable(*t) && t->shape[0] == B && t->shape[1] == H && t->shape[2] == n,
+                   "the Hopper backward takes fp32 LSE and D [B, H, S_q] (caps: takes_delta); got " +
+                       t->shape_string());
+    SP_CHECK_ARG(dq.ndim == 4 && dq.same_shape(q) && dk.ndim == 4 && dk.same_shape(k) && dv.ndim == 4 &&
+                     dv.same_shape(k) && dk.dtype == dv.dtype,
+                 "the Hopper backward takes dq like q, dk and dv like k, of one dtype; got " + dq.shape_string() +
+                     ", " + dk.shape_string() + ", " + dv.shape_string());
+    if (band.empty || n == 0 || nk == 0) {  // nothing to add; fresh gradients are the empty result
+      if (fresh.dq && n > 0) SP_RETURN_IF_ERROR(flash_fill(dq, 0.0f, stream));
+      if (fresh.dkv && nk > 0) SP_RETURN_IF_ERROR(flash_fill(dk, 0.0f, stream));
+      if (fresh.dkv && nk > 0) SP_RETURN_IF_ERROR(flash_fill(dv, 0.0f, stream));
+      return Status::Ok();
+    }
+    const FwdArgs f = args(q, k, v, params, band);
+    BwdArgs a{};
+    a.q = f.q, a.k = f.k, a.v = f.v, a.dout = dout.data;
+    a.q_st = f.q_st, a.k_st = f.k_st, a.v_st = f.v_st, a.dout_st = strides_of(dout);
+    a.lse = static_cast<const float*>(lse.data), a.lse_st = stat_strides_of(lse);
+    a.delta = static_cast<const float*>(delta.data), a.delta_st = stat_strides_of(delta);
+    a.batch = f.batch, a.heads = f.heads, a.kv_heads = f.kv_heads, a.seq_q = f.seq_q, a.seq_k = f.seq_k;
+    a.head_dim = f.head_dim, a.causal = f.causal, a.causal_offset = f.causal_offset, a.scale = f.scale;
+    a.accumulate = 1, a.dq_fresh = fresh.dq, a.dkv_fresh = fresh.dkv;
+    PartLease lease(stream);
+    SP_ASSIGN_OR_RETURN(const TensorView workspace,
+                        lease.take(DType::kF32,
+                                   {int64_t(backward_workspace_bytes(int(B), int(H), int(n), int(D)) / 4)}, q));
+    a.workspace = workspace.data;
+    // Outputs the kernels cannot store into take fp32 parts, cast or added in after.
+    const bool q_direct = storable(dq), k_direct = storable(dk) && storable(dv);
+    TensorView dq_to = dq, dk_to = dk, dv_to = dv;
+    if (!q_direct) {
+      SP_ASSIGN_OR_RETURN(dq_to, lease.take(DType::kF32, {B, n, H, D}, q));
+      a.dq_fresh = 1;
+    }
+    if (!k_direct) {
+      SP_ASSIGN_OR_RETURN(dk_to, lease.take(DType::kF32, {B, nk, Hkv, D}, q));
+      SP_ASSIGN_OR_RETURN(dv_to, lease.take(DType::kF32, {B, nk, Hkv, D}, q));
+      a.dkv_fresh = 1;
+    }
+    a.dq = dq_to.data, a.dq_f32 = dq_to.dtype == DType::kF32, a.dq_st = strides_of(dq_to);
+    a.dk = dk_to.data, a.dv = dv_to.data, a.dkv_f32 = dk_to.dtype == DType::kF32;
+    a.dk_st = strides_of(dk_to), a.dv_st = strides_of(dv_to);
+    SP_RETURN_IF_ERROR(launched(hopper::backward(a, stream), "backward"));
+    const auto settle = [&](const TensorView& part, const TensorView& out, bool is_fresh) {
+      return is_fresh ? flash_cast(part, out, stream) : accumulate(out, part, stream);
+    };
+    if (!q_direct) SP_RETURN_IF_ERROR(settle(dq_to, dq, fresh.dq));
+    if (!k_direct) SP_RETURN_IF_ERROR(settle(dk_to, dk, fresh.dkv));
+    if (!k_direct) SP_RETURN_IF_ERROR(settle(dv_to, dv, fresh.dkv));
+    return Status::Ok();
+  }
+
+ private:
+  // The pair's band, after checking what supports() could not see (K/V and their positions).
+  StatusOr<Band> checked_band(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionParams& params) const {
+    if (std::string why = supports(q, params); !why.empty()) return Status(StatusCode::kUnsupported, why);
+    for (const auto& [t, what] : {std::pair{&k, "k"}, std::pair{&v, "v"}})
+      if (std::string why = load_refusal(*t, what); !why.empty()) return Status(StatusCode::kUnsupported, why);
+    SP_CHECK_ARG(k.same_shape(v) && k.dtype == q.dtype && v.dtype == q.dtype && k.shape[0] == q.shape[0] &&
+                     k.shape[3] == q.shape[3] && k.shape[2] > 0 && q.shape[2] % k.shape[2] == 0,
+                 "k and v must be [B, S_k, H_kv, D] of q's dtype with H_kv dividing H; got q " + q.shape_string() +
+                     ", k " + k.shape_string() + ", v " + v.shape_string());
+    const int64_t n = q.shape[1], nk = k.shape[1];
+    SP_CHECK_SUPPORTED(nk <= INT_MAX / 4, "the Hopper kernels take at most 2^29 key rows per call");
+    int64_t q0 = 0, k0 = 0;
+    (void)run_refusal(params.q_positions, n, params.mask.align == MaskAlign::kBottomRight ? nk - n : 0, &q0, "query");
+    const std::string why = run_refusal(params.k_positions, nk, 0, &k0, "key");
+    SP_CHECK_SUPPORTED(why.empty(), why);
+    Band band;
+    if (n == 0 || nk == 0) return Band{false, true, 0};  // nothing to compute (and no empty tensor map)
+    if (params.mask.window_right < 0) return band;       // full
+    // Key row j (position k0 + j) is visible from query row i (q0 + i) iff k0 + j <= q0 + i + R.
+    const int64_t offset = q0 - k0 + params.mask.window_right;
+    if (offset >= nk - 1) return band;                   // every query row sees every key: full
+    if (offset < -(n - 1)) return Band{true, true, 0};   // not even the last query row sees a key
+    band.causal = true;
+    band.offset = int(offset);
+    return band;
+  }
+
+  static FwdArgs args(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
+                      const Band& band) {
+    FwdArgs a{};
+    a.q = q.data, a.k = k.data, a.v = v.data;
+    a.q_st = strides_of(q), a.k_st = strides_of(k), a.v_st = strides_of(v);
+    a.batch = int(q.shape[0]), a.heads = int(q.shape[2]), a.kv_heads = int(k.shape[2]);
+    a.seq_q = int(q.shape[1]), a.seq_k = int(k.shape[1]), a.head_dim = int(q.shape[3]);
+    a.causal = band.causal, a.causal_offset = band.offset;
+    a.scale = float(params.scale);  // 0: 1/sqrt(D)
+    return a;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBackend> make_backend() { return std::make_unique<HopperBackend>(); }
+
+}  // namespace seqpar::hopper

@@ -1,0 +1,75 @@
+// The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
+// (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192"; three consumer
+// warpgroups of 64 rows at D = 64, "m192"; backward: "base"), behind the plain host interface of
+// hopper_args.hpp, and the device check (compute capability 9.0, sm_90a code in this build).
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernels/hopper/hopper_args.hpp"
+#include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_fwd.cuh"
+
+namespace seqpar::hopper {
+namespace {
+constexpr auto kFwd128 = launch_fwd<128, 192, 2, true, true, 2>;
+constexpr auto kFwd64 = launch_fwd<64, 128, 2, true, true, 3>;
+}  // namespace
+
+int forward(const FwdArgs& a, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.head_dim == 128) return kFwd128(a, s);
+  if (a.head_dim == 64) return kFwd64(a, s);
+  return cudaErrorInvalidValue;
+}
+
+int backward(const BwdArgs& a, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.head_dim == 128) return launch_bwd<128, false>(a, s);
+  if (a.head_dim == 64) return launch_bwd<64, false>(a, s);
+  return cudaErrorInvalidValue;
+}
+
+size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim) {
+  return bwd_workspace_bytes(batch, heads, seq_q, head_dim);
+}
+
+const char* device_refusal(int device) {
+  static std::mutex mu;
+  static std::map<int, std::string> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it == known.end()) {
+    std::string why;
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      why = "the Hopper kernels could not query GPU " + std::to_string(device);
+    } else if (major != 9 || minor != 0) {
+      why = "the Hopper kernels run on sm_90 (H100/H200) only; GPU " + std::to_string(device) + " is sm_" +
+            std::to_string(major) + std::to_string(minor);
+    } else {
+      // The SASS this device would run must be sm_90a's (the other passes hold a trap).
+      int current = 0;
+      cudaFuncAttributes attr{};
+      if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+          cudaFuncGetAttributes(&attr, fwd_kernel<128, 192, 2, true, true, 2>) != cudaSuccess ||
+          cudaSetDevice(current) != cudaSuccess)
+        why = "the Hopper kernels could not be loaded on GPU " + std::to_string(device);
+      else if (attr.binaryVersion != 90)
+        why = "this build has no sm_90a code for the Hopper kernels (binary version " +
+              std::to_string(attr.binaryVersion) + ")";
+      else if (!tensor_map_encoder())
+        why = "the CUDA driver has no cuTensorMapEncodeTiled (the Hopper kernels need TMA)";
+    }
+    (void)cudaGetLastError();  // a failed query leaves no sticky error for the caller
+    it = known.emplace(device, std::move(why)).first;
+  }
+  return it->second.c_str();
+}
+
+const char* error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
+
+}  // namespace seqpar::hopper
