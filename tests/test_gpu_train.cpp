@@ -1,10 +1,12 @@
 // The GPU trainer against the CPU trainer (fp32) from the same weights and batch: the first
 // step's loss and every parameter's gradient agree within bf16 training's error; thread ranks
 // sharing the GPU, and ranks on two GPUs (NCCL), agree with one rank; the checkpointing
-// policies give the same loss; a few steps lower the loss; a resumed run equals a straight one.
+// policies give the same loss; a few steps lower the loss; a resumed run is as close to a straight
+// one as the trainer is to itself.
 // Skipped without a GPU (the two-GPU case without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -131,22 +133,26 @@ TEST_F(GpuTrain, LossFallsOverSteps) {
   EXPECT_LT(r.losses.back(), 0.75 * r.losses.front()) << r.losses.front() << " -> " << r.losses.back();
 }
 
-// A run saved at step 2 and resumed by a new trainer equals a straight run of 4 steps bit for
-// bit (losses and final weights), and the CPU trainer reads the same file.
-TEST_F(GpuTrain, ResumeEqualsAStraightRunBitForBit) {
+// A run saved at step 2 and resumed by a new trainer against a straight run of 4 steps: it can
+// only be as exact as the trainer repeats itself, and on 2 x H200 (2026-11-27) two straight runs
+// differ in about 0.3% of the weights after 4 steps (3,722 of 1,197,312; the losses equal), so
+// the resumed run must differ from a straight run no more than a second straight run does
+// (a restore that lost the moments or the data position changes nearly every weight). And the
+// CPU trainer reads the same file.
+TEST_F(GpuTrain, ResumeIsAsCloseToAStraightRunAsTheTrainerIsToItself) {
   const TrainOptions o = options(4);
   const std::string path = ::testing::TempDir() + "/seqpar_gpu_resume.ckpt";
   auto comms = make_local_communicators(1);
-  std::vector<double> straight_losses, resumed_losses;
-  std::vector<float> straight, resumed;
-  {
+  std::vector<double> straight_losses, again_losses, resumed_losses;
+  std::vector<float> straight, again, resumed;
+  for (auto [losses, weights] : {std::pair{&straight_losses, &straight}, {&again_losses, &again}}) {
     auto t = GpuTrainer::create(o, *comms[0]).value();
     for (int i = 0; i < 4; ++i) {
       StepReport r;
       ASSERT_TRUE(t->step(&r).ok());
-      straight_losses.push_back(r.loss);
+      losses->push_back(r.loss);
     }
-    straight = t->gather_parameters().value();
+    *weights = t->gather_parameters().value();
   }
   {
     auto t = GpuTrainer::create(o, *comms[0]).value();
@@ -168,11 +174,26 @@ TEST_F(GpuTrain, ResumeEqualsAStraightRunBitForBit) {
     resumed_losses.push_back(r.loss);
   }
   resumed = t->gather_parameters().value();
-  EXPECT_EQ(resumed_losses, straight_losses);
   ASSERT_EQ(resumed.size(), straight.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < straight.size(); ++i) differ += std::memcmp(&resumed[i], &straight[i], sizeof(float)) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << straight.size() << " weights";
+  struct Difference {
+    size_t elements = 0;
+    double largest = 0;
+  };
+  const auto difference = [](const std::vector<float>& a, const std::vector<float>& b) {
+    Difference d;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+        ++d.elements, d.largest = std::max(d.largest, std::fabs(double(a[i]) - double(b[i])));
+    return d;
+  };
+  const Difference repeat = difference(again, straight), resume = difference(resumed, straight);
+  for (size_t i = 0; i < straight_losses.size(); ++i)
+    EXPECT_NEAR(resumed_losses[i], straight_losses[i],
+                std::max(1e-9, 2 * std::fabs(again_losses[i] - straight_losses[i])) * straight_losses[i])
+        << "step " << i;
+  EXPECT_LE(resume.elements, 2 * repeat.elements + 16)
+      << "of " << straight.size() << " weights; two straight runs differ in " << repeat.elements;
+  EXPECT_LE(resume.largest, 4 * repeat.largest) << "two straight runs differ by at most " << repeat.largest;
   auto cpu = Trainer::create(o, *comms[0]).value();  // the CPU trainer reads the GPU's file
   const Status read = cpu->load(path);
   ASSERT_TRUE(read.ok()) << read.to_string();
