@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "seqpar/burst.hpp"
+#include "paper_byte_formulas.hpp"
 #include "seqpar/distributed_attention.hpp"
 #include "test_util.hpp"
 
@@ -58,13 +58,13 @@ TEST(GpuBlockBytes, WalkedSchedulesEqualTheClosedForms) {
     const Layout layout = Layout::create(LayoutKind::kZigzag, 128 * P + 6, P).value();
     const ScheduleRequest req = make_schedule_request(layout, MaskSpec::none(), H, Hkv);
     for (int r = 0; r < P; ++r) {
-      const TrafficBytes ring = ring_expected_bytes(layout, r, B, Hkv, D, DType::kBF16, DType::kF32);
+      const testing::TrafficBytes ring = testing::ring_expected_bytes(layout, r, B, Hkv, D, DType::kBF16, DType::kF32);
       const RankSchedule rs = find_algorithm("ring")->make_schedule(req, r);
       EXPECT_EQ(walk_bytes(rs.forward, r, layout, gpu, {}).total, ring.forward);
       EXPECT_EQ(walk_bytes(rs.backward, r, layout, gpu, {}).total, ring.backward);
       const RankSchedule bs = find_algorithm("burst")->make_schedule(req, r);
       EXPECT_EQ(walk_bytes(bs.backward, r, layout, gpu, {}).total,
-                burst_backward_expected_bytes(layout, r, B, H, D, DType::kBF16, DType::kF32, BurstPack::kOutputLse));
+                testing::burst_backward_expected_bytes(layout, r, B, H, D, DType::kBF16, DType::kF32, testing::BurstPack::kOutputLse));
     }
   }
 }
@@ -165,7 +165,7 @@ TEST(RingBytes, ClosedFormWhenEven) {
     const int64_t S = 64 * P, B = 2, Hkv = 3, D = 32;
     const Layout layout = Layout::create(LayoutKind::kZigzag, S, P).value();
     for (int r = 0; r < P; ++r) {
-      const TrafficBytes b = ring_expected_bytes(layout, r, B, Hkv, D, DType::kF32, DType::kF32);
+      const testing::TrafficBytes b = testing::ring_expected_bytes(layout, r, B, Hkv, D, DType::kF32, DType::kF32);
       EXPECT_EQ(b.forward, 2 * (P - 1) * B * (S / P) * Hkv * D * 4);
       EXPECT_EQ(b.backward, b.forward + (P > 1 ? 2 * P * B * (S / P) * Hkv * D * 4 : 0));
     }

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "parallel/algorithms/plan_events.hpp"
-#include "seqpar/burst.hpp"
+#include "paper_byte_formulas.hpp"
 #include "seqpar/distributed_attention.hpp"
 #include "schedule_test_util.hpp"
 #include "test_util.hpp"
@@ -170,11 +170,11 @@ TEST(ScheduleBytes, ClosedFormsOfRingAndBurst) {
     g.seq = 64 * P + 3;
     const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
     for (int r = 0; r < P; ++r) {
-      const TrafficBytes ring = ring_expected_bytes(layout, r, 1, g.kv_heads, g.head_dim, g.dtype, g.dtype);
+      const testing::TrafficBytes ring = testing::ring_expected_bytes(layout, r, 1, g.kv_heads, g.head_dim, g.dtype, g.dtype);
       EXPECT_EQ(walked("ring", layout, MaskSpec::none(), g, r, Pass::kForward), ring.forward);
       EXPECT_EQ(walked("ring", layout, MaskSpec::none(), g, r, Pass::kBackward), ring.backward);
       EXPECT_EQ(walked("burst", layout, MaskSpec::none(), g, r, Pass::kBackward),
-                burst_backward_expected_bytes(layout, r, 1, g.heads, g.head_dim, g.dtype, g.dtype));
+                testing::burst_backward_expected_bytes(layout, r, 1, g.heads, g.head_dim, g.dtype, g.dtype));
       // Returned once: (P-1) parts instead of P hops.
       EXPECT_LE(walked("ring-return", layout, MaskSpec::none(), g, r, Pass::kBackward), ring.backward);
     }
@@ -326,7 +326,7 @@ TEST(MaskSkipsTransfers, Window4096At64KTokensOn8Ranks) {
   int64_t sent = 0, full_ring = 0;
   for (int r = 0; r < 8; ++r) {
     sent += run.counters[r].sent(Phase::kForward) + run.counters[r].sent(Phase::kBackward);
-    const TrafficBytes all_the_way = ring_expected_bytes(layout, r, 1, 1, g.head_dim, g.dtype, g.dtype);
+    const testing::TrafficBytes all_the_way = testing::ring_expected_bytes(layout, r, 1, 1, g.head_dim, g.dtype, g.dtype);
     full_ring += all_the_way.forward + all_the_way.backward;
   }
   EXPECT_LE(sent * 4, full_ring) << sent << " of " << full_ring;
