@@ -41,7 +41,17 @@ def algorithm_spec(algo: str, ulysses: int = 0, ring_algo: Optional[str] = None)
     return algo + (":" + ",".join(extra) if extra else "")
 
 
-def _options(causal, window, algo, ranks, layout, scale, ulysses=0, ring_algo=None):
+def _offsets(cu_seqlens) -> list:
+    """cu_seqlens (packed documents' start offsets and the total) as a list of ints; [] for none."""
+    if cu_seqlens is None:
+        return []
+    values = np.asarray(cu_seqlens)
+    if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+        raise TypeError("cu_seqlens must be a 1-D sequence of integers (the documents' start offsets and the total)")
+    return [int(x) for x in values]
+
+
+def _options(causal, window, algo, ranks, layout, scale, ulysses=0, ring_algo=None, cu_seqlens=None, mask=None):
     """The mask, algorithm and layout arguments as _core takes them, checked."""
     if isinstance(window, (str, bytes)) or len(window) != 2:
         raise ValueError(f"window must be a pair (left, right); got {window!r}")
@@ -54,14 +64,17 @@ def _options(causal, window, algo, ranks, layout, scale, ulysses=0, ring_algo=No
         raise TypeError(f"ranks must be an int; got {type(ranks).__name__}")
     if scale is not None and not float(scale) > 0:
         raise ValueError(f"scale must be positive; got {scale}")
+    if mask is not None and not isinstance(mask, str):
+        raise TypeError(f"mask must be a string (parse_mask's text); got {type(mask).__name__}")
     return dict(window_left=left, window_right=right, algo=algorithm_spec(algo, ulysses, ring_algo),
-                ranks=int(ranks), layout=layout, scale=0.0 if scale is None else float(scale))
+                ranks=int(ranks), layout=layout, scale=0.0 if scale is None else float(scale),
+                doc_offsets=_offsets(cu_seqlens), mask=mask or "")
 
 
 def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -1),
               algo: str = "auto", ranks: int = 2, layout: str = "zigzag",
               scale: Optional[float] = None, return_lse: bool = False, dout=None,
-              ulysses: int = 0, ring_algo: Optional[str] = None):
+              ulysses: int = 0, ring_algo: Optional[str] = None, cu_seqlens=None, mask: Optional[str] = None):
     """Exact attention of the full sequence, computed by `algo` over `ranks` thread ranks.
 
     q: [B, S, H, D], k and v: [B, S, H_kv, D], one dtype (float32 or float64), C-contiguous.
@@ -71,13 +84,17 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
     ulysses: the Ulysses degree (0: the largest the heads allow) and ring_algo: the ring-family
     algorithm across the groups (default "ring").
     scale: softmax scale, default 1/sqrt(D).
+    cu_seqlens: packed documents (flash-attn's varlen offsets: [0, 5, 12, 20] is three
+    documents); a query sees keys of its own document only, under causal / window inside it.
+    mask: any mask of `seqpar attn --mask` as text instead of the window ("bigbird:1,1,2",
+    "blocks-causal:PATH", "docs:8", ...).
 
     Returns o [B, S, H, D], or (o, lse) with return_lse (lse [B, H, S], natural log of the
     scaled scores). With dout (q's shape) it runs the backward too and returns
     (o, dq, dk, dv), or (o, lse, dq, dk, dv) with return_lse.
     Raises ValueError / TypeError with the reason for arguments it cannot run.
     """
-    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo)
+    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo, cu_seqlens, mask)
     res = _core.attention(_array(q, "q"), _array(k, "k"), _array(v, "v"),
                           None if dout is None else _array(dout, "dout"), **opts)
     head = (res["o"], res["lse"]) if return_lse else (res["o"],)
@@ -89,10 +106,10 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
 def attention_backward(q, k, v, o, lse, dout, *, causal: bool = False,
                        window: Tuple[int, int] = (-1, -1), algo: str = "auto", ranks: int = 2,
                        layout: str = "zigzag", scale: Optional[float] = None,
-                       ulysses: int = 0, ring_algo: Optional[str] = None):
+                       ulysses: int = 0, ring_algo: Optional[str] = None, cu_seqlens=None, mask: Optional[str] = None):
     """The backward alone, against o and lse of a forward with the same mask and scale:
     returns (dq, dk, dv). Arguments as attention(); o: [B, S, H, D], lse: [B, H, S]."""
-    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo)
+    opts = _options(causal, window, algo, ranks, layout, scale, ulysses, ring_algo, cu_seqlens, mask)
     arrays = [_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (dout, "dout"))]
     res = _core.attention_backward(*arrays, **opts)
     return res["dq"], res["dk"], res["dv"]

@@ -1,5 +1,6 @@
 // seqpar.attention's work (attention.hpp): argument checks that a Python caller can read, then
-// forward and/or backward of the planned schedule on thread ranks over the full arrays.
+// forward and/or backward of the planned schedule on thread ranks over the full arrays, each rank
+// through a Session.
 #include "attention.hpp"
 
 #include <nanobind/stl/string.h>  // the "algo" entry of the result
@@ -9,7 +10,7 @@
 #include <exception>
 #include <utility>
 
-#include "seqpar/distributed_attention.hpp"
+#include "seqpar/session.hpp"
 
 namespace seqpar::py {
 
@@ -75,6 +76,25 @@ void check_problem(const AttentionCall& c) {
   require(c.window_left >= -1 && c.window_right >= -1,
           "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
               std::to_string(c.window_right) + ")");
+  require(c.mask.empty() || (c.window_left == -1 && c.window_right == -1),
+          "give the mask either as a window (window, causal) or as text (mask=" + c.mask + "), not both");
+  const std::vector<int64_t>& d = c.doc_offsets;
+  bool increasing = d.empty() || d.front() == 0;
+  for (size_t i = 1; increasing && i < d.size(); ++i) increasing = d[i] >= d[i - 1];
+  require(d.empty() || (d.size() >= 2 && increasing && d.back() == q.shape[1]),
+          "cu_seqlens must be the documents' start offsets and the total length: start at 0, never decrease and "
+          "end at the sequence's " + std::to_string(q.shape[1]) + " tokens");
+}
+
+// The call's mask: parse_mask's text or the window, with the documents ANDed in.
+MaskSpec mask_of(const AttentionCall& c) {
+  MaskSpec mask = c.mask.empty() ? MaskSpec::window(c.window_left, c.window_right)
+                                 : value_or_throw(parse_mask(c.mask, c.q.shape[1]));
+  if (!c.doc_offsets.empty()) {
+    require(!mask.has_documents(), "the mask text (" + c.mask + ") has documents already; cu_seqlens too");
+    mask.doc_offsets = c.doc_offsets;
+  }
+  return mask;
 }
 
 }  // namespace
@@ -84,10 +104,9 @@ nb::dict run_attention(const AttentionCall& c) {
   const Layout layout = make_layout(c.layout, c.q.shape[1], c.ranks);
   AttentionParams params;
   params.scale = c.scale;
-  params.mask = MaskSpec::window(c.window_left, c.window_right);
+  params.mask = mask_of(c);
   const int64_t B = c.q.shape[0], S = c.q.shape[1], H = c.q.shape[2], H_kv = c.k.shape[2], D = c.q.shape[3];
   const DType t = c.q.dtype;
-  const BlockBytes bytes{B, H, H_kv, D, t, t, t, true};
   const bool forward = !c.o.has_value(), backward = c.dout.has_value();
   require(forward || backward, "o and lse are given: the backward needs dout");
   require(c.o.has_value() == c.lse.has_value(), "give o and lse together");
@@ -111,10 +130,9 @@ nb::dict run_attention(const AttentionCall& c) {
       omp_set_num_threads(threads_per_rank);
       const int r = comm.rank();
       const int64_t n = layout.local_len(r);
-      SP_ASSIGN_OR_RETURN(const PlanOptions options, plan_options_from_spec(c.algo));
-      SP_ASSIGN_OR_RETURN(const AttentionPlan plan,
-                          plan_attention(options, layout, params, bytes, r, cpu_kernel_backend()));
-      if (r == 0) algo_run = plan.algorithm->name;
+      SessionOptions options;
+      SP_ASSIGN_OR_RETURN(options.plan, plan_options_from_spec(c.algo));
+      Session session(comm, options);
       HostTensor lq(t, {B, n, H, D}), lk(t, {B, n, H_kv, D}), lv(t, {B, n, H_kv, D}), lo(t, {B, n, H, D});
       HostTensor llse(t, {B, H, n}), ldo, ldq, ldk, ldv;
       SP_RETURN_IF_ERROR(layout.shard(c.q, 1, r, lq.view()));
@@ -133,13 +151,15 @@ nb::dict run_attention(const AttentionCall& c) {
       }
       const ShardTensors st{lq.view(), lk.view(), lv.view(), lo.view(), llse.view(),
                             ldo.view(), ldq.view(), ldk.view(), ldv.view()};
+      SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session.plan(layout, params, lq.view(), lk.view()));
+      if (r == 0) algo_run = plan->algorithm->name;
       if (forward) {
-        SP_RETURN_IF_ERROR(run_forward_cpu(comm, plan, st));
+        SP_RETURN_IF_ERROR(session.run(*plan, Pass::kForward, st));
         SP_RETURN_IF_ERROR(layout.unshard(lo.view(), 1, r, o.view()));
         SP_RETURN_IF_ERROR(layout.unshard(llse.view(), 2, r, lse.view()));
       }
       if (backward) {
-        SP_RETURN_IF_ERROR(run_backward_cpu(comm, plan, st));
+        SP_RETURN_IF_ERROR(session.run(*plan, Pass::kBackward, st));
         SP_RETURN_IF_ERROR(layout.unshard(ldq.view(), 1, r, dq.view()));
         SP_RETURN_IF_ERROR(layout.unshard(ldk.view(), 1, r, dk.view()));
         SP_RETURN_IF_ERROR(layout.unshard(ldv.view(), 1, r, dv.view()));

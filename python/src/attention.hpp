@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "seqpar/layout.hpp"
@@ -16,6 +17,8 @@ struct AttentionCall {
   std::optional<TensorView> o, lse;   // given: run the backward alone against them
   std::optional<TensorView> dout;     // given: run the backward ([B, S, H, D])
   int64_t window_left = -1, window_right = -1;
+  std::vector<int64_t> doc_offsets;   // documents: global start offsets and the total (cu_seqlens)
+  std::string mask;                   // a mask in parse_mask's text, instead of the window
   std::string algo = "auto";
   int ranks = 1;
   std::string layout = "zigzag";

@@ -20,8 +20,10 @@ namespace {
 
 AttentionCall make_call(const InArray& q, const InArray& k, const InArray& v, int64_t window_left,
                         int64_t window_right, const std::string& algo, int ranks, const std::string& layout,
-                        double scale) {
+                        double scale, const std::vector<int64_t>& doc_offsets, const std::string& mask) {
   AttentionCall c;
+  c.doc_offsets = doc_offsets;
+  c.mask = mask;
   c.q = view_of(q, "q");
   c.k = view_of(k, "k");
   c.v = view_of(v, "v");
@@ -37,8 +39,9 @@ AttentionCall make_call(const InArray& q, const InArray& k, const InArray& v, in
 // Forward (and backward when dout is given) on full arrays: a dict of o, lse (dq, dk, dv).
 nb::dict attention(const InArray& q, const InArray& k, const InArray& v, const std::optional<InArray>& dout,
                    int64_t window_left, int64_t window_right, const std::string& algo, int ranks,
-                   const std::string& layout, double scale) {
-  AttentionCall c = make_call(q, k, v, window_left, window_right, algo, ranks, layout, scale);
+                   const std::string& layout, double scale, const std::vector<int64_t>& doc_offsets,
+                   const std::string& mask) {
+  AttentionCall c = make_call(q, k, v, window_left, window_right, algo, ranks, layout, scale, doc_offsets, mask);
   if (dout) c.dout = view_of(*dout, "dout");
   return run_attention(c);
 }
@@ -46,8 +49,9 @@ nb::dict attention(const InArray& q, const InArray& k, const InArray& v, const s
 // The backward alone against a forward's o and lse: a dict of dq, dk, dv.
 nb::dict attention_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
                             const InArray& lse, const InArray& dout, int64_t window_left, int64_t window_right,
-                            const std::string& algo, int ranks, const std::string& layout, double scale) {
-  AttentionCall c = make_call(q, k, v, window_left, window_right, algo, ranks, layout, scale);
+                            const std::string& algo, int ranks, const std::string& layout, double scale,
+                            const std::vector<int64_t>& doc_offsets, const std::string& mask) {
+  AttentionCall c = make_call(q, k, v, window_left, window_right, algo, ranks, layout, scale, doc_offsets, mask);
   c.o = view_of(o, "o");
   c.lse = view_of(lse, "lse");
   c.dout = view_of(dout, "dout");
@@ -124,10 +128,11 @@ NB_MODULE(_core, m) {
   m.attr("__version__") = SEQPAR_VERSION;
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("dout").none(),
         nb::arg("window_left"), nb::arg("window_right"), nb::arg("algo"), nb::arg("ranks"), nb::arg("layout"),
-        nb::arg("scale"));
+        nb::arg("scale"), nb::arg("doc_offsets") = std::vector<int64_t>{}, nb::arg("mask") = "");
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("dout"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("algo"),
-        nb::arg("ranks"), nb::arg("layout"), nb::arg("scale"));
+        nb::arg("ranks"), nb::arg("layout"), nb::arg("scale"), nb::arg("doc_offsets") = std::vector<int64_t>{},
+        nb::arg("mask") = "");
   m.def("shard", &shard, nb::arg("x"), nb::arg("layout"), nb::arg("ranks"), nb::arg("rank"), nb::arg("seq_dim"));
   m.def("unshard", &unshard, nb::arg("shards"), nb::arg("layout"), nb::arg("seq_dim"));
   m.def("positions", &positions, nb::arg("layout"), nb::arg("seq_len"), nb::arg("ranks"), nb::arg("rank"));
