@@ -73,38 +73,44 @@ void check_problem(const AttentionCall& c) {
                 ", " + std::to_string(q.shape[1]) + "); got " + shape_text(*lse));
   const auto spec = plan_options_from_spec(c.algo);
   require(spec.ok(), spec.ok() ? "" : spec.status().message());
-  require(c.window_left >= -1 && c.window_right >= -1,
-          "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
-              std::to_string(c.window_right) + ")");
-  require(c.mask.empty() || (c.window_left == -1 && c.window_right == -1),
-          "give the mask either as a window (window, causal) or as text (mask=" + c.mask + "), not both");
-  const std::vector<int64_t>& d = c.doc_offsets;
-  bool increasing = d.empty() || d.front() == 0;
-  for (size_t i = 1; increasing && i < d.size(); ++i) increasing = d[i] >= d[i - 1];
-  require(d.empty() || (d.size() >= 2 && increasing && d.back() == q.shape[1]),
-          "cu_seqlens must be the documents' start offsets and the total length: start at 0, never decrease and "
-          "end at the sequence's " + std::to_string(q.shape[1]) + " tokens");
-}
-
-// The call's mask: parse_mask's text or the window, with the documents ANDed in.
-MaskSpec mask_of(const AttentionCall& c) {
-  MaskSpec mask = c.mask.empty() ? MaskSpec::window(c.window_left, c.window_right)
-                                 : value_or_throw(parse_mask(c.mask, c.q.shape[1]));
-  if (!c.doc_offsets.empty()) {
-    require(!mask.has_documents(), "the mask text (" + c.mask + ") has documents already; cu_seqlens too");
-    mask.doc_offsets = c.doc_offsets;
-  }
-  return mask;
+  check_mask_args(c.window_left, c.window_right, c.mask, c.doc_offsets, q.shape[1]);
 }
 
 }  // namespace
+
+void check_mask_args(int64_t window_left, int64_t window_right, const std::string& mask_text,
+                     const std::vector<int64_t>& doc_offsets, int64_t seq_len) {
+  require(window_left >= -1 && window_right >= -1, "window bounds must be >= -1 (-1 unbounded); got (" +
+                                                       std::to_string(window_left) + ", " +
+                                                       std::to_string(window_right) + ")");
+  require(mask_text.empty() || (window_left == -1 && window_right == -1),
+          "give the mask either as a window (window_size, causal) or as text (mask=" + mask_text + "), not both");
+  if (doc_offsets.empty()) return;
+  const std::vector<int64_t>& d = doc_offsets;
+  bool increasing = d.front() == 0;
+  for (size_t i = 1; increasing && i < d.size(); ++i) increasing = d[i] >= d[i - 1];
+  require(d.size() >= 2 && increasing && d.back() == seq_len,
+          "cu_seqlens must be the documents' global start offsets and the total length: start at 0, never "
+          "decrease and end at the sequence's " + std::to_string(seq_len) + " tokens; got " +
+              std::to_string(d.size()) + " offsets from " + std::to_string(d.front()) + " to " +
+              std::to_string(d.back()));
+}
+
+StatusOr<MaskSpec> with_documents(MaskSpec mask, const std::vector<int64_t>& doc_offsets) {
+  if (doc_offsets.empty()) return mask;
+  SP_CHECK_ARG(!mask.has_documents(), "the mask text (" + mask.describe() + ") has documents already; cu_seqlens too");
+  mask.doc_offsets = doc_offsets;
+  return mask;
+}
 
 nb::dict run_attention(const AttentionCall& c) {
   check_problem(c);
   const Layout layout = make_layout(c.layout, c.q.shape[1], c.ranks);
   AttentionParams params;
   params.scale = c.scale;
-  params.mask = mask_of(c);
+  params.mask = value_or_throw(with_documents(c.mask.empty() ? MaskSpec::window(c.window_left, c.window_right)
+                                                              : value_or_throw(parse_mask(c.mask, c.q.shape[1])),
+                                               c.doc_offsets));
   const int64_t B = c.q.shape[0], S = c.q.shape[1], H = c.q.shape[2], H_kv = c.k.shape[2], D = c.q.shape[3];
   const DType t = c.q.dtype;
   const bool forward = !c.o.has_value(), backward = c.dout.has_value();

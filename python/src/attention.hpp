@@ -9,6 +9,7 @@
 
 #include "arrays.hpp"
 #include "seqpar/layout.hpp"
+#include "seqpar/mask.hpp"
 
 namespace seqpar::py {
 
@@ -35,6 +36,14 @@ Layout make_layout(const std::string& name, int64_t seq_len, int ranks);
 
 // ValueError with `message` unless cond holds.
 void require(bool cond, const std::string& message);
+
+// ValueError unless a call's mask arguments over seq_len tokens are sound: window bounds >= -1, the
+// mask as a window or as parse_mask's text (not both), documents' offsets (cu_seqlens) from 0,
+// never decreasing, to seq_len.
+void check_mask_args(int64_t window_left, int64_t window_right, const std::string& mask_text,
+                     const std::vector<int64_t>& doc_offsets, int64_t seq_len);
+// `mask` (the call's window or text) with the documents' offsets ANDed in, when there are any.
+StatusOr<MaskSpec> with_documents(MaskSpec mask, const std::vector<int64_t>& doc_offsets);
 
 // "(2, 128, 8, 64)", numpy's way.
 std::string shape_text(const TensorView& t);

@@ -94,23 +94,9 @@ void check_shard_call(ShardCall& c, int rank, int ranks) {
   }
   const auto spec = plan_options_from_spec(c.algo);
   require(spec.ok(), spec.ok() ? "" : spec.status().message());
-  require(c.window_left >= -1 && c.window_right >= -1,
-          "window bounds must be >= -1 (-1 unbounded); got (" + std::to_string(c.window_left) + ", " +
-              std::to_string(c.window_right) + ")");
   require(c.scale >= 0.0, "scale must be positive");
-  require(c.mask.empty() || (c.window_left == -1 && c.window_right == -1),
-          "give the mask either as a window (window_size, causal) or as text (mask=" + c.mask + "), not both");
   if (c.seq_len == 0) c.seq_len = S * ranks;
-  if (!c.doc_offsets.empty()) {
-    const std::vector<int64_t>& d = c.doc_offsets;
-    bool increasing = d.front() == 0;
-    for (size_t i = 1; increasing && i < d.size(); ++i) increasing = d[i] >= d[i - 1];
-    require(d.size() >= 2 && increasing && d.back() == c.seq_len,
-            "cu_seqlens must be the documents' global start offsets and the total length: start at 0, never "
-            "decrease and end at the sequence's " + std::to_string(c.seq_len) + " tokens; got " +
-                std::to_string(d.size()) + " offsets from " + std::to_string(d.front()) + " to " +
-                std::to_string(d.back()));
-  }
+  check_mask_args(c.window_left, c.window_right, c.mask, c.doc_offsets, c.seq_len);
   const Layout layout = make_layout(c.layout, c.seq_len, ranks);
   require(layout.local_len(rank) == S,
           "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + " holds " +
@@ -135,9 +121,8 @@ RankContext::~RankContext() {
 StatusOr<AttentionParams> RankContext::params_for(const ShardCall& c) {
   AttentionParams params;
   params.scale = c.scale;
-  if (c.mask.empty()) {
-    params.mask = MaskSpec::window(c.window_left, c.window_right);
-  } else {
+  MaskSpec mask = MaskSpec::window(c.window_left, c.window_right);
+  if (!c.mask.empty()) {
     const std::string key = c.mask + "@" + std::to_string(c.seq_len);
     auto found = masks_.find(key);
     if (found == masks_.end()) {
@@ -145,12 +130,9 @@ StatusOr<AttentionParams> RankContext::params_for(const ShardCall& c) {
       if (masks_.size() >= kMaxMasks) masks_.clear();
       found = masks_.emplace(key, std::move(parsed)).first;
     }
-    params.mask = found->second;
+    mask = found->second;
   }
-  if (!c.doc_offsets.empty()) {
-    SP_CHECK_ARG(!params.mask.has_documents(), "the mask text (" + c.mask + ") has documents already; cu_seqlens too");
-    params.mask.doc_offsets = c.doc_offsets;
-  }
+  SP_ASSIGN_OR_RETURN(params.mask, with_documents(std::move(mask), c.doc_offsets));
   return params;
 }
 

@@ -23,6 +23,9 @@ inline HeadRange heads_of(Heads h, int part, int parts, int64_t heads, int64_t k
   if (part == kAllHeads) return {0, h == Heads::kKV ? kv_heads : heads};
   return h == Heads::kKV ? kv_part_range(part, parts, heads, kv_heads) : head_part_range(part, parts, heads);
 }
+// Bytes a view covers (its elements, dense).
+inline size_t view_bytes(const TensorView& t) { return size_t(t.numel()) * dtype_size(t.dtype); }
+
 // The heads r of a part ([B, S, H, D] along dim 2; stats [B, H, S] along dim 1).
 inline TensorView heads_slice(const TensorView& t, Heads h, HeadRange r) {
   return h == Heads::kStats ? t.narrow(1, r.first, r.last) : t.narrow(2, r.first, r.last);

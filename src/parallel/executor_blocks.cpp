@@ -17,7 +17,6 @@ namespace seqpar::parallel {
 namespace {
 // Parts start 256-byte aligned inside a block's buffer (kernels and NCCL like aligned rows).
 size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
-size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
 // Whether a slice of the caller's tensors can be sent and computed on as it is.
 bool usable_as_is(const TensorView& t) { return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
 }  // namespace

@@ -10,10 +10,6 @@
 
 namespace seqpar::parallel {
 
-namespace {
-size_t view_bytes(const TensorView& t) { return t.numel() * dtype_size(t.dtype); }
-}  // namespace
-
 // Whether results travel home rounded (the inputs are narrower than the accumulators).
 bool Executor::rounds_home(const Block& b, int to) const { return dtype_ != acc_ && goes_home(b, to); }
 // Whether a result received from the wire can be the block as this rank holds it.
