@@ -16,9 +16,6 @@
 #include "seqpar/nccl_comm.hpp"
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
-#ifdef SEQPAR_HAVE_CUDA
-#include "seqpar/gpu_trainer.hpp"
-#endif
 
 namespace seqpar::app {
 namespace {
@@ -30,6 +27,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
 #endif
   SP_CHECK_ARG(c.lm_head_chunk >= 0, "--lm-head-chunk must not be negative (0: all rows at once)");
   TrainOptions o;
+  o.device = c.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   if (!c.config.empty()) {
     SP_ASSIGN_OR_RETURN(o.model, load_model_config(c.config));
   } else {
@@ -61,6 +59,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
   o.seed = c.seed;
   o.lm_head_chunk = c.lm_head_chunk;
+  o.deterministic = c.deterministic;
   SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 and 3 do not keep");
   for (const std::string* dir : {&c.dump_dir, &c.export_dir}) {
     if (dir->empty()) continue;
@@ -149,20 +148,11 @@ double step_flops(const TrainOptions& o) {
 // H200 / H100 dense bf16 peak (989 TFLOP/s), as DESIGN.md's anchors count MFU.
 constexpr double kPeakFlops = 989e12;
 
-// What the loop asks of either trainer beyond their shared methods.
-const AttentionPlan& plan_of(const Trainer& t) { return t.model().attention_plan(); }
-const char* memory_label(const Trainer&) { return "activations"; }
-#ifdef SEQPAR_HAVE_CUDA
-const AttentionPlan& plan_of(const GpuTrainer& t) { return t.attention_plan(); }
-const char* memory_label(const GpuTrainer&) { return "device peak"; }
-#endif
-
 // `gpus`: the GPUs the ranks run on (MFU is per GPU; thread ranks sharing one GPU count one).
-template <class TrainerT>
 Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptions& o, int threads, int gpus) {
   omp_set_num_threads(threads);
   const bool lead = comm.rank() == 0;
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<TrainerT> trainer, TrainerT::create(o, comm));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(o, comm));
   if (!c.init_from.empty()) {
     SP_ASSIGN_OR_RETURN(const std::vector<float> weights, load_model_safetensors(c.init_from, o.model));
     SP_RETURN_IF_ERROR(trainer->set_parameters(weights));
@@ -177,7 +167,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     }
   }
   if (lead) {
-    const AttentionPlan& plan = plan_of(*trainer);
+    const AttentionPlan& plan = trainer->attention_plan();
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
                          "each over %d ranks (%s layout, %s attention%s); checkpointing %s; ZeRO %d\n",
                  o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
@@ -221,7 +211,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
       } else {
         std::printf("step %4ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s  %s %s  sent %s\n",
                     long(r.step + 1), long(o.steps), r.loss, r.lr, r.grad_norm, double(r.tokens) / r.seconds,
-                    memory_label(*trainer), mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
+                    o.device == DeviceKind::kCuda ? "device peak" : "activations", mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
       }
       std::fflush(stdout);
     }
@@ -292,10 +282,7 @@ int run_train(const TrainCliOptions& c) {
   const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
   model::set_blas_threads(world || ranks == 1 ? threads : 1);
   const auto rank_fn = [&](Communicator& comm) -> Status {
-#ifdef SEQPAR_HAVE_CUDA
-    if (gpu) return train_rank<GpuTrainer>(comm, c, options.value(), threads, world || c.gpus > 0 ? ranks : 1);
-#endif
-    return train_rank<Trainer>(comm, c, options.value(), threads, 0);
+    return train_rank(comm, c, options.value(), threads, gpu ? (world || c.gpus > 0 ? ranks : 1) : 0);
   };
   const Status s = world         ? rank_fn(*world)
                    : c.gpus > 0 ? run_nccl_local_ranks(c.gpus, rank_fn)
@@ -371,8 +358,11 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_flag("--json", o.json, "print one JSON line per step in place of the text line");
   cmd->add_option("--device", o.device,
                   "cpu, or cuda: bf16 on GPU 0 (more --ranks share it as threads; --gpus N or torchrun: a GPU per "
-                  "rank); no ZeRO, data-parallel groups or checkpoint files there yet")
+                  "rank); data-parallel groups, ZeRO and checkpoints as on the CPU (one trainer, one file format)")
       ->capture_default_str();
+  cmd->add_flag("--deterministic", o.deterministic,
+                "cuda: the same bits every run, so --resume continues a run exactly (the attention's backward "
+                "through cuDNN's deterministic algorithm, whose workspace grows as the square of a call's rows)");
   cmd->add_option("--lm-head-chunk", o.lm_head_chunk,
                   "cuda: rows of logits the fused LM head + loss makes at once (0: all rows, an unfused head)")
       ->capture_default_str();

@@ -44,6 +44,7 @@ struct TrainCliOptions {
   bool json = false;
   std::string device = "cpu";
   int64_t lm_head_chunk = 1024;
+  bool deterministic = false;
 };
 
 void add_train_command(CLI::App& app, TrainCliOptions& options, int* exit_code);

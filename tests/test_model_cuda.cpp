@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -70,6 +71,19 @@ std::vector<double> down_bf16(Dev<bf16_t>& d, size_t n) {
   return v;
 }
 
+// The bytes of a device array (for bit-for-bit comparisons).
+template <class T>
+std::vector<T> down_raw(Dev<T>& d, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_TRUE(stream_synchronize(nullptr).ok());
+  EXPECT_TRUE(copy_bytes(v.data(), d.ptr(), n * sizeof(T)).ok());
+  return v;
+}
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
 // max |got - want| / max |want| must be below `ulps` bf16 units (2^-8 each).
 void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& want, double ulps) {
   double worst = 0, scale = 1e-30;
@@ -120,12 +134,75 @@ TEST_F(ModelCuda, EmbeddingAndRmsNorm) {
   ASSERT_TRUE(cuda::embedding_forward(dTok.ptr(), dTable.ptr(), dX.ptr(), rows, dim, nullptr).ok());
   ASSERT_TRUE(cuda::rmsnorm_forward(dX.ptr(), dWn.ptr(), dY.ptr(), dRstd.ptr(), rows, dim, 1e-5, nullptr).ok());
   ASSERT_TRUE(cuda::rmsnorm_backward(dX.ptr(), dWn.ptr(), dRstd.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, dim, nullptr).ok());
-  ASSERT_TRUE(cuda::embedding_backward(dTok.ptr(), dDX.ptr(), dDTable.ptr(), rows, dim, nullptr).ok());
+  ASSERT_TRUE(cuda::embedding_backward(tokens.data(), dDX.ptr(), dDTable.ptr(), rows, dim, nullptr).ok());
   expect_close("x", down_f32(dX, x.size()), x, 0.01);
   expect_close("y", down_bf16(dY, y.size()), y, 1);
   expect_close("dx", down_f32(dDX, dx.size()), dx, 0.05);
   expect_close("dw", down_f32(dDW, dw.size()), dw, 0.05);
   expect_close("dtable", down_f32(dDTable, dtable.size()), dtable, 0.05);
+}
+
+// rmsnorm's dw, the gradient's squared norm and the embedding's scatter-add once took fp32/fp64
+// atomics in whatever order the blocks ran, so two straight training runs differed; now each is
+// reduced in an order fixed by the shapes and tokens. Two calls on the same inputs must give the
+// same bits, and the sums must still be right against fp64 sums of the same fp32 inputs: dw and
+// dtable within fp32's 1e-5 of each element's sum of magnitudes (their reductions are under 100
+// adds deep), the squared norm within fp64's 1e-12. Ragged shapes: 5000 rows, 200 columns,
+// 2^21 + 123 squares; a third of the rows share one token (a long run), the rest spread over 300.
+TEST_F(ModelCuda, ReductionsRepeatBitForBit) {
+  const int64_t rows = 5000, dim = 200, vocab = 300, n = (int64_t(1) << 21) + 123;
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) tokens[size_t(r)] = r % 3 == 0 ? 5 : int32_t((r * 13 + r / 7) % vocab);
+  auto x = bf16_values(size_t(rows * dim), 14, 2.0), dy = bf16_values(size_t(rows * dim), 15),
+       rstd = bf16_values(size_t(rows), 16, 0.5), w = bf16_values(size_t(dim), 17), dw0 = bf16_values(size_t(dim), 18),
+       dx_emb = bf16_values(size_t(rows * dim), 19), table0 = bf16_values(size_t(vocab * dim), 20),
+       squares_of = bf16_values(size_t(n), 21, 3.0);
+  for (double& s : rstd) s = double(float(s + 1.0));  // in [0.5, 1.5), as uploaded
+  auto dX = up_f32(x), dDY = up_f32(dy), dRstd = up_f32(rstd), dDXEmb = up_f32(dx_emb), dSq = up_f32(squares_of);
+  auto dW = up_bf16(w);
+
+  struct Results {
+    std::vector<float> dx, dw, dtable;
+    std::vector<double> sum_sq;
+  };
+  const auto run = [&](Results& out) {
+    auto dDX = up_f32(std::vector<double>(x.size(), 0.0)), dDW = up_f32(dw0), dTable = up_f32(table0);
+    auto dSum = up_raw(std::vector<double>{0.25});  // an accumulator: the call adds to it
+    ASSERT_TRUE(cuda::rmsnorm_backward(dX.ptr(), dW.ptr(), dRstd.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, dim, nullptr).ok());
+    ASSERT_TRUE(cuda::sum_of_squares(dSq.ptr(), n, dSum.ptr(), nullptr).ok());
+    ASSERT_TRUE(cuda::embedding_backward(tokens.data(), dDXEmb.ptr(), dTable.ptr(), rows, dim, nullptr).ok());
+    out.dx = down_raw(dDX, x.size()), out.dw = down_raw(dDW, size_t(dim)), out.dtable = down_raw(dTable, table0.size());
+    out.sum_sq = down_raw(dSum, 1);
+  };
+  Results first, second;
+  run(first);
+  run(second);
+  if (HasFatalFailure()) return;  // a failed call inside `run` left the results empty
+  EXPECT_TRUE(same_bits(first.dx, second.dx)) << "rmsnorm dx";
+  EXPECT_TRUE(same_bits(first.dw, second.dw)) << "rmsnorm dw";
+  EXPECT_TRUE(same_bits(first.sum_sq, second.sum_sq)) << "sum_of_squares";
+  EXPECT_TRUE(same_bits(first.dtable, second.dtable)) << "embedding dtable";
+
+  for (int64_t d = 0; d < dim; ++d) {
+    double want = dw0[size_t(d)], magnitude = std::abs(want);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double term = dy[size_t(r * dim + d)] * x[size_t(r * dim + d)] * rstd[size_t(r)];
+      want += term, magnitude += std::abs(term);
+    }
+    EXPECT_LE(std::abs(double(first.dw[size_t(d)]) - want), 1e-5 * magnitude) << "dw column " << d;
+  }
+  double want_sq = 0.25;
+  for (double v : squares_of) want_sq += v * v;
+  EXPECT_LE(std::abs(first.sum_sq[0] - want_sq), 1e-12 * want_sq);
+  std::vector<double> want_table = table0, magnitude(table0.size());
+  for (size_t i = 0; i < table0.size(); ++i) magnitude[i] = std::abs(table0[i]);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < dim; ++d) {
+      const size_t at = size_t(tokens[size_t(r)] * dim + d);
+      want_table[at] += dx_emb[size_t(r * dim + d)], magnitude[at] += std::abs(dx_emb[size_t(r * dim + d)]);
+    }
+  for (size_t i = 0; i < table0.size(); ++i)
+    EXPECT_LE(std::abs(double(first.dtable[i]) - want_table[i]), 1e-5 * magnitude[i]) << "dtable element " << i;
 }
 
 TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {

@@ -27,11 +27,13 @@ Status cudnn_attention_forward(const TensorView& q, const TensorView& k, const T
                                const TensorView& lse, void* stream = nullptr);
 
 // Writes (overwrites) dq, dk, dv. D = rowsum(dO * O) is computed inside cuDNN from o and dout.
+// deterministic: the same bits every run (cuDNN's dP-workspace algorithm, whose workspace is
+// B * H * S_q * S_k * 2 bytes a call; by default dQ is summed over key tiles in no fixed order).
 Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& o, const TensorView& dout,
                                 const TensorView& lse, const AttentionParams& params,
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                void* stream = nullptr);
+                                void* stream = nullptr, bool deterministic = false);
 
 
 // Frees what this thread's cuDNN calls keep on the current device (compact copies of long

@@ -53,6 +53,18 @@ struct ParamInfo {
 std::vector<ParamInfo> parameter_table(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 
+// Where each tensor starts in the flat buffer, by name (parameter_table's order): what the
+// model's passes find weights and gradients with.
+struct LayerOffsets {
+  int64_t norm1 = 0, q = 0, k = 0, v = 0, o = 0, norm2 = 0, gate = 0, up = 0, down = 0;
+};
+struct ParameterOffsets {
+  int64_t embed = 0, final_norm = 0;
+  int64_t head = 0;  // the embedding's when tied
+  std::vector<LayerOffsets> layers;
+};
+ParameterOffsets parameter_offsets(const ModelConfig& config);
+
 // Normal(0, 0.02) matrices and unit norm weights, from a seed (the same on every rank).
 void init_parameters(const ModelConfig& config, uint64_t seed, float* params);
 

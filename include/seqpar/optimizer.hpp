@@ -1,9 +1,9 @@
-// AdamW with decoupled weight decay over the flat parameter buffer, gradient clipping by the
-// global norm, and the learning-rate schedule (linear warmup, then cosine down to a floor).
+// AdamW's options: decoupled weight decay over the flat parameter buffer, gradient clipping by
+// the global norm, and the learning-rate schedule (linear warmup, then cosine down to a floor).
+// The update itself is the trainer's, on either device (src/model/adamw.cpp and adamw.cu).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "seqpar/model.hpp"
 
@@ -22,31 +22,5 @@ Status validate_adamw(const AdamWOptions& options);
 
 // The rate of 0-based step `step`: lr * (step + 1) / warmup during the warmup, then cosine.
 double learning_rate(const AdamWOptions& options, int64_t step);
-
-// AdamW over the elements [begin, end) of the flat parameter buffer (all of it by default; a
-// ZeRO rank's shard otherwise): the moments exist for those elements alone.
-class AdamW {
- public:
-  AdamW(const ModelConfig& config, const AdamWOptions& options, int64_t begin = 0, int64_t end = -1);
-  // Clips by `norm` (the global norm of the whole gradient, summed over the ranks) and updates
-  // the parameters [begin, end) from their gradients; both pointers point at element `begin`.
-  Status update(float* params, const float* grads, double norm, int64_t step);
-  // The global norm of a whole gradient (fixed summation order); not finite: an error.
-  static StatusOr<double> norm_of(const float* grads, int64_t count);
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
-  // The moments of [begin, end) and the step count, for checkpoints.
-  std::vector<float>& first_moment() { return m_; }
-  std::vector<float>& second_moment() { return v_; }
-  int64_t steps_taken() const { return t_; }
-  void set_steps_taken(int64_t t) { t_ = t; }
-
- private:
-  AdamWOptions o_;
-  std::vector<ParamInfo> table_;
-  int64_t begin_ = 0, end_ = 0;
-  std::vector<float> m_, v_;
-  int64_t t_ = 0;
-};
 
 }  // namespace seqpar

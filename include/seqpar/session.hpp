@@ -28,6 +28,10 @@ struct SessionOptions {
   PlanOptions plan;            // algorithm and planner options, for every problem
   bool prefer_cudnn = true;    // GPU: cuDNN where it supports the problem, else our kernels
   int64_t max_call_rows = 0;   // GPU: no cuDNN call spans more rows (0: no bound)
+  // GPU: backward passes give the same bits every run (training that resumes bit for bit):
+  // cuDNN's deterministic algorithm, whose workspace grows as S_q x S_k per call (bound it with
+  // max_call_rows); problems cuDNN does not take are refused (our kernels sum dQ with atomics).
+  bool deterministic = false;
   bool trace = false;          // GPU: record the passes' milestones (take_trace)
   size_t max_plans = 64;       // beyond this many problems the plan cache starts over
 };

@@ -6,6 +6,10 @@
 // all-gather); stage 2 also reduce-scatters the gradients instead of all-reducing them; stage 3
 // keeps each rank's slice of the parameters alone, gathering a unit's (the embedding, a layer)
 // when it computes and reduce-scattering its gradient when done.
+// One loop for both devices (TrainOptions::device): on the CPU every array is fp32 (the model in
+// fp64 is the tests' oracle); on a GPU the weights compute in bf16 from fp32 master weights, and
+// gradients, AdamW's moments and the residual stream stay fp32, all on the device (one GPU per
+// rank, or thread ranks sharing one GPU for tests). Checkpoints are one format for both.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,7 @@ void set_blas_threads(int threads);
 }  // namespace model
 
 struct TrainOptions {
+  DeviceKind device = DeviceKind::kCpu;  // where this rank trains (kCuda: the current GPU)
   ModelConfig model;
   std::string data = "recall";
   int64_t seq = 256;
@@ -41,6 +46,9 @@ struct TrainOptions {
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
   int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
+  // GPU: the same bits every run, so that a resumed run equals a straight one (the attention's
+  // backward through cuDNN's deterministic algorithm: Session::deterministic says its cost).
+  bool deterministic = false;
 
   // The attention planner's options these make.
   PlanOptions plan_options() const {
@@ -62,7 +70,7 @@ struct StepReport {
   double lr = 0;
   int64_t tokens = 0;         // tokens in the global batch (every group)
   double seconds = 0;         // this step, wall clock
-  int64_t activation_bytes = 0;  // this rank's peak of activations
+  int64_t activation_bytes = 0;  // this rank's peak of activations (GPU: of the device's memory)
   int64_t bytes_sent = 0;     // this rank's attention traffic this step
 };
 
@@ -82,10 +90,14 @@ class Trainer {
   // The last step's global batch (every group's sequences): [sequences][seq] inputs and targets.
   const std::vector<std::vector<int32_t>>& last_inputs() const;
   const std::vector<std::vector<int32_t>>& last_targets() const;
-  const Transformer<float>& model() const;
+  const AttentionPlan& attention_plan() const;
+  // Device bytes taken at most since the trainer was made (weights, optimizer, activations,
+  // scratch, the attention's blocks; not cuBLAS's or cuDNN's own). 0 on the CPU.
+  int64_t peak_device_bytes() const;
 
-  // Saves (rank 0 writes; every rank calls) and restores the whole state: parameters, the
-  // optimizer's moments and step, the data position. Resuming continues bit for bit.
+  // Saves (rank 0 writes; every rank calls) and restores the whole state: fp32 parameters, the
+  // optimizer's moments and steps, the data position, whole whatever the ZeRO stage (a file
+  // resumes on either device and any rank count). Resuming continues bit for bit.
   Status save(const std::string& path) const;
   Status load(const std::string& path);
 

@@ -47,15 +47,16 @@ struct StepLoss {
 // Where the model's weights and gradients live, unit by unit (weight_units: the embedding, each
 // layer, the final norm with the untied head): a flat buffer (every rank holds all), or ZeRO-3's
 // shards, gathered for the unit that computes and reduce-scattered when its gradient is done.
-template <class T>
+// Pointers are to the pass's dtypes: T for Transformer<T>; on a GPU, bf16 weights and fp32
+// gradients.
 class WeightStore {
  public:
   virtual ~WeightStore() = default;
   // The weights of flat elements [begin, end), valid until release(begin, end).
-  virtual StatusOr<const T*> weights(int64_t begin, int64_t end) = 0;
+  virtual StatusOr<const void*> weights(int64_t begin, int64_t end) = 0;
   virtual Status release(int64_t begin, int64_t end) = 0;
   // Where the gradient of [begin, end) is added, until gradient_done(begin, end).
-  virtual StatusOr<T*> gradient(int64_t begin, int64_t end) = 0;
+  virtual StatusOr<void*> gradient(int64_t begin, int64_t end) = 0;
   virtual Status gradient_done(int64_t begin, int64_t end) = 0;
 };
 
@@ -79,7 +80,7 @@ class Transformer {
   // targets, so the ranks' gradients sum to the gradient of the mean loss.
   Status forward_backward(const T* params, T* grads, const ShardBatch& batch, double scale, StepLoss* loss);
   // The same over a weight store (every rank calls it the same way: ZeRO-3 gathers together).
-  Status forward_backward(WeightStore<T>& store, const ShardBatch& batch, double scale, StepLoss* loss);
+  Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss);
   // The loss alone (no activations kept).
   Status forward(const T* params, const ShardBatch& batch, StepLoss* loss);
 

@@ -20,11 +20,11 @@ std::unique_ptr<AttentionBackend> make_cuda_backend() {
 #endif
 }
 
-std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows) {
+std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows, bool deterministic) {
 #ifdef SEQPAR_HAVE_CUDNN
-  return cuda::make_cudnn_backend(max_call_rows);
+  return cuda::make_cudnn_backend(max_call_rows, deterministic);
 #else
-  (void)max_call_rows;
+  (void)max_call_rows, (void)deterministic;
   return nullptr;
 #endif
 }

@@ -1,8 +1,9 @@
-// AdamW, clipping and the schedule (include/seqpar/optimizer.hpp). Moments in fp32, the update's
-// arithmetic in double per element; the norm summed in a fixed order (the same bits every run).
+// AdamW's options and schedule (include/seqpar/optimizer.hpp) and the CPU half of its update
+// (model/layers.hpp; adamw.cu is the CUDA half): moments in fp32, the arithmetic in double per element.
 #include <algorithm>
 #include <cmath>
 
+#include "model/layers.hpp"
 #include "seqpar/optimizer.hpp"
 
 namespace seqpar {
@@ -25,42 +26,30 @@ double learning_rate(const AdamWOptions& o, int64_t step) {
   return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ModelConfig& config, const AdamWOptions& options, int64_t begin, int64_t end)
-    : o_(options), table_(parameter_table(config)), begin_(begin), end_(end < 0 ? parameter_count(config) : end) {
-  end_ = std::max(begin_, std::min(end_, parameter_count(config)));
-  m_.assign(size_t(end_ - begin_), 0.0f);
-  v_.assign(size_t(end_ - begin_), 0.0f);
-}
-
-StatusOr<double> AdamW::norm_of(const float* grads, int64_t count) {
-  double sq = 0;
-  for (int64_t i = 0; i < count; ++i) sq += double(grads[i]) * double(grads[i]);
-  const double norm = std::sqrt(sq);
-  SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite (norm " + std::to_string(norm) + ")");
-  return norm;
-}
-
-Status AdamW::update(float* params, const float* grads, double norm, int64_t step) {
-  SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite (norm " + std::to_string(norm) + ")");
-  const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / norm : 1.0;
-  ++t_;
-  const double lr = learning_rate(o_, step);
-  const double c1 = 1.0 - std::pow(o_.beta1, double(t_)), c2 = 1.0 - std::pow(o_.beta2, double(t_));
-  for (const ParamInfo& p : table_) {
-    const int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel, end_);
-    const double decay = p.decays ? o_.weight_decay : 0.0;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = lo; i < hi; ++i) {
-      const size_t k = size_t(i - begin_);
-      const double g = double(grads[k]) * clip;
-      const double m = o_.beta1 * m_[k] + (1 - o_.beta1) * g;
-      const double v = o_.beta2 * v_[k] + (1 - o_.beta2) * g * g;
-      m_[k] = float(m), v_[k] = float(v);
-      const double update = (m / c1) / (std::sqrt(v / c2) + o_.eps) + decay * double(params[k]);
-      params[k] = float(double(params[k]) - lr * update);
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace seqpar
+
+namespace seqpar::model {
+
+StatusOr<AdamWStep> adamw_step(const AdamWOptions& o, double norm, int64_t step, int64_t t) {
+  SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite at step " + std::to_string(step) + " (norm " +
+                                        std::to_string(norm) + "); the parameters were not updated");
+  AdamWStep a;
+  a.lr = learning_rate(o, step), a.beta1 = o.beta1, a.beta2 = o.beta2, a.eps = o.eps;
+  a.clip = o.clip_norm > 0 && norm > o.clip_norm ? o.clip_norm / norm : 1.0;
+  a.c1 = 1.0 - std::pow(o.beta1, double(t)), a.c2 = 1.0 - std::pow(o.beta2, double(t));
+  return a;
+}
+
+void adamw_update(const AdamWStep& a, double decay, float* params, const float* grads, float* m, float* v, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = double(grads[i]) * a.clip;
+    const double mi = a.beta1 * m[i] + (1 - a.beta1) * g;
+    const double vi = a.beta2 * v[i] + (1 - a.beta2) * g * g;
+    m[i] = float(mi), v[i] = float(vi);
+    const double update = (mi / a.c1) / (std::sqrt(vi / a.c2) + a.eps) + decay * double(params[i]);
+    params[i] = float(double(params[i]) - a.lr * update);
+  }
+}
+
+}  // namespace seqpar::model

@@ -1,6 +1,10 @@
-// The CUDA half of adamw.cpp: the update elementwise, and the gradient's squared norm by a block
-// reduction and one fp64 atomic per block (the GPU engine's clipping needs only the norm).
+// The CUDA half of adamw.cpp: the update elementwise, and the gradient's squared norm (the GPU
+// engine's clipping needs only the norm) by per-block fp64 partials and one block that adds them in
+// block order: a grid fixed by n and no atomics, so the same gradient gives the same bits every run.
+#include <algorithm>
+
 #include "model/cuda_common.cuh"
+#include "seqpar/gpu.hpp"
 
 namespace seqpar::model::cuda {
 namespace {
@@ -17,19 +21,38 @@ __global__ void update(float* p, __nv_bfloat16* p16, const float* g, float* m, f
   }
 }
 
-__global__ void squares(const float* x, int64_t n, double* out) {
-  __shared__ double partial[256 / 32];
-  double s = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    s += double(x[i]) * double(x[i]);
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
+constexpr int kThreads = 256, kMaxSquareBlocks = 1024;
+
+// The sum of v over the block, in a fixed order (butterfly within each warp, then the warps in
+// order), returned to thread 0.
+__device__ double block_sum(double v) {
+  __shared__ double partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int w = 0; w < 256 / 32; ++w) total += partial[w];
-    atomicAdd(out, total);
-  }
+  double total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+  return total;
+}
+
+// block_sums[b] = block b's part of sum x^2 in fp64: thread t takes elements b * kThreads + t
+// + k * gridDim.x * kThreads in ascending k.
+__global__ void squares(const float* x, int64_t n, double* block_sums) {
+  double s = 0;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    s += double(x[i]) * double(x[i]);
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
+}
+
+// *out += the blocks' sums, by one block: thread t adds sums t, t + kThreads, ... in order, then
+// block_sum.
+__global__ void add_block_sums(const double* block_sums, int blocks, double* out) {
+  double s = 0;
+  for (int b = threadIdx.x; b < blocks; b += kThreads) s += block_sums[b];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) *out += total;
 }
 
 }  // namespace
@@ -47,7 +70,16 @@ Status adamw_update(float* params, bf16_t* params_bf16, const float* grads, floa
 
 Status sum_of_squares(const float* x, int64_t n, double* out, void* stream) {
   if (n == 0) return Status::Ok();
-  squares<<<std::min<unsigned>(blocks_for(n), 1024), 256, 0, as_stream(stream)>>>(x, n, out);
+  const cudaStream_t s = as_stream(stream);
+  // The grid depends on n alone, so each block's share of the elements (and the order of the
+  // adds) is the same on every call.
+  const int blocks = int(std::min<unsigned>(blocks_for(n, kThreads), kMaxSquareBlocks));
+  // Given back in stream order as it goes out of scope, after add_block_sums is queued.
+  SP_ASSIGN_OR_RETURN(StreamBuffer block_sums, StreamBuffer::allocate(size_t(blocks) * sizeof(double), stream));
+  double* sums = static_cast<double*>(block_sums.data());
+  squares<<<unsigned(blocks), kThreads, 0, s>>>(x, n, sums);
+  SP_CUDA_CHECK(cudaGetLastError());
+  add_block_sums<<<1, kThreads, 0, s>>>(sums, blocks, out);
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }

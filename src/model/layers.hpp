@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "seqpar/optimizer.hpp"
+
 namespace seqpar::model {
 
 // Threads BLAS may use for one product (OpenBLAS's own pool; ranks that are threads want 1 each).
@@ -61,5 +63,20 @@ void lm_head_loss_forward(const T* x, const T* w, const int32_t* targets, int64_
 template <class T>
 void lm_head_loss_backward(const T* x, const T* w, const int32_t* targets, const T* lse, int64_t rows, int64_t dim,
                            int64_t vocab, int64_t chunk, double scale, T* dx, T* dw);
+
+// One AdamW step's coefficients, the same on every device: the rate of the step, the gradient's
+// clipping scale (clip_norm / norm when the norm is above it) and the bias corrections 1 - beta^t
+// of the t-th update.
+struct AdamWStep {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0;
+  double clip = 1;
+  double c1 = 1, c2 = 1;
+};
+// The coefficients of 0-based step `step`, the optimizer's t-th update, with the gradient's
+// global norm `norm` (not finite: an error).
+StatusOr<AdamWStep> adamw_step(const AdamWOptions& options, double norm, int64_t step, int64_t t);
+// params, m, v updated from grads * step.clip over n elements, weight decay `decay` (the
+// arithmetic in double per element).
+void adamw_update(const AdamWStep& step, double decay, float* params, const float* grads, float* m, float* v, int64_t n);
 
 }  // namespace seqpar::model

@@ -24,14 +24,20 @@ Status linear_forward_add(const bf16_t* x, const bf16_t* w, float* y, int64_t ro
 Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
                        int64_t in, int64_t out, bool accumulate_dx, void* stream);
 
-// x[r] (fp32) = table[tokens[r]] (bf16); dtable (fp32) += scatter of dx (atomics).
+// x[rows, dim] (fp32) = table[tokens[r]] (bf16); tokens device int32 [rows].
 Status embedding_forward(const int32_t* tokens, const bf16_t* table, float* x, int64_t rows, int64_t dim, void* stream);
-Status embedding_backward(const int32_t* tokens, const float* dx, float* dtable, int64_t rows, int64_t dim, void* stream);
+// dtable[vocab, dim] (fp32) += dx[rows, dim] (fp32) scattered to the rows' tokens, deterministic:
+// each token's rows are added in ascending row order (no atomics). host_tokens: int32 [rows] in
+// host memory, each >= 0, grouped by token on the host (a counting sort) and the grouping
+// uploaded on `stream`; they may be freed on return.
+Status embedding_backward(const int32_t* host_tokens, const float* dx, float* dtable, int64_t rows, int64_t dim,
+                          void* stream);
 
 // y (bf16) = w * x * rstd from the fp32 residual x; rstd fp32 [rows].
 Status rmsnorm_forward(const float* x, const bf16_t* w, bf16_t* y, float* rstd, int64_t rows, int64_t dim, double eps,
                        void* stream);
-// dx (fp32) += ..., dw (fp32) += ... from dy (fp32).
+// dx (fp32) += ..., dw (fp32) += ... from dy (fp32). dw's column sums are reduced in a fixed
+// order (fixed chunks of rows, then the chunks in order): the same bits on every run.
 Status rmsnorm_backward(const float* x, const bf16_t* w, const float* rstd, const float* dy, float* dx, float* dw,
                         int64_t rows, int64_t dim, void* stream);
 
@@ -60,13 +66,16 @@ Status lm_head_loss_backward(const bf16_t* x, const bf16_t* w, const int32_t* ta
 // fp32 <-> bf16 copies (weights' compute copies, activations into products).
 Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream);
 Status to_f32(const bf16_t* x, float* y, int64_t n, void* stream);
+// dst += src over n fp32 elements (ZeRO-3 adds a reduce-scattered gradient into its slice).
+Status add(float* dst, const float* src, int64_t n, void* stream);
 
 // AdamW on n elements (optimizer.hpp's arithmetic, in fp32): params, m, v updated from grads
 // scaled by `clip`; the bf16 copy of the params refreshed (may be null).
 Status adamw_update(float* params, bf16_t* params_bf16, const float* grads, float* m, float* v, int64_t n, double lr,
                     double beta1, double beta2, double eps, double weight_decay, double clip, double c1, double c2,
                     void* stream);
-// sum of x^2 over n elements into *out (device fp64 accumulator, zeroed by the caller).
+// sum of x^2 over n elements added into *out (device fp64 accumulator, zeroed by the caller), in
+// an order fixed by n: the same bits on every run.
 Status sum_of_squares(const float* x, int64_t n, double* out, void* stream);
 
 }  // namespace seqpar::model::cuda

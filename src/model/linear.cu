@@ -1,5 +1,5 @@
 // The CUDA half of linear.cpp: products through cuBLAS, bf16 inputs, fp32 compute; and the
-// fp32 <-> bf16 copies the engine moves weights and activations with.
+// fp32 <-> bf16 copies and the fp32 add the engine moves weights, activations and gradients with.
 #include <algorithm>
 #include <string>
 
@@ -52,7 +52,19 @@ __global__ void to_f32_kernel(const __nv_bfloat16* x, float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __bfloat162float(x[i]);
 }
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += src[i];
+}
+
 }  // namespace
+
+Status add(float* dst, const float* src, int64_t n, void* stream) {
+  if (n == 0) return Status::Ok();
+  add_kernel<<<blocks_for(n), 256, 0, as_stream(stream)>>>(dst, src, n);
+  SP_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
 
 Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream) {
   if (n == 0) return Status::Ok();

@@ -111,6 +111,21 @@ int64_t parameter_count(const ModelConfig& c) {
   return t.back().offset + t.back().numel;
 }
 
+ParameterOffsets parameter_offsets(const ModelConfig& c) {
+  const std::vector<ParamInfo> t = parameter_table(c);
+  ParameterOffsets o;
+  size_t i = 0;
+  o.embed = t[i++].offset;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    LayerOffsets s;
+    for (int64_t* slot : {&s.norm1, &s.q, &s.k, &s.v, &s.o, &s.norm2, &s.gate, &s.up, &s.down}) *slot = t[i++].offset;
+    o.layers.push_back(s);
+  }
+  o.final_norm = t[i++].offset;
+  o.head = c.tied ? o.embed : t[i].offset;
+  return o;
+}
+
 void init_parameters(const ModelConfig& c, uint64_t seed, float* params) {
   // Each block of 2^20 elements draws from its own generator, seeded by (seed, tensor, block): the
   // same values for any thread count, and a 1B-parameter model fills in seconds.

@@ -1,60 +1,93 @@
-// The training loop (include/seqpar/trainer.hpp); its checkpoints in the one file format of
-// model/checkpoint_file.hpp.
+// The training loop (include/seqpar/trainer.hpp), once for both devices: its arrays live in a
+// TrainingMemory (host, or the GPU on the trainer's stream), the model's pass is the device's
+// (model_pass.hpp), and the gradient reductions, ZeRO's slices, AdamW and checkpoints (in the one
+// file format of model/checkpoint_file.hpp) are written here alone.
 #include "seqpar/trainer.hpp"
-
-#include "model/checkpoint_file.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
+#include <map>
+
+#include "model/checkpoint_file.hpp"
+#include "model/model_pass.hpp"
+#include "model/training_memory.hpp"
 
 namespace seqpar {
 namespace {
 
-// ZeRO-3's weights: a rank keeps its slice [lo, hi) of the flat parameters and gradients. A
-// unit's weights are all-gathered when it computes (each rank sends its part of the unit, padded
-// to the largest part) and dropped after; a unit's gradient is made whole on every rank, then
-// reduce-scattered so that each rank adds the sums of its part to its slice.
-class ShardedWeights final : public WeightStore<float> {
- public:
-  ShardedWeights(Communicator& world, int64_t slice, float* params, float* grads)
-      : world_(world), slice_(slice), params_(params), grads_(grads) {}
+using model::Array;
+using model::Buffer;
+using model::TrainingMemory;
 
-  StatusOr<const float*> weights(int64_t begin, int64_t end) override {
-    const int64_t piece = largest_part(begin, end);
-    std::vector<float> send(size_t(piece), 0.0f), recv(size_t(piece * world_.size()));
+// Every rank holds the whole buffer: weights (the compute copy) and gradients are views into it.
+class FlatWeights final : public WeightStore {
+ public:
+  FlatWeights(const void* compute, size_t element_bytes, float* grads)
+      : compute_(static_cast<const char*>(compute)), element_bytes_(element_bytes), grads_(grads) {}
+  StatusOr<const void*> weights(int64_t begin, int64_t) override {
+    return static_cast<const void*>(compute_ + size_t(begin) * element_bytes_);
+  }
+  Status release(int64_t, int64_t) override { return Status::Ok(); }
+  StatusOr<void*> gradient(int64_t begin, int64_t) override { return static_cast<void*>(grads_ + begin); }
+  Status gradient_done(int64_t, int64_t) override { return Status::Ok(); }
+
+ private:
+  const char* compute_;
+  size_t element_bytes_;
+  float* grads_;
+};
+
+// ZeRO-3's weights: a rank keeps its slice [rank * slice, (rank + 1) * slice) of the flat
+// parameters (their compute copy) and gradients. A unit's weights are all-gathered when it
+// computes (each rank sends its part of the unit, padded to the largest part) and dropped after;
+// a unit's gradient is made whole on every rank, then reduce-scattered so that each rank adds the
+// sums of its part to its slice.
+class ShardedWeights final : public WeightStore {
+ public:
+  ShardedWeights(Communicator& world, TrainingMemory& memory, int64_t slice, const void* compute, float* grads)
+      : world_(world), memory_(memory), slice_(slice), element_bytes_(dtype_size(memory.compute_dtype())),
+        compute_(static_cast<const char*>(compute)), grads_(grads) {}
+
+  StatusOr<const void*> weights(int64_t begin, int64_t end) override {
+    const size_t e = element_bytes_, piece = size_t(largest_part(begin, end)) * e;
+    SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> send, memory_.allocate(piece));
+    SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> recv, memory_.allocate(piece * size_t(world_.size())));
     const auto [lo, hi] = part(world_.rank(), begin, end);
-    std::copy(params_ + (lo - mine()), params_ + (hi - mine()), send.begin());
-    SP_RETURN_IF_ERROR(world_.all_gather(send.data(), recv.data(), size_t(piece) * sizeof(float)));
-    std::vector<float>& unit = gathered_[begin];
-    unit.assign(size_t(end - begin), 0.0f);
+    SP_RETURN_IF_ERROR(memory_.copy(send->data(), compute_ + size_t(lo - mine()) * e, size_t(hi - lo) * e));
+    SP_RETURN_IF_ERROR(model::all_gather(world_, memory_, send->data(), recv->data(), piece));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> unit, memory_.allocate(size_t(end - begin) * e));
+    char* u = static_cast<char*>(unit->data());
     for (int r = 0; r < world_.size(); ++r) {
       const auto [a, b] = part(r, begin, end);
-      std::copy(recv.begin() + r * piece, recv.begin() + r * piece + (b - a), unit.begin() + (a - begin));
+      SP_RETURN_IF_ERROR(memory_.copy(u + size_t(a - begin) * e, static_cast<char*>(recv->data()) + size_t(r) * piece,
+                                      size_t(b - a) * e));
     }
-    return unit.data();
+    gathered_[begin] = std::move(unit);
+    return static_cast<const void*>(u);
   }
   Status release(int64_t begin, int64_t) override {
     gathered_.erase(begin);
     return Status::Ok();
   }
-  StatusOr<float*> gradient(int64_t begin, int64_t end) override {
-    std::vector<float>& unit = gradients_[begin];
-    unit.assign(size_t(end - begin), 0.0f);
-    return unit.data();
+  StatusOr<void*> gradient(int64_t begin, int64_t end) override {
+    SP_ASSIGN_OR_RETURN(Array<float> unit, memory_.make_zeroed<float>(end - begin));
+    void* p = unit.p();
+    gradients_[begin] = std::move(unit);
+    return p;
   }
   Status gradient_done(int64_t begin, int64_t end) override {
     const int64_t piece = largest_part(begin, end);
-    std::vector<float> send(size_t(piece * world_.size()), 0.0f), recv(static_cast<size_t>(piece));
-    const std::vector<float>& unit = gradients_.at(begin);
+    SP_ASSIGN_OR_RETURN(const Array<float> send, memory_.make_zeroed<float>(piece * world_.size()));
+    SP_ASSIGN_OR_RETURN(const Array<float> recv, memory_.make<float>(piece));
+    const float* unit = gradients_.at(begin).p();
     for (int r = 0; r < world_.size(); ++r) {
       const auto [a, b] = part(r, begin, end);
-      std::copy(unit.begin() + (a - begin), unit.begin() + (b - begin), send.begin() + r * piece);
+      SP_RETURN_IF_ERROR(memory_.copy(send.p() + r * piece, unit + (a - begin), size_t(b - a) * sizeof(float)));
     }
-    SP_RETURN_IF_ERROR(world_.reduce_scatter(send.data(), recv.data(), size_t(piece), DType::kF32, ReduceOp::kSum));
+    SP_RETURN_IF_ERROR(model::reduce_scatter(world_, memory_, send.p(), recv.p(), piece));
     const auto [lo, hi] = part(world_.rank(), begin, end);
-    for (int64_t i = lo; i < hi; ++i) grads_[i - mine()] += recv[size_t(i - lo)];
+    SP_RETURN_IF_ERROR(memory_.add(grads_ + (lo - mine()), recv.p(), hi - lo));
     gradients_.erase(begin);
     return Status::Ok();
   }
@@ -63,8 +96,7 @@ class ShardedWeights final : public WeightStore<float> {
   int64_t mine() const { return world_.rank() * slice_; }
   // Rank r's part of [begin, end): its slice there (possibly empty).
   std::pair<int64_t, int64_t> part(int r, int64_t begin, int64_t end) const {
-    const int64_t a = std::clamp(r * slice_, begin, end), b = std::clamp((r + 1) * slice_, begin, end);
-    return {a, b};
+    return {std::clamp(r * slice_, begin, end), std::clamp((r + 1) * slice_, begin, end)};
   }
   int64_t largest_part(int64_t begin, int64_t end) const {
     int64_t m = 1;
@@ -73,10 +105,13 @@ class ShardedWeights final : public WeightStore<float> {
   }
 
   Communicator& world_;
+  TrainingMemory& memory_;
   int64_t slice_;
-  float* params_;  // this rank's slice
-  float* grads_;
-  std::map<int64_t, std::vector<float>> gathered_, gradients_;
+  size_t element_bytes_;
+  const char* compute_;  // this rank's slice of the compute copy
+  float* grads_;         // and of the gradients
+  std::map<int64_t, std::unique_ptr<Buffer>> gathered_;
+  std::map<int64_t, Array<float>> gradients_;
 };
 
 }  // namespace
@@ -86,27 +121,52 @@ struct Trainer::Impl {
   Communicator& world;
   std::unique_ptr<Communicator> group;  // this rank's sequence-parallel group
   std::unique_ptr<TrainingData> data;
-  std::unique_ptr<Transformer<float>> model;
-  std::unique_ptr<AdamW> adamw;
-  // Parameters and gradients: padded to W equal slices (ZeRO's reduce-scatter and all-gather);
-  // under ZeRO-3 this rank's slice alone.
-  std::vector<float> params, grads;
+  std::unique_ptr<TrainingMemory> memory;
+  std::unique_ptr<model::ModelPass> pass;
+  std::vector<ParamInfo> table;
+  // Parameters (fp32 master), their compute copy (none where the compute dtype is fp32: the
+  // parameters themselves) and gradients: padded to W equal slices (ZeRO's reduce-scatter and
+  // all-gather); under ZeRO-3 this rank's slice alone. AdamW's moments cover the optimizer's
+  // range: everything without ZeRO, this rank's slice with it.
+  Array<float> params, grads, m, v;
+  std::unique_ptr<Buffer> compute;
   int64_t count = 0, slice = 0;
-  int64_t steps = 0;
+  int64_t steps = 0, optimizer_steps = 0;
   std::vector<std::vector<int32_t>> last_inputs, last_targets;  // the last step's global batch
 
   Impl(const TrainOptions& options, Communicator& c) : o(options), world(c) {}
   int64_t slice_begin() const { return std::min(count, world.rank() * slice); }
   int64_t slice_end() const { return std::min(count, (world.rank() + 1) * slice); }
+  bool zero3() const { return o.zero_stage == 3; }
+  int64_t local() const { return zero3() ? slice : slice * world.size(); }  // elements of params and grads
+  // Where flat element i sits in params and grads (this rank's slice under ZeRO-3).
+  int64_t at(int64_t i) const { return zero3() ? i - world.rank() * slice : i; }
+  int64_t optimizer_begin() const { return o.zero_stage == 0 ? 0 : slice_begin(); }
+  int64_t optimizer_end() const { return o.zero_stage == 0 ? count : slice_end(); }
+  size_t compute_bytes() const { return dtype_size(memory->compute_dtype()); }
+  void* compute_data() const { return compute ? compute->data() : static_cast<void*>(params.p()); }
 
-  // Every rank's slice of `mine` (its part of a [count] array) gathered into `all`.
-  Status gather_slices(const float* mine, std::vector<float>* all) {
-    std::vector<float> send(size_t(slice), 0.0f), recv(size_t(slice * world.size()));
-    std::copy(mine, mine + (slice_end() - slice_begin()), send.begin());
-    SP_RETURN_IF_ERROR(world.all_gather(send.data(), recv.data(), size_t(slice) * sizeof(float)));
-    recv.resize(size_t(count));
-    *all = std::move(recv);
-    return Status::Ok();
+  // The compute copy of params [from, from + n) (flat elements), where there is one.
+  Status refresh_compute(int64_t from, int64_t n) {
+    if (!compute) return Status::Ok();
+    return memory->to_compute(params.p() + at(from), static_cast<char*>(compute->data()) + size_t(at(from)) * compute_bytes(), n);
+  }
+  // Every rank's slice of `mine` (`slice` elements of an array of this memory) gathered whole on
+  // the host.
+  StatusOr<std::vector<float>> gather_slices(const float* mine) {
+    SP_ASSIGN_OR_RETURN(const Array<float> all, memory->make<float>(slice * world.size()));
+    SP_RETURN_IF_ERROR(model::all_gather(world, *memory, mine, all.p(), size_t(slice) * sizeof(float)));
+    std::vector<float> host(static_cast<size_t>(count));
+    SP_RETURN_IF_ERROR(memory->to_host(host.data(), all.p(), host.size() * sizeof(float)));
+    return host;
+  }
+  // The gradient's squared norm over the world: whole on every rank (ZeRO 0 and 1), or each
+  // rank's slice at [at(lo), at(hi)) summed over the ranks.
+  StatusOr<double> squared_norm(bool whole) {
+    if (whole) return memory->sum_of_squares(grads.p(), count);
+    SP_ASSIGN_OR_RETURN(double sq, memory->sum_of_squares(grads.p() + at(slice_begin()), slice_end() - slice_begin()));
+    SP_RETURN_IF_ERROR(world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
+    return sq;
   }
 };
 
@@ -130,32 +190,40 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
                                          " equal data-parallel groups");
   SP_CHECK_ARG(options.zero_stage >= 0 && options.zero_stage <= 3,
                "ZeRO stage " + std::to_string(options.zero_stage) + " does not exist (0, 1, 2 or 3)");
+  SP_CHECK_ARG(options.lm_head_chunk >= 0, "the LM head's chunk must not be negative (0: all rows at once)");
   auto impl = std::make_unique<Impl>(options, comm);
-  const int T = W / G;
-  SP_ASSIGN_OR_RETURN(impl->group, comm.split(comm.rank() / T, comm.rank()));
-  SP_ASSIGN_OR_RETURN(impl->data, open_training_data(options));
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
-  SP_ASSIGN_OR_RETURN(impl->model, Transformer<float>::create(options.model, options.checkpointing,
-                                                              options.plan_options(),
-                                                              layout, options.batch, *impl->group));
-  impl->count = parameter_count(options.model);
-  impl->slice = (impl->count + W - 1) / W;
-  impl->params.assign(size_t(impl->slice * W), 0.0f);
-  init_parameters(options.model, options.seed, impl->params.data());
-  if (options.zero_stage == 3) {  // keep this rank's slice alone
-    std::vector<float> mine(impl->params.begin() + impl->slice_begin(), impl->params.begin() + impl->slice_end());
-    mine.resize(size_t(impl->slice), 0.0f);
-    impl->params = std::move(mine);
+  Impl& I = *impl;
+  if (options.device == DeviceKind::kCuda) {
+    SP_ASSIGN_OR_RETURN(I.memory, model::make_cuda_training_memory());
+  } else {
+    I.memory = model::make_host_training_memory();
   }
-  impl->grads.assign(impl->params.size(), 0.0f);
-  impl->adamw = options.zero_stage == 0
-                    ? std::make_unique<AdamW>(options.model, options.optimizer)
-                    : std::make_unique<AdamW>(options.model, options.optimizer, impl->slice_begin(), impl->slice_end());
-  return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  const int T = W / G;
+  SP_ASSIGN_OR_RETURN(I.group, comm.split(comm.rank() / T, comm.rank()));
+  SP_ASSIGN_OR_RETURN(I.data, open_training_data(options));
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
+  SP_ASSIGN_OR_RETURN(I.pass, model::make_model_pass(options, layout, *I.group, *I.memory));
+  I.table = parameter_table(options.model);
+  I.count = parameter_count(options.model);
+  I.slice = (I.count + W - 1) / W;
+  SP_ASSIGN_OR_RETURN(I.params, I.memory->make_zeroed<float>(I.local()));
+  SP_ASSIGN_OR_RETURN(I.grads, I.memory->make_zeroed<float>(I.local()));
+  if (I.memory->compute_dtype() != DType::kF32) {
+    SP_ASSIGN_OR_RETURN(I.compute, I.memory->allocate(size_t(I.local()) * I.compute_bytes()));
+  }
+  const int64_t moments = options.zero_stage == 0 ? I.count : I.slice;  // padded: gathered whole for checkpoints
+  SP_ASSIGN_OR_RETURN(I.m, I.memory->make_zeroed<float>(moments));
+  SP_ASSIGN_OR_RETURN(I.v, I.memory->make_zeroed<float>(moments));
+  std::vector<float> init(size_t(I.count));
+  init_parameters(options.model, options.seed, init.data());
+  auto trainer = std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
+  SP_RETURN_IF_ERROR(trainer->set_parameters(init));
+  return trainer;
 }
 
 Status Trainer::step(StepReport* report) {
   Impl& I = *impl_;
+  TrainingMemory& mem = *I.memory;
   const auto t0 = std::chrono::steady_clock::now();
   const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
   // The global batch: G groups of o.batch sequences; this group trains on its own.
@@ -170,16 +238,17 @@ Status Trainer::step(StepReport* report) {
     if (s / I.o.batch == g) inputs.push_back(in), targets.push_back(tg);
   }
   SP_CHECK_ARG(counted > 0, "the batch has no target to learn");
-  const ShardBatch shard = shard_batch(I.model->attention_plan().layout, I.group->rank(), inputs, targets);
+  const ShardBatch shard = shard_batch(I.pass->attention_plan().layout, I.group->rank(), inputs, targets);
   const CommCounters& cc = I.group->counters();
   const int64_t sent_before = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward);
-  std::fill(I.grads.begin(), I.grads.end(), 0.0f);
+  SP_RETURN_IF_ERROR(mem.zero(I.grads.p(), size_t(I.local()) * sizeof(float)));
   StepLoss loss;
-  if (I.o.zero_stage == 3) {
-    ShardedWeights store(I.world, I.slice, I.params.data(), I.grads.data());
-    SP_RETURN_IF_ERROR(I.model->forward_backward(store, shard, 1.0 / counted, &loss));
+  if (I.zero3()) {
+    ShardedWeights store(I.world, mem, I.slice, I.compute_data(), I.grads.p());
+    SP_RETURN_IF_ERROR(I.pass->forward_backward(store, shard, 1.0 / counted, &loss));
   } else {
-    SP_RETURN_IF_ERROR(I.model->forward_backward(I.params.data(), I.grads.data(), shard, 1.0 / counted, &loss));
+    FlatWeights store(I.compute_data(), I.compute_bytes(), I.grads.p());
+    SP_RETURN_IF_ERROR(I.pass->forward_backward(store, shard, 1.0 / counted, &loss));
   }
   report->bytes_sent = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward) - sent_before;
   const PhaseScope other(I.world, Phase::kOther);
@@ -189,34 +258,41 @@ Status Trainer::step(StepReport* report) {
                                             " (lower the learning rate); the parameters were not updated");
   report->loss = loss_sum / counted;
   const int64_t lo = I.slice_begin(), hi = I.slice_end();
-  // Where this rank's slice sits in its arrays: the whole buffer, or (ZeRO-3) the slice itself.
-  const int64_t at = I.o.zero_stage == 3 ? 0 : lo;
-  if (I.o.zero_stage == 3) {  // the store reduce-scattered every unit's gradient into the slice
-    double sq = 0;
-    for (int64_t i = 0; i < hi - lo; ++i) sq += double(I.grads[size_t(i)]) * double(I.grads[size_t(i)]);
-    SP_RETURN_IF_ERROR(I.world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
-    report->grad_norm = std::sqrt(sq);
-  } else if (I.o.zero_stage < 2) {
-    SP_RETURN_IF_ERROR(I.world.all_reduce(I.grads.data(), I.grads.size(), DType::kF32, ReduceOp::kSum));
-    SP_ASSIGN_OR_RETURN(report->grad_norm, AdamW::norm_of(I.grads.data(), I.count));
-  } else {  // each rank gets the sums of its slice alone
-    std::vector<float> mine(size_t(I.slice));
-    SP_RETURN_IF_ERROR(I.world.reduce_scatter(I.grads.data(), mine.data(), size_t(I.slice), DType::kF32, ReduceOp::kSum));
-    std::copy(mine.begin(), mine.begin() + (hi - lo), I.grads.begin() + lo);
-    double sq = 0;
-    for (int64_t i = lo; i < hi; ++i) sq += double(I.grads[size_t(i)]) * double(I.grads[size_t(i)]);
-    SP_RETURN_IF_ERROR(I.world.all_reduce(&sq, 1, DType::kF64, ReduceOp::kSum));
-    report->grad_norm = std::sqrt(sq);
+  double sq = 0;
+  if (I.o.zero_stage < 2) {  // every rank gets the whole sum
+    SP_RETURN_IF_ERROR(model::all_reduce(I.world, mem, I.grads.p(), I.local()));
+    SP_ASSIGN_OR_RETURN(sq, I.squared_norm(true));
+  } else {
+    if (I.o.zero_stage == 2) {  // each rank gets the sums of its slice alone
+      SP_ASSIGN_OR_RETURN(const Array<float> mine, mem.make<float>(I.slice));
+      SP_RETURN_IF_ERROR(model::reduce_scatter(I.world, mem, I.grads.p(), mine.p(), I.slice));
+      SP_RETURN_IF_ERROR(mem.copy(I.grads.p() + lo, mine.p(), size_t(hi - lo) * sizeof(float)));
+    }  // ZeRO-3: the store reduce-scattered every unit's gradient into the slice
+    SP_ASSIGN_OR_RETURN(sq, I.squared_norm(false));
   }
-  const int64_t from = I.o.zero_stage == 0 ? 0 : at;  // AdamW's range starts here
-  SP_RETURN_IF_ERROR(I.adamw->update(I.params.data() + from, I.grads.data() + from, report->grad_norm, I.steps));
+  const double norm = std::sqrt(sq);
+  SP_ASSIGN_OR_RETURN(const model::AdamWStep a, model::adamw_step(I.o.optimizer, norm, I.steps, I.optimizer_steps + 1));
+  const int64_t from = I.optimizer_begin(), to = I.optimizer_end();
+  // ZeRO 1 and 2 refresh the compute copy after the gather; the others as they update.
+  const bool refresh_in_update = I.compute && (I.o.zero_stage == 0 || I.zero3());
+  for (const ParamInfo& p : I.table) {
+    const int64_t b = std::max(p.offset, from), e = std::min(p.offset + p.numel, to);
+    if (b >= e) continue;
+    void* compute = refresh_in_update ? static_cast<char*>(I.compute->data()) + size_t(I.at(b)) * I.compute_bytes() : nullptr;
+    SP_RETURN_IF_ERROR(mem.adamw(a, p.decays ? I.o.optimizer.weight_decay : 0.0, I.params.p() + I.at(b), compute,
+                                 I.grads.p() + I.at(b), I.m.p() + (b - from), I.v.p() + (b - from), e - b));
+  }
+  ++I.optimizer_steps;
   if (I.o.zero_stage == 1 || I.o.zero_stage == 2) {  // every rank's updated slice, everywhere
-    std::vector<float> all;
-    SP_RETURN_IF_ERROR(I.gather_slices(I.params.data() + lo, &all));
-    std::copy(all.begin(), all.end(), I.params.begin());
+    SP_ASSIGN_OR_RETURN(const Array<float> mine, mem.make<float>(I.slice));
+    SP_RETURN_IF_ERROR(mem.copy(mine.p(), I.params.p() + I.world.rank() * I.slice, size_t(I.slice) * sizeof(float)));
+    SP_RETURN_IF_ERROR(model::all_gather(I.world, mem, mine.p(), I.params.p(), size_t(I.slice) * sizeof(float)));
+    SP_RETURN_IF_ERROR(I.refresh_compute(0, I.count));
   }
+  SP_RETURN_IF_ERROR(mem.synchronize());
+  report->grad_norm = norm;
   report->step = I.steps;
-  report->lr = learning_rate(I.o.optimizer, I.steps);
+  report->lr = a.lr;
   report->tokens = G * I.o.batch * I.o.seq;
   report->activation_bytes = loss.activation_bytes_peak;
   ++I.steps;
@@ -225,41 +301,51 @@ Status Trainer::step(StepReport* report) {
 }
 
 int64_t Trainer::steps_done() const { return impl_->steps; }
+
 Status Trainer::set_parameters(const std::vector<float>& params) {
   Impl& I = *impl_;
   SP_CHECK_ARG(int64_t(params.size()) == I.count, "the model has " + std::to_string(I.count) + " parameters, not " +
                                                       std::to_string(params.size()));
-  if (I.o.zero_stage == 3) std::copy(params.begin() + I.slice_begin(), params.begin() + I.slice_end(), I.params.begin());
-  else std::copy(params.begin(), params.end(), I.params.begin());
-  return Status::Ok();
+  const int64_t from = I.zero3() ? I.slice_begin() : 0, to = I.zero3() ? I.slice_end() : I.count;
+  SP_RETURN_IF_ERROR(I.memory->from_host(I.params.p() + I.at(from), params.data() + from, size_t(to - from) * sizeof(float)));
+  SP_RETURN_IF_ERROR(I.refresh_compute(from, to - from));
+  return I.memory->synchronize();
 }
 
 StatusOr<std::vector<float>> Trainer::last_gradient() const {
-  SP_CHECK_SUPPORTED(impl_->o.zero_stage < 2, "under ZeRO 2 and 3 no rank holds the whole gradient");
-  return std::vector<float>(impl_->grads.begin(), impl_->grads.begin() + impl_->count);
+  Impl& I = *impl_;
+  SP_CHECK_SUPPORTED(I.o.zero_stage < 2, "under ZeRO 2 and 3 no rank holds the whole gradient");
+  std::vector<float> host(static_cast<size_t>(I.count));
+  SP_RETURN_IF_ERROR(I.memory->to_host(host.data(), I.grads.p(), host.size() * sizeof(float)));
+  return host;
 }
 const std::vector<std::vector<int32_t>>& Trainer::last_inputs() const { return impl_->last_inputs; }
 const std::vector<std::vector<int32_t>>& Trainer::last_targets() const { return impl_->last_targets; }
+const AttentionPlan& Trainer::attention_plan() const { return impl_->pass->attention_plan(); }
+int64_t Trainer::peak_device_bytes() const { return impl_->memory->peak_bytes(); }
 
 StatusOr<std::vector<float>> Trainer::gather_parameters() const {
   Impl& I = *impl_;
-  if (I.o.zero_stage != 3) return std::vector<float>(I.params.begin(), I.params.begin() + I.count);
-  std::vector<float> all;
-  SP_RETURN_IF_ERROR(I.gather_slices(I.params.data(), &all));
-  return all;
+  if (I.zero3()) return I.gather_slices(I.params.p());
+  std::vector<float> host(static_cast<size_t>(I.count));
+  SP_RETURN_IF_ERROR(I.memory->to_host(host.data(), I.params.p(), host.size() * sizeof(float)));
+  return host;
 }
-const Transformer<float>& Trainer::model() const { return *impl_->model; }
 
 Status Trainer::save(const std::string& path) const {
   Impl& I = *impl_;
   model::TrainingState state;
-  state.first_moment = I.adamw->first_moment(), state.second_moment = I.adamw->second_moment();
-  if (I.o.zero_stage > 0) {  // the moments live in slices: the file holds them whole
-    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->first_moment().data(), &state.first_moment));
-    SP_RETURN_IF_ERROR(I.gather_slices(I.adamw->second_moment().data(), &state.second_moment));
+  if (I.o.zero_stage == 0) {
+    for (auto [from, to] : {std::pair{&I.m, &state.first_moment}, {&I.v, &state.second_moment}}) {
+      to->resize(size_t(I.count));
+      SP_RETURN_IF_ERROR(I.memory->to_host(to->data(), from->p(), to->size() * sizeof(float)));
+    }
+  } else {  // the moments live in slices: the file holds them whole
+    SP_ASSIGN_OR_RETURN(state.first_moment, I.gather_slices(I.m.p()));
+    SP_ASSIGN_OR_RETURN(state.second_moment, I.gather_slices(I.v.p()));
   }
   SP_ASSIGN_OR_RETURN(state.params, gather_parameters());
-  state.steps = I.steps, state.optimizer_steps = I.adamw->steps_taken(), state.data_position = I.data->position();
+  state.steps = I.steps, state.optimizer_steps = I.optimizer_steps, state.data_position = I.data->position();
   SP_RETURN_IF_ERROR(I.world.barrier());
   if (I.world.rank() == 0) SP_RETURN_IF_ERROR(model::write_checkpoint(path, state));
   return I.world.barrier();
@@ -269,13 +355,40 @@ Status Trainer::load(const std::string& path) {
   Impl& I = *impl_;
   SP_ASSIGN_OR_RETURN(const model::TrainingState state, model::read_checkpoint(path, I.count));
   SP_RETURN_IF_ERROR(set_parameters(state.params));
-  const int64_t lo = I.adamw->begin(), hi = I.adamw->end();  // this rank's moments
-  std::copy(state.first_moment.begin() + lo, state.first_moment.begin() + hi, I.adamw->first_moment().begin());
-  std::copy(state.second_moment.begin() + lo, state.second_moment.begin() + hi, I.adamw->second_moment().begin());
+  const int64_t lo = I.optimizer_begin(), hi = I.optimizer_end();  // this rank's moments
+  SP_RETURN_IF_ERROR(I.memory->from_host(I.m.p(), state.first_moment.data() + lo, size_t(hi - lo) * sizeof(float)));
+  SP_RETURN_IF_ERROR(I.memory->from_host(I.v.p(), state.second_moment.data() + lo, size_t(hi - lo) * sizeof(float)));
   I.steps = state.steps;
-  I.adamw->set_steps_taken(state.optimizer_steps);
+  I.optimizer_steps = state.optimizer_steps;
   I.data->seek(state.data_position);
   return Status::Ok();
 }
 
+namespace model {
+namespace {
+
+// The CPU pass: the fp32 model of transformer.cpp.
+class CpuModelPass final : public ModelPass {
+ public:
+  explicit CpuModelPass(std::unique_ptr<Transformer<float>> model) : model_(std::move(model)) {}
+  Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) override {
+    return model_->forward_backward(store, batch, scale, loss);
+  }
+  const AttentionPlan& attention_plan() const override { return model_->attention_plan(); }
+
+ private:
+  std::unique_ptr<Transformer<float>> model_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ModelPass>> make_model_pass(const TrainOptions& o, const Layout& layout, Communicator& group,
+                                                     TrainingMemory& memory) {
+  if (o.device == DeviceKind::kCuda) return make_cuda_model_pass(o, layout, group, memory);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer<float>> model,
+                      Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group));
+  return std::unique_ptr<ModelPass>(std::make_unique<CpuModelPass>(std::move(model)));
+}
+
+}  // namespace model
 }  // namespace seqpar

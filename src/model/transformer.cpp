@@ -61,35 +61,25 @@ struct Transformer<T>::Impl {
   Communicator& comm;
   AttentionPlan plan;
   std::unique_ptr<AttentionPlan> early_plan;  // sequence policy: the first half of the sequence
-  std::vector<ParamInfo> table;
+  ParameterOffsets at;  // where each tensor starts in the flat buffer
   int64_t embed_at = 0, final_norm_at = 0, head_at = 0;
-  std::vector<LayerSlots<int64_t>> layers;
 
   // This step's shapes.
   int64_t B = 0, S = 0, rows = 0;
   const std::vector<int64_t>* positions = nullptr;
 
   Impl(const ModelConfig& config, Checkpointing p, Communicator& cm, AttentionPlan pl)
-      : c(config), policy(p), comm(cm), plan(std::move(pl)), table(parameter_table(config)),
-        units(weight_units(config)) {
-    size_t i = 0;
-    embed_at = table[i++].offset;
-    for (int64_t l = 0; l < c.layers; ++l) {
-      LayerSlots<int64_t> s;
-      for (int64_t* slot : {&s.n1, &s.wq, &s.wk, &s.wv, &s.wo, &s.n2, &s.wg, &s.wu, &s.wd}) *slot = table[i++].offset;
-      layers.push_back(s);
-    }
-    final_norm_at = table[i++].offset;
-    head_at = c.tied ? embed_at : table[i].offset;
-  }
+      : c(config), policy(p), comm(cm), plan(std::move(pl)), at(parameter_offsets(config)),
+        embed_at(at.embed), final_norm_at(at.final_norm), head_at(at.head), units(weight_units(config)) {}
 
   // Layer l's weights (or gradients) in a buffer holding its unit, which starts at flat element
   // unit_begin.
   template <class P>
   LayerSlots<P> slots(P unit, int64_t unit_begin, int64_t l) const {
-    const LayerSlots<int64_t>& s = layers[size_t(l)];
-    const auto at = [&](int64_t offset) { return unit + (offset - unit_begin); };
-    return {at(s.n1), at(s.wq), at(s.wk), at(s.wv), at(s.wo), at(s.n2), at(s.wg), at(s.wu), at(s.wd)};
+    const LayerOffsets& s = at.layers[size_t(l)];
+    const auto in_unit = [&](int64_t offset) { return unit + (offset - unit_begin); };
+    return {in_unit(s.norm1), in_unit(s.q),     in_unit(s.k),  in_unit(s.v),   in_unit(s.o),
+            in_unit(s.norm2), in_unit(s.gate), in_unit(s.up), in_unit(s.down)};
   }
   std::vector<std::pair<int64_t, int64_t>> units;  // weight_units(c)
 
@@ -236,15 +226,24 @@ struct Transformer<T>::Impl {
     return Status::Ok();
   }
 
-  Status run(WeightStore<T>& store, bool backward, const ShardBatch& b, double scale, StepLoss* loss) {
+  Status run(WeightStore& store, bool backward, const ShardBatch& b, double scale, StepLoss* loss) {
     SP_RETURN_IF_ERROR(check_batch(b));
+    // The store's units as this pass's T.
+    const auto weights = [&](int64_t begin, int64_t end) -> StatusOr<const T*> {
+      SP_ASSIGN_OR_RETURN(const void* p, store.weights(begin, end));
+      return static_cast<const T*>(p);
+    };
+    const auto gradient = [&](int64_t begin, int64_t end) -> StatusOr<T*> {
+      SP_ASSIGN_OR_RETURN(void* p, store.gradient(begin, end));
+      return static_cast<T*>(p);
+    };
     const int64_t hid = c.hidden;
     const auto [e0, e1] = units.front();
     const auto [f0, f1] = units.back();
     std::vector<LayerActs<T>> kept(size_t(c.layers));
     std::vector<T> x(size_t(rows * hid)), next(size_t(rows * hid));
     {
-      SP_ASSIGN_OR_RETURN(const T* embed, store.weights(e0, e1));
+      SP_ASSIGN_OR_RETURN(const T* embed, weights(e0, e1));
       model::embedding_forward(b.inputs.data(), embed + (embed_at - e0), x.data(), rows, hid);
       SP_RETURN_IF_ERROR(store.release(e0, e1));
     }
@@ -253,7 +252,7 @@ struct Transformer<T>::Impl {
       LayerActs<T>& a = kept[size_t(l)];
       a.x_in = x;
       const auto [u0, u1] = units[size_t(1 + l)];
-      SP_ASSIGN_OR_RETURN(const T* unit, store.weights(u0, u1));
+      SP_ASSIGN_OR_RETURN(const T* unit, weights(u0, u1));
       SP_RETURN_IF_ERROR(layer_forward(unit, l, a, next.data(), Attn::kRun));
       SP_RETURN_IF_ERROR(store.release(u0, u1));
       peak = std::max(peak, kept_bytes + a.bytes());
@@ -263,10 +262,10 @@ struct Transformer<T>::Impl {
       std::swap(x, next);
     }
     std::vector<T> hf(static_cast<size_t>(rows * hid)), rstd_f(static_cast<size_t>(rows)), lse(static_cast<size_t>(rows));
-    SP_ASSIGN_OR_RETURN(const T* fin, store.weights(f0, f1));
+    SP_ASSIGN_OR_RETURN(const T* fin, weights(f0, f1));
     const T* embed = nullptr;  // the tied head
     if (c.tied) {
-      SP_ASSIGN_OR_RETURN(embed, store.weights(e0, e1));
+      SP_ASSIGN_OR_RETURN(embed, weights(e0, e1));
     }
     const T* final_norm = fin + (final_norm_at - f0);
     const T* head = c.tied ? embed + (head_at - e0) : fin + (head_at - f0);
@@ -276,10 +275,10 @@ struct Transformer<T>::Impl {
                                 &loss->loss_sum, &loss->counted);
     if (backward) {
       std::vector<T> dhf(size_t(rows * hid)), dx(size_t(rows * hid), T(0));
-      SP_ASSIGN_OR_RETURN(T* d_fin, store.gradient(f0, f1));
+      SP_ASSIGN_OR_RETURN(T* d_fin, gradient(f0, f1));
       T* d_embed = nullptr;
       if (c.tied) {
-        SP_ASSIGN_OR_RETURN(d_embed, store.gradient(e0, e1));
+        SP_ASSIGN_OR_RETURN(d_embed, gradient(e0, e1));
       }
       T* d_head = c.tied ? d_embed + (head_at - e0) : d_fin + (head_at - f0);
       model::lm_head_loss_backward(hf.data(), head, b.targets.data(), lse.data(), rows, hid, c.vocab, chunk, scale,
@@ -292,14 +291,14 @@ struct Transformer<T>::Impl {
       for (int64_t l = c.layers - 1; l >= 0; --l) {
         LayerActs<T>& a = kept[size_t(l)];
         const auto [u0, u1] = units[size_t(1 + l)];
-        SP_ASSIGN_OR_RETURN(const T* unit, store.weights(u0, u1));
+        SP_ASSIGN_OR_RETURN(const T* unit, weights(u0, u1));
         if (policy != Checkpointing::kNone)  // recompute what was dropped
           SP_RETURN_IF_ERROR(layer_forward(unit, l, a, next.data(),
                                            policy == Checkpointing::kAttention  ? Attn::kKept
                                            : policy == Checkpointing::kSequence ? Attn::kFirstHalf
                                                                                 : Attn::kRun));
         peak = std::max(peak, kept_bytes + (policy == Checkpointing::kNone ? 0 : a.bytes()));
-        SP_ASSIGN_OR_RETURN(T* grad_unit, store.gradient(u0, u1));
+        SP_ASSIGN_OR_RETURN(T* grad_unit, gradient(u0, u1));
         SP_RETURN_IF_ERROR(layer_backward(unit, grad_unit, l, a, dx));
         SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
         SP_RETURN_IF_ERROR(store.release(u0, u1));
@@ -307,7 +306,7 @@ struct Transformer<T>::Impl {
         a = {};
       }
       if (!c.tied) {
-        SP_ASSIGN_OR_RETURN(d_embed, store.gradient(e0, e1));
+        SP_ASSIGN_OR_RETURN(d_embed, gradient(e0, e1));
       }
       model::embedding_backward(b.inputs.data(), dx.data(), d_embed + (embed_at - e0), rows, hid);
       SP_RETURN_IF_ERROR(store.gradient_done(e0, e1));
@@ -324,14 +323,14 @@ namespace {
 
 // Every rank holds the whole buffer: weights and gradients are views into it.
 template <class T>
-class FlatWeights final : public WeightStore<T> {
+class FlatWeights final : public WeightStore {
  public:
   FlatWeights(const T* params, T* grads) : params_(params), grads_(grads) {}
-  StatusOr<const T*> weights(int64_t begin, int64_t) override { return params_ + begin; }
+  StatusOr<const void*> weights(int64_t begin, int64_t) override { return static_cast<const void*>(params_ + begin); }
   Status release(int64_t, int64_t) override { return Status::Ok(); }
-  StatusOr<T*> gradient(int64_t begin, int64_t) override {
+  StatusOr<void*> gradient(int64_t begin, int64_t) override {
     SP_CHECK_ARG(grads_ != nullptr, "internal: a gradient asked for in a forward-only pass");
-    return grads_ + begin;
+    return static_cast<void*>(grads_ + begin);
   }
   Status gradient_done(int64_t, int64_t) override { return Status::Ok(); }
 
@@ -398,7 +397,7 @@ Status Transformer<T>::forward_backward(const T* params, T* grads, const ShardBa
 }
 
 template <class T>
-Status Transformer<T>::forward_backward(WeightStore<T>& store, const ShardBatch& batch, double scale, StepLoss* loss) {
+Status Transformer<T>::forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) {
   return impl_->run(store, true, batch, scale, loss);
 }
 

@@ -47,9 +47,12 @@ struct Session::Impl {
                  "this session's GPU state lives on GPU " + std::to_string(device) + "; the tensors are on GPU " +
                      std::to_string(q.device.index));
     device = q.device.index;
-    if (options.prefer_cudnn) {
-      if (!cudnn) cudnn = make_cudnn_backend(options.max_call_rows);
-      if (cudnn && cudnn->supports(q, params).empty()) return cudnn.get();
+    if (options.prefer_cudnn || options.deterministic) {
+      if (!cudnn) cudnn = make_cudnn_backend(options.max_call_rows, options.deterministic);
+      const std::string why_not = cudnn ? cudnn->supports(q, params) : "this build has no cuDNN";
+      if (why_not.empty()) return cudnn.get();
+      SP_CHECK_SUPPORTED(!options.deterministic, "a deterministic backward needs cuDNN, which refuses this problem: " +
+                                                     why_not);
     }
     if (!cuda) cuda = make_cuda_backend();
     SP_CHECK_SUPPORTED(cuda != nullptr, "seqpar was built without CUDA: device tensors cannot be computed");

@@ -81,6 +81,6 @@ class CudaKernelBackend : public AttentionBackend {
 
 // The cuDNN backend (nullptr when seqpar was built without cuDNN). max_call_rows > 0 tiles
 // every dense call to at most that many query and key rows (limit_call_rows).
-std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows);
+std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows, bool deterministic);
 
 }  // namespace seqpar::cuda

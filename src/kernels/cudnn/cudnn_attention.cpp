@@ -236,9 +236,10 @@ namespace {
 Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& o, const TensorView& dout, const TensorView& lse,
                      const AttentionParams& params, const TensorView& dq, const TensorView& dk,
-                     const TensorView& dv, const cpu::AttentionDims& d, void* stream) {
+                     const TensorView& dv, const cpu::AttentionDims& d, void* stream, bool deterministic) {
   const double scale = scale_of(params, d.head_dim);
-  const std::string key = key_of("bwd", {&q, &k, &v, &o, &dout, &dq, &dk, &dv}, params, scale);
+  const std::string key = key_of(deterministic ? "bwd-deterministic" : "bwd", {&q, &k, &v, &o, &dout, &dq, &dk, &dv},
+                                 params, scale);
   auto& graph = ctx->graphs[key];
   if (!graph) {
     auto g = new_graph(q.dtype);
@@ -248,7 +249,10 @@ Status backward_call(DeviceContext* ctx, const TensorView& q, const TensorView& 
                                .set_dim({d.batch, d.heads, d.seq_q, 1})
                                .set_stride({d.heads * d.seq_q, d.seq_q, 1, 1})
                                .set_data_type(fe::DataType_t::FLOAT));
-    auto attrs = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(float(scale));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("sdpa_backward")
+                     .set_attn_scale(float(scale))
+                     .set_deterministic_algorithm(deterministic);
     apply_mask(params.mask, attrs);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, attrs);
     dQ->set_output(true).set_uid(kDq).set_dim(bhsd_dims(dq)).set_stride(bhsd_strides(dq));
@@ -276,7 +280,7 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
                                const TensorView& v, const TensorView& o, const TensorView& dout,
                                const TensorView& lse, const AttentionParams& params,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                               const cpu::AttentionDims& d, void* stream) {
+                               const cpu::AttentionDims& d, void* stream, bool deterministic) {
   const int64_t B = d.batch, ratio = d.heads / d.kv_heads, D = d.head_dim;
   // K/V heads per chunk: the fewest chunks whose compact copies stay within the limit, of
   // equal size (two chunks of 16 heads rather than 31 and 1).
@@ -345,7 +349,7 @@ Status backward_in_head_chunks(DeviceContext* ctx, const TensorView& q, const Te
     dc.heads = nq;
     dc.kv_heads = n;
     SP_RETURN_IF_ERROR(backward_call(ctx, views[0], views[4], views[5], views[1], views[2], lsec, params, views[3],
-                                     views[6], views[7], dc, stream));
+                                     views[6], views[7], dc, stream, deterministic));
     for (const auto& [copy, destination] : outputs) SP_RETURN_IF_ERROR(flash_cast(copy, destination, stream));
   }
   return Status::Ok();
@@ -357,7 +361,7 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& o, const TensorView& dout,
                                 const TensorView& lse, const AttentionParams& params,
                                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                void* stream) {
+                                void* stream, bool deterministic) {
   cpu::AttentionDims d;
   SP_RETURN_IF_ERROR(check_problem(q, k, v, params, &d));
   SP_RETURN_IF_ERROR(check_like("o", o, q));
@@ -369,8 +373,8 @@ Status cudnn_attention_backward(const TensorView& q, const TensorView& k, const 
   SP_ASSIGN_OR_RETURN(DeviceContext * ctx, context_for_current_device());
   for (const TensorView* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv})
     if (t->span_elements() > kCudnnMaxSpan)
-      return backward_in_head_chunks(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
-  return backward_call(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream);
+      return backward_in_head_chunks(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream, deterministic);
+  return backward_call(ctx, q, k, v, o, dout, lse, params, dq, dk, dv, d, stream, deterministic);
 }
 
 Status cudnn_release_workspace() {

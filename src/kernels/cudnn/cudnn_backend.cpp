@@ -74,7 +74,8 @@ bool calls_share_rows(const std::vector<BlockCall>& calls, bool q_side) {
 
 class CudnnBackend : public CudaKernelBackend {
  public:
-  explicit CudnnBackend(int64_t max_call_rows) : max_call_rows_(max_call_rows) {}
+  CudnnBackend(int64_t max_call_rows, bool deterministic)
+      : max_call_rows_(max_call_rows), deterministic_(deterministic) {}
   const char* name() const override { return "cudnn"; }
   BackendCaps caps() const override {
     BackendCaps c;
@@ -166,7 +167,7 @@ class CudnnBackend : public CudaKernelBackend {
       SP_RETURN_IF_ERROR(cudnn_attention_backward(
           q.narrow(1, c.q_begin, c.q_end), k.narrow(1, c.k_begin, c.k_end), v.narrow(1, c.k_begin, c.k_end),
           o.narrow(1, c.q_begin, c.q_end), dout.narrow(1, c.q_begin, c.q_end), lse_rows, dense(params, c.causal),
-          dq_to, dk_to, dv_to, stream));
+          dq_to, dk_to, dv_to, stream, deterministic_));
       if (!q_direct) SP_RETURN_IF_ERROR(qs.settle({dq_to}, c.q_begin, c.q_end, q_first, *this, stream));
       if (!k_direct) SP_RETURN_IF_ERROR(ks.settle({dk_to, dv_to}, c.k_begin, c.k_end, k_first, *this, stream));
       qs.done.add(c.q_begin, c.q_end);
@@ -250,13 +251,14 @@ class CudnnBackend : public CudaKernelBackend {
     return &it->second;
   }
   int64_t max_call_rows_;
+  bool deterministic_;  // backward: cuDNN's deterministic algorithm
   mutable std::map<std::pair<PairKey, std::string>, BlockPlan> plans_;
 };
 
 }  // namespace
 
-std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows) {
-  return std::make_unique<CudnnBackend>(max_call_rows);
+std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows, bool deterministic) {
+  return std::make_unique<CudnnBackend>(max_call_rows, deterministic);
 }
 
 }  // namespace seqpar::cuda
