@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "seqpar/cudnn_attention.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 #include "bench_util.cuh"
 

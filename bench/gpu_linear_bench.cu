@@ -1,4 +1,4 @@
-// GPU linear-attention benchmark: our chunked CUDA kernels (seqpar/linear_cuda.hpp), forward
+// GPU linear-attention benchmark: our chunked CUDA kernels (kernels/cuda/linear_cuda.hpp), forward
 // and forward+backward, at the peer's shapes (B = 1, H = 16, d = 128, per-head decay
 // lambda_h = exp(-(8/H) h/H - 0.01), scale 1/sqrt(d)); inputs q, k, v, dO uniform in [-1, 1)
 // like bench/fla_linear_peer.py; both kernel variants (one tile stage, pipelined). Median of
@@ -19,7 +19,7 @@
 
 #include "bench_util.cuh"
 #include "seqpar/gpu.hpp"
-#include "seqpar/linear_cuda.hpp"
+#include "kernels/cuda/linear_cuda.hpp"
 
 namespace {
 

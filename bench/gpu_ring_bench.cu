@@ -17,9 +17,9 @@
 #include <sstream>
 #include <vector>
 
-#include "seqpar/cudnn_attention.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "parallel/gpu_executor.hpp"
 #include "seqpar/nccl_comm.hpp"
 #include "bench_util.cuh"
 

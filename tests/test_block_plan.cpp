@@ -4,7 +4,7 @@
 // windows and documents are handed to the positions-aware kernel.
 #include <gtest/gtest.h>
 
-#include "seqpar/block_plan.hpp"
+#include "parallel/block_plan.hpp"
 #include "seqpar/layout.hpp"
 
 namespace seqpar {

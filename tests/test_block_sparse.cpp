@@ -10,7 +10,7 @@
 #include <set>
 
 #include "kernels/cpu/attention_common.hpp"
-#include "seqpar/block_plan.hpp"
+#include "parallel/block_plan.hpp"
 #include "seqpar/layout.hpp"
 #include "seqpar/mask.hpp"
 #include "test_util.hpp"

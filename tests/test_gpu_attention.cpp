@@ -12,8 +12,8 @@
 #include <limits>
 #include <tuple>
 
-#include "seqpar/cudnn_attention.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 #include "test_util.hpp"
 

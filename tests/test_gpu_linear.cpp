@@ -1,4 +1,4 @@
-// Our CUDA linear-attention kernels (seqpar/linear_cuda.hpp) against the fp64 oracle under the
+// Our CUDA linear-attention kernels (kernels/cuda/linear_cuda.hpp) against the fp64 oracle under the
 // bf16 rule, with tests/linear_lowp.hpp as the plain low-precision baseline: decay 1, 0.9 and
 // per head, GQA, d_k != d_v, incoming state and dState, lengths that are not multiples of the
 // chunk, many spans; a chain of calls on slices against one call; refusals. Run anywhere: the
@@ -17,7 +17,7 @@
 #include "linear_lowp.hpp"
 #include "linear_test_util.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/linear_cuda.hpp"
+#include "kernels/cuda/linear_cuda.hpp"
 
 namespace seqpar {
 namespace {

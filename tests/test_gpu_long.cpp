@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "seqpar/cudnn_attention.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 #include "test_util.hpp"
 

@@ -12,9 +12,9 @@
 #include <cmath>
 #include <mutex>
 
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "parallel/gpu_executor.hpp"
 #include "seqpar/nccl_comm.hpp"
 #include "test_util.hpp"
 

@@ -81,7 +81,7 @@ std::vector<const AttentionBackend*> all_backends();
 // GPU backends, one instance per rank (they keep scratch buffers and cached plans); nullptr
 // where this build lacks them. max_call_rows > 0: no cuDNN call spans more rows (a guard and
 // a diagnostic for very long shards). deterministic: cuDNN's backward gives the same bits every
-// run (cudnn_attention.hpp says what it costs).
+// run (src/kernels/cudnn/cudnn_attention.hpp says what it costs).
 std::unique_ptr<AttentionBackend> make_cuda_backend();
 std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0, bool deterministic = false);
 // Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128, full or causal masks, each

@@ -110,7 +110,7 @@ struct PassStats {
 };
 
 // Runs the plan's forward (writes o, lse) or backward (writes dq, dk, dv) on host tensors, through
-// the one executor (the GPU entry points, gpu_executor.hpp, run it over device memory).
+// the one executor (the GPU entry points, src/parallel/gpu_executor.hpp, run it over device memory).
 // `state` carries what the forward keeps (required where plan.schedule.kept is not empty).
 Status run_forward_cpu(Communicator& comm, const AttentionPlan& plan, const ShardTensors& t,
                        PassStats* stats = nullptr, ForwardState* state = nullptr);

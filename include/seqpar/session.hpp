@@ -65,7 +65,7 @@ class Session {
 
   Communicator& comm() const;
   // GPU, with SessionOptions::trace: the milestones the passes since the last call passed, as
-  // (label, ms after the first) (gpu_executor.hpp's GpuWorkspace::take_trace).
+  // (label, ms after the first) (src/parallel/gpu_executor.hpp's GpuWorkspace::take_trace).
   StatusOr<std::vector<std::pair<std::string, double>>> take_trace();
 
   struct Impl;

@@ -60,6 +60,18 @@ class WeightStore {
   virtual Status gradient_done(int64_t begin, int64_t end) = 0;
 };
 
+// A store's unit as a pass's element types.
+template <class T>
+StatusOr<const T*> unit_weights(WeightStore& store, int64_t begin, int64_t end) {
+  SP_ASSIGN_OR_RETURN(const void* p, store.weights(begin, end));
+  return static_cast<const T*>(p);
+}
+template <class T>
+StatusOr<T*> unit_gradient(WeightStore& store, int64_t begin, int64_t end) {
+  SP_ASSIGN_OR_RETURN(void* p, store.gradient(begin, end));
+  return static_cast<T*>(p);
+}
+
 // The units of the flat buffer, in order: [begin, end) of the embedding, of each layer, and of
 // the final norm (with lm_head.weight when untied).
 std::vector<std::pair<int64_t, int64_t>> weight_units(const ModelConfig& config);

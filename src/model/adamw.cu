@@ -23,26 +23,13 @@ __global__ void update(float* p, __nv_bfloat16* p16, const float* g, float* m, f
 
 constexpr int kThreads = 256, kMaxSquareBlocks = 1024;
 
-// The sum of v over the block, in a fixed order (butterfly within each warp, then the warps in
-// order), returned to thread 0.
-__device__ double block_sum(double v) {
-  __shared__ double partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  double total = 0;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  return total;
-}
-
 // block_sums[b] = block b's part of sum x^2 in fp64: thread t takes elements b * kThreads + t
 // + k * gridDim.x * kThreads in ascending k.
 __global__ void squares(const float* x, int64_t n, double* block_sums) {
   double s = 0;
   for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     s += double(x[i]) * double(x[i]);
-  const double total = block_sum(s);
+  const double total = block_sum<kThreads>(s);
   if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
 }
 
@@ -51,7 +38,7 @@ __global__ void squares(const float* x, int64_t n, double* block_sums) {
 __global__ void add_block_sums(const double* block_sums, int blocks, double* out) {
   double s = 0;
   for (int b = threadIdx.x; b < blocks; b += kThreads) s += block_sums[b];
-  const double total = block_sum(s);
+  const double total = block_sum<kThreads>(s);
   if (threadIdx.x == 0) *out += total;
 }
 

@@ -19,6 +19,20 @@ inline unsigned blocks_for(int64_t n, int threads = 256) {
   return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535LL * 32));
 }
 
+// The sum of v over a block of `threads` threads in a fixed order (a butterfly within each warp,
+// then the warps in order), given to every thread: the same bits every run.
+template <int threads, class T>
+__device__ T block_sum(T v) {
+  __shared__ T partial[threads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < threads / 32; ++w) total += partial[w];
+  __syncthreads();  // partial may be written again
+  return total;
+}
+
 // One cuBLAS handle per thread (a rank is a thread), set to the stream of each call.
 cublasHandle_t cublas_for(void* stream);
 

@@ -76,14 +76,8 @@ class CudaModelPass final : public ModelPass {
     SP_CHECK_ARG(batch.batch == B && batch.seq == S && int64_t(batch.inputs.size()) == rows &&
                      int64_t(batch.targets.size()) == rows,
                  "this rank trains on " + std::to_string(B) + " sequences of " + std::to_string(S) + " rows");
-    const auto weights = [&](int64_t begin, int64_t end) -> StatusOr<const Half*> {
-      SP_ASSIGN_OR_RETURN(const void* p, store.weights(begin, end));
-      return static_cast<const Half*>(p);
-    };
-    const auto gradient = [&](int64_t begin, int64_t end) -> StatusOr<float*> {
-      SP_ASSIGN_OR_RETURN(void* p, store.gradient(begin, end));
-      return static_cast<float*>(p);
-    };
+    const auto weights = [&](int64_t begin, int64_t end) { return unit_weights<Half>(store, begin, end); };
+    const auto gradient = [&](int64_t begin, int64_t end) { return unit_gradient<float>(store, begin, end); };
     void* st = s_;
     const bool tied = o_.model.tied;
     const auto [e0, e1] = units_.front();

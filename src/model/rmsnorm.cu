@@ -15,23 +15,11 @@ constexpr int kThreads = 256;
 // few), at most kMaxChunks of them (the partials stay small and the second pass short).
 constexpr int kColumns = 32, kRowThreads = 8, kMaxChunks = 64, kMinChunkRows = 32;
 
-// The sum of v over the block (every thread gets it).
-__device__ float block_sum(float v) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
-  __syncthreads();
-  return total;
-}
-
 __global__ void forward(const float* x, const __nv_bfloat16* w, __nv_bfloat16* y, float* rstd, int64_t dim, float eps) {
   const float* xr = x + blockIdx.x * dim;
   float ss = 0;
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) ss += xr[d] * xr[d];
-  const float s = rsqrtf(block_sum(ss) / float(dim) + eps);
+  const float s = rsqrtf(block_sum<kThreads>(ss) / float(dim) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = s;
   for (int64_t d = threadIdx.x; d < dim; d += kThreads)
     y[blockIdx.x * dim + d] = __float2bfloat16(__bfloat162float(w[d]) * xr[d] * s);
@@ -44,7 +32,7 @@ __global__ void backward(const float* x, const __nv_bfloat16* w, const float* rs
   const float s = rstd[blockIdx.x];
   float dot = 0;
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) dot += gr[d] * __bfloat162float(w[d]) * xr[d] * s;
-  const float mean = block_sum(dot) / float(dim);
+  const float mean = block_sum<kThreads>(dot) / float(dim);
   for (int64_t d = threadIdx.x; d < dim; d += kThreads) {
     const float xhat = xr[d] * s;
     dx[blockIdx.x * dim + d] += s * (gr[d] * __bfloat162float(w[d]) - xhat * mean);

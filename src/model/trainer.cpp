@@ -50,6 +50,7 @@ class ShardedWeights final : public WeightStore {
         compute_(static_cast<const char*>(compute)), grads_(grads) {}
 
   StatusOr<const void*> weights(int64_t begin, int64_t end) override {
+    const PhaseScope other(world_, Phase::kOther);  // not the attention's traffic
     const size_t e = element_bytes_, piece = size_t(largest_part(begin, end)) * e;
     SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> send, memory_.allocate(piece));
     SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> recv, memory_.allocate(piece * size_t(world_.size())));
@@ -77,6 +78,7 @@ class ShardedWeights final : public WeightStore {
     return p;
   }
   Status gradient_done(int64_t begin, int64_t end) override {
+    const PhaseScope other(world_, Phase::kOther);
     const int64_t piece = largest_part(begin, end);
     SP_ASSIGN_OR_RETURN(const Array<float> send, memory_.make_zeroed<float>(piece * world_.size()));
     SP_ASSIGN_OR_RETURN(const Array<float> recv, memory_.make<float>(piece));
@@ -119,7 +121,10 @@ class ShardedWeights final : public WeightStore {
 struct Trainer::Impl {
   TrainOptions o;
   Communicator& world;
-  std::unique_ptr<Communicator> group;  // this rank's sequence-parallel group
+  // This rank's sequence-parallel group: the world itself with one group (no second NCCL
+  // communicator), else a split of it.
+  std::unique_ptr<Communicator> split_group;
+  Communicator* group = nullptr;
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<TrainingMemory> memory;
   std::unique_ptr<model::ModelPass> pass;
@@ -199,7 +204,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
     I.memory = model::make_host_training_memory();
   }
   const int T = W / G;
-  SP_ASSIGN_OR_RETURN(I.group, comm.split(comm.rank() / T, comm.rank()));
+  if (G == 1) {
+    I.group = &comm;
+  } else {
+    SP_ASSIGN_OR_RETURN(I.split_group, comm.split(comm.rank() / T, comm.rank()));
+    I.group = I.split_group.get();
+  }
   SP_ASSIGN_OR_RETURN(I.data, open_training_data(options));
   SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
   SP_ASSIGN_OR_RETURN(I.pass, model::make_model_pass(options, layout, *I.group, *I.memory));

@@ -228,15 +228,8 @@ struct Transformer<T>::Impl {
 
   Status run(WeightStore& store, bool backward, const ShardBatch& b, double scale, StepLoss* loss) {
     SP_RETURN_IF_ERROR(check_batch(b));
-    // The store's units as this pass's T.
-    const auto weights = [&](int64_t begin, int64_t end) -> StatusOr<const T*> {
-      SP_ASSIGN_OR_RETURN(const void* p, store.weights(begin, end));
-      return static_cast<const T*>(p);
-    };
-    const auto gradient = [&](int64_t begin, int64_t end) -> StatusOr<T*> {
-      SP_ASSIGN_OR_RETURN(void* p, store.gradient(begin, end));
-      return static_cast<T*>(p);
-    };
+    const auto weights = [&](int64_t begin, int64_t end) { return unit_weights<T>(store, begin, end); };
+    const auto gradient = [&](int64_t begin, int64_t end) { return unit_gradient<T>(store, begin, end); };
     const int64_t hid = c.hidden;
     const auto [e0, e1] = units.front();
     const auto [f0, f1] = units.back();

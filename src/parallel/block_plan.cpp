@@ -1,9 +1,9 @@
-// Dense-call planning for a (query shard, key shard) pair: see include/seqpar/block_plan.hpp.
+// Dense-call planning for a (query shard, key shard) pair: see src/parallel/block_plan.hpp.
 // Under a causal-like band every query row sees a prefix of the (increasing) keys; the plan
 // looks for pieces of the pair where that prefix length grows by exactly one key per row
 // (top-left causal after a full block) or stays fixed (a full block), trying the whole pair
 // first and then its arithmetic runs, so a pair becomes one or two large calls where it can.
-#include "seqpar/block_plan.hpp"
+#include "parallel/block_plan.hpp"
 
 #include <algorithm>
 #include <limits>

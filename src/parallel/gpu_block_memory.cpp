@@ -3,15 +3,15 @@
 // each other and with the backends' part buffers and cuDNN's workspace; copies, fills and sums
 // by our small kernels (flash_cuda.hpp); the pass ordered after the last one on another stream
 // and traced through the rank's GpuWorkspace. Also the GPU entry points of the one executor
-// (include/seqpar/gpu_executor.hpp).
+// (src/parallel/gpu_executor.hpp).
 #include <cuda_runtime.h>
 
 #include "parallel/block_memory.hpp"
 #include "parallel/executor.hpp"
 #include "parallel/gpu_workspace.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "parallel/gpu_executor.hpp"
 
 namespace seqpar::parallel {
 namespace {

@@ -1,4 +1,4 @@
-// The GPU executor's per-rank workspace (include/seqpar/gpu_executor.hpp): the trace of the
+// The GPU executor's per-rank workspace (src/parallel/gpu_executor.hpp): the trace of the
 // milestones the calls passed on their stream. The blocks are stream buffers (gpu.hpp).
 #include "parallel/gpu_workspace.hpp"
 

@@ -1,4 +1,4 @@
-// GpuWorkspace's insides (include/seqpar/gpu_executor.hpp), shared by the workspace's own
+// GpuWorkspace's insides (src/parallel/gpu_executor.hpp), shared by the workspace's own
 // calls (gpu_workspace.cpp) and the GPU executor: the trace's marks, and the event that orders
 // a call on one stream after the last call on another.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include "core/cuda_check.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/gpu_executor.hpp"
+#include "parallel/gpu_executor.hpp"
 
 namespace seqpar {
 

@@ -9,7 +9,7 @@
 #include <span>
 #include <sstream>
 
-#include "seqpar/block_plan.hpp"
+#include "parallel/block_plan.hpp"
 
 namespace seqpar {
 

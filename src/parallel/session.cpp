@@ -6,7 +6,7 @@
 #include <map>
 
 #ifdef SEQPAR_HAVE_CUDA
-#include "seqpar/gpu_executor.hpp"
+#include "parallel/gpu_executor.hpp"
 #endif
 
 namespace seqpar {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "seqpar/backend.hpp"
-#include "seqpar/block_plan.hpp"
+#include "parallel/block_plan.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar::cuda {

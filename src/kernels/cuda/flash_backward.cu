@@ -15,7 +15,7 @@
 #include "core/cuda_check.hpp"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/mma_utils.cuh"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar {
 namespace cuda {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/mask_runs.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar::cuda {
 

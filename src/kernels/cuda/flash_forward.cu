@@ -1,4 +1,4 @@
-// Our flash-attention forward on tensor cores (see include/seqpar/flash_cuda.hpp): one CTA of
+// Our flash-attention forward on tensor cores (see src/kernels/cuda/flash_cuda.hpp): one CTA of
 // 4 warps takes 128 query rows of one head (32 per warp, two m-tiles sharing each K/V
 // fragment); K/V tiles of 64 keys (32 at D = 128) stream through double-buffered shared
 // memory (cp.async); scores, the online softmax and the output accumulator stay in
@@ -14,7 +14,7 @@
 #include "core/cuda_check.hpp"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/mma_utils.cuh"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar {
 namespace cuda {

@@ -1,5 +1,5 @@
 // The CUDA row of the linear-attention backend table (kernels/linear_backend.hpp): our kernels
-// (seqpar/linear_cuda.hpp; bf16/fp16 rows, fp32 states) on the current device, every call
+// (kernels/cuda/linear_cuda.hpp; bf16/fp16 rows, fp32 states) on the current device, every call
 // queued on the caller's stream. The states and the kernels' workspace are sized once by
 // reserve, at the backward's size (the forward's is smaller), so no pass grows a buffer.
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 #include "kernels/cuda/linear_host.hpp"
 #include "kernels/linear_backend.hpp"
 #include "seqpar/gpu.hpp"
-#include "seqpar/linear_cuda.hpp"
+#include "kernels/cuda/linear_cuda.hpp"
 
 namespace seqpar {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda/linear_sweep.hpp"
-#include "seqpar/linear_cuda.hpp"
+#include "kernels/cuda/linear_cuda.hpp"
 
 namespace seqpar::cuda {
 

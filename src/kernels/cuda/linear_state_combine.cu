@@ -1,4 +1,4 @@
-// LASP's carried-state combine on the GPU (seqpar/linear_cuda.hpp; the CPU version and the math
+// LASP's carried-state combine on the GPU (kernels/cuda/linear_cuda.hpp; the CPU version and the math
 // are in seqpar/linear_attention.hpp): out = lambda_h^length carried + local, elementwise over
 // fp32 states [B, H, d_k, d_v]. A rank's own state terms need no kernel of their own: the linear
 // kernels take the carried state as state_in (dstate_out) and apply it on tensor cores.
@@ -8,7 +8,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/cuda/linear_host.hpp"
-#include "seqpar/linear_cuda.hpp"
+#include "kernels/cuda/linear_cuda.hpp"
 
 namespace seqpar {
 namespace {

@@ -1,7 +1,7 @@
 // cuDNN SDPA adapter: maps our BSHD views and global-position masks onto cuDNN frontend
 // graphs (dims [B, H, S, D] with our strides), builds each graph once, and executes it with
 // a stream buffer for its workspace (gpu.hpp).
-#include "seqpar/cudnn_attention.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
 
 #include <cudnn.h>
 #include <cudnn_frontend.h>
@@ -13,7 +13,7 @@
 
 #include "core/cuda_check.hpp"
 #include "kernels/cpu/attention_common.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.hpp"
-#include "seqpar/cudnn_attention.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cudnn/cudnn_attention.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar::cuda {
 namespace {

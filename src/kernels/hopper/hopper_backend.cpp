@@ -24,7 +24,7 @@
 
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/hopper/hopper_args.hpp"
-#include "seqpar/flash_cuda.hpp"
+#include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar::hopper {
 namespace {
