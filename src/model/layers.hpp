@@ -21,6 +21,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 // y[rows, out] = x[rows, in] w[out, in]^T.
 template <class T>
 void linear_forward(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out);
+// y[rows, out] += x w^T: a product added into the residual stream.
+template <class T>
+void linear_forward_add(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out);
 // dx (= or += with accumulate_dx) dy w; dw += dy^T x.
 template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t in, int64_t out,

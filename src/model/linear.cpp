@@ -32,6 +32,11 @@ void linear_forward(const T* x, const T* w, T* y, int64_t rows, int64_t in, int6
 }
 
 template <class T>
+void linear_forward_add(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out) {
+  gemm<T>(false, true, rows, out, in, T(1), x, w, T(1), y);
+}
+
+template <class T>
 void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t in, int64_t out,
                      bool accumulate_dx) {
   if (dx) gemm<T>(false, false, rows, in, out, T(1), dy, w, accumulate_dx ? T(1) : T(0), dx);
@@ -40,6 +45,8 @@ void linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t 
 
 template void linear_forward<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
 template void linear_forward<double>(const double*, const double*, double*, int64_t, int64_t, int64_t);
+template void linear_forward_add<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
+template void linear_forward_add<double>(const double*, const double*, double*, int64_t, int64_t, int64_t);
 template void linear_backward<float>(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
                                      int64_t, bool);
 template void linear_backward<double>(const double*, const double*, const double*, double*, double*, int64_t, int64_t,

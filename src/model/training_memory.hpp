@@ -47,6 +47,9 @@ class TrainingMemory {
   virtual StatusOr<std::unique_ptr<Buffer>> allocate(size_t bytes) = 0;
   [[nodiscard]] virtual Status zero(void* p, size_t bytes) = 0;
   [[nodiscard]] virtual Status copy(void* dst, const void* src, size_t bytes) = 0;  // both in this memory
+  // `height` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`).
+  [[nodiscard]] virtual Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                         size_t height) = 0;
   // Between this memory and the host; both complete before returning.
   [[nodiscard]] virtual Status to_host(void* host, const void* src, size_t bytes) = 0;
   [[nodiscard]] virtual Status from_host(void* dst, const void* host, size_t bytes) = 0;

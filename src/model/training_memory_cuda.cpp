@@ -47,6 +47,12 @@ class CudaTrainingMemory final : public TrainingMemory {
     if (bytes) SP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
     return Status::Ok();
   }
+  Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                   size_t height) override {
+    if (width && height)
+      SP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, s_));
+    return Status::Ok();
+  }
   Status to_host(void* host, const void* src, size_t bytes) override {
     if (bytes) SP_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, s_));
     return synchronize();

@@ -38,6 +38,12 @@ class HostTrainingMemory final : public TrainingMemory {
     if (bytes) std::memmove(dst, src, bytes);
     return Status::Ok();
   }
+  Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                   size_t height) override {
+    for (size_t r = 0; r < height && width > 0; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return Status::Ok();
+  }
   Status to_host(void* host, const void* src, size_t bytes) override { return copy(host, src, bytes); }
   Status from_host(void* dst, const void* host, size_t bytes) override { return copy(dst, host, bytes); }
   Status to_compute(const float* src, void* dst, int64_t n) override {

@@ -1,0 +1,346 @@
+// One rank's forward and backward through the model (model.hpp), written once for both devices:
+// the layer loop, the weights unit by unit from a WeightStore (ZeRO-3 gathers them), what each
+// checkpointing policy keeps (transformer.hpp describes the policies), and the attention through
+// a Session. `Dev` is the device's half (llm.c's pattern): its element types and the layers'
+// calls, host_layers.hpp (T everywhere: the fp32 trainer and the fp64 oracle) or
+// model_pass_cuda.cpp (bf16 weights and products' inputs, fp32 residual stream, statistics and
+// gradients). Its arrays come from a TrainingMemory (host, or the stream arenas of one stream).
+//   Dev::Weight  weights as the layers read them
+//   Dev::Act     the products' inputs: the norms' outputs, q, k, v, o, the MLP's activations
+//   Dev::Acc     the residual stream, row statistics (LSE, rstd) and every gradient added to
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "model/training_memory.hpp"
+#include "seqpar/session.hpp"
+#include "seqpar/transformer.hpp"
+
+namespace seqpar::model {
+
+template <class Dev>
+class LayerPass {
+ public:
+  using W = typename Dev::Weight;
+  using A = typename Dev::Act;
+  using R = typename Dev::Acc;
+
+  // plan: the attention over this rank's rows; early: the sequence's first half (the sequence
+  // policy alone). chunk: rows of logits the fused LM head makes at once.
+  LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan* plan,
+            const AttentionPlan* early, int64_t chunk)
+      : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(plan), early_(early), chunk_(chunk),
+        at_(parameter_offsets(config)), units_(weight_units(config)) {}
+
+  const AttentionPlan& attention_plan() const { return *plan_; }
+
+  // Forward (and with `backward` the backward, adding scale * the gradient into the store) of
+  // this rank's shard.
+  Status run(WeightStore& store, bool backward, const ShardBatch& b, double scale, StepLoss* loss) {
+    SP_RETURN_IF_ERROR(check_batch(b));
+    const auto weights = [&](int64_t begin, int64_t end) { return unit_weights<W>(store, begin, end); };
+    const auto gradient = [&](int64_t begin, int64_t end) { return unit_gradient<R>(store, begin, end); };
+    const auto [e0, e1] = units_.front();
+    const auto [f0, f1] = units_.back();
+    SP_ASSIGN_OR_RETURN(const typename Dev::Tokens tok, dev_.tokens(b));
+    positions_ = dev_.positions(b);
+    std::vector<Acts> kept(size_t(c_.layers));
+    SP_ASSIGN_OR_RETURN(Array<R> x, mem_.template make<R>(rows_ * hid()));
+    {
+      SP_ASSIGN_OR_RETURN(const W* embed, weights(e0, e1));
+      SP_RETURN_IF_ERROR(dev_.embedding_forward(tok.inputs, embed + (at_.embed - e0), x.p(), rows_, hid()));
+      SP_RETURN_IF_ERROR(store.release(e0, e1));
+    }
+    int64_t kept_bytes = 0, peak = 0;
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      Acts& a = kept[size_t(l)];
+      a.x_in = std::move(x);
+      SP_ASSIGN_OR_RETURN(x, mem_.template make<R>(rows_ * hid()));
+      const auto [u0, u1] = units_[size_t(1 + l)];
+      SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
+      SP_RETURN_IF_ERROR(layer_forward(slots(unit, u0, l), a, x, Attn::kRun));
+      SP_RETURN_IF_ERROR(store.release(u0, u1));
+      peak = std::max(peak, kept_bytes + a.bytes());
+      if (backward) {
+        SP_RETURN_IF_ERROR(keep_for_policy(a));
+      } else {
+        a = {};
+      }
+      kept_bytes += a.bytes();
+    }
+    SP_ASSIGN_OR_RETURN(Array<A> hf, mem_.template make<A>(rows_ * hid()));
+    SP_ASSIGN_OR_RETURN(Array<R> rstd_f, mem_.template make<R>(rows_));
+    SP_ASSIGN_OR_RETURN(Array<R> lse, mem_.template make<R>(rows_));
+    SP_ASSIGN_OR_RETURN(const W* fin, weights(f0, f1));
+    const W* head = c_.tied ? nullptr : fin + (at_.head - f0);
+    if (c_.tied) {
+      SP_ASSIGN_OR_RETURN(const W* embed, weights(e0, e1));
+      head = embed + (at_.head - e0);
+    }
+    const W* final_norm = fin + (at_.final_norm - f0);
+    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(x.p(), final_norm, hf.p(), rstd_f.p(), rows_, hid(), c_.norm_eps));
+    const int64_t chunk = chunk_ > 0 ? chunk_ : rows_;
+    typename Dev::LossParts parts;
+    SP_RETURN_IF_ERROR(dev_.lm_head_forward(hf.p(), head, tok.targets, rows_, hid(), c_.vocab, chunk, lse.p(), &parts));
+    int64_t backward_bytes = 0;
+    if (backward) {
+      SP_ASSIGN_OR_RETURN(Array<R> dhf, mem_.template make<R>(rows_ * hid()));
+      SP_ASSIGN_OR_RETURN(Array<R> dx, mem_.template make_zeroed<R>(rows_ * hid()));
+      backward_bytes = int64_t(dhf.n * sizeof(R) + dx.n * sizeof(R));
+      SP_ASSIGN_OR_RETURN(R* d_fin, gradient(f0, f1));
+      R* d_embed = nullptr;
+      if (c_.tied) {
+        SP_ASSIGN_OR_RETURN(d_embed, gradient(e0, e1));
+      }
+      R* d_head = c_.tied ? d_embed + (at_.head - e0) : d_fin + (at_.head - f0);
+      SP_RETURN_IF_ERROR(dev_.lm_head_backward(hf.p(), head, tok.targets, lse.p(), rows_, hid(), c_.vocab, chunk, scale,
+                                               dhf.p(), d_head));
+      SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(x.p(), final_norm, rstd_f.p(), dhf.p(), dx.p(),
+                                               d_fin + (at_.final_norm - f0), rows_, hid()));
+      SP_RETURN_IF_ERROR(store.gradient_done(f0, f1));
+      SP_RETURN_IF_ERROR(store.release(f0, f1));
+      if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
+      for (int64_t l = c_.layers - 1; l >= 0; --l) {
+        Acts& a = kept[size_t(l)];
+        const auto [u0, u1] = units_[size_t(1 + l)];
+        SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
+        if (policy_ != Checkpointing::kNone)  // recompute what the policy dropped
+          SP_RETURN_IF_ERROR(layer_forward(slots(unit, u0, l), a, x,
+                                           policy_ == Checkpointing::kAttention  ? Attn::kKept
+                                           : policy_ == Checkpointing::kSequence ? Attn::kFirstHalf
+                                                                                 : Attn::kRun));
+        peak = std::max(peak, kept_bytes + (policy_ == Checkpointing::kNone ? 0 : a.bytes()));
+        SP_ASSIGN_OR_RETURN(R* grad_unit, gradient(u0, u1));
+        SP_RETURN_IF_ERROR(layer_backward(slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
+        SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
+        SP_RETURN_IF_ERROR(store.release(u0, u1));
+        kept_bytes -= a.bytes();
+        a = {};
+      }
+      if (!c_.tied) {
+        SP_ASSIGN_OR_RETURN(d_embed, gradient(e0, e1));
+      }
+      SP_RETURN_IF_ERROR(dev_.embedding_backward(b.inputs.data(), dx.p(), d_embed + (at_.embed - e0), rows_, hid()));
+      SP_RETURN_IF_ERROR(store.gradient_done(e0, e1));
+    } else {
+      SP_RETURN_IF_ERROR(store.release(f0, f1));
+      if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
+    }
+    SP_ASSIGN_OR_RETURN(loss->loss_sum, dev_.loss_sum(parts));  // waits for the pass
+    loss->counted = 0;
+    for (int32_t t : b.targets) loss->counted += t >= 0;
+    const int64_t held = int64_t((2 * x.n + lse.n + rstd_f.n) * sizeof(R) + hf.n * sizeof(A)) + backward_bytes;
+    loss->activation_bytes_peak = dev_.activation_peak(peak + held);
+    return Status::Ok();
+  }
+
+ private:
+  // A layer's activations (what the backward reads); each policy keeps some.
+  struct Acts {
+    Array<R> x_in, rstd1, lse, x_mid, rstd2;
+    Array<A> h1, q, k, v, o, h2, g, u;
+    Array<A> o_late;     // sequence policy: O of the shard's second half
+    Array<R> lse_late;   // and its LSE
+    int64_t bytes() const {
+      int64_t n = 0;
+      for (const Array<R>* r : {&x_in, &rstd1, &lse, &x_mid, &rstd2, &lse_late}) n += r->n * int64_t(sizeof(R));
+      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late}) n += t->n * int64_t(sizeof(A));
+      return n;
+    }
+  };
+  // A layer's weights or their gradients, by name.
+  template <class P>
+  struct Slots {
+    P n1, wq, wk, wv, wo, n2, wg, wu, wd;
+  };
+  // Where a layer's forward gets the attention's (O, LSE): it runs it; a.o and a.lse hold it
+  // (attention policy); or it runs it for the first half of the shard alone and takes the second
+  // half from a.o_late and a.lse_late (sequence policy).
+  enum class Attn { kRun, kKept, kFirstHalf };
+
+  int64_t hid() const { return c_.hidden; }
+  int64_t H() const { return c_.heads; }
+  int64_t Hkv() const { return c_.kv_heads; }
+  int64_t D() const { return c_.head_dim(); }
+  int64_t F() const { return c_.ffn; }
+
+  // Layer l's tensors in its unit's array, which starts at flat element `begin`.
+  template <class P>
+  Slots<P*> slots(P* unit, int64_t begin, int64_t l) const {
+    const LayerOffsets& s = at_.layers[size_t(l)];
+    const auto in = [&](int64_t offset) { return unit + (offset - begin); };
+    return {in(s.norm1), in(s.q), in(s.k), in(s.v), in(s.o), in(s.norm2), in(s.gate), in(s.up), in(s.down)};
+  }
+
+  Status check_batch(const ShardBatch& b) {
+    SP_CHECK_ARG(b.batch >= 1 && b.seq >= 1, "a shard needs at least one sequence and one row");
+    SP_CHECK_ARG(int64_t(b.inputs.size()) == b.batch * b.seq && int64_t(b.targets.size()) == b.batch * b.seq &&
+                     int64_t(b.positions.size()) == b.seq,
+                 "a shard's inputs and targets are [batch, seq] and its positions [seq]");
+    const int64_t local = plan_->layout.local_len(plan_->rank);
+    SP_CHECK_ARG(b.seq == local, "this rank holds " + std::to_string(local) + " rows of each sequence, not " +
+                                     std::to_string(b.seq));
+    for (int32_t t : b.inputs)
+      SP_CHECK_ARG(t >= 0 && t < c_.vocab, "input token " + std::to_string(t) + " is outside the vocabulary of " +
+                                               std::to_string(c_.vocab));
+    for (int32_t t : b.targets)
+      SP_CHECK_ARG(t < c_.vocab, "target token " + std::to_string(t) + " is outside the vocabulary of " +
+                                     std::to_string(c_.vocab));
+    B_ = b.batch, S_ = b.seq, rows_ = B_ * S_;
+    return Status::Ok();
+  }
+
+  template <class X>
+  TensorView view(X* p, std::initializer_list<int64_t> shape) const {
+    return TensorView::contiguous(p, Dev::template dtype<X>(), shape, dev_.device());
+  }
+  Status attention(const AttentionPlan& plan, Pass pass, const ShardTensors& t) {
+    return dev_.session().run(plan, pass, t, {dev_.stream()});
+  }
+
+  // The attention of the shard's first half (global positions below N/2 under the striped
+  // layout, which see only keys there) into a.o and a.lse, the second half from what was kept.
+  Status first_half_attention(Acts& a) {
+    const int64_t half = S_ / 2, late = S_ - half;
+    const size_t q_row = size_t(H() * D()) * sizeof(A), kv_row = size_t(Hkv() * D()) * sizeof(A), l = sizeof(R);
+    SP_ASSIGN_OR_RETURN(Array<A> q, mem_.template make<A>(B_ * half * H() * D()));
+    SP_ASSIGN_OR_RETURN(Array<A> k, mem_.template make<A>(B_ * half * Hkv() * D()));
+    SP_ASSIGN_OR_RETURN(Array<A> v, mem_.template make<A>(B_ * half * Hkv() * D()));
+    SP_ASSIGN_OR_RETURN(Array<A> oh, mem_.template make<A>(B_ * half * H() * D()));
+    SP_ASSIGN_OR_RETURN(Array<R> lh, mem_.template make<R>(B_ * H() * half));
+    SP_RETURN_IF_ERROR(mem_.copy_rows(q.p(), half * q_row, a.q.p(), S_ * q_row, half * q_row, size_t(B_)));
+    SP_RETURN_IF_ERROR(mem_.copy_rows(k.p(), half * kv_row, a.k.p(), S_ * kv_row, half * kv_row, size_t(B_)));
+    SP_RETURN_IF_ERROR(mem_.copy_rows(v.p(), half * kv_row, a.v.p(), S_ * kv_row, half * kv_row, size_t(B_)));
+    const ShardTensors t{view(q.p(), {B_, half, H(), D()}),  view(k.p(), {B_, half, Hkv(), D()}),
+                         view(v.p(), {B_, half, Hkv(), D()}), view(oh.p(), {B_, half, H(), D()}),
+                         view(lh.p(), {B_, H(), half}),       {}, {}, {}, {}};
+    SP_RETURN_IF_ERROR(attention(*early_, Pass::kForward, t));
+    SP_ASSIGN_OR_RETURN(a.o, mem_.template make<A>(rows_ * H() * D()));
+    SP_ASSIGN_OR_RETURN(a.lse, mem_.template make<R>(B_ * H() * S_));
+    char* o = reinterpret_cast<char*>(a.o.p());
+    SP_RETURN_IF_ERROR(mem_.copy_rows(o, S_ * q_row, oh.p(), half * q_row, half * q_row, size_t(B_)));
+    SP_RETURN_IF_ERROR(mem_.copy_rows(o + half * q_row, S_ * q_row, a.o_late.p(), late * q_row, late * q_row, size_t(B_)));
+    char* ls = reinterpret_cast<char*>(a.lse.p());
+    SP_RETURN_IF_ERROR(mem_.copy_rows(ls, S_ * l, lh.p(), half * l, half * l, size_t(B_ * H())));
+    SP_RETURN_IF_ERROR(mem_.copy_rows(ls + half * l, S_ * l, a.lse_late.p(), late * l, late * l, size_t(B_ * H())));
+    a.o_late = {}, a.lse_late = {};
+    return Status::Ok();
+  }
+
+  // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
+  Status layer_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from) {
+    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
+    const double eps = c_.norm_eps, theta = c_.rope_theta;
+    SP_ASSIGN_OR_RETURN(a.h1, mem_.template make<A>(rows * hid));
+    SP_ASSIGN_OR_RETURN(a.rstd1, mem_.template make<R>(rows));
+    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_in.p(), w.n1, a.h1.p(), a.rstd1.p(), rows, hid, eps));
+    SP_ASSIGN_OR_RETURN(a.q, mem_.template make<A>(rows * H * D));
+    SP_ASSIGN_OR_RETURN(a.k, mem_.template make<A>(rows * Hkv * D));
+    SP_ASSIGN_OR_RETURN(a.v, mem_.template make<A>(rows * Hkv * D));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wq, a.q.p(), rows, hid, H * D));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wk, a.k.p(), rows, hid, Hkv * D));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wv, a.v.p(), rows, hid, Hkv * D));
+    SP_RETURN_IF_ERROR(dev_.rope_apply(a.q.p(), positions_, B_, S_, H, D, theta, false));
+    SP_RETURN_IF_ERROR(dev_.rope_apply(a.k.p(), positions_, B_, S_, Hkv, D, theta, false));
+    if (attention_from == Attn::kFirstHalf) SP_RETURN_IF_ERROR(first_half_attention(a));
+    if (attention_from == Attn::kRun) {
+      SP_ASSIGN_OR_RETURN(a.o, mem_.template make<A>(rows * H * D));
+      SP_ASSIGN_OR_RETURN(a.lse, mem_.template make<R>(B_ * H * S_));
+      const ShardTensors t{view(a.q.p(), {B_, S_, H, D}), view(a.k.p(), {B_, S_, Hkv, D}),
+                           view(a.v.p(), {B_, S_, Hkv, D}), view(a.o.p(), {B_, S_, H, D}),
+                           view(a.lse.p(), {B_, H, S_}),     {}, {}, {}, {}};
+      SP_RETURN_IF_ERROR(attention(*plan_, Pass::kForward, t));
+    }
+    // x_mid = x_in + o_proj(o); x_out = x_mid + down(silu(gate) * up).
+    SP_ASSIGN_OR_RETURN(a.x_mid, mem_.template make<R>(rows * hid));
+    SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * hid) * sizeof(R)));
+    SP_RETURN_IF_ERROR(dev_.linear_forward_add(a.o.p(), w.wo, a.x_mid.p(), rows, H * D, hid));
+    SP_ASSIGN_OR_RETURN(a.h2, mem_.template make<A>(rows * hid));
+    SP_ASSIGN_OR_RETURN(a.rstd2, mem_.template make<R>(rows));
+    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_mid.p(), w.n2, a.h2.p(), a.rstd2.p(), rows, hid, eps));
+    SP_ASSIGN_OR_RETURN(a.g, mem_.template make<A>(rows * F));
+    SP_ASSIGN_OR_RETURN(a.u, mem_.template make<A>(rows * F));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h2.p(), w.wg, a.g.p(), rows, hid, F));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h2.p(), w.wu, a.u.p(), rows, hid, F));
+    SP_ASSIGN_OR_RETURN(Array<A> act, mem_.template make<A>(rows * F));
+    SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), act.p(), rows * F));
+    SP_RETURN_IF_ERROR(mem_.copy(x_out.p(), a.x_mid.p(), size_t(rows * hid) * sizeof(R)));
+    return dev_.linear_forward_add(act.p(), w.wd, x_out.p(), rows, F, hid);
+  }
+
+  // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
+  Status layer_backward(const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
+    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
+    Array<A> scratch;  // the products' dy where Act is narrower than Acc
+    SP_ASSIGN_OR_RETURN(Array<A> act, mem_.template make<A>(rows * F));
+    SP_ASSIGN_OR_RETURN(Array<R> dact, mem_.template make<R>(rows * F));
+    SP_ASSIGN_OR_RETURN(Array<A> dg, mem_.template make<A>(rows * F));
+    SP_ASSIGN_OR_RETURN(Array<A> du, mem_.template make<A>(rows * F));
+    SP_ASSIGN_OR_RETURN(Array<R> dh, mem_.template make<R>(rows * hid));
+    // MLP: x_out = x_mid + down(silu(g) * u).
+    SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), act.p(), rows * F));
+    SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx.p(), rows * hid, scratch));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(act.p(), w.wd, dy, dact.p(), dw.wd, rows, F, hid, false));
+    SP_RETURN_IF_ERROR(dev_.swiglu_backward(a.g.p(), a.u.p(), dact.p(), dg.p(), du.p(), rows * F));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wg, dg.p(), dh.p(), dw.wg, rows, hid, F, false));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wu, du.p(), dh.p(), dw.wu, rows, hid, F, true));
+    SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(a.x_mid.p(), w.n2, a.rstd2.p(), dh.p(), dx.p(), dw.n2, rows, hid));
+    // Attention: x_mid = x_in + o_proj(attention(q, k, v)).
+    SP_ASSIGN_OR_RETURN(Array<R> dout_acc, mem_.template make<R>(rows * H * D));
+    SP_ASSIGN_OR_RETURN(Array<A> dq, mem_.template make<A>(rows * H * D));
+    SP_ASSIGN_OR_RETURN(Array<A> dk, mem_.template make<A>(rows * Hkv * D));
+    SP_ASSIGN_OR_RETURN(Array<A> dv, mem_.template make<A>(rows * Hkv * D));
+    SP_ASSIGN_OR_RETURN(dy, dev_.as_act(dx.p(), rows * hid, scratch));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.o.p(), w.wo, dy, dout_acc.p(), dw.wo, rows, H * D, hid, false));
+    Array<A> dout_scratch;
+    SP_ASSIGN_OR_RETURN(const A* dout, dev_.as_act(dout_acc.p(), rows * H * D, dout_scratch));
+    const ShardTensors t{view(a.q.p(), {B_, S_, H, D}),  view(a.k.p(), {B_, S_, Hkv, D}),
+                         view(a.v.p(), {B_, S_, Hkv, D}), view(a.o.p(), {B_, S_, H, D}),
+                         view(a.lse.p(), {B_, H, S_}),     view(const_cast<A*>(dout), {B_, S_, H, D}),
+                         view(dq.p(), {B_, S_, H, D}),     view(dk.p(), {B_, S_, Hkv, D}),
+                         view(dv.p(), {B_, S_, Hkv, D})};
+    SP_RETURN_IF_ERROR(attention(*plan_, Pass::kBackward, t));
+    SP_RETURN_IF_ERROR(dev_.rope_apply(dq.p(), positions_, B_, S_, H, D, c_.rope_theta, true));
+    SP_RETURN_IF_ERROR(dev_.rope_apply(dk.p(), positions_, B_, S_, Hkv, D, c_.rope_theta, true));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wq, dq.p(), dh.p(), dw.wq, rows, hid, H * D, false));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wk, dk.p(), dh.p(), dw.wk, rows, hid, Hkv * D, true));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wv, dv.p(), dh.p(), dw.wv, rows, hid, Hkv * D, true));
+    return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
+  }
+
+  // What a policy keeps of a layer's activations after its forward.
+  Status keep_for_policy(Acts& a) {
+    if (policy_ == Checkpointing::kNone) return Status::Ok();
+    Acts kept;
+    kept.x_in = std::move(a.x_in);
+    if (policy_ == Checkpointing::kAttention) kept.o = std::move(a.o), kept.lse = std::move(a.lse);
+    if (policy_ == Checkpointing::kSequence) {  // the second half of O and LSE
+      const int64_t half = S_ / 2, late = S_ - half;
+      const size_t q_row = size_t(H() * D()) * sizeof(A), l = sizeof(R);
+      SP_ASSIGN_OR_RETURN(kept.o_late, mem_.template make<A>(B_ * late * H() * D()));
+      SP_ASSIGN_OR_RETURN(kept.lse_late, mem_.template make<R>(B_ * H() * late));
+      SP_RETURN_IF_ERROR(mem_.copy_rows(kept.o_late.p(), late * q_row, reinterpret_cast<char*>(a.o.p()) + half * q_row,
+                                        S_ * q_row, late * q_row, size_t(B_)));
+      SP_RETURN_IF_ERROR(mem_.copy_rows(kept.lse_late.p(), late * l, reinterpret_cast<char*>(a.lse.p()) + half * l,
+                                        S_ * l, late * l, size_t(B_ * H())));
+    }
+    a = std::move(kept);
+    return Status::Ok();
+  }
+
+  ModelConfig c_;
+  Checkpointing policy_;
+  Dev& dev_;
+  TrainingMemory& mem_;
+  const AttentionPlan* plan_;
+  const AttentionPlan* early_;
+  int64_t chunk_;
+  ParameterOffsets at_;
+  std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
+  // This call's shapes and RoPE positions.
+  int64_t B_ = 0, S_ = 0, rows_ = 0;
+  const int64_t* positions_ = nullptr;
+};
+
+}  // namespace seqpar::model
