@@ -60,6 +60,11 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.seed = c.seed;
   o.lm_head_chunk = c.lm_head_chunk;
   o.deterministic = c.deterministic;
+  SP_CHECK_ARG(c.pack >= -1, "--pack takes a token id (the end-of-document token)");
+  SP_CHECK_ARG(c.pack < 0 || c.pack < o.model.vocab, "--pack " + std::to_string(c.pack) +
+                                                        " is outside the model's vocabulary of " + std::to_string(o.model.vocab));
+  SP_CHECK_ARG(c.pack >= 0 || !c.pack_global_positions, "--pack-global-positions needs --pack");
+  o.pack_eod = c.pack, o.pack_global_positions = c.pack_global_positions;
   SP_CHECK_ARG(c.dump_dir.empty() || c.zero < 2, "--dump records the whole gradient, which ZeRO 2 and 3 do not keep");
   for (const std::string* dir : {&c.dump_dir, &c.export_dir}) {
     if (dir->empty()) continue;
@@ -360,6 +365,12 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "cpu, or cuda: bf16 on GPU 0 (more --ranks share it as threads; --gpus N or torchrun: a GPU per "
                   "rank); data-parallel groups, ZeRO and checkpoints as on the CPU (one trainer, one file format)")
       ->capture_default_str();
+  cmd->add_option("--pack", o.pack,
+                  "pack documents: each input of this token id ends a document (10: every line of a text:PATH "
+                  "corpus); attention stays within a document, RoPE restarts in each, and the end token's "
+                  "target (the next document's first token) is not counted");
+  cmd->add_flag("--pack-global-positions", o.pack_global_positions,
+                "with --pack: RoPE at the sequence's positions rather than restarting in each document");
   cmd->add_flag("--deterministic", o.deterministic,
                 "cuda: the same bits every run, so --resume continues a run exactly (the attention's backward "
                 "through cuDNN's deterministic algorithm, whose workspace grows as the square of a call's rows)");

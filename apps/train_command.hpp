@@ -45,6 +45,8 @@ struct TrainCliOptions {
   std::string device = "cpu";
   int64_t lm_head_chunk = 1024;
   bool deterministic = false;
+  int32_t pack = -1;
+  bool pack_global_positions = false;
 };
 
 void add_train_command(CLI::App& app, TrainCliOptions& options, int* exit_code);

@@ -45,4 +45,14 @@ StatusOr<std::unique_ptr<TrainingData>> make_training_data(const std::string& na
 ShardBatch shard_batch(const Layout& layout, int rank, const std::vector<std::vector<int32_t>>& inputs,
                        const std::vector<std::vector<int32_t>>& targets);
 
+// Packing (seqpar train --pack): a sequence's documents end at each `eod` input token. Returns the
+// documents' start offsets followed by the sequence's length (MaskSpec::documents' form) and
+// stops counting each EOD's target, the next document's first token, which its document cannot
+// predict.
+std::vector<int64_t> pack_documents(const std::vector<int32_t>& inputs, std::vector<int32_t>* targets, int32_t eod);
+// Gives a shard its sequences' documents (pack_documents' offsets, one list per sequence) and
+// RoPE positions: restarting at 0 in every document, or the global positions when
+// `global_positions`.
+void add_documents(ShardBatch* batch, std::vector<std::vector<int64_t>> documents, bool global_positions);
+
 }  // namespace seqpar

@@ -45,6 +45,10 @@ struct TrainOptions {
   Checkpointing checkpointing = Checkpointing::kNone;
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
+  // Packing: >= 0 ends a document at each input of this token (train_data.hpp: pack_documents);
+  // attention stays within documents and RoPE restarts in each unless pack_global_positions.
+  int32_t pack_eod = -1;
+  bool pack_global_positions = false;
   int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
   // GPU: the same bits every run, so that a resumed run equals a straight one (the attention's
   // backward through cuDNN's deterministic algorithm: Session::deterministic says its cost).

@@ -36,6 +36,13 @@ struct ShardBatch {
   int64_t seq = 0;
   std::vector<int32_t> inputs, targets;
   std::vector<int64_t> positions;
+  // Packed documents: per sequence, its documents' global start offsets followed by the
+  // sequence's length (MaskSpec::documents' form); a query attends within its document alone.
+  // Empty: every sequence is one causal document.
+  std::vector<std::vector<int64_t>> documents;
+  // RoPE's position of each row, [batch, seq] (packing restarts it in every document); empty:
+  // `positions` for every sequence.
+  std::vector<int64_t> rope_positions;
 };
 
 struct StepLoss {

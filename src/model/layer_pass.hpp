@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "model/training_memory.hpp"
@@ -27,10 +28,12 @@ class LayerPass {
   using R = typename Dev::Acc;
 
   // plan: the attention over this rank's rows; early: the sequence's first half (the sequence
-  // policy alone). chunk: rows of logits the fused LM head makes at once.
-  LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan* plan,
+  // policy alone; may be null). Both are copied: the Session's cache may start over (packed
+  // documents plan a mask a sequence). chunk: rows of logits the fused LM head makes at once.
+  LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan& plan,
             const AttentionPlan* early, int64_t chunk)
-      : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(plan), early_(early), chunk_(chunk),
+      : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
+        early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk),
         at_(parameter_offsets(config)), units_(weight_units(config)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
@@ -44,7 +47,9 @@ class LayerPass {
     const auto [e0, e1] = units_.front();
     const auto [f0, f1] = units_.back();
     SP_ASSIGN_OR_RETURN(const typename Dev::Tokens tok, dev_.tokens(b));
-    positions_ = dev_.positions(b);
+    SP_ASSIGN_OR_RETURN(positions_, dev_.positions(b));
+    row_positions_ = !b.rope_positions.empty();
+    documents_ = b.documents.empty() ? nullptr : &b.documents;
     std::vector<Acts> kept(size_t(c_.layers));
     SP_ASSIGN_OR_RETURN(Array<R> x, mem_.template make<R>(rows_ * hid()));
     {
@@ -187,6 +192,19 @@ class LayerPass {
     for (int32_t t : b.targets)
       SP_CHECK_ARG(t < c_.vocab, "target token " + std::to_string(t) + " is outside the vocabulary of " +
                                      std::to_string(c_.vocab));
+    if (!b.documents.empty()) {
+      const int64_t N = plan_->layout.seq_len();
+      SP_CHECK_ARG(int64_t(b.documents.size()) == b.batch, "packed documents need one offset list per sequence");
+      for (const std::vector<int64_t>& d : b.documents)
+        SP_CHECK_ARG(d.size() >= 2 && d.front() == 0 && d.back() == N && std::is_sorted(d.begin(), d.end()) &&
+                         std::adjacent_find(d.begin(), d.end()) == d.end(),
+                     "a sequence's documents are offsets rising from 0 to its length " + std::to_string(N));
+      SP_CHECK_SUPPORTED(policy_ != Checkpointing::kSequence,
+                         "sequence-level checkpointing recomputes one causal document a sequence; with packed "
+                         "documents take another policy");
+    }
+    SP_CHECK_ARG(b.rope_positions.empty() || int64_t(b.rope_positions.size()) == b.batch * b.seq,
+                 "RoPE positions are one per row of the shard");
     B_ = b.batch, S_ = b.seq, rows_ = B_ * S_;
     return Status::Ok();
   }
@@ -195,8 +213,27 @@ class LayerPass {
   TensorView view(X* p, std::initializer_list<int64_t> shape) const {
     return TensorView::contiguous(p, Dev::template dtype<X>(), shape, dev_.device());
   }
+  // One pass of the attention; with packed documents, one call a sequence under its documents'
+  // mask (the Session plans each mask once and keeps it).
   Status attention(const AttentionPlan& plan, Pass pass, const ShardTensors& t) {
-    return dev_.session().run(plan, pass, t, {dev_.stream()});
+    if (!documents_) return dev_.session().run(plan, pass, t, {dev_.stream()});
+    for (int64_t e = 0; e < B_; ++e) {
+      const auto one = [&](const TensorView& v) { return v.data ? v.narrow(0, e, e + 1) : v; };
+      const ShardTensors te{one(t.q), one(t.k), one(t.v), one(t.o), one(t.lse), one(t.dout), one(t.dq), one(t.dk), one(t.dv)};
+      AttentionParams params;
+      params.mask = MaskSpec::documents((*documents_)[size_t(e)]);
+      SP_ASSIGN_OR_RETURN(const AttentionPlan* mine, dev_.session().plan(plan.layout, params, te.q, te.k));
+      SP_RETURN_IF_ERROR(dev_.session().run(*mine, pass, te, {dev_.stream()}));
+    }
+    return Status::Ok();
+  }
+  // RoPE on [B, S, heads, D]: the shard's positions for every sequence, or each row's own.
+  Status rope(A* x, int64_t heads, bool inverse) {
+    if (!row_positions_) return dev_.rope_apply(x, positions_, B_, S_, heads, D(), c_.rope_theta, inverse);
+    for (int64_t e = 0; e < B_; ++e)
+      SP_RETURN_IF_ERROR(dev_.rope_apply(x + e * S_ * heads * D(), positions_ + e * S_, 1, S_, heads, D(), c_.rope_theta,
+                                         inverse));
+    return Status::Ok();
   }
 
   // The attention of the shard's first half (global positions below N/2 under the striped
@@ -231,7 +268,7 @@ class LayerPass {
   // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
   Status layer_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from) {
     const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
-    const double eps = c_.norm_eps, theta = c_.rope_theta;
+    const double eps = c_.norm_eps;
     SP_ASSIGN_OR_RETURN(a.h1, mem_.template make<A>(rows * hid));
     SP_ASSIGN_OR_RETURN(a.rstd1, mem_.template make<R>(rows));
     SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_in.p(), w.n1, a.h1.p(), a.rstd1.p(), rows, hid, eps));
@@ -241,8 +278,8 @@ class LayerPass {
     SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wq, a.q.p(), rows, hid, H * D));
     SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wk, a.k.p(), rows, hid, Hkv * D));
     SP_RETURN_IF_ERROR(dev_.linear_forward(a.h1.p(), w.wv, a.v.p(), rows, hid, Hkv * D));
-    SP_RETURN_IF_ERROR(dev_.rope_apply(a.q.p(), positions_, B_, S_, H, D, theta, false));
-    SP_RETURN_IF_ERROR(dev_.rope_apply(a.k.p(), positions_, B_, S_, Hkv, D, theta, false));
+    SP_RETURN_IF_ERROR(rope(a.q.p(), H, false));
+    SP_RETURN_IF_ERROR(rope(a.k.p(), Hkv, false));
     if (attention_from == Attn::kFirstHalf) SP_RETURN_IF_ERROR(first_half_attention(a));
     if (attention_from == Attn::kRun) {
       SP_ASSIGN_OR_RETURN(a.o, mem_.template make<A>(rows * H * D));
@@ -301,8 +338,8 @@ class LayerPass {
                          view(dq.p(), {B_, S_, H, D}),     view(dk.p(), {B_, S_, Hkv, D}),
                          view(dv.p(), {B_, S_, Hkv, D})};
     SP_RETURN_IF_ERROR(attention(*plan_, Pass::kBackward, t));
-    SP_RETURN_IF_ERROR(dev_.rope_apply(dq.p(), positions_, B_, S_, H, D, c_.rope_theta, true));
-    SP_RETURN_IF_ERROR(dev_.rope_apply(dk.p(), positions_, B_, S_, Hkv, D, c_.rope_theta, true));
+    SP_RETURN_IF_ERROR(rope(dq.p(), H, true));
+    SP_RETURN_IF_ERROR(rope(dk.p(), Hkv, true));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wq, dq.p(), dh.p(), dw.wq, rows, hid, H * D, false));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wk, dk.p(), dh.p(), dw.wk, rows, hid, Hkv * D, true));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wv, dv.p(), dh.p(), dw.wv, rows, hid, Hkv * D, true));
@@ -333,14 +370,15 @@ class LayerPass {
   Checkpointing policy_;
   Dev& dev_;
   TrainingMemory& mem_;
-  const AttentionPlan* plan_;
-  const AttentionPlan* early_;
+  std::unique_ptr<const AttentionPlan> plan_, early_;
   int64_t chunk_;
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
-  // This call's shapes and RoPE positions.
+  // This call's shapes, RoPE positions ([S], or [B, S] with row_positions_) and documents.
   int64_t B_ = 0, S_ = 0, rows_ = 0;
   const int64_t* positions_ = nullptr;
+  bool row_positions_ = false;
+  const std::vector<std::vector<int64_t>>* documents_ = nullptr;
 };
 
 }  // namespace seqpar::model

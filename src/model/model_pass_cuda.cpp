@@ -43,7 +43,13 @@ class CudaLayers {
     SP_ASSIGN_OR_RETURN(positions_, memory_.make<int64_t>(int64_t(positions.size())));
     return memory_.from_host(positions_.p(), positions.data(), positions.size() * sizeof(int64_t));
   }
-  const int64_t* positions(const ShardBatch&) const { return positions_.p(); }
+  // The shard's positions (uploaded once), or this batch's per-row ones (packed documents).
+  StatusOr<const int64_t*> positions(const ShardBatch& b) {
+    if (b.rope_positions.empty()) return static_cast<const int64_t*>(positions_.p());
+    SP_ASSIGN_OR_RETURN(row_positions_, memory_.make<int64_t>(int64_t(b.rope_positions.size())));
+    SP_RETURN_IF_ERROR(memory_.from_host(row_positions_.p(), b.rope_positions.data(), b.rope_positions.size() * 8));
+    return static_cast<const int64_t*>(row_positions_.p());
+  }
   StatusOr<Tokens> tokens(const ShardBatch& b) {
     Tokens t;
     const int64_t rows = int64_t(b.inputs.size());
@@ -120,7 +126,8 @@ class CudaLayers {
   Session& session_;
   void* s_;
   int device_;
-  Array<int64_t> positions_;  // this rank's global positions (RoPE)
+  Array<int64_t> positions_;      // this rank's global positions (RoPE)
+  Array<int64_t> row_positions_;  // this batch's per-row positions (packed documents)
 };
 
 class CudaModelPass final : public ModelPass {
@@ -147,7 +154,7 @@ class CudaModelPass final : public ModelPass {
       SP_ASSIGN_OR_RETURN(early, session_.plan(half, params, like(S / 2, H), like(S / 2, Hkv)));
     }
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(group.rank())));
-    pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, plan, early, o.lm_head_chunk);
+    pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk);
     return Status::Ok();
   }
   Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) override {

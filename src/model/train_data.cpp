@@ -118,6 +118,29 @@ StatusOr<std::unique_ptr<TrainingData>> make_training_data(const std::string& na
                    "unknown data '" + name + "' (available: recall, tokens:PATH[:u16|u32], text:PATH)");
 }
 
+std::vector<int64_t> pack_documents(const std::vector<int32_t>& inputs, std::vector<int32_t>* targets, int32_t eod) {
+  std::vector<int64_t> offsets{0};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i] != eod) continue;
+    (*targets)[i] = -1;
+    if (i + 1 < inputs.size()) offsets.push_back(int64_t(i + 1));
+  }
+  offsets.push_back(int64_t(inputs.size()));
+  return offsets;
+}
+
+void add_documents(ShardBatch* b, std::vector<std::vector<int64_t>> documents, bool global_positions) {
+  b->rope_positions.clear();
+  if (!global_positions) {
+    for (const std::vector<int64_t>& offsets : documents)
+      for (int64_t p : b->positions) {  // the start of p's document: the last offset at or below p
+        const auto start = std::upper_bound(offsets.begin(), offsets.end(), p) - 1;
+        b->rope_positions.push_back(p - *start);
+      }
+  }
+  b->documents = std::move(documents);
+}
+
 ShardBatch shard_batch(const Layout& layout, int rank, const std::vector<std::vector<int32_t>>& inputs,
                        const std::vector<std::vector<int32_t>>& targets) {
   ShardBatch b;

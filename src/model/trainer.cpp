@@ -238,17 +238,21 @@ Status Trainer::step(StepReport* report) {
   const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
   // The global batch: G groups of o.batch sequences; this group trains on its own.
   std::vector<std::vector<int32_t>> inputs, targets;
+  std::vector<std::vector<int64_t>> documents;  // packing: each of this group's sequences'
   I.last_inputs.assign(size_t(G * I.o.batch), {});
   I.last_targets.assign(size_t(G * I.o.batch), {});
   double counted = 0;  // counted targets in the global batch: the loss is their mean
   for (int64_t s = 0; s < G * I.o.batch; ++s) {
     std::vector<int32_t>&in = I.last_inputs[size_t(s)], &tg = I.last_targets[size_t(s)];
     I.data->next(&in, &tg);
+    std::vector<int64_t> offsets;
+    if (I.o.pack_eod >= 0) offsets = pack_documents(in, &tg, I.o.pack_eod);
     for (int32_t x : tg) counted += x >= 0;
-    if (s / I.o.batch == g) inputs.push_back(in), targets.push_back(tg);
+    if (s / I.o.batch == g) inputs.push_back(in), targets.push_back(tg), documents.push_back(std::move(offsets));
   }
   SP_CHECK_ARG(counted > 0, "the batch has no target to learn");
-  const ShardBatch shard = shard_batch(I.pass->attention_plan().layout, I.group->rank(), inputs, targets);
+  ShardBatch shard = shard_batch(I.pass->attention_plan().layout, I.group->rank(), inputs, targets);
+  if (I.o.pack_eod >= 0) add_documents(&shard, std::move(documents), I.o.pack_global_positions);
   const CommCounters& cc = I.group->counters();
   const int64_t sent_before = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward);
   SP_RETURN_IF_ERROR(mem.zero(I.grads.p(), size_t(I.local()) * sizeof(float)));

@@ -56,7 +56,9 @@ class HostLayers {
   void* stream() const { return nullptr; }
   Device device() const { return Device{}; }
   StatusOr<Tokens> tokens(const ShardBatch& b) const { return Tokens{b.inputs.data(), b.targets.data()}; }
-  const int64_t* positions(const ShardBatch& b) const { return b.positions.data(); }
+  StatusOr<const int64_t*> positions(const ShardBatch& b) const {
+    return b.rope_positions.empty() ? b.positions.data() : b.rope_positions.data();
+  }
 
   Status embedding_forward(const int32_t* tokens, const T* table, T* x, int64_t rows, int64_t dim) {
     model::embedding_forward(tokens, table, x, rows, dim);
@@ -199,7 +201,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
     SP_ASSIGN_OR_RETURN(const Layout half, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
     SP_ASSIGN_OR_RETURN(early, impl->session.plan(half, params, like(S / 2, H), like(S / 2, Hkv)));
   }
-  impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, plan, early,
+  impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
                                                                          1024);
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
