@@ -16,11 +16,14 @@ boundary, with the global target count so that the per-rank losses sum to the fu
 a group the model sees whole sequences and seqpar splits each attention call over thread ranks.
 transformers builds no attention mask for an implementation it does not know, and seqpar
 needs none: causal and sliding-window masks come from the layer; padding masks are refused.
+Packed documents come as transformers' own packed path reads them: position_ids restarting at 0
+at each document of a single row (DataCollatorWithFlattening's form); a query then sees its own
+document alone. With a group, give shard_batch the whole row's position_ids.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -40,9 +43,28 @@ class _Config:
     layout: str = "zigzag"
     algo: str = "auto"
     seq_len: Optional[int] = None
+    cu_seqlens: Optional[List[int]] = None  # the sharded batch's documents (shard_batch)
 
 
 _config = _Config()
+
+
+def _documents(position_ids: Optional[torch.Tensor]) -> Optional[List[int]]:
+    """Packed documents from position ids that restart at 0, as cu_seqlens offsets (the start
+    of each document and the row's length); None where the positions never go back (one
+    document a row)."""
+    if position_ids is None:
+        return None
+    pos = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
+    if pos.shape[-1] < 2 or bool((pos[:, 1:] >= pos[:, :-1]).all()):
+        return None
+    if pos.shape[0] != 1:
+        raise ValueError("packed position_ids (restarting at 0 per document) take a batch of one row, as "
+                         f"transformers' packed path; got {pos.shape[0]} rows")
+    starts = (pos[0] == 0).nonzero().flatten().tolist()
+    if not starts or starts[0] != 0:
+        raise ValueError("packed position_ids must start every document at 0, the first at index 0")
+    return starts + [int(pos.shape[1])]
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -59,10 +81,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError("seqpar attention has no logit softcap")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (sliding_window - 1, -1) if sliding_window else (-1, -1)
+    # Packed documents: with a group the sharded batch's (its rows' positions are local), else
+    # from the call's position ids.
+    documents = _config.cu_seqlens if _config.group is not None else _documents(kwargs.get("position_ids"))
     o = seqpar_torch.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
                                window_size=window, softmax_scale=scaling, algo=_config.algo, group=_config.group,
                                ranks=_config.ranks, layout=_config.layout,
-                               seq_len=_config.seq_len if _config.group is not None else None)
+                               seq_len=_config.seq_len if _config.group is not None else None,
+                               cu_seqlens=documents)
     return o, None
 
 
@@ -82,18 +108,22 @@ def register(*, group=None, ranks: Optional[int] = None, layout: str = "zigzag",
 
 
 def shard_batch(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None, *, group=None,
-                layout: Optional[str] = None, ranks: Optional[int] = None, rank: Optional[int] = None) -> dict:
+                layout: Optional[str] = None, ranks: Optional[int] = None, rank: Optional[int] = None,
+                position_ids: Optional[torch.Tensor] = None) -> dict:
     """This rank's share of a batch of whole sequences [B, S], as keyword arguments for a
-    transformers causal LM: input_ids, position_ids (global positions), use_cache=False, and
-    with labels the
+    transformers causal LM: input_ids, position_ids (global positions, or this rank's of the
+    given position_ids), use_cache=False, and with labels the
     targets already shifted on the whole sequence (labels = shift_labels) and
-    num_items_in_batch, the global count of targets, so the rank's loss is its part of the mean."""
+    num_items_in_batch, the global count of targets, so the rank's loss is its part of the mean.
+    position_ids restarting at 0 mark packed documents (one row): the attention calls of this
+    batch then keep each query within its document."""
     layout = layout or _config.layout
     r, p = group_rank_and_size(group, ranks, rank)
     _config.seq_len = input_ids.shape[1]  # the attention calls of this batch need not agree on it
+    _config.cu_seqlens = _documents(position_ids)
     pos = seqpar_torch.positions(input_ids.shape[1], layout=layout, ranks=p, rank=r, device=input_ids.device)
-    out = {"input_ids": input_ids.index_select(1, pos),
-           "position_ids": pos.unsqueeze(0).expand(input_ids.shape[0], -1), "use_cache": False}
+    rope = pos.unsqueeze(0).expand(input_ids.shape[0], -1) if position_ids is None else position_ids.index_select(1, pos)
+    out = {"input_ids": input_ids.index_select(1, pos), "position_ids": rope, "use_cache": False}
     if labels is not None:
         shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
         local = shifted.index_select(1, pos)

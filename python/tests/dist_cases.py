@@ -225,6 +225,55 @@ def hf_vs_sdpa(rank, world, model_dir, layout="zigzag", seq=48):
             "grad_errs": grad_errs}
 
 
+def packed_per_document_reference(ref, ids, labels, starts):
+    """A packed row run as transformers' sdpa model sees each document alone (positions from 0):
+    its logits joined, the causal LM's loss over the row (labels at document starts ignored, so
+    no target crosses a boundary), the loss's backward into ref."""
+    pieces = [ref(input_ids=ids[:, a:b], position_ids=torch.arange(b - a).unsqueeze(0), use_cache=False).logits
+              for a, b in zip(starts[:-1], starts[1:])]
+    logits = torch.cat(pieces, dim=1)
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100)
+    loss.backward()
+    return loss
+
+
+def packed_row(vocab, starts, seed=5):
+    """One row of packed documents starting at `starts` (the last entry: the length): token ids,
+    position ids restarting at 0 in each, and labels with every document's first token ignored."""
+    g = torch.Generator().manual_seed(seed)
+    n = starts[-1]
+    ids = torch.randint(0, vocab, (1, n), generator=g)
+    pos = torch.cat([torch.arange(b - a) for a, b in zip(starts[:-1], starts[1:])]).unsqueeze(0)
+    labels = ids.clone()
+    labels[0, starts[:-1]] = -100
+    return ids, pos, labels
+
+
+def hf_packed_vs_sdpa(rank, world, model_dir, layout="zigzag", starts=(0, 7, 8, 30, 48)):
+    """Packed documents through the drop-in over the group (shard_batch with the row's position
+    ids) against sdpa run on each document alone: the summed loss and gradients."""
+    from transformers import LlamaForCausalLM
+
+    import seqpar.hf
+
+    group = dist.group.WORLD
+    seqpar.hf.register(group=group, layout=layout)
+    model = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="seqpar", dtype=torch.float32)
+    ref = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
+    ids, pos, labels = packed_row(model.config.vocab_size, list(starts))
+    loss = model(**seqpar.hf.shard_batch(ids, labels, group=group, position_ids=pos)).loss
+    loss.backward()
+    seqpar.hf.all_reduce_gradients(model, group)
+    total = loss.detach().clone()
+    dist.all_reduce(total, group=group)
+    ref_loss = packed_per_document_reference(ref, ids, labels, list(starts))
+    grad_errs = {}
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+        grad_errs[name] = ((p.grad - p_ref.grad).abs().max() / p_ref.grad.abs().max().clamp_min(1e-30)).item()
+    return {"loss": total.item(), "ref_loss": ref_loss.item(), "attn": model.config._attn_implementation,
+            "grad_errs": grad_errs}
+
+
 def nccl_id_through_the_store(rank, world):
     """The NCCL bootstrap's exchange (torch_ranks._nccl_rank) without a GPU: rank 0's unique id
     reaches every rank through the group's store, a fresh one for each communicator made."""

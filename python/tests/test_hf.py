@@ -1,7 +1,8 @@
 """The Hugging Face drop-in (seqpar.hf): a tiny random LlamaForCausalLM loaded with
 attn_implementation="seqpar" on 2 gloo processes, each holding its shard of the sequences,
 against attn_implementation="sdpa" on the whole sequences: loss and every gradient, float32 to
-1e-5. Skipped where torch or transformers is not installed."""
+1e-5; packed documents (position_ids restarting at 0) over the group and over thread ranks
+against sdpa run on each document alone. Skipped where torch or transformers is not installed."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -47,6 +48,39 @@ def test_hf_thread_ranks_match_sdpa(tiny_llama):
     for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
         err = ((p.grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()).item()
         assert err <= 1e-5, f"{name}: {err:.3g}"
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "striped"])
+def test_hf_packed_documents_match_sdpa_per_document(tiny_llama, layout):
+    # One row of packed documents (position_ids restarting at 0) sharded over 2 gloo processes.
+    values = dist_harness.values(dist_harness.run(2, "dist_cases", "hf_packed_vs_sdpa", model_dir=tiny_llama,
+                                                  layout=layout))
+    for value in values:
+        assert abs(value["loss"] - value["ref_loss"]) <= 1e-5 * abs(value["ref_loss"]), value
+        worst = max(value["grad_errs"].items(), key=lambda kv: kv[1])
+        assert worst[1] <= 1e-5, f"worst gradient {worst[0]}: {worst[1]:.3g}"
+
+
+def test_hf_packed_documents_on_thread_ranks(tiny_llama):
+    # No group: the whole packed row, its documents read from position_ids in each attention
+    # call, against sdpa on each document alone; and a packed batch of two rows is refused.
+    import dist_cases
+    import seqpar.hf
+    seqpar.hf.register(ranks=3, layout="zigzag")
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny_llama, attn_implementation="seqpar",
+                                                          dtype=torch.float32)
+    ref = transformers.LlamaForCausalLM.from_pretrained(tiny_llama, attn_implementation="sdpa", dtype=torch.float32)
+    starts = [0, 1, 13, 14, 40, 45]
+    ids, pos, labels = dist_cases.packed_row(96, starts)
+    loss = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False).loss
+    loss.backward()
+    ref_loss = dist_cases.packed_per_document_reference(ref, ids, labels, starts)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item())
+    for (name, p), (_, p_ref) in zip(model.named_parameters(), ref.named_parameters()):
+        err = ((p.grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()).item()
+        assert err <= 1e-5, f"{name}: {err:.3g}"
+    with pytest.raises(ValueError, match="one row"):
+        model(input_ids=ids.expand(2, -1), position_ids=pos.expand(2, -1), use_cache=False)
 
 
 def test_finetune_example_runs_under_torchrun():
