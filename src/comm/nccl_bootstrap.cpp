@@ -94,11 +94,16 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() {
                "RANK " + std::to_string(rank) + " is out of range for WORLD_SIZE " + std::to_string(size));
   const int port = env_int("SEQPAR_BOOTSTRAP_PORT", env_int("MASTER_PORT", 29500) + 1);
   ncclUniqueId id{};
+  BootstrapPeer me = bootstrap_peer_from_env();
+  me.rank = rank, me.world = size;
+  const std::string master = std::getenv("MASTER_ADDR");
   if (rank == 0) {
     SP_RETURN_IF_ERROR(nccl_call_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), port, size - 1));
+    // The address MASTER_ADDR names alone, unless told to listen on every interface.
+    const char* all = std::getenv("SEQPAR_BOOTSTRAP_LISTEN_ALL");
+    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), all && std::string(all) == "1" ? "*" : master, port, me));
   } else {
-    SP_RETURN_IF_ERROR(fetch_bytes(std::getenv("MASTER_ADDR"), port, &id, sizeof(id)));
+    SP_RETURN_IF_ERROR(fetch_bytes(master, port, &id, sizeof(id), me));
   }
   SP_ASSIGN_OR_RETURN(const int device, local_device(env_int("LOCAL_RANK", rank)));
   return create_nccl_communicator(id, rank, size, device);

@@ -1,5 +1,7 @@
-// The TCP exchange of tcp_bootstrap.hpp: rank 0 listens and hands its bytes to every rank that
-// connects; the others connect, retrying until the communicator timeout.
+// The TCP exchange of tcp_bootstrap.hpp. Rank 0 keeps every connection it has accepted in one
+// poll set and reads each one's hello as its bytes come, so a stranger that connects and sends
+// nothing (a port probe, a health check) costs it nothing; a connection without a whole hello
+// after kHelloWait is dropped. Valid hellos get 'K' and the bytes; others 'R' and a reason.
 #include "comm/tcp_bootstrap.hpp"
 
 #include <arpa/inet.h>
@@ -10,8 +12,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "seqpar/comm.hpp"
 
@@ -19,68 +26,179 @@ namespace seqpar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr char kMagic[8] = {'S', 'E', 'Q', 'P', 'A', 'R', 'B', '1'};
+constexpr size_t kMaxToken = 1024;
+constexpr auto kHelloWait = std::chrono::seconds(5);
 
 Status send_all(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n) {
     const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    SP_CHECK_ARG(w > 0, std::string("bootstrap send failed: ") + std::strerror(errno));
+    if (w <= 0) return SP_STATUS(StatusCode::kCommError, std::string("bootstrap send failed: ") + std::strerror(errno));
     p += w, n -= size_t(w);
   }
   return Status::Ok();
 }
 
+// The hello: magic, token length (u32), token, rank (i32), world size (i32), little-endian.
+std::vector<char> hello_of(const BootstrapPeer& me) {
+  std::vector<char> h(kMagic, kMagic + sizeof(kMagic));
+  const auto put = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) h.push_back(char((v >> (8 * i)) & 0xff));
+  };
+  put(uint32_t(me.token.size()));
+  h.insert(h.end(), me.token.begin(), me.token.end());
+  put(uint32_t(me.rank)), put(uint32_t(me.world));
+  return h;
+}
+uint32_t get_u32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(p[i])) << (8 * i);
+  return v;
+}
+
+// A connection's hello so far. parse: 0 incomplete, 1 whole (rank and token set), -1 junk.
+struct Pending {
+  int fd = -1;
+  Clock::time_point since;
+  std::vector<char> got;
+  int parse(std::string* token, int* rank, int* world) const {
+    const size_t head = sizeof(kMagic) + 4;
+    if (std::memcmp(got.data(), kMagic, std::min(got.size(), sizeof(kMagic))) != 0) return -1;
+    if (got.size() < head) return 0;
+    const uint32_t n = get_u32(got.data() + sizeof(kMagic));
+    if (n > kMaxToken) return -1;
+    if (got.size() < head + n + 8) return 0;
+    if (got.size() > head + n + 8) return -1;
+    token->assign(got.data() + head, n);
+    *rank = int(get_u32(got.data() + head + n)), *world = int(get_u32(got.data() + head + n + 4));
+    return 1;
+  }
+};
+
+void log_refusal(const std::string& why) { std::fprintf(stderr, "seqpar bootstrap: refused a connection: %s\n", why.c_str()); }
+
+// A listening socket on host:port ("" or "*": every interface, IPv6 dual-stack where there is).
+StatusOr<int> listen_on(const std::string& host, int port, int backlog) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  const bool all = host.empty() || host == "*";
+  const std::string port_text = std::to_string(port);
+  if (all) hints.ai_family = AF_INET6;
+  int rc = ::getaddrinfo(all ? nullptr : host.c_str(), port_text.c_str(), &hints, &res);
+  if (rc != 0 && all) {  // no IPv6: IPv4
+    hints.ai_family = AF_INET;
+    rc = ::getaddrinfo(nullptr, port_text.c_str(), &hints, &res);
+  }
+  if (rc != 0) return SP_STATUS(StatusCode::kCommError, "bootstrap: cannot resolve " + host + ": " + gai_strerror(rc));
+  const int one = 1, zero = 0;
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (a->ai_family == AF_INET6 && all) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0)
+    return SP_STATUS(StatusCode::kCommError, "bootstrap: cannot listen on " + (all ? std::string("*") : host) + ":" +
+                                                 port_text + ": " + why +
+                                                 " (set SEQPAR_BOOTSTRAP_PORT, or SEQPAR_BOOTSTRAP_LISTEN_ALL=1 "
+                                                 "where MASTER_ADDR is not an address of this host)");
+  return fd;
+}
+
 }  // namespace
 
-Status serve_bytes(const void* data, size_t bytes, int port, int clients) {
-  // Dual-stack IPv6 where the host has it, else IPv4.
-  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
-  const int one = 1, zero = 0;
-  sockaddr_in6 addr6{};
-  addr6.sin6_family = AF_INET6;
-  addr6.sin6_addr = in6addr_any;
-  addr6.sin6_port = htons(static_cast<uint16_t>(port));
-  sockaddr_in addr4{};
-  addr4.sin_family = AF_INET;
-  addr4.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr4.sin_port = htons(static_cast<uint16_t>(port));
-  bool bound = false;
-  if (fd >= 0) {
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr6), sizeof(addr6)) == 0;
-    if (!bound) ::close(fd);
-  }
-  if (!bound) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    SP_CHECK_ARG(fd >= 0, std::string("bootstrap socket: ") + std::strerror(errno));
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr4), sizeof(addr4)) == 0;
-  }
-  Status s = Status::Ok();
-  if (!bound || ::listen(fd, clients) != 0)
-    s = SP_STATUS(StatusCode::kCommError, "bootstrap: cannot listen on port " + std::to_string(port) +
-                                              ": " + std::strerror(errno) + " (set SEQPAR_BOOTSTRAP_PORT)");
+BootstrapPeer bootstrap_peer_from_env() {
+  BootstrapPeer p;
+  const char* token = std::getenv("SEQPAR_JOB_TOKEN");
+  if (!token) token = std::getenv("TORCHELASTIC_RUN_ID");
+  p.token = token ? token : "";
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  p.rank = rank ? std::atoi(rank) : 0;
+  p.world = world ? std::atoi(world) : 1;
+  return p;
+}
+
+Status serve_bytes(const void* data, size_t bytes, const std::string& host, int port, const BootstrapPeer& me) {
+  SP_ASSIGN_OR_RETURN(const int fd, listen_on(host, port, std::max(16, me.world)));
+  std::set<int> served;
+  std::vector<Pending> pending;
   const auto deadline = Clock::now() + comm_timeout();
-  for (int served = 0; s.ok() && served < clients;) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) {
-      if (Clock::now() > deadline)
-        s = SP_STATUS(StatusCode::kCommError, "bootstrap: only " + std::to_string(served) + " of " +
-                                                  std::to_string(clients) + " ranks connected in time");
-      continue;
+  Status s = Status::Ok();
+  const auto refuse = [&](Pending& p, const std::string& why) {
+    log_refusal(why);
+    const std::string reply = "R" + why;
+    (void)send_all(p.fd, reply.data(), reply.size());
+    ::close(p.fd);
+    p.fd = -1;
+  };
+  while (s.ok() && int(served.size()) < me.world - 1) {
+    std::vector<pollfd> fds{{fd, POLLIN, 0}};
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    (void)::poll(fds.data(), fds.size(), 200);
+    if (fds[0].revents & POLLIN) {
+      const int c = ::accept(fd, nullptr, nullptr);
+      if (c >= 0) pending.push_back({c, Clock::now(), {}});
     }
-    const int c = ::accept(fd, nullptr, nullptr);
-    if (c < 0) continue;
-    s = send_all(c, data, bytes);
-    ::close(c);
-    ++served;
+    for (size_t i = 0; i + 1 < fds.size(); ++i) {
+      Pending& p = pending[i];
+      if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[512];
+      const ssize_t r = ::recv(p.fd, buf, sizeof(buf), 0);
+      if (r <= 0) {  // gone before a whole hello
+        ::close(p.fd);
+        p.fd = -1;
+        continue;
+      }
+      p.got.insert(p.got.end(), buf, buf + r);
+      std::string token;
+      int rank = -1, world = 0;
+      const int parsed = p.parse(&token, &rank, &world);
+      if (parsed == 0) continue;
+      if (parsed < 0) {
+        refuse(p, "not a seqpar rank (bad hello)");
+      } else if (token != me.token) {
+        refuse(p, "rank " + std::to_string(rank) + " gave another job's token");
+      } else if (world != me.world || rank < 1 || rank >= me.world) {
+        refuse(p, "rank " + std::to_string(rank) + " of " + std::to_string(world) + " is not a rank of this world of " +
+                      std::to_string(me.world));
+      } else if (served.count(rank)) {
+        refuse(p, "rank " + std::to_string(rank) + " was served already");
+      } else {
+        const Status sent = send_all(p.fd, "K", 1);
+        if (sent.ok() && send_all(p.fd, data, bytes).ok()) served.insert(rank);
+        ::close(p.fd);
+        p.fd = -1;
+      }
+    }
+    for (Pending& p : pending)
+      if (p.fd >= 0 && Clock::now() - p.since > kHelloWait) {
+        log_refusal("no hello within " + std::to_string(kHelloWait.count()) + " s");
+        ::close(p.fd);
+        p.fd = -1;
+      }
+    std::erase_if(pending, [](const Pending& p) { return p.fd < 0; });
+    if (int(served.size()) < me.world - 1 && Clock::now() > deadline)
+      s = SP_STATUS(StatusCode::kCommError, "bootstrap: only " + std::to_string(served.size()) + " of " +
+                                                std::to_string(me.world - 1) + " ranks connected in time");
   }
+  for (const Pending& p : pending) ::close(p.fd);
   ::close(fd);
   return s;
 }
 
-Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes) {
+Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes, const BootstrapPeer& me) {
+  const std::vector<char> hello = hello_of(me);
   const auto deadline = Clock::now() + comm_timeout();
   for (;;) {
     addrinfo hints{}, *res = nullptr;
@@ -89,29 +207,33 @@ Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes) 
       for (addrinfo* a = res; a; a = a->ai_next) {
         const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) continue;
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-          size_t got = 0;
-          while (got < bytes) {
-            const ssize_t r = ::recv(fd, static_cast<char*>(data) + got, bytes - got, 0);
-            if (r <= 0) break;
-            got += size_t(r);
-          }
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 || !send_all(fd, hello.data(), hello.size()).ok()) {
           ::close(fd);
-          if (got == bytes) {
-            ::freeaddrinfo(res);
-            return Status::Ok();
-          }
-        } else {
-          ::close(fd);
+          continue;
+        }
+        std::vector<char> got;
+        char buf[512];
+        for (ssize_t r; (r = ::recv(fd, buf, sizeof(buf), 0)) > 0;) got.insert(got.end(), buf, buf + r);
+        ::close(fd);
+        if (!got.empty() && got[0] == 'R') {
+          ::freeaddrinfo(res);
+          return SP_STATUS(StatusCode::kCommError, "bootstrap: rank 0 at " + host + ":" + std::to_string(port) +
+                                                       " refused rank " + std::to_string(me.rank) + ": " +
+                                                       std::string(got.begin() + 1, got.end()));
+        }
+        if (got.size() == bytes + 1 && got[0] == 'K') {
+          std::memcpy(data, got.data() + 1, bytes);
+          ::freeaddrinfo(res);
+          return Status::Ok();
         }
       }
       ::freeaddrinfo(res);
     }
-    SP_CHECK_ARG(Clock::now() < deadline, "bootstrap: could not reach rank 0 at " + host + ":" +
-                                              std::to_string(port) + " in time");
+    if (Clock::now() >= deadline)
+      return SP_STATUS(StatusCode::kCommError, "bootstrap: could not reach rank 0 at " + host + ":" +
+                                                   std::to_string(port) + " in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
-
 
 }  // namespace seqpar

@@ -1,6 +1,9 @@
 // A small TCP exchange for bootstrapping processes that share no launcher channel (torchrun):
 // rank 0 serves a few bytes (NCCL's unique id) to every other rank, which fetches them from
-// MASTER_ADDR. Both give up after comm_timeout() with a message that says what was missing.
+// MASTER_ADDR. Each rank opens with a hello (a magic, the job's token, its rank and the world
+// size); rank 0 serves each expected rank once and refuses strangers (nothing sent, junk, a wrong
+// token, a rank out of range or already served) with a log line, without waiting on them. Both
+// sides give up after comm_timeout() with a message that says what was missing.
 #pragma once
 
 #include <cstddef>
@@ -10,9 +13,20 @@
 
 namespace seqpar {
 
-// Listens on `port` (IPv6 dual-stack, else IPv4) until `clients` ranks have each taken `bytes`.
-Status serve_bytes(const void* data, size_t bytes, int port, int clients);
-// Connects to host:port, retrying while rank 0 is not yet listening, and reads `bytes`.
-Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes);
+struct BootstrapPeer {
+  std::string token;  // the job's secret: SEQPAR_JOB_TOKEN, else TORCHELASTIC_RUN_ID, else empty
+  int rank = 0;
+  int world = 1;
+};
+// This process's identity from the launcher's environment (RANK, WORLD_SIZE and the token).
+BootstrapPeer bootstrap_peer_from_env();
+
+// Rank 0: listens on host:port (host "" or "*": every interface) until every other rank of
+// me.world with me.token has taken `bytes`.
+Status serve_bytes(const void* data, size_t bytes, const std::string& host, int port, const BootstrapPeer& me);
+// Another rank: connects to host:port, retrying while rank 0 is not yet listening, says who it
+// is, and reads `bytes`. A refusal by rank 0 (a wrong token, a rank served already) ends it with
+// rank 0's reason.
+Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes, const BootstrapPeer& me);
 
 }  // namespace seqpar
