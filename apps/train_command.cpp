@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,9 +17,12 @@
 #include "seqpar/nccl_comm.hpp"
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
+#include "train_checkpoints.hpp"
 
 namespace seqpar::app {
 namespace {
+
+std::atomic<bool> g_stopped_by_termination{false};  // the run saved and stopped on SIGTERM
 
 StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.device == "cpu" || c.device == "cuda", "unknown device '" + c.device + "' (cpu or cuda)");
@@ -37,7 +41,11 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_RETURN_IF_ERROR(o.model.validate());
   SP_CHECK_ARG(c.seq >= 2 && c.batch >= 1 && c.steps >= 1, "--seq must be at least 2, --batch and --steps positive");
   SP_CHECK_ARG(c.save_every >= 0, "--save-every must not be negative");
-  SP_CHECK_ARG(c.save_every == 0 || !c.save.empty(), "--save-every needs --save PATH");
+  SP_CHECK_ARG(c.save_every == 0 || !c.save.empty() || !c.checkpoint_dir.empty(),
+               "--save-every needs --save PATH or --checkpoint-dir DIR");
+  SP_CHECK_ARG(c.resume != "auto" || !c.checkpoint_dir.empty(), "--resume auto needs --checkpoint-dir DIR");
+  SP_CHECK_ARG(c.save.empty() || c.checkpoint_dir.empty(), "--save and --checkpoint-dir: take one");
+  SP_CHECK_ARG(c.keep >= 0, "--keep must not be negative (0: keep every checkpoint)");
   o.data = c.data;
   o.seq = c.seq, o.batch = c.batch, o.steps = c.steps;
   o.data_parallel = c.data_parallel, o.zero_stage = c.zero;
@@ -162,7 +170,29 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     SP_ASSIGN_OR_RETURN(const std::vector<float> weights, load_model_safetensors(c.init_from, o.model));
     SP_RETURN_IF_ERROR(trainer->set_parameters(weights));
   }
-  if (!c.resume.empty()) SP_RETURN_IF_ERROR(trainer->load(c.resume));
+  std::string resume = c.resume;
+  if (resume == "auto") {  // the newest checkpoint that reads whole; none: from the start
+    SP_ASSIGN_OR_RETURN(resume, newest_checkpoint(c.checkpoint_dir, parameter_count(o.model)));
+    if (resume.empty() && lead)
+      std::fprintf(stderr, "seqpar train: no whole checkpoint in %s: starting from step 0\n", c.checkpoint_dir.c_str());
+  }
+  if (!resume.empty()) SP_RETURN_IF_ERROR(trainer->load(resume));
+  // Saves where the options say: the --save file, or the next numbered one in --checkpoint-dir
+  // (the oldest beyond --keep removed). Every rank calls it.
+  std::string last_saved = c.save;
+  const auto save = [&]() -> Status {
+    if (c.checkpoint_dir.empty() && c.save.empty()) return Status::Ok();
+    if (!c.checkpoint_dir.empty()) last_saved = checkpoint_path(c.checkpoint_dir, trainer->steps_done());
+    SP_RETURN_IF_ERROR(trainer->save(last_saved));
+    if (lead && !c.checkpoint_dir.empty()) prune_checkpoints(c.checkpoint_dir, c.keep);
+    return Status::Ok();
+  };
+  if (!c.checkpoint_dir.empty() && lead) {
+    std::error_code ec;
+    std::filesystem::create_directories(c.checkpoint_dir, ec);
+    SP_CHECK_ARG(!ec, "cannot make the checkpoint folder " + c.checkpoint_dir + ": " + ec.message());
+  }
+  SP_RETURN_IF_ERROR(comm.barrier());
   RunRecord record;
   if (!c.dump_dir.empty()) {
     SP_ASSIGN_OR_RETURN(const std::vector<float> initial, trainer->gather_parameters());  // every rank
@@ -179,14 +209,15 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
                  long(o.batch), long(o.seq), comm.size() / o.data_parallel, c.layout.c_str(), plan.algorithm->name,
                  plan.choice.empty() ? "" : (": " + plan.choice).c_str(), checkpointing_name(o.checkpointing),
                  o.zero_stage);
-    if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", c.resume.c_str(), long(trainer->steps_done()));
+    if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", resume.c_str(), long(trainer->steps_done()));
   }
   std::vector<double> losses;
   while (trainer->steps_done() < o.steps) {
     StepReport r;
     const Status s = trainer->step(&r);
     if (!s.ok()) {
-      if (lead && !c.save.empty()) std::fprintf(stderr, "seqpar train: the last good checkpoint is %s\n", c.save.c_str());
+      if (lead && !last_saved.empty())
+        std::fprintf(stderr, "seqpar train: the last good checkpoint is %s\n", last_saved.c_str());
       return s;
     }
     losses.push_back(r.loss);
@@ -220,9 +251,20 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
       }
       std::fflush(stdout);
     }
-    if (c.save_every > 0 && trainer->steps_done() % c.save_every == 0) SP_RETURN_IF_ERROR(trainer->save(c.save));
+    const bool due = c.save_every > 0 && trainer->steps_done() % c.save_every == 0;
+    if (due) SP_RETURN_IF_ERROR(save());
+    SP_ASSIGN_OR_RETURN(const bool stop, termination_requested(comm));
+    if (stop) {  // preempted: save (unless just saved) and stop, every rank at this step
+      if (!due) SP_RETURN_IF_ERROR(save());
+      if (lead)
+        std::fprintf(stderr, "seqpar train: SIGTERM: stopped after step %ld%s%s\n", long(trainer->steps_done()),
+                     last_saved.empty() ? " (nothing saved: no --save or --checkpoint-dir)" : "; saved ",
+                     last_saved.c_str());
+      g_stopped_by_termination = true;
+      return Status::Ok();
+    }
   }
-  if (!c.save.empty()) SP_RETURN_IF_ERROR(trainer->save(c.save));
+  if (!(c.save_every > 0 && o.steps % c.save_every == 0)) SP_RETURN_IF_ERROR(save());
   if (lead && !c.dump_dir.empty()) SP_RETURN_IF_ERROR(write_record(c.dump_dir, o, record));
   std::vector<float> final_weights;
   if (!c.export_dir.empty()) {  // every rank
@@ -286,6 +328,7 @@ int run_train(const TrainCliOptions& c) {
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / (world ? 1 : ranks));
   model::set_blas_threads(world || ranks == 1 ? threads : 1);
+  catch_termination();  // SIGTERM: save and stop at the end of the step
   const auto rank_fn = [&](Communicator& comm) -> Status {
     return train_rank(comm, c, options.value(), threads, gpu ? (world || c.gpus > 0 ? ranks : 1) : 0);
   };
@@ -297,7 +340,7 @@ int run_train(const TrainCliOptions& c) {
     if (world) world->abort(s.message());
     return s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kUnsupported ? 2 : 1;
   }
-  return 0;
+  return g_stopped_by_termination ? kTerminatedExit : 0;
 }
 
 void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
@@ -306,7 +349,7 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
       "Train a LLaMA-style model with each sequence split over N ranks (threads, or MPI processes under mpirun): "
       "attention through the distributed algorithms, gradients summed over the ranks, AdamW.\n"
       "Exit code: 0 when training finished, 1 on a runtime failure (a non-finite loss: the last saved checkpoint "
-      "is kept), 2 for bad arguments.");
+      "is kept), 2 for bad arguments, 143 when SIGTERM stopped it (after saving, with --save or --checkpoint-dir).");
   cmd->add_option("--model", o.model, "preset: " + model_preset_names())->capture_default_str();
   cmd->add_option("--config", o.config, "a JSON model config (our names or Hugging Face's config.json names)");
   cmd->add_option("--vocab", o.vocab, "override the model's vocabulary size");
@@ -353,7 +396,13 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--threads-per-rank", o.threads_per_rank, "OpenMP threads per rank (default: cores / ranks)");
   cmd->add_option("--save", o.save, "write a checkpoint here at the end (and with --save-every)");
   cmd->add_option("--save-every", o.save_every, "also save every N steps");
-  cmd->add_option("--resume", o.resume, "continue from this checkpoint (same model and options)");
+  cmd->add_option("--resume", o.resume,
+                  "continue from this checkpoint (same model and options), or auto: the newest whole one in "
+                  "--checkpoint-dir (torn or corrupt ones are skipped; none: start from step 0), as a restarted "
+                  "job (torchrun --max-restarts, a requeue) wants");
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "save step-numbered checkpoints here (every --save-every steps, at the end, and on SIGTERM)");
+  cmd->add_option("--keep", o.keep, "checkpoints kept in --checkpoint-dir (0: all)")->capture_default_str();
   cmd->add_option("--plot", o.plot, "write the loss curve as an SVG here");
   cmd->add_option("--init-from", o.init_from, "start from these weights (safetensors, Llama naming; F32/F16/BF16)");
   cmd->add_option("--export", o.export_dir, "write model.safetensors and a Hugging Face config.json here at the end");

@@ -36,7 +36,9 @@ struct TrainCliOptions {
   int threads_per_rank = 0;
   std::string save;
   int64_t save_every = 0;
-  std::string resume;
+  std::string resume;          // a checkpoint file, or "auto": the newest whole one in checkpoint_dir
+  std::string checkpoint_dir;  // step-numbered checkpoints for restarts
+  int keep = 3;                // checkpoints kept in checkpoint_dir
   std::string plot;
   std::string init_from;  // safetensors weights to start from
   std::string export_dir;  // model.safetensors + config.json at the end

@@ -1,7 +1,8 @@
 // The training checkpoint file, one format for every device's trainer: "SEQPARCK", a version,
 // the parameter count, the steps taken, the optimizer's steps and the data position, then the
-// parameters and AdamW's two moments, whole and in fp32. Written to PATH.tmp and moved into place,
-// so the last good checkpoint stays whole until the new one is.
+// parameters and AdamW's two moments, whole and in fp32, then (version 2) a checksum of it all.
+// Written to PATH.tmp and moved into place, so the last good checkpoint stays whole until the
+// new one is; a write that fails (a full disk) removes PATH.tmp and leaves PATH as it was.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct TrainingState {
 };
 
 Status write_checkpoint(const std::string& path, const TrainingState& state);
-// Refuses a file that is not a checkpoint, is truncated, or holds another count of parameters.
+// Refuses a file that is not a checkpoint, is truncated or corrupt (checksum), or holds another
+// count of parameters.
 StatusOr<TrainingState> read_checkpoint(const std::string& path, int64_t parameter_count);
 
 }  // namespace seqpar::model

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# seqpar train's checkpoints for restarts, on CPU ranks: a run saving every 2 steps keeps the last
+# 2 (--keep); with the newest checkpoint truncated and a junk file beside it, --resume auto skips
+# both with a message, resumes from the one before, and ends with weights equal bit for bit to a
+# straight run; an empty folder starts from step 0; SIGTERM saves and exits with 143, and
+# --resume auto continues from that step. Usage: cli_train_restart.sh path/to/seqpar
+set -uo pipefail
+bin="$1"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+args=(train --ranks 2 --seq 64 --batch 4 --warmup 2 --threads-per-rank 1)
+
+"$bin" "${args[@]}" --steps 6 --export "$dir/straight" > /dev/null 2>&1 || fail "the straight run"
+"$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/ck" --save-every 2 --keep 2 > /dev/null 2>&1 || fail "the saving run"
+kept="$(cd "$dir/ck" && ls)"
+[ "$kept" = "$(printf 'step-00000004.ckpt\nstep-00000006.ckpt')" ] || fail "kept: $kept"
+
+# The newest torn, a junk file newer still: auto takes step 4 and finishes like the straight run.
+size=$(stat -c %s "$dir/ck/step-00000006.ckpt")
+truncate -s $((size / 2)) "$dir/ck/step-00000006.ckpt"
+echo "not a checkpoint" > "$dir/ck/step-00000008.ckpt"
+"$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/ck" --resume auto --export "$dir/resumed" > /dev/null 2> "$dir/resume.err" ||
+  { cat "$dir/resume.err"; fail "the resumed run"; }
+grep -q "skipping .*step-00000008.ckpt: .*not a seqpar checkpoint" "$dir/resume.err" || { cat "$dir/resume.err"; fail "junk not skipped"; }
+grep -q "skipping .*step-00000006.ckpt: .*truncated" "$dir/resume.err" || { cat "$dir/resume.err"; fail "torn not skipped"; }
+grep -q "resumed from .*step-00000004.ckpt at step 4" "$dir/resume.err" || { cat "$dir/resume.err"; fail "not resumed at 4"; }
+cmp -s "$dir/straight/model.safetensors" "$dir/resumed/model.safetensors" || fail "the resumed run's weights differ"
+
+"$bin" "${args[@]}" --checkpoint-dir "$dir/empty" --resume auto --steps 1 > /dev/null 2> "$dir/empty.err" || fail "empty folder"
+grep -q "no whole checkpoint in .*starting from step 0" "$dir/empty.err" || { cat "$dir/empty.err"; fail "empty folder message"; }
+
+# SIGTERM after the first step line: saved, exit 143, and auto resumes from that step.
+"$bin" "${args[@]}" --steps 100000 --checkpoint-dir "$dir/term" > "$dir/term.out" 2> "$dir/term.err" &
+pid=$!
+for _ in $(seq 1 300); do grep -q "^step" "$dir/term.out" && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || { cat "$dir/term.err"; fail "exit status $rc after SIGTERM, not 143"; }
+grep -q "SIGTERM: stopped after step" "$dir/term.err" || { cat "$dir/term.err"; fail "no SIGTERM message"; }
+saved="$(ls "$dir/term")"
+[ -n "$saved" ] || fail "nothing saved on SIGTERM"
+step=$((10#$(echo "$saved" | tail -n 1 | sed 's/step-0*\([0-9]*\)\.ckpt/\1/')))
+"$bin" "${args[@]}" --steps $((step + 1)) --checkpoint-dir "$dir/term" --resume auto > /dev/null 2> "$dir/again.err" ||
+  fail "resuming after SIGTERM"
+grep -q "at step $step" "$dir/again.err" || { cat "$dir/again.err"; fail "not resumed at step $step"; }
+echo PASS
