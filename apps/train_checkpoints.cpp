@@ -49,18 +49,42 @@ StatusOr<std::string> newest_checkpoint(const std::string& dir, int64_t paramete
   return std::string();
 }
 
-void prune_checkpoints(const std::string& dir, int keep) {
-  if (keep <= 0) return;
-  const std::map<int64_t, fs::path> found = checkpoints_in(dir);
-  int left = int(found.size());
+void prune_checkpoints(const std::string& dir, int keep, int64_t saved) {
+  std::map<int64_t, fs::path> found = checkpoints_in(dir);
   std::error_code ec;
+  for (auto it = found.upper_bound(saved); it != found.end(); it = found.erase(it)) {
+    const std::string stale = it->second.string() + ".stale";
+    fs::rename(it->second, stale, ec);
+    std::fprintf(stderr, "seqpar train: %s is from a later step than this run's; set aside as %s\n",
+                 it->second.string().c_str(), stale.c_str());
+  }
+  if (keep <= 0) return;
+  int left = int(found.size());
   for (const auto& [step, path] : found)
     if (left-- > keep) fs::remove(path, ec);
+}
+
+StatusOr<std::string> agreed_checkpoint(Communicator& comm, const std::string& dir, int64_t parameter_count) {
+  double step = -1;  // rank 0's choice; -1: none
+  if (comm.rank() == 0) {
+    SP_ASSIGN_OR_RETURN(const std::string newest, newest_checkpoint(dir, parameter_count));
+    if (!newest.empty()) {
+      std::smatch m;
+      static const std::regex name(R"(.*step-(\d+)\.ckpt)");
+      if (std::regex_match(newest, m, name)) step = double(std::stoll(m[1].str()));
+    }
+  }
+  double sum = comm.rank() == 0 ? step : 0.0;
+  const PhaseScope other(comm, Phase::kOther);
+  SP_RETURN_IF_ERROR(comm.all_reduce(&sum, 1, DType::kF64, ReduceOp::kSum));
+  return sum < 0 ? std::string() : checkpoint_path(dir, int64_t(sum));
 }
 
 void catch_termination() {
   struct sigaction action {};
   action.sa_handler = on_termination;
+  // Restart interrupted calls; a second SIGTERM acts as the default again (ends a stuck run).
+  action.sa_flags = SA_RESTART | SA_RESETHAND;
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
 }

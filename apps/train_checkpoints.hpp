@@ -18,8 +18,13 @@ std::string checkpoint_path(const std::string& dir, int64_t step);
 // The newest checkpoint in dir for a model of parameter_count that reads whole; "" when there
 // is none (a missing folder included). Skipped files are named on stderr with the reason.
 StatusOr<std::string> newest_checkpoint(const std::string& dir, int64_t parameter_count);
-// Removes all but the newest `keep` checkpoints of dir (keep <= 0: keeps all).
-void prune_checkpoints(const std::string& dir, int keep);
+// After saving step `saved`: removes all but the newest `keep` checkpoints up to it (keep <= 0:
+// keeps all), and sets aside as .stale those of later steps, left by a run this one rolled back
+// from, so that --resume auto never returns to them.
+void prune_checkpoints(const std::string& dir, int keep, int64_t saved);
+// --resume auto on every rank: rank 0 picks (newest_checkpoint) and every rank gets its choice
+// ("" when none), so that ranks never resume from different steps.
+StatusOr<std::string> agreed_checkpoint(Communicator& comm, const std::string& dir, int64_t parameter_count);
 
 // From now on SIGTERM asks the run to save and stop instead of killing the process.
 void catch_termination();

@@ -172,7 +172,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   }
   std::string resume = c.resume;
   if (resume == "auto") {  // the newest checkpoint that reads whole; none: from the start
-    SP_ASSIGN_OR_RETURN(resume, newest_checkpoint(c.checkpoint_dir, parameter_count(o.model)));
+    SP_ASSIGN_OR_RETURN(resume, agreed_checkpoint(comm, c.checkpoint_dir, parameter_count(o.model)));
     if (resume.empty() && lead)
       std::fprintf(stderr, "seqpar train: no whole checkpoint in %s: starting from step 0\n", c.checkpoint_dir.c_str());
   }
@@ -184,7 +184,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
     if (c.checkpoint_dir.empty() && c.save.empty()) return Status::Ok();
     if (!c.checkpoint_dir.empty()) last_saved = checkpoint_path(c.checkpoint_dir, trainer->steps_done());
     SP_RETURN_IF_ERROR(trainer->save(last_saved));
-    if (lead && !c.checkpoint_dir.empty()) prune_checkpoints(c.checkpoint_dir, c.keep);
+    if (lead && !c.checkpoint_dir.empty()) prune_checkpoints(c.checkpoint_dir, c.keep, trainer->steps_done());
     return Status::Ok();
   };
   if (!c.checkpoint_dir.empty() && lead) {

@@ -2,7 +2,7 @@
 # seqpar train's checkpoints for restarts, on CPU ranks: a run saving every 2 steps keeps the last
 # 2 (--keep); with the newest checkpoint truncated and a junk file beside it, --resume auto skips
 # both with a message, resumes from the one before, and ends with weights equal bit for bit to a
-# straight run; an empty folder starts from step 0; SIGTERM saves and exits with 143, and
+# straight run, its own save setting the later junk step aside; an empty folder starts from step 0; SIGTERM saves and exits with 143, and
 # --resume auto continues from that step. Usage: cli_train_restart.sh path/to/seqpar
 set -uo pipefail
 bin="$1"
@@ -26,6 +26,8 @@ grep -q "skipping .*step-00000008.ckpt: .*not a seqpar checkpoint" "$dir/resume.
 grep -q "skipping .*step-00000006.ckpt: .*truncated" "$dir/resume.err" || { cat "$dir/resume.err"; fail "torn not skipped"; }
 grep -q "resumed from .*step-00000004.ckpt at step 4" "$dir/resume.err" || { cat "$dir/resume.err"; fail "not resumed at 4"; }
 cmp -s "$dir/straight/model.safetensors" "$dir/resumed/model.safetensors" || fail "the resumed run's weights differ"
+# Its save at step 6 replaced the torn file and set the junk later step aside.
+[ -f "$dir/ck/step-00000008.ckpt.stale" ] && [ ! -e "$dir/ck/step-00000008.ckpt" ] || fail "the later junk step was not set aside"
 
 "$bin" "${args[@]}" --checkpoint-dir "$dir/empty" --resume auto --steps 1 > /dev/null 2> "$dir/empty.err" || fail "empty folder"
 grep -q "no whole checkpoint in .*starting from step 0" "$dir/empty.err" || { cat "$dir/empty.err"; fail "empty folder message"; }

@@ -1,6 +1,7 @@
 // The NCCL communicator's bootstraps (include/seqpar/nccl_comm.hpp): ranks as threads, one GPU
 // each; MPI processes; torchrun's environment (the unique id over tcp_bootstrap.hpp); and a
 // unique id the caller carries itself (the Python binding, through a c10d store).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -99,9 +100,20 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() {
   const std::string master = std::getenv("MASTER_ADDR");
   if (rank == 0) {
     SP_RETURN_IF_ERROR(nccl_call_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-    // The address MASTER_ADDR names alone, unless told to listen on every interface.
+    // The address MASTER_ADDR names alone, unless told to listen on every interface, or unless
+    // it names this host's loopback while the job spans nodes (`hostname` often resolves to
+    // 127.0.1.1), which no other node could reach.
     const char* all = std::getenv("SEQPAR_BOOTSTRAP_LISTEN_ALL");
-    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), all && std::string(all) == "1" ? "*" : master, port, me));
+    bool everywhere = all && std::string(all) == "1";
+    if (!everywhere && env_int("LOCAL_WORLD_SIZE", size) < size && is_loopback_host(master)) {
+      std::fprintf(stderr, "seqpar bootstrap: MASTER_ADDR %s is a loopback address and the job spans nodes: "
+                           "listening on every interface\n", master.c_str());
+      everywhere = true;
+    }
+    if (me.token.empty() || me.token == "none")
+      std::fprintf(stderr, "seqpar bootstrap: warning: no job token (set SEQPAR_JOB_TOKEN to a secret shared by "
+                           "the job's ranks): any process that can reach port %d may ask for the NCCL id\n", port);
+    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), everywhere ? "*" : master, port, me));
   } else {
     SP_RETURN_IF_ERROR(fetch_bytes(master, port, &id, sizeof(id), me));
   }

@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kMagic[8] = {'S', 'E', 'Q', 'P', 'A', 'R', 'B', '1'};
 constexpr size_t kMaxToken = 1024;
 constexpr auto kHelloWait = std::chrono::seconds(5);
+constexpr size_t kMaxPending = 64;  // connections without a whole hello yet; the oldest go first
 
 Status send_all(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
@@ -117,6 +118,21 @@ StatusOr<int> listen_on(const std::string& host, int port, int backlog) {
 
 }  // namespace
 
+bool is_loopback_host(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool loopback = res != nullptr;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET)
+      loopback &= (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    else if (a->ai_family == AF_INET6)
+      loopback &= IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  }
+  ::freeaddrinfo(res);
+  return loopback;
+}
+
 BootstrapPeer bootstrap_peer_from_env() {
   BootstrapPeer p;
   const char* token = std::getenv("SEQPAR_JOB_TOKEN");
@@ -149,6 +165,11 @@ Status serve_bytes(const void* data, size_t bytes, const std::string& host, int 
     if (fds[0].revents & POLLIN) {
       const int c = ::accept(fd, nullptr, nullptr);
       if (c >= 0) pending.push_back({c, Clock::now(), {}});
+      if (pending.size() > kMaxPending) {  // a flood: drop the oldest silent one
+        log_refusal("too many connections without a hello");
+        ::close(pending.front().fd);
+        pending.erase(pending.begin());
+      }
     }
     for (size_t i = 0; i + 1 < fds.size(); ++i) {
       Pending& p = pending[i];
@@ -211,9 +232,14 @@ Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes, 
           ::close(fd);
           continue;
         }
+        // Whatever listens there answers within a few seconds or is not rank 0; read no more
+        // than a reply can hold.
+        timeval wait{5, 0};
+        (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
         std::vector<char> got;
         char buf[512];
-        for (ssize_t r; (r = ::recv(fd, buf, sizeof(buf), 0)) > 0;) got.insert(got.end(), buf, buf + r);
+        for (ssize_t r; got.size() <= bytes + 1024 && (r = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+          got.insert(got.end(), buf, buf + r);
         ::close(fd);
         if (!got.empty() && got[0] == 'R') {
           ::freeaddrinfo(res);

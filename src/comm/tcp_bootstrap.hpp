@@ -20,6 +20,8 @@ struct BootstrapPeer {
 };
 // This process's identity from the launcher's environment (RANK, WORLD_SIZE and the token).
 BootstrapPeer bootstrap_peer_from_env();
+// Whether every address host resolves to is a loopback one (127.x, ::1).
+bool is_loopback_host(const std::string& host);
 
 // Rank 0: listens on host:port (host "" or "*": every interface) until every other rank of
 // me.world with me.token has taken `bytes`.

@@ -1,6 +1,9 @@
 // The training checkpoint file (checkpoint_file.hpp).
 #include "model/checkpoint_file.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +46,15 @@ class Checksum {
   int filled_ = 0;
 };
 
+// Forces a file's (or a folder's) data to the disk, so that after a crash a checkpoint renamed
+// into place is whole.
+bool sync_to_disk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  return ::close(fd) == 0 && ok;
+}
+
 }  // namespace
 
 Status write_checkpoint(const std::string& path, const TrainingState& s) {
@@ -68,9 +80,8 @@ Status write_checkpoint(const std::string& path, const TrainingState& s) {
       put(a->data(), size_t(count) * sizeof(float));
     const uint64_t check = sum.value();
     out.write(reinterpret_cast<const char*>(&check), sizeof(check));
-    out.flush();
-    if (!out.good()) {  // a full disk: the previous checkpoint stays the newest
-      out.close();
+    out.close();  // close's errors too (NFS reports a full quota there)
+    if (!out.good() || !sync_to_disk(tmp)) {  // a full disk: the previous checkpoint stays the newest
       std::filesystem::remove(tmp, ec);
       return SP_STATUS(StatusCode::kInvalidArgument,
                        "writing the checkpoint " + tmp + " failed (disk full?); the previous one is untouched");
@@ -78,6 +89,8 @@ Status write_checkpoint(const std::string& path, const TrainingState& s) {
   }
   std::filesystem::rename(tmp, path, ec);
   SP_CHECK_ARG(!ec, "cannot move the checkpoint into place at " + path + ": " + ec.message());
+  const std::filesystem::path folder = std::filesystem::absolute(path).parent_path();
+  (void)sync_to_disk(folder.string());  // the rename itself, where the filesystem allows it
   return Status::Ok();
 }
 

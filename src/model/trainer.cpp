@@ -360,9 +360,14 @@ Status Trainer::save(const std::string& path) const {
   }
   SP_ASSIGN_OR_RETURN(state.params, gather_parameters());
   state.steps = I.steps, state.optimizer_steps = I.optimizer_steps, state.data_position = I.data->position();
-  SP_RETURN_IF_ERROR(I.world.barrier());
-  if (I.world.rank() == 0) SP_RETURN_IF_ERROR(model::write_checkpoint(path, state));
-  return I.world.barrier();
+  // Rank 0 writes; every rank learns whether it could (no rank waits out a timeout for it).
+  Status written = I.world.rank() == 0 ? model::write_checkpoint(path, state) : Status::Ok();
+  double failed = written.ok() ? 0.0 : 1.0;
+  const PhaseScope other(I.world, Phase::kOther);
+  SP_RETURN_IF_ERROR(I.world.all_reduce(&failed, 1, DType::kF64, ReduceOp::kSum));
+  if (!written.ok()) return written;
+  SP_CHECK_ARG(failed == 0, "rank 0 could not write the checkpoint " + path);
+  return Status::Ok();
 }
 
 Status Trainer::load(const std::string& path) {
