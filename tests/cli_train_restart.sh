@@ -2,7 +2,9 @@
 # seqpar train's checkpoints for restarts, on CPU ranks: a run saving every 2 steps keeps the last
 # 2 (--keep); with the newest checkpoint truncated and a junk file beside it, --resume auto skips
 # both with a message, resumes from the one before, and ends with weights equal bit for bit to a
-# straight run, its own save setting the later junk step aside; an empty folder starts from step 0; SIGTERM saves and exits with 143, and
+# straight run, its own save setting the later junk step aside; an empty folder starts from step 0;
+# a NaN loss (SEQPAR_FAULT_NAN_STEP) stops the run naming the last good checkpoint, which resumes
+# to the straight run's weights past a torn .tmp; SIGTERM saves and exits with 143, and
 # --resume auto continues from that step. Usage: cli_train_restart.sh path/to/seqpar
 set -uo pipefail
 bin="$1"
@@ -47,4 +49,17 @@ step=$((10#$(echo "$saved" | tail -n 1 | sed 's/step-0*\([0-9]*\)\.ckpt/\1/')))
 "$bin" "${args[@]}" --steps $((step + 1)) --checkpoint-dir "$dir/term" --resume auto > /dev/null 2> "$dir/again.err" ||
   fail "resuming after SIGTERM"
 grep -q "at step $step" "$dir/again.err" || { cat "$dir/again.err"; fail "not resumed at step $step"; }
+# A NaN at step 5 stops the run with exit 1 before the update, naming the last good checkpoint
+# (step 4); a torn .tmp of a save killed midway is ignored; --resume auto continues from step 4.
+SEQPAR_FAULT_NAN_STEP=4 "$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/nan" --save-every 2 > /dev/null \
+  2> "$dir/nan.err"
+rc=$?
+[ $rc -eq 1 ] || { cat "$dir/nan.err"; fail "exit status $rc after a NaN loss, not 1"; }
+grep -q "the loss is not finite at step 4" "$dir/nan.err" || { cat "$dir/nan.err"; fail "no NaN message"; }
+grep -q "the last good checkpoint is .*step-00000004.ckpt" "$dir/nan.err" || { cat "$dir/nan.err"; fail "no checkpoint named"; }
+head -c 1000 "$dir/nan/step-00000004.ckpt" > "$dir/nan/step-00000006.ckpt.tmp"
+"$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/nan" --resume auto --export "$dir/after_nan" > /dev/null \
+  2> "$dir/after_nan.err" || { cat "$dir/after_nan.err"; fail "resuming after the NaN"; }
+grep -q "resumed from .*step-00000004.ckpt at step 4" "$dir/after_nan.err" || { cat "$dir/after_nan.err"; fail "not resumed at 4"; }
+cmp -s "$dir/straight/model.safetensors" "$dir/after_nan/model.safetensors" || fail "the run resumed after a NaN differs"
 echo PASS

@@ -31,8 +31,9 @@ double learning_rate(const AdamWOptions& o, int64_t step) {
 namespace seqpar::model {
 
 StatusOr<AdamWStep> adamw_step(const AdamWOptions& o, double norm, int64_t step, int64_t t) {
-  SP_CHECK_ARG(std::isfinite(norm), "the gradient is not finite at step " + std::to_string(step) + " (norm " +
-                                        std::to_string(norm) + "); the parameters were not updated");
+  if (!std::isfinite(norm))  // a runtime failure, not a bad argument
+    return SP_STATUS(StatusCode::kInternal, "the gradient is not finite at step " + std::to_string(step) + " (norm " +
+                                                std::to_string(norm) + "); the parameters were not updated");
   AdamWStep a;
   a.lr = learning_rate(o, step), a.beta1 = o.beta1, a.beta2 = o.beta2, a.eps = o.eps;
   a.clip = o.clip_norm > 0 && norm > o.clip_norm ? o.clip_norm / norm : 1.0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include "model/checkpoint_file.hpp"
@@ -267,9 +268,13 @@ Status Trainer::step(StepReport* report) {
   report->bytes_sent = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward) - sent_before;
   const PhaseScope other(I.world, Phase::kOther);
   double loss_sum = loss.loss_sum;
+  // A test hook of the fault suite: SEQPAR_FAULT_NAN_STEP=k makes step k's loss NaN on rank 0.
+  if (const char* k = std::getenv("SEQPAR_FAULT_NAN_STEP"); k && I.world.rank() == 0 && std::atoll(k) == I.steps)
+    loss_sum = std::nan("");
   SP_RETURN_IF_ERROR(I.world.all_reduce(&loss_sum, 1, DType::kF64, ReduceOp::kSum));
-  SP_CHECK_ARG(std::isfinite(loss_sum), "the loss is not finite at step " + std::to_string(I.steps) +
-                                            " (lower the learning rate); the parameters were not updated");
+  if (!std::isfinite(loss_sum))  // a runtime failure, not a bad argument (the tool exits with 1)
+    return SP_STATUS(StatusCode::kInternal, "the loss is not finite at step " + std::to_string(I.steps) +
+                                                " (lower the learning rate); the parameters were not updated");
   report->loss = loss_sum / counted;
   const int64_t lo = I.slice_begin(), hi = I.slice_end();
   double sq = 0;
