@@ -19,6 +19,8 @@ if grep -q "SEQPAR_BUILT_WITH_CUDA:INTERNAL=ON" build/CMakeCache.txt 2>/dev/null
   cmake -S . -B build-nocuda -DCMAKE_BUILD_TYPE=Release -DSEQPAR_WITH_CUDA=OFF > build-nocuda.log 2>&1 ||
     { cat build-nocuda.log; exit 1; }
   cmake --build build-nocuda -j "$jobs" >> build-nocuda.log 2>&1 || { tail -n 60 build-nocuda.log; exit 1; }
-  (cd build-nocuda && ctest --output-on-failure -j "$jobs" "$@")
+  # The recall task's learning run (about 90 s, the same CPU code in both builds) runs once, in
+  # build/, to keep CI's two-core run well inside its 30 minutes.
+  (cd build-nocuda && ctest --output-on-failure -j "$jobs" -E "^Train\.RecallTaskIsLearnedAcrossRanks$" "$@")
 fi
 bash scripts/test_python.sh
