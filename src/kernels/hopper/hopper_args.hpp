@@ -18,6 +18,25 @@ struct StatStrides {
   int64_t b = 0, h = 0;
 };
 
+// A mask as visible-tile lists (hopper_tiles.hpp builds them; every pointer is device memory).
+// One side's tiles (the forward: query tiles; the backward: key tiles) each list the other
+// side's tiles that hold a visible pair; begin == nullptr means no lists (the full or causal path).
+// Entry flags (entry = other side's tile << 2 | flags).
+inline constexpr int kTileRangeMask = 1;    // some element lies outside its row's interval
+inline constexpr int kTilePatternMask = 2;  // the pattern does not allow every block pair in it
+struct TileMask {
+  const int32_t* begin;    // [tiles + 1]: tile t's entries are entries[begin[t] .. begin[t + 1])
+  const int32_t* entries;  // other side's tile << 2 | flags (1: range mask, 2: pattern mask)
+  const int32_t* order;    // [tiles]: the tiles by descending entry count; CTA i takes order[i]
+  const int32_t* ranges;   // [this side's rows][2]: first and last other-side row it sees
+                           // under band and documents (first > last: none)
+  const uint32_t* bits;    // pattern bitmap [this side's blocks][bits_words]: bit c = block c of
+                           // the other side visible; nullptr: no pattern
+  int bits_words;
+  int block_shift;         // pattern block = 1 << block_shift positions
+  int pos0, other_pos0;    // positions of row 0 of this side and of the other side
+};
+
 struct FwdArgs {
   const void* q;  // [B, S_q, H, D] bf16
   const void* k;  // [B, S_k, H_kv, D] bf16
@@ -33,6 +52,7 @@ struct FwdArgs {
   int o_f32;      // O is fp32 (else bf16)
   RowStrides q_st, k_st, v_st, o_st;
   StatStrides lse_st;
+  TileMask tiles;  // the forward's lists (per query tile); with them causal is ignored
 };
 
 struct BwdArgs {
@@ -57,6 +77,7 @@ struct BwdArgs {
   int dq_fresh, dkv_fresh;  // with accumulate: write dq (dk and dv) all the same, reading nothing
   RowStrides q_st, k_st, v_st, dout_st, dq_st, dk_st, dv_st;
   StatStrides lse_st, delta_st;
+  TileMask tiles;  // the backward's lists (per key tile); with them causal is ignored
 };
 
 // Host entry points (hopper_kernels.cu): the variants the backend runs (forward: 192-key tiles
@@ -65,6 +86,12 @@ struct BwdArgs {
 int forward(const FwdArgs& a, void* stream);
 int backward(const BwdArgs& a, void* stream);
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim);
+// The tiles of the variants above, for plan_tiles (hopper_tiles.hpp): the forward's query and key
+// tile rows at this head dim, and the backward's.
+struct TileShape {
+  int fwd_bm, fwd_bn, bwd_bm, bwd_bn;
+};
+TileShape tile_shape(int head_dim);
 // Empty when device `device` can run the kernels (compute capability 9.0 and sm_90a code in
 // this build); else why not. Queried once per device.
 const char* device_refusal(int device);

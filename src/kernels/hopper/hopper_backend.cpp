@@ -1,9 +1,11 @@
 // Our sm_90a kernels (FlashAttention-3-style: wgmma, TMA, warp specialisation) as the local-
 // attention backend "hopper" of include/seqpar/backend.hpp. Each call is one kernel launch over
-// the whole shard pair: bf16, head dim 64 or 128, the full mask or a causal band (window (-1, R),
-// R >= 0: causal is R = 0) whose diagonal sits where the pair's positions put it, which needs
-// each side's positions to be one increasing run with step 1 (a contiguous shard; a zigzag shard
-// is two runs and is refused). GQA reads K/V heads by index.
+// the whole shard pair: bf16, head dim 64 or 128, each side's positions one increasing run with
+// step 1 (a contiguous shard; a zigzag shard is two runs and is refused), any mask: the full mask
+// and a causal band (window (-1, R), R >= 0: causal is R = 0) run the kernels' arithmetic path;
+// documents, windows bounded on the left and block-sparse patterns run them over visible-tile
+// lists (hopper_tiles.hpp), built on the host once per (mask, pair positions, head dim) and kept
+// on the device in a cache. GQA reads K/V heads by index.
 //   forward   a fresh result (FreshOutputs::o) is written straight by the kernel (O in bf16 or
 //             fp32, LSE fp32; rows that see no key get O = 0, LSE = -inf); else the pair's part
 //             goes to a stream buffer and is merged into the running (O, LSE)
@@ -17,13 +19,17 @@
 // status for K/V, whose length supports() does not see).
 #include "kernels/hopper/hopper_backend.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <span>
 #include <string>
 
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/hopper/hopper_args.hpp"
+#include "kernels/hopper/hopper_tiles.hpp"
 #include "kernels/cuda/flash_cuda.hpp"
 
 namespace seqpar::hopper {
@@ -73,11 +79,23 @@ Status launched(int error, const char* what) {
 }
 
 // Where a pair's causal band puts its diagonal: key row j is visible from query row i iff
-// j <= i + offset, or every key is (full), or none is (empty).
+// j <= i + offset, or every key is (full), or none is (empty). Masks the band cannot say come as
+// tile lists (fwd, bwd: device views; fwd.begin == nullptr when unused).
 struct Band {
   bool causal = false, empty = false;
   int offset = 0;
+  TileMask fwd{}, bwd{};
+  bool fwd_empty = false, bwd_empty = false;  // the lists hold no entry
 };
+
+// Masks that need tile lists: anything beyond the full mask and a causal band.
+bool needs_lists(const MaskSpec& m) { return m.has_documents() || m.has_block_pattern() || m.window_left >= 0; }
+
+// FNV-1a over 64-bit words.
+uint64_t hash_words(uint64_t h, const int64_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ uint64_t(p[i])) * 1099511628211ull;
+  return h;
+}
 
 class HopperBackend : public cuda::CudaKernelBackend {
  public:
@@ -101,13 +119,15 @@ class HopperBackend : public cuda::CudaKernelBackend {
     if (q.shape[1] > INT_MAX / 4) return "the Hopper kernels take at most 2^29 query rows per call";
     if (std::string why = load_refusal(q, "q"); !why.empty()) return why;
     const MaskSpec& m = params.mask;
-    if (m.has_block_pattern()) return "the Hopper kernels do not take block-sparse masks";
-    if (m.has_documents()) return "the Hopper kernels do not take document masks";
-    if (m.window_left >= 0)
-      return "the Hopper kernels take the full mask or a causal band (window -1,R), not window " +
-             std::to_string(m.window_left) + "," + std::to_string(m.window_right);
+    if (m.has_block_pattern())
+      if (std::string why = pattern_refusal(m.block_pattern->block_size(), m.block_pattern->blocks()); !why.empty())
+        return why;
     int64_t start = 0;
-    return run_refusal(params.q_positions, q.shape[1], 0, &start, "query");
+    if (std::string why = run_refusal(params.q_positions, q.shape[1], 0, &start, "query"); !why.empty()) return why;
+    // Tile lists carry positions and row indices as int32.
+    if (needs_lists(m) && (start < -(int64_t(1) << 30) || start + q.shape[1] > (int64_t(1) << 30)))
+      return "the Hopper kernels take masked problems at positions below 2^30";
+    return {};
   }
 
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
@@ -119,7 +139,7 @@ class HopperBackend : public cuda::CudaKernelBackend {
                  "the Hopper forward takes O shaped like q and an fp32 LSE [B, H, S_q]; got " + o.shape_string() +
                      ", " + lse.shape_string());
     if (n == 0) return Status::Ok();
-    if (band.empty) {  // no key of this pair is visible: the running result stays as it is
+    if (band.empty || band.fwd_empty) {  // no key of this pair is visible: the running result stays as it is
       if (!fresh.o) return Status::Ok();
       SP_RETURN_IF_ERROR(flash_fill(o, 0.0f, stream));
       return flash_fill(lse, -INFINITY, stream);
@@ -158,7 +178,7 @@ class HopperBackend : public cuda::CudaKernelBackend {
                      dv.same_shape(k) && dk.dtype == dv.dtype,
                  "the Hopper backward takes dq like q, dk and dv like k, of one dtype; got " + dq.shape_string() +
                      ", " + dk.shape_string() + ", " + dv.shape_string());
-    if (band.empty || n == 0 || nk == 0) {  // nothing to add; fresh gradients are the empty result
+    if (band.empty || band.bwd_empty || n == 0 || nk == 0) {  // nothing to add; fresh gradients are the empty result
       if (fresh.dq && n > 0) SP_RETURN_IF_ERROR(flash_fill(dq, 0.0f, stream));
       if (fresh.dkv && nk > 0) SP_RETURN_IF_ERROR(flash_fill(dk, 0.0f, stream));
       if (fresh.dkv && nk > 0) SP_RETURN_IF_ERROR(flash_fill(dv, 0.0f, stream));
@@ -172,6 +192,7 @@ class HopperBackend : public cuda::CudaKernelBackend {
     a.delta = static_cast<const float*>(delta.data), a.delta_st = stat_strides_of(delta);
     a.batch = f.batch, a.heads = f.heads, a.kv_heads = f.kv_heads, a.seq_q = f.seq_q, a.seq_k = f.seq_k;
     a.head_dim = f.head_dim, a.causal = f.causal, a.causal_offset = f.causal_offset, a.scale = f.scale;
+    a.tiles = band.bwd;
     a.accumulate = 1, a.dq_fresh = fresh.dq, a.dkv_fresh = fresh.dkv;
     PartLease lease(stream);
     SP_ASSIGN_OR_RETURN(const TensorView workspace,
@@ -222,6 +243,16 @@ class HopperBackend : public cuda::CudaKernelBackend {
     SP_CHECK_SUPPORTED(why.empty(), why);
     Band band;
     if (n == 0 || nk == 0) return Band{false, true, 0};  // nothing to compute (and no empty tensor map)
+    if (k0 < -(int64_t(1) << 30) || k0 + nk > (int64_t(1) << 30))
+      SP_CHECK_SUPPORTED(!needs_lists(params.mask), "the Hopper kernels take masked problems at positions below 2^30");
+    if (needs_lists(params.mask)) {
+      SP_ASSIGN_OR_RETURN(const Lists* lists, tile_lists(params.mask, q0, k0, int(n), int(nk), int(q.shape[3])));
+      band.fwd = tile_mask_view(lists->packed, 0, lists->device.data());
+      band.bwd = tile_mask_view(lists->packed, 1, lists->device.data());
+      band.fwd_empty = lists->packed.entries[0] == 0;
+      band.bwd_empty = lists->packed.entries[1] == 0;
+      return band;
+    }
     if (params.mask.window_right < 0) return band;       // full
     // Key row j (position k0 + j) is visible from query row i (q0 + i) iff k0 + j <= q0 + i + R.
     const int64_t offset = q0 - k0 + params.mask.window_right;
@@ -232,6 +263,52 @@ class HopperBackend : public cuda::CudaKernelBackend {
     return band;
   }
 
+  // A pair's tile lists on the device, made once per (mask, first positions, lengths, head dim).
+  struct Lists {
+    PackedTiles packed;  // the offsets into the device copy (its host blob is dropped)
+    DeviceBuffer device;
+  };
+  StatusOr<const Lists*> tile_lists(const MaskSpec& mask, int64_t q0, int64_t k0, int n, int nk, int head_dim) const {
+    const int64_t dims[] = {q0, k0, n, nk, head_dim, mask.window_left, mask.window_right};
+    uint64_t h = hash_words(1469598103934665603ull, dims, 7);
+    h = hash_words(h ^ 0xd0c5, mask.doc_offsets.data(), mask.doc_offsets.size());
+    const BlockPattern* pattern = mask.block_pattern.get();
+    if (pattern) {
+      const int64_t shape[] = {pattern->block_size(), pattern->blocks(), pattern->pair_count()};
+      h = hash_words(h ^ 0xb10c, shape, 3);
+      for (int64_t qb = 0; qb < pattern->blocks(); ++qb) {
+        const std::span<const int64_t> r = pattern->row(qb);
+        h = hash_words(h ^ uint64_t(qb), r.data(), r.size());
+      }
+    }
+    auto it = lists_.find(h);
+    if (it != lists_.end()) return &it->second;
+    PairMask m;
+    m.q0 = q0, m.k0 = k0, m.seq_q = n, m.seq_k = nk;
+    m.window_left = mask.window_left, m.window_right = mask.window_right;
+    m.doc_offsets = mask.doc_offsets;
+    if (pattern) {
+      m.pattern_block = pattern->block_size();
+      m.pattern_begin.push_back(0);
+      for (int64_t qb = 0; qb < pattern->blocks(); ++qb) {
+        const std::span<const int64_t> r = pattern->row(qb);
+        m.pattern_cols.insert(m.pattern_cols.end(), r.begin(), r.end());
+        m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
+      }
+    }
+    const TileShape ts = tile_shape(head_dim);
+    Lists lists;
+    lists.packed = pack_tiles(plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn), m);
+    const size_t bytes = lists.packed.blob.size() * sizeof(int32_t);
+    SP_ASSIGN_OR_RETURN(lists.device, DeviceBuffer::allocate(std::max<size_t>(bytes, 16)));
+    SP_RETURN_IF_ERROR(copy_bytes(lists.device.data(), lists.packed.blob.data(), bytes));
+    lists.packed.blob = {};
+    // A bounded cache: a schedule's pairs repeat every layer, and each entry is small.
+    if (lists_.size() >= 256) lists_.clear();
+    return &lists_.emplace(h, std::move(lists)).first->second;
+  }
+  mutable std::map<uint64_t, Lists> lists_;
+
   static FwdArgs args(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
                       const Band& band) {
     FwdArgs a{};
@@ -241,6 +318,7 @@ class HopperBackend : public cuda::CudaKernelBackend {
     a.seq_q = int(q.shape[1]), a.seq_k = int(k.shape[1]), a.head_dim = int(q.shape[3]);
     a.causal = band.causal, a.causal_offset = band.offset;
     a.scale = float(params.scale);  // 0: 1/sqrt(D)
+    a.tiles = band.fwd;
     return a;
   }
 };

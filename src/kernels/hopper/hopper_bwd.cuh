@@ -1,5 +1,6 @@
 // The Hopper attention BACKWARD kernel: FlashAttention-3-style, for sm_90a (H100/H200), bf16,
-// head dim 128 (and 64), full or causal mask (top-left + offset, as the forward), GQA. Follows
+// head dim 128 (and 64), full or causal mask (top-left + offset, as the forward), or any mask as
+// visible-tile lists (hopper_tiles.hpp: each key tile's list of query tiles), GQA. Follows
 // include/seqpar/backend.hpp: given the final LSE [B, H, S_q] (natural log of the scaled scores,
 // -inf for rows that see no key) and D = rowsum(dO * O) [B, H, S_q] (or O, from which a small
 // preprocessing kernel computes D), it writes dQ [B, S_q, H, D], dK and dV [B, S_k, H_kv, D],
@@ -32,7 +33,8 @@
 //   dQ (times the softmax scale; added to dQ with accumulate). Named barriers hand the shared
 //   buffer back and forth.
 // - Masking: P = 0 for keys past S_k and above the causal diagonal, only in the tiles that
-//   cross either; rows past S_q and rows with no key get LSE2 = +inf and D = 0 from the
+//   cross either; with tile lists the CTA walks its key tile's listed query tiles only and
+//   masks element by element (hopper_mask.cuh) only those flagged as boundary tiles; rows past S_q and rows with no key get LSE2 = +inf and D = 0 from the
 //   preprocessing kernel, so their P and dS are exactly 0 (no NaN from -inf - -inf).
 // - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
 //   the backend runs), and kDefer = true, "defer" (below; the lab's dispatch_bwd picks by name).
@@ -42,6 +44,7 @@
 #include <cstdint>
 
 #include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
+#include "kernels/hopper/hopper_mask.cuh"
 #include "kernels/hopper/hopper_ptx.cuh"
 #include "kernels/hopper/wgmma_bwd_ops.cuh"
 #include "kernels/hopper/wgmma_ops.cuh"
@@ -71,6 +74,7 @@ struct BwdParams {
   float scale, scale_log2;
   int out_f32;  // dk, dv in fp32
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
+  TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
 };
 
 template <int kD>
@@ -146,18 +150,26 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
   auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
 
-  // Heaviest key tiles (under the causal mask, the first ones) are launched first.
-  const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // Heaviest key tiles are launched first: under the causal mask the first ones (grid x = key
+  // tile); with tile lists the lists' order (grid x = KV head, y = rank in that order).
+  const bool listed = p.tiles.begin != nullptr;
+  const int n_block = listed ? __ldg(p.tiles.order + blockIdx.y) : blockIdx.x;
+  const int kvh = listed ? blockIdx.x : blockIdx.y, b = blockIdx.z;
   const int G = p.heads / p.kv_heads;
   const int n0 = n_block * kBN;
   const int n_m_total = (p.seq_q + kBM - 1) / kBM;
-  int m_lo = 0;  // first query tile with a row that sees a key of this tile
-  if (p.causal) {
+  int m_lo = 0, e0 = 0;  // first query tile with a row that sees a key of this tile; list start
+  if (listed) {
+    e0 = __ldg(p.tiles.begin + n_block);
+    m_lo = n_m_total - (__ldg(p.tiles.begin + n_block + 1) - e0);  // so that n_m = the list's length
+  } else if (p.causal) {
     const int x = n0 - p.causal_offset;
     m_lo = x > 0 ? x / kBM : 0;
   }
   const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
   const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
+  // The query tile of step it.
+  auto q_tile = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it % n_m) >> 2 : m_lo + it % n_m; };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -185,7 +197,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sV + cb * kBN * 128, &tm_v, kv_full, cb * 64, kvh, n0, b);
       for (int it = 0; it < n_iter; ++it) {
-        const int h = kvh * G + it / n_m, m = m_lo + it % n_m;
+        const int h = kvh * G + it / n_m, m = q_tile(it);
         const int st = it & 1;
         const uint32_t ph = (it >> 1) & 1;
         const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kBM;
@@ -209,7 +221,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       named_bar_arrive(kBarDqEmpty + 0, 160);
       named_bar_arrive(kBarDqEmpty + 1, 160);
       for (int it = 0; it < n_iter; ++it) {
-        const int h = kvh * G + it / n_m, m = m_lo + it % n_m;
+        const int h = kvh * G + it / n_m, m = q_tile(it);
         float* gtile = p.dq_acc + ((static_cast<int64_t>(b) * p.heads + h) * n_m_total + m) * (kBM * kD);
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
@@ -276,7 +288,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   if (n_iter > 0) mbar_wait(kv_full, 0);
 
   for (int it = 0; it < n_iter; ++it) {
-    const int m = m_lo + it % n_m;
+    const int m = q_tile(it);
     const int q0 = m * kBM;
     const int st = it & 1;
     const uint32_t ph = (it >> 1) & 1;
@@ -309,7 +321,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     }
     // P^T = exp2(S^T * scale * log2(e) - LSE2). Accumulator layout: s[4j + e] is key
     // key_r0 + 8 * (e >> 1), query q0 + 8j + 2 * (lane % 4) + (e & 1).
-    const bool need_mask = n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
+    const int flags = listed ? __ldg(p.tiles.entries + e0 + it % n_m) & 3 : 0;
+    const bool need_mask =
+        listed ? flags != 0 : n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
@@ -317,7 +331,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
         const float l2 = (e & 1) ? lse[j].y : lse[j].x;
         s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2));
       }
-    if (need_mask) {
+    if (need_mask && listed) {
+      apply_tile_mask_t<kBM, true>(s, p.tiles, q0, key_r0, p.seq_k, lane, flags);
+    } else if (need_mask) {
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
@@ -582,7 +598,9 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   auto kernel = bwd_kernel<kD, kDefer>;
   constexpr int smem = L::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
-  const dim3 grid((a.seq_k + bwd::kBN - 1) / bwd::kBN, a.kv_heads, a.batch);
+  p.tiles = a.tiles;
+  const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
+  const dim3 grid = a.tiles.begin ? dim3(a.kv_heads, n_tiles, a.batch) : dim3(n_tiles, a.kv_heads, a.batch);
   kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   if (!a.main_only) {

@@ -1,5 +1,6 @@
 // The Hopper attention FORWARD kernel: FlashAttention-3-style, for sm_90a (H100/H200), bf16,
-// head dim 64 or 128, full or causal mask with a position offset, GQA; writes O (bf16 or fp32,
+// head dim 64 or 128, full or causal mask with a position offset, or any mask as visible-tile
+// lists (documents, windows, block-sparse), GQA; writes O (bf16 or fp32,
 // any row strides) and LSE (fp32, natural log of the scaled scores, -inf for rows that see no
 // key), following include/seqpar/backend.hpp: q, o [B, S_q, H, D]; k, v [B, S_k, H_kv, D]; lse [B, H, S_q]; query head h reads K/V head
 // h / (H / H_kv) (no copy of K/V).
@@ -22,11 +23,17 @@
 //   one's softmax runs under the other's GEMMs.
 // Key blocks are walked from the last to the first, so the few blocks that need the causal or
 // length mask come first and the loop body after them runs unmasked.
+// Masks given as visible-tile lists (documents, windows, block-sparse; FwdParams::tiles, see
+// hopper_tiles.hpp): each CTA walks its query tile's list instead, loads and multiplies only the
+// listed key tiles, and evaluates the mask element by element only in the entries flagged as
+// boundary tiles (hopper_mask.cuh); CTAs take the query tiles with the longest lists first.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "kernels/hopper/hopper_mask.cuh"
 #include "kernels/hopper/hopper_ptx.cuh"
 #include "kernels/hopper/wgmma_ops.cuh"
 
@@ -42,6 +49,7 @@ struct FwdParams {
   float scale_log2;   // softmax scale * log2(e): scores are exponentiated with exp2
   int o_f32;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh;
+  TileMask tiles;     // tiles.begin != nullptr: walk the visible-tile lists (causal unused)
 };
 
 // kC consumer warpgroups of 64 query rows each: 2 (128 rows; FA3's choice at D = 128) or 3
@@ -179,16 +187,24 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
   auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
 
-  // Heaviest query blocks first under the causal mask (they have the most key blocks).
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  // Heaviest query blocks first: under the causal mask the last ones (grid x = query block);
+  // with tile lists the order the lists give (grid x = head, y = rank in that order, so every
+  // head's heaviest tiles go before any head's lighter ones).
+  const bool listed = p.tiles.begin != nullptr;
+  const int m_block = listed ? __ldg(p.tiles.order + blockIdx.y) : gridDim.x - 1 - blockIdx.x;
+  const int h = listed ? blockIdx.x : blockIdx.y, b = blockIdx.z;
   const int kvh = h / (p.heads / p.kv_heads);
   const int m0 = m_block * kBM;
-  int n_blocks = (p.seq_k + kBN - 1) / kBN;
-  if (p.causal) {
+  int n_blocks = (p.seq_k + kBN - 1) / kBN, e0 = 0;
+  if (listed) {
+    e0 = __ldg(p.tiles.begin + m_block);
+    n_blocks = __ldg(p.tiles.begin + m_block + 1) - e0;
+  } else if (p.causal) {
     const int last_key = min(m0 + kBM, p.seq_q) - 1 + p.causal_offset;
     n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBN + 1);
   }
+  // The key block of step it: listed, or from the last to the first.
+  auto key_block = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it) >> 2 : n_blocks - 1 - it; };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -213,7 +229,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, h, m0, b);
       for (int it = 0; it < n_blocks; ++it) {
-        const int n_block = n_blocks - 1 - it;
+        const int n_block = key_block(it);
         const int st = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
         mbar_wait(k_empty(st), ph ^ 1);
@@ -265,6 +281,19 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     const int key_hi = n_block * kBN + kBN - 1;
     return key_hi >= p.seq_k || (p.causal && key_hi > tile_row_lo + p.causal_offset);
   };
+  // Masks the scores of step it where its key block needs it. kPattern: the pattern's element
+  // mask too (else the entry must not need it: pattern_step).
+  auto mask_step = [&](int it, auto pattern) {
+    if (listed) {
+      const int e = __ldg(p.tiles.entries + e0 + it);
+      if (e & 3) apply_tile_mask<kBN, decltype(pattern)::value>(s, p.tiles, (e >> 2) * kBN, row0, p.seq_q, lane, e & 3);
+    } else {
+      const int n_block = n_blocks - 1 - it;
+      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+    }
+  };
+  auto pattern_step = [&](int it) { return listed && (__ldg(p.tiles.entries + e0 + it) & kTilePatternMask); };
+  using WithPattern = std::true_type;
   // Ping-pong turn-taking (round robin over the kC consumers): consumer c issues GEMMs only
   // after bar (1 + c) completes, which consumer c - 1's arrival after its own issue provides.
   // Each consumer passes the same number of turns, so the counts balance.
@@ -282,7 +311,6 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 
   if constexpr (!kOverlap) {
     for (int it = 0; it < n_blocks; ++it) {
-      const int n_block = n_blocks - 1 - it;
       const int st = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
       mbar_wait(k_full(st), ph);
@@ -295,7 +323,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(s);
       if (is_signaller) mbar_arrive(k_empty(st));
-      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      mask_step(it, WithPattern{});
       online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       rescale_o<kD>(o, resc);
       convert_p<kBN>(s, pf);
@@ -313,7 +341,6 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     }
   } else if (n_blocks > 0) {
     {  // first block: S alone
-      const int n_block = n_blocks - 1;
       mbar_wait(k_full(0), 0);
       pp_sync();
       fence_regs(s);
@@ -324,12 +351,11 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(s);
       if (is_signaller) mbar_arrive(k_empty(0));
-      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      mask_step(0, WithPattern{});
       online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       convert_p<kBN>(s, pf);
     }
     for (int it = 1; it < n_blocks; ++it) {
-      const int n_block = n_blocks - 1 - it;
       const int st = it % kStages, pst = (it - 1) % kStages;
       const uint32_t ph = (it / kStages) & 1, pph = ((it - 1) / kStages) & 1;
       mbar_wait(k_full(st), ph);
@@ -347,12 +373,23 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       wgmma_wait<1>();  // S of this block is done; P V of the previous may still run
       fence_regs(s);
       if (is_signaller) mbar_arrive(k_empty(st));
-      if (needs_mask(n_block)) apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
-      online_softmax<kBN>(s, m, l, resc, p.scale_log2);
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      if (is_signaller) mbar_arrive(v_empty(pst));
+      if (pattern_step(it)) {
+        // The pattern's element mask needs registers that the P V in flight holds (with both,
+        // ptxas spilled): let it finish first, in these boundary tiles only.
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        if (is_signaller) mbar_arrive(v_empty(pst));
+        mask_step(it, WithPattern{});
+        online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+      } else {
+        mask_step(it, std::false_type{});
+        online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        if (is_signaller) mbar_arrive(v_empty(pst));
+      }
       rescale_o<kD>(o, resc);
       convert_p<kBN>(s, pf);
     }
@@ -433,7 +470,9 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int smem = Smem<kD, kBN, kStages, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid((a.seq_q + kBM - 1) / kBM, a.heads, a.batch);
+  p.tiles = a.tiles;
+  const int m_tiles = (a.seq_q + kBM - 1) / kBM;
+  const dim3 grid = a.tiles.begin ? dim3(a.heads, m_tiles, a.batch) : dim3(m_tiles, a.heads, a.batch);
   kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
 }

@@ -32,6 +32,12 @@ int backward(const BwdArgs& a, void* stream) {
   return cudaErrorInvalidValue;
 }
 
+TileShape tile_shape(int head_dim) {
+  // Forward: pp192 (128 query rows, 192 keys) at D = 128, m192 (192 rows, 128 keys) at D = 64.
+  if (head_dim == 64) return {Cfg<3>::kBM, 128, bwd::kBM, bwd::kBN};
+  return {Cfg<2>::kBM, 192, bwd::kBM, bwd::kBN};
+}
+
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim) {
   return bwd_workspace_bytes(batch, heads, seq_q, head_dim);
 }

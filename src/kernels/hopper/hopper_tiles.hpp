@@ -1,0 +1,290 @@
+// Visible-tile lists of a mask for the Hopper kernels (issue 34, "masks at dense speed"): plain
+// host C++ that the backend (hopper_backend.cpp) and the lab (dev/hopper_attention) run to turn
+// a mask in global positions (a band (L, R), documents by offsets, a block-sparse pattern) over
+// one shard pair, each side one run of consecutive positions, into what the kernels read:
+//   - per tile of one side (the forward: query tiles; the backward: key tiles) the tiles of the
+//     other side that hold a visible pair, with a flag per entry saying which element masks that
+//     tile needs (none: it is wholly visible and runs the unmasked path); wholly masked tiles
+//     are not listed, so they cost nothing;
+//   - per row of that side the interval of the other side's rows it sees under the band and
+//     documents (one interval: see row_intervals), and the pattern as a bitmap, which is all a
+//     boundary tile evaluates element by element;
+//   - the tiles in the order CTAs should take them: most entries first.
+// Everything is laid out in one int32 blob (pack_tiles) that the caller uploads once per mask,
+// shard pair and head dim, then points a TileMask (hopper_args.hpp) into it.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/hopper/hopper_args.hpp"
+
+namespace seqpar::hopper {
+
+// The mask of one shard pair in the kernels' terms. Rows i of q sit at position q0 + i, rows j of
+// k at k0 + j. Pattern: query block qb sees key block kb iff kb is in pattern_cols[pattern_begin[qb]
+// .. pattern_begin[qb + 1]) (sorted); the grid of pattern_begin.size() - 1 blocks starts at 0.
+struct PairMask {
+  int64_t q0 = 0, k0 = 0;
+  int seq_q = 0, seq_k = 0;
+  int64_t window_left = -1, window_right = -1;  // -1 unbounded
+  std::vector<int64_t> doc_offsets;             // empty: one document
+  int64_t pattern_block = 0;                    // 0: no pattern
+  std::vector<int64_t> pattern_begin, pattern_cols;
+  bool has_pattern() const { return pattern_block > 0; }
+  int64_t pattern_blocks() const { return has_pattern() ? int64_t(pattern_begin.size()) - 1 : 0; }
+};
+
+
+// One side's lists (see the top of the file), in host memory.
+struct SideTiles {
+  int tile_rows = 0, other_tile_rows = 0;
+  std::vector<int32_t> begin, entries, order, ranges;
+  std::vector<uint32_t> bits;  // [this side's pattern blocks][bits_words]; empty: no pattern
+  int bits_words = 0;
+  int64_t entry_count() const { return int64_t(entries.size()); }
+};
+
+// Per query row i: the first and last key row it sees under the band and documents, clamped to
+// [0, seq_k) (first > last: none). Both bounds never decrease with i (positions step by one,
+// documents are in order, the window is fixed; rows before every document or the pattern's grid
+// get (0, -1), rows after it (seq_k, seq_k - 1)), which the lists and the key-side intervals
+// rely on. Keys outside the pattern's grid are cut off here too.
+inline std::vector<int32_t> row_intervals(const PairMask& m) {
+  std::vector<int32_t> r(2 * size_t(m.seq_q));
+  const int64_t big = int64_t(1) << 40;
+  int64_t lo_grid = -big, hi_grid = big;
+  if (m.has_pattern()) lo_grid = 0, hi_grid = m.pattern_blocks() * m.pattern_block - 1;
+  size_t d = 0;  // the document of the current row (rows walk forward)
+  const size_t nd = m.doc_offsets.empty() ? 0 : m.doc_offsets.size() - 1;
+  for (int i = 0; i < m.seq_q; ++i) {
+    const int64_t qp = m.q0 + i;
+    int64_t lo = m.window_left >= 0 ? qp - m.window_left : -big;
+    int64_t hi = m.window_right >= 0 ? qp + m.window_right : big;
+    bool before = false, after = false;
+    if (nd > 0) {
+      while (d + 1 < nd && m.doc_offsets[d + 1] <= qp) ++d;
+      if (qp < m.doc_offsets[0]) before = true;
+      else if (qp >= m.doc_offsets[nd]) after = true;
+      else lo = std::max(lo, m.doc_offsets[d]), hi = std::min(hi, m.doc_offsets[d + 1] - 1);
+    }
+    if (m.has_pattern()) {
+      if (qp < lo_grid) before = true;
+      if (qp > hi_grid) after = true;
+      lo = std::max(lo, lo_grid), hi = std::min(hi, hi_grid);
+    }
+    int64_t a = lo - m.k0, b = hi - m.k0;
+    if (before) a = 0, b = -1;
+    if (after) a = m.seq_k, b = m.seq_k - 1;
+    r[2 * size_t(i)] = int32_t(std::clamp<int64_t>(a, 0, m.seq_k));
+    r[2 * size_t(i) + 1] = int32_t(std::clamp<int64_t>(b, -1, m.seq_k - 1));
+  }
+  return r;
+}
+
+// The transpose: per key row j the first and last query row that sees it (first > last: none).
+// {i : lo_i <= j <= hi_i} is one run because both bounds never decrease with i.
+inline std::vector<int32_t> column_intervals(const std::vector<int32_t>& rows, int seq_q, int seq_k) {
+  std::vector<int32_t> c(2 * size_t(seq_k));
+  int a = 0, b = 0;  // a: first row with hi >= j; b: past the last row with lo <= j
+  for (int j = 0; j < seq_k; ++j) {
+    while (a < seq_q && rows[2 * size_t(a) + 1] < j) ++a;
+    while (b < seq_q && rows[2 * size_t(b)] <= j) ++b;
+    c[2 * size_t(j)] = a;
+    c[2 * size_t(j) + 1] = b - 1;
+  }
+  return c;
+}
+
+// Whole blocks of the pattern row qb within [kb_lo, kb_hi]: 0 (none), 1 (some), 2 (all).
+inline int pattern_cover(const PairMask& m, int64_t qb, int64_t kb_lo, int64_t kb_hi) {
+  if (qb < 0 || qb >= m.pattern_blocks() || kb_hi < kb_lo) return 0;
+  const auto first = m.pattern_cols.begin() + m.pattern_begin[qb], last = m.pattern_cols.begin() + m.pattern_begin[qb + 1];
+  const int64_t n = std::upper_bound(first, last, kb_hi) - std::lower_bound(first, last, kb_lo);
+  return n == 0 ? 0 : n == kb_hi - kb_lo + 1 ? 2 : 1;
+}
+
+// Pattern bitmaps: rows = this side's blocks, bit c of a row = (other side's block c visible);
+// with `transpose`, rows are key blocks. Three spare words per row, so a kernel may read a
+// 64-bit window starting at any block of the grid.
+inline void pattern_bitmap(const PairMask& m, bool transpose, std::vector<uint32_t>* bits, int* words) {
+  const int64_t n = m.pattern_blocks();
+  *words = int(n / 32 + 3);
+  bits->assign(size_t(n) * size_t(*words), 0u);
+  for (int64_t qb = 0; qb < n; ++qb)
+    for (int64_t e = m.pattern_begin[qb]; e < m.pattern_begin[qb + 1]; ++e) {
+      const int64_t kb = m.pattern_cols[e];
+      const int64_t r = transpose ? kb : qb, c = transpose ? qb : kb;
+      (*bits)[size_t(r) * *words + size_t(c / 32)] |= 1u << (c % 32);
+    }
+}
+
+// One side's lists. `rows` are this side's intervals over the other side (row_intervals, or
+// column_intervals for the key side), n rows in tiles of tile_rows, the other side n_other rows
+// in tiles of other_rows. pos0 / other_pos0: the sides' first positions (for the pattern).
+// Entries of a tile are listed from the last other-side tile to the first.
+inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows, int n, int n_other, int tile_rows,
+                            int other_rows, int64_t pos0, int64_t other_pos0, bool key_side) {
+  SideTiles t;
+  t.tile_rows = tile_rows, t.other_tile_rows = other_rows;
+  const int n_tiles = (n + tile_rows - 1) / tile_rows;
+  const int n_other_tiles = (n_other + other_rows - 1) / other_rows;
+  t.begin.assign(size_t(n_tiles) + 1, 0);
+  const int64_t bs = m.pattern_block;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int first = tile * tile_rows, last = std::min(n, first + tile_rows) - 1;
+    const int lo_first = rows[2 * size_t(first)], hi_last = rows[2 * size_t(last) + 1];
+    const int lo_last = rows[2 * size_t(last)], hi_first = rows[2 * size_t(first) + 1];
+    t.begin[size_t(tile)] = int32_t(t.entries.size());
+    if (lo_first > hi_last) continue;  // (both bounds rise: nothing in between either)
+    const int ot_lo = lo_first / other_rows, ot_hi = std::min(n_other_tiles - 1, hi_last / other_rows);
+    for (int ot = ot_hi; ot >= ot_lo; --ot) {
+      const int a = ot * other_rows, b_full = a + other_rows - 1, b = std::min(n_other - 1, b_full);
+      // Any row of this tile seeing [a, b]: the first row with hi >= a must have lo <= b.
+      int x = first, y = last + 1;
+      while (x < y) {
+        const int mid = (x + y) / 2;
+        if (rows[2 * size_t(mid) + 1] >= a) y = mid;
+        else x = mid + 1;
+      }
+      if (x > last || rows[2 * size_t(x)] > b) continue;
+      int flags = 0;
+      // Wholly visible: every row of the tile sees every row of the other tile, which must be
+      // whole (rows past the other side's end are zero-filled by TMA and must be masked). On the
+      // key side, the query tile may run past S_q: those rows carry LSE2 = +inf in the backward.
+      if (!(lo_last <= a && hi_first >= b_full && b_full < n_other)) flags |= kTileRangeMask;
+      if (m.has_pattern()) {
+        // Blocks of the rows of this tile that see something, and of the other tile.
+        const int64_t p_lo = std::max<int64_t>(0, pos0 + first), p_hi = pos0 + last;
+        const int64_t o_lo = std::max<int64_t>(0, other_pos0 + a), o_hi = other_pos0 + b;
+        const int64_t b_lo = p_lo / bs, b_hi = p_hi / bs, ob_lo = o_lo / bs, ob_hi = o_hi / bs;
+        bool any = false, all = true;
+        if (!key_side) {  // this side's blocks are query blocks: pattern rows, checked as ranges
+          for (int64_t qb = b_lo; qb <= b_hi; ++qb) {
+            const int c = pattern_cover(m, qb, ob_lo, ob_hi);
+            any |= c > 0, all &= c == 2;
+          }
+        } else {  // key blocks: every query block of the other tile against each
+          for (int64_t kb = b_lo; kb <= b_hi; ++kb)
+            for (int64_t qb = ob_lo; qb <= ob_hi; ++qb) {
+              const int c = pattern_cover(m, qb, kb, kb);
+              any |= c > 0, all &= c == 2;
+            }
+        }
+        if (!any) continue;
+        if (!all) flags |= kTilePatternMask;
+      }
+      t.entries.push_back(int32_t(ot) << 2 | flags);
+    }
+  }
+  t.begin[size_t(n_tiles)] = int32_t(t.entries.size());
+  t.order.resize(size_t(n_tiles));
+  std::iota(t.order.begin(), t.order.end(), 0);
+  std::stable_sort(t.order.begin(), t.order.end(), [&](int32_t x, int32_t y) {
+    return t.begin[size_t(x) + 1] - t.begin[size_t(x)] > t.begin[size_t(y) + 1] - t.begin[size_t(y)];
+  });
+  t.ranges = rows;
+  if (m.has_pattern()) pattern_bitmap(m, key_side, &t.bits, &t.bits_words);
+  return t;
+}
+
+// Both sides' lists of a pair: the forward's per query tile (fwd_bm query rows, fwd_bn keys), the
+// backward's per key tile (bwd_bn keys, bwd_bm query rows).
+struct TilePlan {
+  SideTiles fwd, bwd;
+};
+inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm, int bwd_bn) {
+  TilePlan p;
+  const std::vector<int32_t> rows = row_intervals(m);
+  p.fwd = side_tiles(m, rows, m.seq_q, m.seq_k, fwd_bm, fwd_bn, m.q0, m.k0, false);
+  p.bwd = side_tiles(m, column_intervals(rows, m.seq_q, m.seq_k), m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0,
+                     true);
+  return p;
+}
+
+// Visible (query, key) pairs of the mask, exactly (band, documents and pattern): the FLOP count
+// of a masked benchmark. O(S_q * pattern blocks a row's interval meets).
+inline double visible_pairs(const PairMask& m) {
+  const std::vector<int32_t> rows = row_intervals(m);
+  double n = 0;
+  for (int i = 0; i < m.seq_q; ++i) {
+    const int64_t lo = rows[2 * size_t(i)], hi = rows[2 * size_t(i) + 1];
+    if (lo > hi) continue;
+    if (!m.has_pattern()) {
+      n += double(hi - lo + 1);
+      continue;
+    }
+    const int64_t qb = (m.q0 + i) / m.pattern_block;
+    for (int64_t e = m.pattern_begin[qb]; e < m.pattern_begin[qb + 1]; ++e) {
+      const int64_t kb = m.pattern_cols[e];
+      const int64_t a = std::max(lo, kb * m.pattern_block - m.k0), b = std::min(hi, (kb + 1) * m.pattern_block - 1 - m.k0);
+      if (b >= a) n += double(b - a + 1);
+    }
+  }
+  return n;
+}
+
+// Whether the kernels' element mask of a pattern can run on this pair: blocks of a power of two
+// of at least 8 positions (a tile then meets at most 25 blocks of the other side, inside a 32-bit
+// window; shifts, where a division by a runtime block size spilled registers in the backward).
+// Empty when it can; else why not.
+inline std::string pattern_refusal(int64_t block, int64_t blocks) {
+  if (block < 8 || (block & (block - 1)) != 0)
+    return "the Hopper kernels take block-sparse patterns with blocks of a power of two of at least 8 tokens, not " +
+           std::to_string(block);
+  if (blocks > 16384)
+    return "the Hopper kernels take block-sparse patterns of at most 16384 blocks (a 32 MiB bitmap), not " +
+           std::to_string(blocks);
+  return {};
+}
+
+// One blob of int32 holding both sides' lists; TileMask views of it at a device address.
+struct PackedTiles {
+  std::vector<int32_t> blob;
+  size_t off[2][5] = {};  // per side: begin, entries, order, ranges, bits (in int32 units)
+  int bits_words[2] = {0, 0};
+  int64_t pos0[2] = {0, 0}, other_pos0[2] = {0, 0};
+  int block = 0;
+  int64_t entries[2] = {0, 0};
+};
+inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
+  PackedTiles k;
+  const SideTiles* sides[2] = {&p.fwd, &p.bwd};
+  for (int s = 0; s < 2; ++s) {
+    const SideTiles& t = *sides[s];
+    const auto put = [&](const auto& v, int slot) {
+      k.off[s][slot] = k.blob.size();
+      for (auto x : v) k.blob.push_back(int32_t(x));
+      while (k.blob.size() % 4) k.blob.push_back(0);  // 16-byte aligned pieces
+    };
+    put(t.begin, 0), put(t.entries, 1), put(t.order, 2), put(t.ranges, 3), put(t.bits, 4);
+    k.bits_words[s] = t.bits_words;
+    k.entries[s] = t.entry_count();
+  }
+  k.pos0[0] = m.q0, k.other_pos0[0] = m.k0;
+  k.pos0[1] = m.k0, k.other_pos0[1] = m.q0;
+  k.block = int(m.pattern_block);
+  return k;
+}
+// side 0: the forward's (query tiles); 1: the backward's (key tiles). `device` holds the blob.
+inline TileMask tile_mask_view(const PackedTiles& k, int side, const void* device) {
+  const int32_t* base = static_cast<const int32_t*>(device);
+  TileMask t{};
+  t.begin = base + k.off[side][0];
+  t.entries = base + k.off[side][1];
+  t.order = base + k.off[side][2];
+  t.ranges = base + k.off[side][3];
+  t.bits = k.bits_words[side] ? reinterpret_cast<const uint32_t*>(base + k.off[side][4]) : nullptr;
+  t.bits_words = k.bits_words[side];
+  t.block_shift = 0;
+  while (k.block > 1 && (1 << (t.block_shift + 1)) <= k.block) ++t.block_shift;
+  t.pos0 = int(k.pos0[side]);
+  t.other_pos0 = int(k.other_pos0[side]);
+  return t;
+}
+
+}  // namespace seqpar::hopper
