@@ -31,6 +31,7 @@ struct Case {
   std::vector<std::pair<int64_t, int64_t>> q_runs, k_runs;
   int64_t half;
   double scale = 0;  // 0: 1/sqrt(D)
+  std::vector<int64_t> docs;  // document offsets ANDed with the mask (empty: the mask's own)
   int64_t seq_q() const {
     int64_t n = 0;
     for (const auto& r : q_runs) n += r.second;
@@ -71,6 +72,7 @@ Problem make_problem(const Case& c, DType dtype) {
   p.q_pos = positions_of(c.q_runs);
   p.k_pos = positions_of(c.k_runs);
   p.params.mask = parse_mask(c.mask, 400).value();
+  if (!c.docs.empty()) p.params.mask.doc_offsets = c.docs;
   p.params.scale = c.scale;
   p.params.q_positions = p.q_pos.data();
   p.params.k_positions = p.k_pos.data();
@@ -292,7 +294,21 @@ INSTANTIATE_TEST_SUITE_P(
         // The causal band shifted right (window -1,16: keys up to 16 ahead).
         Case{"band_right16_d128", "window:-1,16", 1, 2, 2, 128, {{0, 96}}, {{32, 100}}, 50},
         Case{"full_d64_gqa_scale", "full", 1, 4, 2, 64, {{0, 70}}, {{500, 90}}, 45, 0.2},  // a scale of our own
-        Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100}),
+        Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100},
+        // Masks the Hopper kernels run as visible-tile lists (issue 34): documents of random
+        // lengths with 1-token ones, causal inside, GQA, odd lengths.
+        Case{"docs_causal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 301}}, {{0, 301}}, 150, 0,
+             {0, 1, 2, 70, 71, 72, 203, 333, 334, 400}},
+        // Documents without a band, the sides at different positions (keys partly before).
+        Case{"docs_full_d64_offset", "full", 1, 4, 2, 64, {{150, 131}}, {{60, 203}}, 100, 0, {0, 97, 98, 180, 260, 400}},
+        // A window bounded on both sides (a 4K-style band, scaled down), and a causal one.
+        Case{"window_64_0_d128", "window:64,0", 1, 2, 2, 128, {{100, 257}}, {{0, 391}}, 200},
+        Case{"window_30_10_d64_mqa", "window:30,10", 1, 4, 1, 64, {{37, 200}}, {{0, 261}}, 130},
+        // Queries ahead of every key they could see: the first 50 rows see no key (O = 0, LSE = -inf).
+        Case{"window_no_key_rows_d128", "window:20,0", 1, 2, 2, 128, {{0, 100}}, {{50, 100}}, 50},
+        // Block-sparse: BigBird with 16- and 32-token blocks, causal and not.
+        Case{"bigbird_causal_b16_d128", "bigbird-causal:1,1,1,B=16", 1, 2, 2, 128, {{0, 300}}, {{0, 300}}, 150},
+        Case{"bigbird_b32_d64_gqa", "bigbird:1,1,2,B=32", 1, 4, 2, 64, {{64, 200}}, {{0, 350}}, 170}),
     [](const auto& info) { return info.param.name; });
 
 // The shard-pair cases above must not pass by every Hopper case being refused: on an sm_90 GPU
@@ -307,6 +323,30 @@ TEST(HopperBackend, TakesBf16CausalOnHopper) {
     const std::string why_not = hopper->supports(q.view, causal);
     if (why_not.find("sm_90") != std::string::npos) GTEST_SKIP() << why_not;  // another GPU
     EXPECT_TRUE(why_not.empty()) << "D = " << d << ": " << why_not;
+  }
+}
+
+// The mask cases above must not pass by refusal either: on an sm_90 GPU the backend takes
+// documents, windows bounded on the left and block-sparse patterns (issue 34), each side one run.
+TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
+  const std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
+  if (!hopper || cuda_device_count() == 0) GTEST_SKIP() << "no Hopper backend in this build, or no GPU";
+  std::vector<std::pair<std::string, MaskSpec>> masks;
+  masks.emplace_back("documents", MaskSpec::documents({0, 1, 100, 256}));
+  masks.emplace_back("documents full", MaskSpec::documents({0, 1, 100, 256}, false));
+  masks.emplace_back("window 64,0", MaskSpec::window(64, 0));
+  masks.emplace_back("window 30,10", MaskSpec::window(30, 10));
+  masks.emplace_back("bigbird-causal", MaskSpec::block_sparse(bigbird_pattern(256, 1, 1, 1, 16, true).value(), true));
+  masks.emplace_back("bigbird", MaskSpec::block_sparse(bigbird_pattern(256, 1, 1, 2, 64, false).value(), false));
+  for (int64_t d : {64, 128}) {
+    auto q = device_zeros(DType::kBF16, {1, 256, 4, d}).value();
+    for (const auto& [what, mask] : masks) {
+      AttentionParams params;
+      params.mask = mask;
+      const std::string why_not = hopper->supports(q.view, params);
+      if (why_not.find("sm_90") != std::string::npos) GTEST_SKIP() << why_not;  // another GPU
+      EXPECT_TRUE(why_not.empty()) << what << ", D = " << d << ": " << why_not;
+    }
   }
 }
 

@@ -9,13 +9,20 @@
 //          S, P, O, dP, dS and every output rounded to bf16). Our kernel is given what a bf16
 //          forward hands the backward: the oracle's LSE in fp32 and its O rounded to bf16 (D is
 //          computed from them by our preprocessing kernel). Outputs are poisoned with NaN first.
+//          Then the masks the kernels take as visible-tile lists (lab_masks.hpp: documents of
+//          random lengths with 1-token ones, windows, block patterns; GQA, odd lengths, rows with
+//          no key), the oracle evaluating the mask element by element.
 //   bench: B = 1 problems with uniform [-1, 1) inputs; O and LSE from our forward kernel; times
 //          the whole backward (zeroing the dQ accumulator, preprocessing, main kernel, dQ
 //          conversion) and the main kernel alone, with CUDA events (median). FLOPs = 2.5 x
 //          4 B S^2 H D (half for causal).
-// Usage: hopper_bwd_test check [D] [base|defer]   (default: both variants on the same inputs)
+//   benchmask: the same for a mask spec (lab_masks.hpp) with the base variant, FLOPs = 2.5 x
+//          4 B H D x visible scores.
+// Usage: hopper_bwd_test check [D] [base|defer|both] [all|dense|masks]   (default: both variants
+//          on the same inputs; masked cases run base only)
 //        hopper_bwd_test selftest          (CPU only: the oracle against finite differences)
 //        hopper_bwd_test bench <S> <causal 0|1> <H> <Hkv> <D> [reps] [variant 0 base | 1 defer]
+//        hopper_bwd_test benchmask <S> <mask spec> <H> <Hkv> <D> [reps]
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,7 +38,8 @@
 #include <thread>
 #include <vector>
 
-#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
+#include "lab_tiles.cuh"  // visible-tile lists of the lab's masks
+#include "variants.cuh"   // the library's kernels (src/kernels/hopper/)
 
 using hopper_attn::BwdArgs;
 
@@ -49,6 +57,7 @@ static inline float bf16r(double x) { return __bfloat162float(__float2bfloat16(s
 
 struct Case {
   int B, H, Hkv, Sq, Sk, D, causal, offset, accumulate;
+  const char* mask = nullptr;  // a lab_masks.hpp spec (run as tile lists; causal unused), or none
 };
 
 template <class F>
@@ -79,7 +88,7 @@ struct Grads {
 };
 
 static Grads reference(const Case& c, const std::vector<float>& Q, const std::vector<float>& K,
-                       const std::vector<float>& V, const std::vector<float>& dO) {
+                       const std::vector<float>& V, const std::vector<float>& dO, const lab::PairMask* pm = nullptr) {
   const int B = c.B, H = c.H, Hkv = c.Hkv, Sq = c.Sq, Sk = c.Sk, D = c.D, G = H / Hkv;
   const double scale = 1.0 / std::sqrt(double(D));
   const size_t nq = size_t(B) * Sq * H * D, nk = size_t(B) * Sk * Hkv * D;
@@ -99,7 +108,9 @@ static Grads reference(const Case& c, const std::vector<float>& Q, const std::ve
   auto k_at = [&](const std::vector<float>& X, int b, int j, int gh) {
     return &X[((size_t(b) * Sk + j) * Hkv + gh) * D];
   };
-  auto visible = [&](int i, int j) { return !c.causal || j <= i + c.offset; };
+  auto visible = [&](int i, int j) {
+    return pm ? lab::allows(*pm, pm->q0 + i, pm->k0 + j) : !c.causal || j <= i + c.offset;
+  };
 
   parallel_for(B * H * Sq, [&](int r) {
     const int i = r % Sq, h = (r / Sq) % H, b = r / (Sq * H), gh = h / G;
@@ -248,7 +259,12 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   fill_uniform(k, kf, rng);
   fill_uniform(v, vf, rng);
   fill_uniform(dout, dof, rng);
-  Grads g = reference(c, qf, kf, vf, dof);
+  lab::PairMask pm;
+  if (c.mask && !lab::make_mask(c.mask, c.Sq, c.Sk, c.offset, seed, &pm)) {
+    std::fprintf(stderr, "unknown mask %s\n", c.mask);
+    std::exit(2);
+  }
+  Grads g = reference(c, qf, kf, vf, dof, c.mask ? &pm : nullptr);
   // Accumulating: start from random bf16 gradients; the expected result adds them.
   std::vector<__nv_bfloat16> dq0(nq), dk0(nk), dv0(nk);
   if (c.accumulate) {
@@ -307,6 +323,11 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   a.causal = c.causal;
   a.causal_offset = c.offset;
   a.accumulate = c.accumulate;
+  lab::DeviceTiles tiles;
+  if (c.mask) {
+    tiles = lab::upload_tiles(pm, 128, 192);  // (the forward's tiles are not used here)
+    a.tiles = tiles.bwd;
+  }
   long empty = 0;
   for (float l : g.lse) empty += l == -INFINITY;
   bool all_ok = true;
@@ -336,17 +357,34 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   std::printf(
       "%-4s %-5s D=%3d B=%d H=%d Hkv=%d Sq=%5d Sk=%5d %s off=%4d acc=%d | dQ %.3e (plain %.3e, floor %.3e, %.2f of "
       "bound) | dK %.3e (plain %.3e, %.2f) | dV %.3e (plain %.3e, %.2f) | nan %ld/%ld/%ld, empty rows %ld\n",
-      ok ? "PASS" : "FAIL", variant ? "defer" : "base", c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk, c.causal ? "causal" : "full  ", c.offset, c.accumulate,
+      ok ? "PASS" : "FAIL", variant ? "defer" : "base", c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk,
+      c.mask ? c.mask : c.causal ? "causal" : "full  ", c.offset, c.accumulate,
       eq.ours, eq.plain, eq.floor, ratio(eq), ek.ours, ek.plain, ratio(ek), ev.ours, ev.plain, ratio(ev), eq.nan,
       ek.nan, ev.nan, empty);
   std::fflush(stdout);
   all_ok = all_ok && ok;
   }
+  if (c.mask)
+    std::printf("     tiles: %lld listed (key side), %lld boundary\n", tiles.entries[1], tiles.boundary[1]);
+  tiles.release();
   for (void* p : {d_q, d_k, d_v, d_o, d_do, d_dq, d_dk, d_dv, static_cast<void*>(d_lse), ws}) CK(cudaFree(p));
   return all_ok;
 }
 
-static int run_check(int only_d, const std::vector<int>& variants) {
+// Masked cases (B, H, Hkv, Sq, Sk, D, -, offset, accumulate, mask); see hopper_fwd_test.cu's.
+static std::vector<Case> mask_cases() {
+  return {
+      {1, 2, 2, 1000, 1000, 128, 0, 0, 0, "docs"},         {2, 4, 2, 777, 777, 128, 0, 0, 0, "docs:7"},
+      {1, 4, 1, 1000, 1000, 128, 0, 0, 0, "docsfull"},     {1, 2, 2, 1100, 1100, 128, 0, 0, 0, "window:256,0"},
+      {1, 2, 2, 777, 900, 128, 0, -150, 0, "window:100,20"}, {1, 2, 2, 1000, 1000, 128, 0, 0, 0, "bigbirdc:64"},
+      {1, 4, 2, 900, 1000, 128, 0, 0, 0, "bigbird:32"},    {1, 2, 2, 1000, 1000, 128, 0, 0, 0, "bigbirdc:8"},
+      {1, 2, 2, 640, 640, 128, 0, -200, 0, "docs"},        {1, 4, 2, 777, 777, 128, 0, 0, 1, "docs:5"},
+      {1, 2, 2, 1000, 1000, 64, 0, 0, 0, "docs"},          {2, 4, 2, 777, 777, 64, 0, 0, 0, "window:200,0"},
+      {1, 2, 1, 1000, 1000, 64, 0, 0, 0, "bigbirdc:16"},   {1, 2, 2, 640, 640, 64, 0, -200, 0, "docs:3"},
+  };
+}
+
+static int run_check(int only_d, const std::vector<int>& variants, const std::string& which) {
   // B, H, Hkv, Sq, Sk, D, causal, offset, accumulate
   std::vector<Case> cases = {
       {1, 2, 2, 256, 256, 128, 0, 0, 0},     {1, 2, 2, 256, 256, 128, 1, 0, 0},
@@ -358,12 +396,18 @@ static int run_check(int only_d, const std::vector<int>& variants) {
       {1, 2, 2, 256, 256, 64, 0, 0, 0},      {2, 4, 2, 1000, 1000, 64, 1, 0, 0},
       {1, 4, 1, 777, 777, 64, 0, 0, 0},      {1, 2, 1, 640, 640, 64, 1, -200, 0},
   };
+  if (which == "masks") cases.clear();
+  const size_t n_dense = cases.size();
+  if (which != "dense")
+    for (const Case& c : mask_cases()) cases.push_back(c);
   int fails = 0, n = 0;
   uint64_t seed = 0xb3d00000ull + std::random_device{}();  // fresh inputs every run
-  for (const Case& c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
     if (only_d && c.D != only_d) continue;
     ++n;
-    fails += !check_case(c, seed++, variants);
+    // The masks' lists are the backend's variant's: base.
+    fails += !check_case(c, seed++, i < n_dense ? variants : std::vector<int>{0});
   }
   std::printf("check bwd D=%d variants %s: %d/%d cases pass\n", only_d,
               variants.size() == 2 ? "base,defer" : variants[0] ? "defer" : "base", n - fails, n);
@@ -381,7 +425,7 @@ __global__ void fill_kernel(__nv_bfloat16* x, size_t n, uint64_t seed) {
   }
 }
 
-static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int variant) {
+static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int variant, const char* mask = nullptr) {
   const int B = 1;
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   __nv_bfloat16 *q, *k, *v, *o, *dout, *dq, *dk, *dv;
@@ -415,6 +459,16 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   f.seq_k = S;
   f.head_dim = D;
   f.causal = causal;
+  lab::PairMask pm;
+  lab::DeviceTiles tiles;
+  if (mask) {
+    if (!lab::make_mask(mask, S, S, 0, 12345, &pm)) {
+      std::fprintf(stderr, "unknown mask %s\n", mask);
+      return 2;
+    }
+    tiles = lab::upload_tiles(pm, D == 128 ? 128 : 192, D == 128 ? 192 : 128);
+    f.tiles = tiles.fwd;
+  }
   CK(hopper_attn::dispatch(D == 128 ? "pp192" : "m192", f, 0));
   BwdArgs a{};
   a.q = q;
@@ -435,6 +489,7 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   a.head_dim = D;
   a.causal = causal;
   a.variant = variant;
+  a.tiles = tiles.bwd;
   for (int i = 0; i < 2; ++i) CK(hopper_attn::dispatch_bwd(a, 0));
   CK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> ev(reps + 1);
@@ -449,7 +504,14 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   for (int r = 0; r < reps; ++r) CK(cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]));
   std::sort(ms.begin(), ms.end());
   const double med = ms[reps / 2];
-  const double flops = 2.5 * 4.0 * B * double(S) * S * H * D * (causal ? 0.5 : 1.0);
+  const double flops =
+      mask ? 2.5 * 4.0 * B * tiles.visible * H * D : 2.5 * 4.0 * B * double(S) * S * H * D * (causal ? 0.5 : 1.0);
+  if (mask)
+    std::printf("BENCHMASK bwd S=%d mask=%s H=%d Hkv=%d D=%d visible=%.4g (%.3f of full) tiles=%lld boundary=%lld "
+                "ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n",
+                S, mask, H, Hkv, D, tiles.visible, tiles.visible / (double(S) * S), tiles.entries[1],
+                tiles.boundary[1], med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
+  else
   std::printf("BENCH bwd variant=%d S=%d causal=%d H=%d Hkv=%d D=%d ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n", variant, S, causal, H,
               Hkv, D, med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
   // The main kernel alone (the rest: zeroing the dQ accumulator, preprocessing, dQ conversion).
@@ -469,6 +531,7 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
                   static_cast<void*>(dout), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                   static_cast<void*>(lse), ws})
     CK(cudaFree(p));
+  tiles.release();
   return 0;
 }
 
@@ -544,12 +607,18 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "selftest") return run_selftest();
   if (argc >= 2 && std::string(argv[1]) == "check") {
     std::vector<int> variants = {0, 1};
-    if (argc >= 4) variants = {std::string(argv[3]) == "defer" ? 1 : 0};
-    return run_check(argc >= 3 ? std::atoi(argv[2]) : 0, variants);
+    if (argc >= 4 && std::string(argv[3]) != "both") variants = {std::string(argv[3]) == "defer" ? 1 : 0};
+    return run_check(argc >= 3 ? std::atoi(argv[2]) : 0, variants, argc >= 5 ? argv[4] : "all");
   }
+  if (argc >= 7 && std::string(argv[1]) == "benchmask")
+    return run_bench(std::atoi(argv[2]), 0, std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
+                     argc >= 8 ? std::atoi(argv[7]) : 10, 0, argv[3]);
   if (argc >= 7 && std::string(argv[1]) == "bench")
     return run_bench(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
                      std::atoi(argv[6]), argc >= 8 ? std::atoi(argv[7]) : 10, argc >= 9 ? std::atoi(argv[8]) : 0);
-  std::fprintf(stderr, "usage: %s check [D] [base|defer]\n       %s bench <S> <causal> <H> <Hkv> <D> [reps] [variant]\n", argv[0], argv[0]);
+  std::fprintf(stderr,
+               "usage: %s check [D] [base|defer|both] [all|dense|masks]\n       %s bench <S> <causal> <H> <Hkv> <D> "
+               "[reps] [variant]\n       %s benchmask <S> <mask> <H> <Hkv> <D> [reps]\n",
+               argv[0], argv[0], argv[0]);
   return 2;
 }

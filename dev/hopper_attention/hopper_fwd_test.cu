@@ -6,11 +6,16 @@
 //          where "plain" is a plain bf16 implementation (scores and P rounded to bf16, fp32
 //          sums, output rounded), for O and for LSE; outputs are poisoned with NaN first so an
 //          unwritten element fails.
+//          Then the masks the kernels take as visible-tile lists (lab_masks.hpp: documents of
+//          random lengths with 1-token ones, windows, block patterns; odd lengths, GQA, rows
+//          with no key), against the same oracle evaluating the mask element by element.
 //   bench: B x S x H x D problems with uniform [-1, 1) inputs, timed with CUDA events (median
 //          of the repetitions, after warm-up); prints TFLOP/s with FLOPs = 4 B S^2 H D (half
 //          for causal).
-// Usage: hopper_fwd_test check <variant>
+//   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 4 B H D x visible scores.
+// Usage: hopper_fwd_test check <variant> [D] [all|dense|masks]
 //        hopper_fwd_test bench <variant> <S> <causal 0|1> <H> <Hkv> <D> [reps]
+//        hopper_fwd_test benchmask <variant> <S> <mask spec> <H> <Hkv> <D> [reps]
 // Variants: the names in variants.cuh (basic, overlap, pingpong, pingpong3, pp176, pp192 at
 //           D = 128; basic, pingpong, pingpong3, pp176, m192 at D = 64).
 #include <cuda.h>
@@ -28,7 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
+#include "lab_tiles.cuh"  // visible-tile lists of the lab's masks
+#include "variants.cuh"   // the library's kernels (src/kernels/hopper/)
 
 using hopper_attn::FwdArgs;
 
@@ -46,12 +52,13 @@ static inline float bf16_round(float x) { return __bfloat162float(__float2bfloat
 
 struct Case {
   int B, H, Hkv, Sq, Sk, D, causal, offset;
+  const char* mask = nullptr;  // a lab_masks.hpp spec (run as tile lists; causal unused), or none
 };
 
 // The fp64 oracle and the plain bf16 baseline for one (b, h, row).
 static void reference_row(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V,
-                          const Case& c, int b, int h, int i, double scale, double* o_ref, double* lse_ref,
-                          double* o_plain, double* lse_plain) {
+                          const Case& c, const lab::PairMask* pm, int b, int h, int i, double scale, double* o_ref,
+                          double* lse_ref, double* o_plain, double* lse_plain) {
   const int g = h / (c.H / c.Hkv), D = c.D;
   const float* q = &Q[((size_t(b) * c.Sq + i) * c.H + h) * D];
   std::vector<double> s(c.Sk);
@@ -59,7 +66,7 @@ static void reference_row(const std::vector<float>& Q, const std::vector<float>&
   double m = -INFINITY;
   float mp = -INFINITY;
   for (int j = 0; j < c.Sk; ++j) {
-    const bool ok = !c.causal || j <= i + c.offset;
+    const bool ok = pm ? lab::allows(*pm, pm->q0 + i, pm->k0 + j) : !c.causal || j <= i + c.offset;
     if (!ok) {
       s[j] = -INFINITY;
       sp[j] = -INFINITY;
@@ -166,6 +173,18 @@ static bool check_case(const std::string& variant, const Case& c, uint64_t seed)
   a.head_dim = c.D;
   a.causal = c.causal;
   a.causal_offset = c.offset;
+  lab::PairMask pm;
+  lab::DeviceTiles tiles;
+  if (c.mask) {
+    if (!lab::make_mask(c.mask, c.Sq, c.Sk, c.offset, seed, &pm)) {
+      std::fprintf(stderr, "unknown mask %s\n", c.mask);
+      std::exit(2);
+    }
+    int bm, bn;
+    lab::fwd_tile(variant, c.D, &bm, &bn);
+    tiles = lab::upload_tiles(pm, bm, bn);
+    a.tiles = tiles.fwd;
+  }
   CK(hopper_attn::dispatch(variant, a, 0));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(o.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
@@ -175,6 +194,7 @@ static bool check_case(const std::string& variant, const Case& c, uint64_t seed)
   CK(cudaFree(dv));
   CK(cudaFree(dout));
   CK(cudaFree(dlse));
+  tiles.release();
 
   const double scale = 1.0 / std::sqrt(double(c.D));
   double err_o = 0, plain_o = 0, floor_o = 0, err_l = 0, plain_l = 0, floor_l = 0;
@@ -186,7 +206,7 @@ auto row_fn = [&](int r) {
     const int i = r % c.Sq, h = (r / c.Sq) % c.H, b = r / (c.Sq * c.H);
     std::vector<double> oref(c.D), oplain(c.D);
     double lref, lplain;
-    reference_row(qf, kf, vf, c, b, h, i, scale, oref.data(), &lref, oplain.data(), &lplain);
+    reference_row(qf, kf, vf, c, c.mask ? &pm : nullptr, b, h, i, scale, oref.data(), &lref, oplain.data(), &lplain);
     double* rr = &res[size_t(r) * 6];
     for (int d = 0; d < c.D; ++d) {
       const double ours = __bfloat162float(o[((size_t(b) * c.Sq + i) * c.H + h) * c.D + d]);
@@ -222,13 +242,33 @@ auto row_fn = [&](int r) {
   const bool ok = ok_o && ok_l && unwritten == 0;
   std::printf(
       "%-4s %-9s D=%3d B=%d H=%d Hkv=%d Sq=%5d Sk=%5d %s off=%4d | O err %.3e (plain %.3e, floor %.3e) | LSE err "
-      "%.3e (plain %.3e) | nan/unwritten %ld, empty rows %ld\n",
-      ok ? "PASS" : "FAIL", variant.c_str(), c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk, c.causal ? "causal" : "full  ",
-      c.offset, err_o, plain_o, floor_o, err_l, plain_l, unwritten, empty_rows);
+      "%.3e (plain %.3e) | nan/unwritten %ld, empty rows %ld",
+      ok ? "PASS" : "FAIL", variant.c_str(), c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk,
+      c.mask ? c.mask : c.causal ? "causal" : "full  ", c.offset, err_o, plain_o, floor_o, err_l, plain_l, unwritten,
+      empty_rows);
+  if (c.mask)
+    std::printf(" | tiles %lld listed, %lld boundary, docs %zu", tiles.entries[0], tiles.boundary[0],
+                pm.doc_offsets.empty() ? 0 : pm.doc_offsets.size() - 1);
+  std::printf("\n");
   return ok;
 }
 
-static int run_check(const std::string& variant, int only_d) {
+// Masked cases (B, H, Hkv, Sq, Sk, D, -, offset, mask): documents of random lengths (docs: many of
+// 1 token), windows (a 4K-style band scaled down; one whose first rows see no key), BigBird
+// patterns of 8- to 64-token blocks, causal and not; odd lengths, GQA, B = 2.
+static std::vector<Case> mask_cases() {
+  return {
+      {1, 2, 2, 1000, 1000, 128, 0, 0, "docs"},          {2, 4, 2, 777, 777, 128, 0, 0, "docs:7"},
+      {1, 4, 1, 1000, 1000, 128, 0, 0, "docsfull"},      {1, 2, 2, 1100, 1100, 128, 0, 0, "window:256,0"},
+      {1, 2, 2, 777, 900, 128, 0, -150, "window:100,20"}, {1, 2, 2, 1000, 1000, 128, 0, 0, "bigbirdc:64"},
+      {1, 4, 2, 900, 1000, 128, 0, 0, "bigbird:32"},     {1, 2, 2, 1000, 1000, 128, 0, 0, "bigbirdc:8"},
+      {1, 2, 2, 640, 640, 128, 0, -200, "docs"},         {1, 2, 2, 1000, 1000, 64, 0, 0, "docs"},
+      {2, 4, 2, 777, 777, 64, 0, 0, "window:200,0"},     {1, 2, 1, 1000, 1000, 64, 0, 0, "bigbirdc:16"},
+      {1, 2, 2, 640, 640, 64, 0, -200, "docs:3"},        {1, 2, 2, 1000, 1000, 64, 0, 0, "bigbird:64"},
+  };
+}
+
+static int run_check(const std::string& variant, int only_d, const std::string& which) {
   std::vector<Case> cases = {
       {1, 2, 2, 256, 256, 128, 0, 0},   {1, 2, 2, 256, 256, 128, 1, 0},    {2, 4, 2, 1000, 1000, 128, 1, 0},
       {1, 4, 1, 777, 777, 128, 0, 0},   {1, 2, 2, 300, 1100, 128, 0, 0},   {1, 2, 1, 640, 640, 128, 1, -200},
@@ -236,6 +276,9 @@ static int run_check(const std::string& variant, int only_d) {
       {1, 2, 2, 256, 256, 64, 0, 0},    {2, 4, 2, 1000, 1000, 64, 1, 0},   {1, 4, 1, 777, 777, 64, 0, 0},
       {1, 2, 1, 640, 640, 64, 1, -200}, {1, 2, 2, 1100, 300, 64, 1, 0},
   };
+  if (which == "masks") cases.clear();
+  if (which != "dense")
+    for (const Case& c : mask_cases()) cases.push_back(c);
   int fails = 0, n = 0;
   uint64_t seed = 0x5eed0000ull + std::random_device{}();  // fresh inputs every run
   for (const Case& c : cases) {
@@ -258,7 +301,8 @@ __global__ void fill_kernel(__nv_bfloat16* x, size_t n, uint64_t seed) {
   }
 }
 
-static int run_bench(const std::string& variant, int S, int causal, int H, int Hkv, int D, int reps) {
+static int run_bench(const std::string& variant, int S, int causal, int H, int Hkv, int D, int reps,
+                     const char* mask = nullptr) {
   const int B = 1;
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   __nv_bfloat16 *q, *k, *v, *o;
@@ -285,6 +329,18 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
   a.seq_k = S;
   a.head_dim = D;
   a.causal = causal;
+  lab::PairMask pm;
+  lab::DeviceTiles tiles;
+  if (mask) {
+    if (!lab::make_mask(mask, S, S, 0, 12345, &pm)) {
+      std::fprintf(stderr, "unknown mask %s\n", mask);
+      return 2;
+    }
+    int bm, bn;
+    lab::fwd_tile(variant, D, &bm, &bn);
+    tiles = lab::upload_tiles(pm, bm, bn);
+    a.tiles = tiles.fwd;
+  }
   for (int i = 0; i < 3; ++i) CK(hopper_attn::dispatch(variant, a, 0));
   CK(cudaDeviceSynchronize());
   // Back-to-back launches with an event between each: the host's launch work (tensor maps,
@@ -301,9 +357,19 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
   for (int r = 0; r < reps; ++r) CK(cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]));
   std::sort(ms.begin(), ms.end());
   const double med = ms[reps / 2];
-  const double flops = 4.0 * B * double(S) * S * H * D * (causal ? 0.5 : 1.0);
-  std::printf("BENCH ours variant=%s S=%d causal=%d H=%d Hkv=%d D=%d ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n",
-              variant.c_str(), S, causal, H, Hkv, D, med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
+  if (mask) {  // visible scores only
+    const double flops = 4.0 * B * tiles.visible * H * D;
+    std::printf(
+        "BENCHMASK fwd variant=%s S=%d mask=%s H=%d Hkv=%d D=%d visible=%.4g (%.3f of full) tiles=%lld boundary=%lld "
+        "ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n",
+        variant.c_str(), S, mask, H, Hkv, D, tiles.visible, tiles.visible / (double(S) * S), tiles.entries[0],
+        tiles.boundary[0], med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
+    tiles.release();
+  } else {
+    const double flops = 4.0 * B * double(S) * S * H * D * (causal ? 0.5 : 1.0);
+    std::printf("BENCH ours variant=%s S=%d causal=%d H=%d Hkv=%d D=%d ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n",
+                variant.c_str(), S, causal, H, Hkv, D, med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
+  }
   CK(cudaFree(q));
   CK(cudaFree(k));
   CK(cudaFree(v));
@@ -313,12 +379,17 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
 }
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::string(argv[1]) == "check") return run_check(argv[2], argc >= 4 ? std::atoi(argv[3]) : 0);
+  if (argc >= 3 && std::string(argv[1]) == "check")
+    return run_check(argv[2], argc >= 4 ? std::atoi(argv[3]) : 0, argc >= 5 ? argv[4] : "all");
+  if (argc >= 8 && std::string(argv[1]) == "benchmask")
+    return run_bench(argv[2], std::atoi(argv[3]), 0, std::atoi(argv[5]), std::atoi(argv[6]), std::atoi(argv[7]),
+                     argc >= 9 ? std::atoi(argv[8]) : 10, argv[4]);
   if (argc >= 8 && std::string(argv[1]) == "bench")
     return run_bench(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
                      std::atoi(argv[7]), argc >= 9 ? std::atoi(argv[8]) : 10);
   std::fprintf(stderr,
-               "usage: %s check <variant> [D]\n       %s bench <variant> <S> <causal> <H> <Hkv> <D> [reps]\n",
-               argv[0], argv[0]);
+               "usage: %s check <variant> [D] [all|dense|masks]\n       %s bench <variant> <S> <causal> <H> <Hkv> <D> "
+               "[reps]\n       %s benchmask <variant> <S> <mask> <H> <Hkv> <D> [reps]\n",
+               argv[0], argv[0], argv[0]);
   return 2;
 }

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""ab_masks.py: the lab's A/B of our sm_90a kernels over MASKS (visible-tile lists, issue 34) against
+PyTorch's compiled flex_attention with the same mask, and both sides' dense causal (ours, and
+cuDNN SDPA), in ONE process on the SAME inputs, interleaved round by round.
+
+Problem (as ../../../shared/anchors/flex_masks_peer.py sets the peer up): bf16, B = 1, H = 32,
+D = 128, uniform [-1, 1) q, k, v and dO on both sides; masks: documents (N of random lengths, cut
+points drawn uniformly, causal inside), a causal sliding window of W keys, and a BigBird block
+pattern (128-token blocks: neighbours, a global first block, 3 random blocks per row). TFLOP/s
+count visible scores only: forward 4 H D x visible, forward + backward 3.5 x that.
+
+Ours: tensors [B, S, H, D] through build/libhopper_mask.so (the backend's variants: forward pp192 /
+m192, backward base); the lists are built once per mask (not timed; their build time is printed).
+fwd+bwd = our forward then our whole backward. flex: torch.compile(flex_attention) on [B, H, S, D]
+copies of the same values with create_block_mask(_compile=True); fwd+bwd = forward + .backward(dO).
+cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTENTION).
+
+At the first length every mask's O and gradients are compared with flex's over all elements.
+
+Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
+           [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2]
+"""
+import argparse
+import ctypes
+import json
+import random
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+VP = ctypes.c_void_p
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    lib.hopper_mask_plan.restype = VP
+    lib.hopper_mask_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, VP,
+                                     ctypes.c_int, ctypes.c_int, VP, ctypes.c_int, VP, VP]
+    lib.hopper_mask_free.argtypes = [VP]
+    lib.hopper_mask_fwd.restype = ctypes.c_int
+    lib.hopper_mask_fwd.argtypes = [VP, ctypes.c_int] + [VP] * 5 + [ctypes.c_int] * 5 + [VP]
+    lib.hopper_mask_bwd.restype = ctypes.c_int
+    lib.hopper_mask_bwd.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 5 + [VP]
+    lib.hopper_mask_bwd_workspace.restype = ctypes.c_size_t
+    lib.hopper_mask_bwd_workspace.argtypes = [ctypes.c_int] * 4
+    return lib
+
+
+def uniform(gen, *shape):
+    return (torch.rand(*shape, device="cuda", generator=gen, dtype=torch.float32) * 2 - 1).to(torch.bfloat16)
+
+
+def make_mask(name, S, rng):
+    """(description for our lib, flex mask_mod, visible scores)."""
+    d = dict(wl=-1, wr=-1, offsets=None, block=0, dense=None)
+    if name.startswith("docs"):
+        n = int(name[4:])
+        cuts = sorted(rng.sample(range(1, S), n - 1))
+        bounds = [0] + cuts + [S]
+        d["offsets"], d["wr"] = bounds, 0
+        lens = torch.tensor([bounds[i + 1] - bounds[i] for i in range(n)], device="cuda")
+        doc = torch.repeat_interleave(torch.arange(n, device="cuda", dtype=torch.int32), lens)
+        vis = sum(l * (l + 1) / 2 for l in lens.tolist())
+
+        def mm(b, h, qi, ki):
+            return (doc[qi] == doc[ki]) & (ki <= qi)
+    elif name.startswith("window"):
+        w = int(name[6:])
+        d["wl"], d["wr"] = w, 0
+        vis = sum(min(i, w) + 1 for i in range(S))
+
+        def mm(b, h, qi, ki):
+            return (ki <= qi) & (qi - ki <= w)
+    elif name == "bigbird":
+        B = 128
+        nb = S // B
+        pat = torch.zeros(nb, nb, dtype=torch.bool)
+        for qb in range(nb):
+            for kb in (qb - 1, qb, qb + 1):
+                if 0 <= kb < nb:
+                    pat[qb, kb] = True
+            pat[qb, 0] = True
+            for kb in rng.sample(range(nb), 3):
+                pat[qb, kb] = True
+        pat[0, :] = True
+        d["block"], d["dense"] = B, pat.to(torch.uint8).contiguous()
+        vis = float(pat.sum().item()) * B * B
+        patd = pat.cuda()
+
+        def mm(b, h, qi, ki):
+            return patd[qi // B, ki // B]
+    else:
+        raise ValueError(name)
+    return d, mm, vis
+
+
+def plan(lib, d, S, D):
+    offs = None
+    if d["offsets"] is not None:
+        offs = (ctypes.c_longlong * len(d["offsets"]))(*d["offsets"])
+    dense = d["dense"]
+    vis = ctypes.c_double(0)
+    stats = (ctypes.c_longlong * 4)()
+    t = time.perf_counter()
+    p = lib.hopper_mask_plan(S, D, d["wl"], d["wr"], ctypes.cast(offs, VP) if offs else None,
+                             len(d["offsets"]) if offs else 0, d["block"],
+                             dense.data_ptr() if dense is not None else None,
+                             dense.shape[0] if dense is not None else 0, ctypes.byref(vis), stats)
+    return p, vis.value, list(stats), time.perf_counter() - t
+
+
+def time_interleaved(contenders, rounds, reps):
+    """contenders: name -> callable. Median ms per call over rounds x reps intervals, rotating order."""
+    names = list(contenders)
+    out = {n: [] for n in names}
+    for f in contenders.values():
+        f()
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+            ev[0].record()
+            for i in range(reps):
+                contenders[n]()
+                ev[i + 1].record()
+            torch.cuda.synchronize()
+            out[n] += [ev[i].elapsed_time(ev[i + 1]) for i in range(reps)]
+    return {n: statistics.median(v) for n, v in out.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--seqs", default="32768")
+    ap.add_argument("--masks", default="docs16,docs256,window4096,window16384,bigbird")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    lib = load(a.lib)
+    torch._dynamo.config.cache_size_limit = 64
+    flex = torch.compile(flex_attention, dynamic=False)
+    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
+    H, Hkv, D = a.heads, a.kv_heads, a.dim
+    stream = VP(torch.cuda.current_stream().cuda_stream)
+    summary = []
+    for si, S in enumerate(int(x) for x in a.seqs.split(",")):
+        gen = torch.Generator(device="cuda").manual_seed(S)
+        q, do = uniform(gen, 1, S, H, D), uniform(gen, 1, S, H, D)
+        k, v = uniform(gen, 1, S, Hkv, D), uniform(gen, 1, S, Hkv, D)
+        o, dq = torch.empty_like(q), torch.empty_like(q)
+        dk, dv = torch.empty_like(k), torch.empty_like(k)
+        lse = torch.empty(1, H, S, device="cuda", dtype=torch.float32)
+        ws = torch.empty(lib.hopper_mask_bwd_workspace(1, H, S, D), device="cuda", dtype=torch.uint8)
+        # The peer's tensors: [B, H, S, D] copies of the same values (K/V heads repeated for GQA).
+        qt = q.transpose(1, 2).contiguous().requires_grad_()
+        kt = k.transpose(1, 2).repeat_interleave(H // Hkv, 1).contiguous().requires_grad_()
+        vt = v.transpose(1, 2).repeat_interleave(H // Hkv, 1).contiguous().requires_grad_()
+        dot = do.transpose(1, 2).contiguous()
+
+        def ours_fwd(p, causal=0):
+            return lambda: lib.hopper_mask_fwd(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                               lse.data_ptr(), 1, H, Hkv, S, D, stream)
+
+        def ours_fb(p, causal=0):
+            f = ours_fwd(p, causal)
+
+            def run():
+                f()
+                lib.hopper_mask_bwd(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(),
+                                    lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), 1, H,
+                                    Hkv, S, D, stream)
+            return run
+
+        def peer_fb(fn):
+            def run():
+                out = fn()
+                out.backward(dot)
+                qt.grad = kt.grad = vt.grad = None
+            return run
+
+        def peer_fwd(fn):
+            def run():
+                with torch.no_grad():
+                    fn()
+            return run
+
+        # Dense causal, both sides.
+        cud = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t = time_interleaved({"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)},
+                                 a.rounds, a.reps)
+            t.update(time_interleaved({"ours_causal_fb": ours_fb(None, 1), "cudnn_causal_fb": peer_fb(cud)},
+                                      a.rounds, a.reps))
+        vis = S * (S + 1) / 2
+        dense = {}
+        for n, ms in t.items():
+            fb = n.endswith("_fb")
+            tf = (3.5 if fb else 1.0) * 4 * vis * H * D / ms / 1e9
+            dense[n] = tf
+            print(json.dumps(dict(kind=n, seq=S, ms=round(ms, 4), tflops=round(tf, 1))), flush=True)
+        rng = random.Random(S)
+        for name in a.masks.split(","):
+            d, mm, vis = make_mask(name, S, rng)
+            p, vis_ours, stats, t_plan = plan(lib, d, S, D)
+            t0 = time.perf_counter()
+            bm = create_block_mask(mm, 1, 1, S, S, device="cuda", _compile=True)
+            fx = lambda: flex(qt, kt, vt, block_mask=bm)
+            peer_fb(fx)()  # compile both passes before timing
+            t_compile = time.perf_counter() - t0
+            if si == 0:  # full-size comparison with flex
+                ours_fb(p)()
+                ref = fx()
+                ref.backward(dot)
+                torch.cuda.synchronize()
+                diff = lambda x, y: (x.float() - y.float()).abs().max().item()
+                cmp = dict(o=diff(o, ref.transpose(1, 2)), dq=diff(dq, qt.grad.transpose(1, 2)),
+                           dq_max=qt.grad.float().abs().max().item())
+                if Hkv == H:
+                    cmp.update(dk=diff(dk, kt.grad.transpose(1, 2)), dv=diff(dv, vt.grad.transpose(1, 2)))
+                finite = all(torch.isfinite(x).all().item() for x in (o, dq, dk, dv))
+                print(json.dumps(dict(kind="check_vs_flex", mask=name, seq=S, finite=finite,
+                                      **{kk: float("%.3g" % vv) for kk, vv in cmp.items()})), flush=True)
+                qt.grad = kt.grad = vt.grad = None
+            t = time_interleaved({"ours_fwd": ours_fwd(p), "flex_fwd": peer_fwd(fx)}, a.rounds, a.reps)
+            t.update(time_interleaved({"ours_fb": ours_fb(p), "flex_fb": peer_fb(fx)}, a.rounds, a.reps))
+            row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours, fwd_tiles=stats[0],
+                       fwd_boundary=stats[1], bwd_tiles=stats[2], bwd_boundary=stats[3],
+                       plan_s=round(t_plan, 3), flex_compile_s=round(t_compile, 1))
+            for n, ms in t.items():
+                fb = n.endswith("_fb")
+                row[n + "_ms"] = round(ms, 4)
+                row[n + "_tflops"] = round((3.5 if fb else 1.0) * 4 * vis * H * D / ms / 1e9, 1)
+            row["fwd_vs_flex"] = round(row["ours_fwd_tflops"] / row["flex_fwd_tflops"], 3)
+            row["fb_vs_flex"] = round(row["ours_fb_tflops"] / row["flex_fb_tflops"], 3)
+            row["fwd_vs_ours_causal"] = round(row["ours_fwd_tflops"] / dense["ours_causal_fwd"], 3)
+            row["fb_vs_ours_causal"] = round(row["ours_fb_tflops"] / dense["ours_causal_fb"], 3)
+            print(json.dumps(row), flush=True)
+            summary.append(row)
+            lib.hopper_mask_free(p)
+            del bm
+        summary.append(dict(mask="causal", seq=S, ours_fwd_tflops=dense["ours_causal_fwd"],
+                            flex_fwd_tflops=dense["cudnn_causal_fwd"], ours_fb_tflops=dense["ours_causal_fb"],
+                            flex_fb_tflops=dense["cudnn_causal_fb"], fwd_vs_flex=0, fb_vs_flex=0,
+                            fwd_vs_ours_causal=1, fb_vs_ours_causal=1, peer="cudnn"))
+        del q, k, v, do, o, dq, dk, dv, qt, kt, vt, dot, ws
+        torch.cuda.empty_cache()
+    print("\nSUMMARY (TFLOP/s of visible scores; peer = flex, or cuDNN for causal)")
+    print("| S | mask | ours fwd | peer fwd | ratio | ours fwd+bwd | peer fwd+bwd | ratio | fwd+bwd vs our causal |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in summary:
+        pf, pb = r["flex_fwd_tflops"], r["flex_fb_tflops"]
+        print("| %d | %s | %.0f | %.0f | %.2fx | %.0f | %.0f | %.2fx | %.2f |" % (
+            r["seq"], r["mask"] + (" (cuDNN)" if r.get("peer") else ""), r["ours_fwd_tflops"], pf,
+            r["ours_fwd_tflops"] / pf, r["ours_fb_tflops"], pb, r["ours_fb_tflops"] / pb, r["fb_vs_ours_causal"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+// hopper_mask_lib.cu: C entry points for ab_masks.py (ctypes): builds the visible-tile lists of a
+// mask given as data (window, document offsets, a dense block pattern), and runs the backend's
+// variants (forward pp192 at D = 128, m192 at D = 64; backward base) over them, or dense causal
+// with no lists, on torch tensors. Built by build.sh into build/libhopper_mask.so.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "lab_tiles.cuh"
+#include "variants.cuh"
+
+namespace {
+struct Plan {
+  lab::DeviceTiles tiles;
+};
+}  // namespace
+
+// Tile lists for S_q = S_k = S at positions 0.. under: window (wl, wr; -1 unbounded), documents
+// (n_offsets offsets from 0 to the total, or 0 for none), a block pattern (block > 0: n_blocks x
+// n_blocks bytes, row = query block, nonzero = visible). Writes the visible score count and
+// {forward entries, forward boundary entries, backward entries, backward boundary entries}.
+extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, const long long* offsets, int n_offsets,
+                                  int block, const unsigned char* dense, int n_blocks, double* visible,
+                                  long long* stats) {
+  lab::PairMask m;
+  m.seq_q = m.seq_k = S;
+  m.window_left = wl, m.window_right = wr;
+  for (int i = 0; i < n_offsets; ++i) m.doc_offsets.push_back(offsets[i]);
+  if (block > 0) {
+    m.pattern_block = block;
+    m.pattern_begin = {0};
+    for (int qb = 0; qb < n_blocks; ++qb) {
+      for (int kb = 0; kb < n_blocks; ++kb)
+        if (dense[size_t(qb) * n_blocks + kb]) m.pattern_cols.push_back(kb);
+      m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
+    }
+  }
+  Plan* p = new Plan;
+  p->tiles = lab::upload_tiles(m, D == 128 ? 128 : 192, D == 128 ? 192 : 128);
+  *visible = p->tiles.visible;
+  stats[0] = p->tiles.entries[0], stats[1] = p->tiles.boundary[0];
+  stats[2] = p->tiles.entries[1], stats[3] = p->tiles.boundary[1];
+  return p;
+}
+
+extern "C" void hopper_mask_free(void* plan) {
+  Plan* p = static_cast<Plan*>(plan);
+  p->tiles.release();
+  delete p;
+}
+
+// q, o [B, S, H, D] bf16; k, v [B, S, Hkv, D] bf16; lse [B, H, S] fp32; contiguous. plan null:
+// dense, causal or full. Returns the cudaError_t.
+extern "C" int hopper_mask_fwd(void* plan, int causal, const void* q, const void* k, const void* v, void* o,
+                               float* lse, int B, int H, int Hkv, int S, int D, void* stream) {
+  hopper_attn::FwdArgs a{};
+  a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
+  a.batch = B, a.heads = H, a.kv_heads = Hkv, a.seq_q = a.seq_k = S, a.head_dim = D;
+  a.causal = causal;
+  if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.fwd;
+  return int(hopper_attn::dispatch(D == 128 ? "pp192" : "m192", a, static_cast<cudaStream_t>(stream)));
+}
+
+extern "C" size_t hopper_mask_bwd_workspace(int B, int H, int S, int D) {
+  return hopper_attn::bwd_workspace_bytes(B, H, S, D);
+}
+
+// The whole backward (dQ accumulator zeroing, preprocessing, main kernel, dQ conversion); dq, dk,
+// dv bf16, written.
+extern "C" int hopper_mask_bwd(void* plan, int causal, const void* q, const void* k, const void* v, const void* o,
+                               const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace,
+                               int B, int H, int Hkv, int S, int D, void* stream) {
+  hopper_attn::BwdArgs a{};
+  a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse;
+  a.dq = dq, a.dk = dk, a.dv = dv, a.workspace = workspace;
+  a.batch = B, a.heads = H, a.kv_heads = Hkv, a.seq_q = a.seq_k = S, a.head_dim = D;
+  a.causal = causal;
+  if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.bwd;
+  return int(hopper_attn::dispatch_bwd(a, static_cast<cudaStream_t>(stream)));
+}

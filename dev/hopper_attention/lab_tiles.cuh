@@ -1,0 +1,58 @@
+// lab_tiles.cuh: the lab's drivers' way to the visible-tile lists: builds them for a PairMask
+// (lab_masks.hpp) with the tiles of a forward variant and of the backward, uploads the blob, and
+// gives the kernels' TileMask views (what hopper_backend.cpp does with its cache).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_tiles.hpp"
+#include "lab_masks.hpp"
+
+namespace lab {
+
+// Query rows and keys per tile of the forward variants in variants.cuh.
+inline void fwd_tile(const std::string& variant, int D, int* bm, int* bn) {
+  *bm = 128, *bn = 128;
+  if (variant == "pp176") *bn = 176;
+  if (variant == "pp192") *bn = 192;
+  if (variant == "m192") *bm = 192;
+  (void)D;
+}
+
+struct DeviceTiles {
+  void* blob = nullptr;
+  seqpar::hopper::TileMask fwd{}, bwd{};
+  long long entries[2] = {0, 0}, boundary[2] = {0, 0};  // entries, those with a flag
+  double visible = 0;
+  void release() {
+    if (blob) cudaFree(blob);
+    blob = nullptr;
+  }
+};
+
+inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn) {
+  using namespace seqpar::hopper;
+  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd::kBM, bwd::kBN);
+  const PackedTiles k = pack_tiles(plan, m);
+  DeviceTiles d;
+  if (cudaMalloc(&d.blob, std::max<size_t>(16, k.blob.size() * 4)) != cudaSuccess ||
+      cudaMemcpy(d.blob, k.blob.data(), k.blob.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+    std::fprintf(stderr, "tile list upload failed\n");
+    std::exit(2);
+  }
+  d.fwd = tile_mask_view(k, 0, d.blob);
+  d.bwd = tile_mask_view(k, 1, d.blob);
+  const SideTiles* sides[2] = {&plan.fwd, &plan.bwd};
+  for (int s = 0; s < 2; ++s) {
+    d.entries[s] = sides[s]->entry_count();
+    for (int32_t e : sides[s]->entries) d.boundary[s] += (e & 3) != 0;
+  }
+  d.visible = visible_pairs(m);
+  return d;
+}
+
+}  // namespace lab
