@@ -5,7 +5,8 @@
 // D (or O), both again from fresh outputs, delta, merge and accumulate. Rows sit at explicit
 // global positions (two query runs, two key runs), as in a zigzag or striped shard (suite Masks), or
 // each side one run, as a contiguous shard pair of a ring step is (suite ShardPairs: head dims 64
-// and 128, GQA, causal diagonals at offsets, rows and pairs that see no key, odd lengths).
+// and 128, GQA, causal diagonals at offsets, rows and pairs that see no key, odd lengths, and the
+// masks the Hopper kernels run as visible-tile lists: documents, windows, block-sparse patterns).
 // CPU backends run fp64 (1e-10); GPU backends bf16 under the bf16 rule. A backend that refuses a
 // problem must say why.
 #include <gtest/gtest.h>

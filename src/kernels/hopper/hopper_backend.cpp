@@ -88,6 +88,10 @@ struct Band {
   bool fwd_empty = false, bwd_empty = false;  // the lists hold no entry
 };
 
+// With tile lists a grid dimension counts tiles (at most 65535); 128 rows is the smallest tile
+// the lists' side of either pass has (the forward's query tiles, the backward's key tiles).
+constexpr int64_t kMaxListedRows = int64_t(65535) * 128;
+
 // Masks that need tile lists: anything beyond the full mask and a causal band.
 bool needs_lists(const MaskSpec& m) { return m.has_documents() || m.has_block_pattern() || m.window_left >= 0; }
 
@@ -127,6 +131,10 @@ class HopperBackend : public cuda::CudaKernelBackend {
     // Tile lists carry positions and row indices as int32.
     if (needs_lists(m) && (start < -(int64_t(1) << 30) || start + q.shape[1] > (int64_t(1) << 30)))
       return "the Hopper kernels take masked problems at positions below 2^30";
+    // With tile lists the forward's grid has a row per query tile (at most 65535).
+    if (needs_lists(m) && q.shape[1] > kMaxListedRows)
+      return "the Hopper kernels take masked problems of at most " + std::to_string(kMaxListedRows) +
+             " query rows per call";
     return {};
   }
 
@@ -245,6 +253,9 @@ class HopperBackend : public cuda::CudaKernelBackend {
     if (n == 0 || nk == 0) return Band{false, true, 0};  // nothing to compute (and no empty tensor map)
     if (k0 < -(int64_t(1) << 30) || k0 + nk > (int64_t(1) << 30))
       SP_CHECK_SUPPORTED(!needs_lists(params.mask), "the Hopper kernels take masked problems at positions below 2^30");
+    SP_CHECK_SUPPORTED(!needs_lists(params.mask) || nk <= kMaxListedRows,
+                       "the Hopper kernels take masked problems of at most " + std::to_string(kMaxListedRows) +
+                           " key rows per call");
     if (needs_lists(params.mask)) {
       SP_ASSIGN_OR_RETURN(const Lists* lists, tile_lists(params.mask, q0, k0, int(n), int(nk), int(q.shape[3])));
       band.fwd = tile_mask_view(lists->packed, 0, lists->device.data());

@@ -41,7 +41,8 @@ __device__ __forceinline__ void for_hidden_runs(const TileMask& t, int row, int 
   static_assert(kRows / 8 + 1 <= 32, "a tile's blocks fit a 32-bit window");
   using Word = uint32_t;
   constexpr int kBits = 8 * sizeof(Word);
-  const int kb0 = (t.other_pos0 + first_row) >> t.block_shift;
+  // (Other-side rows before position 0 lie outside the grid: the range mask hides them.)
+  const int kb0 = max(0, (t.other_pos0 + first_row) >> t.block_shift);
   const int nb = ((t.other_pos0 + first_row + kRows - 1) >> t.block_shift) - kb0 + 1;
   Word hidden = static_cast<Word>(~pattern_window(t, (t.pos0 + row) >> t.block_shift, kb0));
   if (nb < kBits) hidden &= (Word(1) << nb) - 1;
