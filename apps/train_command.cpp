@@ -299,14 +299,16 @@ int run_train(const TrainCliOptions& c) {
                          "N for one process driving N GPUs)\n");
     return 2;
   }
-  // Under torchrun each process is one GPU rank, its NCCL communicator bootstrapped from the
-  // launcher's variables (as seqpar attn does).
-  const bool under_torchrun = !under_mpi && gpu && launched_by_torchrun();
+  // Under torchrun each process is one rank: on GPUs its NCCL communicator is bootstrapped from
+  // the launcher's variables (as seqpar attn does); on CPUs the ranks join a TCP mesh.
+  const bool under_torchrun = !under_mpi && launched_by_torchrun();
   // A GPU rank per device: a lost peer must end this process rather than hang it.
-  if (under_torchrun || c.gpus > 0) nccl_exit_process_on_failure(true);
+  if ((gpu && under_torchrun) || c.gpus > 0) nccl_exit_process_on_failure(true);
   std::unique_ptr<Communicator> world;
   if (under_mpi || under_torchrun) {
-    auto comm = under_mpi ? make_mpi_world_communicator() : make_nccl_communicator_env();
+    auto comm = under_mpi ? make_mpi_world_communicator()
+                : gpu     ? make_nccl_communicator_env()
+                          : make_tcp_world_communicator();
     if (!comm.ok()) {
       std::fprintf(stderr, "seqpar train: error: %s\n", comm.status().to_string().c_str());
       return 1;
@@ -346,7 +348,7 @@ int run_train(const TrainCliOptions& c) {
 void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a LLaMA-style model with each sequence split over N ranks (threads, or MPI processes under mpirun): "
+      "Train a LLaMA-style model with each sequence split over N ranks (threads, MPI processes under mpirun, or processes under torchrun): "
       "attention through the distributed algorithms, gradients summed over the ranks, AdamW.\n"
       "Exit code: 0 when training finished, 1 on a runtime failure (a non-finite loss: the last saved checkpoint "
       "is kept), 2 for bad arguments, 143 when SIGTERM stopped it (after saving, with --save or --checkpoint-dir).");

@@ -1,18 +1,50 @@
-// Communicators: batched exchange (P = 2 included), collectives against a direct computation,
+// Communicators, the local one (thread ranks) and tcp (a TCP mesh on loopback, its ranks here as
+// threads): batched exchange (P = 2 included), collectives against a direct computation,
 // all_to_all_v with uneven splits over a split, byte counters per phase and per peer, and a
 // failed or silent rank ending in an error, not a hang.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <random>
+#include <thread>
 
 #include "seqpar/comm.hpp"
 
 namespace seqpar {
 namespace {
 
-TEST(LocalComm, PairExchangeWithSamePrevAndNextKeepsOrder) {
-  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
+// run_local_ranks for the tcp communicator: P threads, each a rank of a fresh mesh on loopback.
+// A rank that fails aborts its communicator, which closes its connections, so the others fail
+// at once (as a dead process's would).
+Status run_tcp_ranks(int P, const std::function<Status(Communicator&)>& fn) {
+  static std::mt19937 ports(std::random_device{}());
+  const int port = 20000 + int(ports() % 30000);
+  std::vector<Status> results(P);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      auto comm = make_tcp_communicator({"127.0.0.1", port, "", "test-job", r, P});
+      if (!comm.ok()) {
+        results[r] = comm.status();
+        return;
+      }
+      results[r] = fn(*comm.value());
+      if (!results[r].ok()) comm.value()->abort(results[r].message());
+    });
+  for (auto& t : threads) t.join();
+  return first_root_cause(results);
+}
+
+using RankRunner = Status (*)(int, const std::function<Status(Communicator&)>&);
+RankRunner runner(const std::string& backend) { return backend == "tcp" ? run_tcp_ranks : run_local_ranks; }
+std::string backend_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+class Comm : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Comm, PairExchangeWithSamePrevAndNextKeepsOrder) {
+  const Status s = runner(GetParam())(2, [](Communicator& c) -> Status {
     const int other = 1 - c.rank();
     std::vector<int> k(100, 10 + c.rank()), v(50, 20 + c.rank()), k_in(100), v_in(50);
     const SendSpec sends[] = {{other, k.data(), 400}, {other, v.data(), 200}};
@@ -24,11 +56,11 @@ TEST(LocalComm, PairExchangeWithSamePrevAndNextKeepsOrder) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
-class Collectives : public ::testing::TestWithParam<int> {};
+class Collectives : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
-  const int P = GetParam();
-  const Status s = run_local_ranks(P, [P](Communicator& c) -> Status {
+  const int P = std::get<1>(GetParam());
+  const Status s = runner(std::get<0>(GetParam()))(P, [P](Communicator& c) -> Status {
     const int r = c.rank();
     c.set_phase(Phase::kForward);
     // all_gather of 3 doubles per rank
@@ -93,7 +125,8 @@ TEST_P(Collectives, MatchDirectComputationAndCountBytes) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
+                         ::testing::Combine(::testing::Values("local", "tcp"), ::testing::Values(1, 2, 3, 4, 8)));
 
 // Int32 elements rank i sends rank j in the all_to_all_v tests: uneven, with empty pieces
 // between distinct ranks (from P = 2 up) and to oneself.
@@ -102,11 +135,11 @@ int64_t piece_len(int i, int j) { return (2 * i + j) % 3 == 1 ? 0 : 1 + (i + 3 *
 // all_to_all_v over a split of 2P thread ranks into two groups of P (reversed by key, so group
 // ranks differ from world ranks), both groups at once: uneven pieces at scattered offsets,
 // gaps left alone, and the counters equal the closed forms.
-class AllToAllV : public ::testing::TestWithParam<int> {};
+class AllToAllV : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(AllToAllV, UnevenSplitsOverASplitCommunicator) {
-  const int P = GetParam();
-  const Status s = run_local_ranks(2 * P, [P](Communicator& world) -> Status {
+  const int P = std::get<1>(GetParam());
+  const Status s = runner(std::get<0>(GetParam()))(2 * P, [P](Communicator& world) -> Status {
     SP_ASSIGN_OR_RETURN(auto sub, world.split(world.rank() % 2, -world.rank()));
     Communicator& c = *sub;
     SP_CHECK_ARG(c.size() == P, "split size");
@@ -151,7 +184,8 @@ TEST_P(AllToAllV, UnevenSplitsOverASplitCommunicator) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllV, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllV,
+                         ::testing::Combine(::testing::Values("local", "tcp"), ::testing::Values(1, 2, 3, 4)));
 
 TEST(LocalComm, AllToAllVRejectsBadSplits) {
   auto comms = make_local_communicators(1);
@@ -167,8 +201,8 @@ TEST(LocalComm, AllToAllVRejectsBadSplits) {
   EXPECT_EQ(comms[0]->counters().sent(Phase::kOther), 0);
 }
 
-TEST(LocalComm, SplitGroupsAreIndependent) {
-  const Status s = run_local_ranks(6, [](Communicator& c) -> Status {
+TEST_P(Comm, SplitGroupsAreIndependent) {
+  const Status s = runner(GetParam())(6, [](Communicator& c) -> Status {
     SP_ASSIGN_OR_RETURN(auto sub, c.split(c.rank() % 3, c.rank()));
     SP_CHECK_ARG(sub->size() == 2 && sub->rank() == c.rank() / 3, "split rank");
     double v = c.rank();
@@ -179,8 +213,8 @@ TEST(LocalComm, SplitGroupsAreIndependent) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
-TEST(LocalComm, FailedRankMakesOthersFailNotHang) {
-  const Status s = run_local_ranks(3, [](Communicator& c) -> Status {
+TEST_P(Comm, FailedRankMakesOthersFailNotHang) {
+  const Status s = runner(GetParam())(3, [](Communicator& c) -> Status {
     if (c.rank() == 1) return SP_STATUS(StatusCode::kInternal, "rank 1 broke");
     std::vector<char> buf(8, 0);
     return c.all_gather(buf.data() + c.rank(), buf.data(), 1);
@@ -189,10 +223,13 @@ TEST(LocalComm, FailedRankMakesOthersFailNotHang) {
   EXPECT_NE(s.message().find("rank 1 broke"), std::string::npos);
 }
 
-TEST(LocalComm, SilentPeerTimesOut) {
+TEST_P(Comm, SilentPeerTimesOut) {
   setenv("SEQPAR_COMM_TIMEOUT_S", "0.5", 1);
-  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
-    if (c.rank() == 0) return Status::Ok();  // never sends
+  const Status s = runner(GetParam())(2, [](Communicator& c) -> Status {
+    if (c.rank() == 0) {  // stays, but never sends
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return Status::Ok();
+    }
     int x = 0;
     const RecvSpec recv{0, &x, sizeof(x)};
     return c.exchange({}, {&recv, 1});
@@ -202,8 +239,8 @@ TEST(LocalComm, SilentPeerTimesOut) {
   EXPECT_NE(s.message().find("timed out"), std::string::npos) << s.message();
 }
 
-TEST(LocalComm, SizeMismatchIsAnError) {
-  const Status s = run_local_ranks(2, [](Communicator& c) -> Status {
+TEST_P(Comm, SizeMismatchIsAnError) {
+  const Status s = runner(GetParam())(2, [](Communicator& c) -> Status {
     std::vector<char> out(16), in(16);
     const SendSpec send{1 - c.rank(), out.data(), c.rank() == 0 ? 16u : 8u};
     const RecvSpec recv{1 - c.rank(), in.data(), 16};
@@ -211,6 +248,8 @@ TEST(LocalComm, SizeMismatchIsAnError) {
   });
   EXPECT_EQ(s.code(), StatusCode::kCommError);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Comm, ::testing::Values("local", "tcp"), backend_name);
 
 TEST(LocalComm, RejectsBadPeer) {
   auto comms = make_local_communicators(2);

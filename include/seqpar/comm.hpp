@@ -255,7 +255,27 @@ Status first_root_cause(const std::vector<Status>& results);
 
 // True when this process was started by mpirun/mpiexec (Open MPI or PMI environment).
 bool launched_by_mpi();
+// True when torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set.
+bool launched_by_torchrun();
 // MPI_COMM_WORLD (initialising MPI once, finalised at exit); kUnsupported without MPI.
 StatusOr<std::unique_ptr<Communicator>> make_mpi_world_communicator();
 
+// ---- tcp: processes over TCP connections (CPU ranks under torchrun) ---------------------
+
+// Where a tcp world meets: rank 0 serves the bootstrap on `port` at listen_host (empty:
+// master_addr; "*": every interface) and the others reach it at master_addr; only ranks with the
+// same token are let in.
+struct TcpWorld {
+  std::string master_addr;
+  int port = 0;
+  std::string listen_host;
+  std::string token;
+  int rank = 0, world = 1;
+};
+// A full mesh of TCP connections among the world's processes (host buffers only; batches
+// complete before returning, no overlap). Collective: every rank of the world calls it.
+StatusOr<std::unique_ptr<Communicator>> make_tcp_communicator(const TcpWorld& world);
+// The world of a torchrun job, from its environment (RANK, WORLD_SIZE, MASTER_ADDR, the port
+// of the bootstrap: SEQPAR_BOOTSTRAP_PORT, else MASTER_PORT + 1, and the job token).
+StatusOr<std::unique_ptr<Communicator>> make_tcp_world_communicator();
 }  // namespace seqpar

@@ -37,9 +37,6 @@ bool nccl_available();
 // printing why. Off by default: a library should not end its host; the seqpar tool turns it on.
 void nccl_exit_process_on_failure(bool enable);
 
-// True when torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) are set.
-bool launched_by_torchrun();
-
 // Runs fn(comm) on `num_gpus` threads, thread r on GPU r with the current device set; returns
 // the first non-ok Status (the root cause rather than the aborts it caused). A rank that fails
 // aborts the others.

@@ -93,27 +93,14 @@ StatusOr<std::unique_ptr<Communicator>> make_nccl_communicator_env() {
   const int rank = env_int("RANK", 0), size = env_int("WORLD_SIZE", 1);
   SP_CHECK_ARG(size >= 1 && rank >= 0 && rank < size,
                "RANK " + std::to_string(rank) + " is out of range for WORLD_SIZE " + std::to_string(size));
-  const int port = env_int("SEQPAR_BOOTSTRAP_PORT", env_int("MASTER_PORT", 29500) + 1);
+  const int port = bootstrap_port();
   ncclUniqueId id{};
   BootstrapPeer me = bootstrap_peer_from_env();
   me.rank = rank, me.world = size;
   const std::string master = std::getenv("MASTER_ADDR");
   if (rank == 0) {
     SP_RETURN_IF_ERROR(nccl_call_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-    // The address MASTER_ADDR names alone, unless told to listen on every interface, or unless
-    // it names this host's loopback while the job spans nodes (`hostname` often resolves to
-    // 127.0.1.1), which no other node could reach.
-    const char* all = std::getenv("SEQPAR_BOOTSTRAP_LISTEN_ALL");
-    bool everywhere = all && std::string(all) == "1";
-    if (!everywhere && env_int("LOCAL_WORLD_SIZE", size) < size && is_loopback_host(master)) {
-      std::fprintf(stderr, "seqpar bootstrap: MASTER_ADDR %s is a loopback address and the job spans nodes: "
-                           "listening on every interface\n", master.c_str());
-      everywhere = true;
-    }
-    if (me.token.empty() || me.token == "none")
-      std::fprintf(stderr, "seqpar bootstrap: warning: no job token (set SEQPAR_JOB_TOKEN to a secret shared by "
-                           "the job's ranks): any process that can reach port %d may ask for the NCCL id\n", port);
-    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), everywhere ? "*" : master, port, me));
+    SP_RETURN_IF_ERROR(serve_bytes(&id, sizeof(id), bootstrap_listen_host(master, me), port, me));
   } else {
     SP_RETURN_IF_ERROR(fetch_bytes(master, port, &id, sizeof(id), me));
   }

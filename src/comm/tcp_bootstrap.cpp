@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/tcp_socket.hpp"
 #include "seqpar/comm.hpp"
 
 namespace seqpar {
@@ -30,16 +31,6 @@ constexpr char kMagic[8] = {'S', 'E', 'Q', 'P', 'A', 'R', 'B', '1'};
 constexpr size_t kMaxToken = 1024;
 constexpr auto kHelloWait = std::chrono::seconds(5);
 constexpr size_t kMaxPending = 64;  // connections without a whole hello yet; the oldest go first
-
-Status send_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w <= 0) return SP_STATUS(StatusCode::kCommError, std::string("bootstrap send failed: ") + std::strerror(errno));
-    p += w, n -= size_t(w);
-  }
-  return Status::Ok();
-}
 
 // The hello: magic, token length (u32), token, rank (i32), world size (i32), little-endian.
 std::vector<char> hello_of(const BootstrapPeer& me) {
@@ -79,41 +70,13 @@ struct Pending {
 
 void log_refusal(const std::string& why) { std::fprintf(stderr, "seqpar bootstrap: refused a connection: %s\n", why.c_str()); }
 
-// A listening socket on host:port ("" or "*": every interface, IPv6 dual-stack where there is).
+// A listening socket for the bootstrap, with the hint a failure needs.
 StatusOr<int> listen_on(const std::string& host, int port, int backlog) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  const bool all = host.empty() || host == "*";
-  const std::string port_text = std::to_string(port);
-  if (all) hints.ai_family = AF_INET6;
-  int rc = ::getaddrinfo(all ? nullptr : host.c_str(), port_text.c_str(), &hints, &res);
-  if (rc != 0 && all) {  // no IPv6: IPv4
-    hints.ai_family = AF_INET;
-    rc = ::getaddrinfo(nullptr, port_text.c_str(), &hints, &res);
-  }
-  if (rc != 0) return SP_STATUS(StatusCode::kCommError, "bootstrap: cannot resolve " + host + ": " + gai_strerror(rc));
-  const int one = 1, zero = 0;
-  int fd = -1;
-  std::string why = "no address";
-  for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (fd < 0) continue;
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (a->ai_family == AF_INET6 && all) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
-      why = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0)
-    return SP_STATUS(StatusCode::kCommError, "bootstrap: cannot listen on " + (all ? std::string("*") : host) + ":" +
-                                                 port_text + ": " + why +
-                                                 " (set SEQPAR_BOOTSTRAP_PORT, or SEQPAR_BOOTSTRAP_LISTEN_ALL=1 "
-                                                 "where MASTER_ADDR is not an address of this host)");
-  return fd;
+  auto fd = tcp_listen(host, port, backlog);
+  if (fd.ok()) return fd;
+  return SP_STATUS(StatusCode::kCommError, "bootstrap: " + fd.status().message() +
+                                               " (set SEQPAR_BOOTSTRAP_PORT, or SEQPAR_BOOTSTRAP_LISTEN_ALL=1 "
+                                               "where MASTER_ADDR is not an address of this host)");
 }
 
 }  // namespace
@@ -131,6 +94,29 @@ bool is_loopback_host(const std::string& host) {
   }
   ::freeaddrinfo(res);
   return loopback;
+}
+
+std::string bootstrap_listen_host(const std::string& master, const BootstrapPeer& me) {
+  const char* all = std::getenv("SEQPAR_BOOTSTRAP_LISTEN_ALL");
+  bool everywhere = all && std::string(all) == "1";
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_world = local && *local ? std::atoi(local) : me.world;
+  if (!everywhere && local_world < me.world && is_loopback_host(master)) {
+    std::fprintf(stderr, "seqpar bootstrap: MASTER_ADDR %s is a loopback address and the job spans nodes: "
+                         "listening on every interface\n", master.c_str());
+    everywhere = true;
+  }
+  if (me.token.empty() || me.token == "none")
+    std::fprintf(stderr, "seqpar bootstrap: warning: no job token (set SEQPAR_JOB_TOKEN to a secret shared by "
+                         "the job's ranks): any process that can reach port %d may join the job\n", bootstrap_port());
+  return everywhere ? "*" : master;
+}
+
+int bootstrap_port() {
+  const char* port = std::getenv("SEQPAR_BOOTSTRAP_PORT");
+  if (port && *port) return std::atoi(port);
+  const char* master = std::getenv("MASTER_PORT");
+  return (master && *master ? std::atoi(master) : 29500) + 1;
 }
 
 BootstrapPeer bootstrap_peer_from_env() {
@@ -154,7 +140,7 @@ Status serve_bytes(const void* data, size_t bytes, const std::string& host, int 
   const auto refuse = [&](Pending& p, const std::string& why) {
     log_refusal(why);
     const std::string reply = "R" + why;
-    (void)send_all(p.fd, reply.data(), reply.size());
+    (void)tcp_send_all(p.fd, reply.data(), reply.size());
     ::close(p.fd);
     p.fd = -1;
   };
@@ -196,8 +182,8 @@ Status serve_bytes(const void* data, size_t bytes, const std::string& host, int 
       } else if (served.count(rank)) {
         refuse(p, "rank " + std::to_string(rank) + " was served already");
       } else {
-        const Status sent = send_all(p.fd, "K", 1);
-        if (sent.ok() && send_all(p.fd, data, bytes).ok()) served.insert(rank);
+        const Status sent = tcp_send_all(p.fd, "K", 1);
+        if (sent.ok() && tcp_send_all(p.fd, data, bytes).ok()) served.insert(rank);
         ::close(p.fd);
         p.fd = -1;
       }
@@ -228,7 +214,7 @@ Status fetch_bytes(const std::string& host, int port, void* data, size_t bytes, 
       for (addrinfo* a = res; a; a = a->ai_next) {
         const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) continue;
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 || !send_all(fd, hello.data(), hello.size()).ok()) {
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 || !tcp_send_all(fd, hello.data(), hello.size()).ok()) {
           ::close(fd);
           continue;
         }

@@ -22,6 +22,14 @@ struct BootstrapPeer {
 BootstrapPeer bootstrap_peer_from_env();
 // Whether every address host resolves to is a loopback one (127.x, ::1).
 bool is_loopback_host(const std::string& host);
+// Where rank 0 listens under torchrun: MASTER_ADDR's address alone, unless told to listen on
+// every interface (SEQPAR_BOOTSTRAP_LISTEN_ALL=1), or unless MASTER_ADDR names this host's
+// loopback while the job spans nodes (`hostname` often resolves to 127.0.1.1), which no other
+// node could reach ("*" then). Warns when the job has no token.
+std::string bootstrap_listen_host(const std::string& master, const BootstrapPeer& me);
+// The bootstrap's port: SEQPAR_BOOTSTRAP_PORT, else MASTER_PORT + 1 (torchrun's own store holds
+// MASTER_PORT).
+int bootstrap_port();
 
 // Rank 0: listens on host:port (host "" or "*": every interface) until every other rank of
 // me.world with me.token has taken `bytes`.
