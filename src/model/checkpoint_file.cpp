@@ -1,5 +1,6 @@
 // The training checkpoint file (checkpoint_file.hpp).
 #include "model/checkpoint_file.hpp"
+#include "model/fault_injection.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -76,8 +77,13 @@ Status write_checkpoint(const std::string& path, const TrainingState& s) {
     put(&kVersion, sizeof(kVersion));
     put(header, sizeof(header));
     put(&s.data_position, sizeof(s.data_position));
-    for (const std::vector<float>* a : {&s.params, &s.first_moment, &s.second_moment})
+    for (const std::vector<float>* a : {&s.params, &s.first_moment, &s.second_moment}) {
       put(a->data(), size_t(count) * sizeof(float));
+      if (a == &s.params) {
+        out.flush();
+        fault_point("save", s.steps);  // the fault suite's kill midway through a save
+      }
+    }
     const uint64_t check = sum.value();
     out.write(reinterpret_cast<const char*>(&check), sizeof(check));
     out.close();  // close's errors too (NFS reports a full quota there)

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/fault_injection.hpp"
 #include "model/training_memory.hpp"
 #include "seqpar/session.hpp"
 #include "seqpar/transformer.hpp"
@@ -66,6 +67,7 @@ class LayerPass {
       SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
       SP_RETURN_IF_ERROR(layer_forward(slots(unit, u0, l), a, x, Attn::kRun));
       SP_RETURN_IF_ERROR(store.release(u0, u1));
+      if (l == 0) fault_point("forward");
       peak = std::max(peak, kept_bytes + a.bytes());
       if (backward) {
         SP_RETURN_IF_ERROR(keep_for_policy(a));
@@ -120,6 +122,7 @@ class LayerPass {
         SP_RETURN_IF_ERROR(layer_backward(slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
         SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
         SP_RETURN_IF_ERROR(store.release(u0, u1));
+        if (l == 0) fault_point("backward");
         kept_bytes -= a.bytes();
         a = {};
       }

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "model/checkpoint_file.hpp"
+#include "model/fault_injection.hpp"
 #include "model/model_pass.hpp"
 #include "model/training_memory.hpp"
 
@@ -236,6 +237,7 @@ Status Trainer::step(StepReport* report) {
   Impl& I = *impl_;
   TrainingMemory& mem = *I.memory;
   const auto t0 = std::chrono::steady_clock::now();
+  model::set_fault_context(I.steps, I.world.rank());
   const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
   // The global batch: G groups of o.batch sequences; this group trains on its own.
   std::vector<std::vector<int32_t>> inputs, targets;
@@ -292,6 +294,7 @@ Status Trainer::step(StepReport* report) {
   const double norm = std::sqrt(sq);
   SP_ASSIGN_OR_RETURN(const model::AdamWStep a, model::adamw_step(I.o.optimizer, norm, I.steps, I.optimizer_steps + 1));
   const int64_t from = I.optimizer_begin(), to = I.optimizer_end();
+  model::fault_point("optimizer");
   // ZeRO 1 and 2 refresh the compute copy after the gather; the others as they update.
   const bool refresh_in_update = I.compute && (I.o.zero_stage == 0 || I.zero3());
   for (const ParamInfo& p : I.table) {
