@@ -7,8 +7,9 @@
 # halfway through writing a checkpoint, then rank 1 in the backward. Both must end with weights
 # equal bit for bit to an undisturbed run's, having restarted twice. A peer's death must end the
 # surviving rank at once (no waiting out the communicator timeout, set to 60 s here).
-# Usage: cli_train_torchrun_restart.sh path/to/seqpar  (TORCHRUN: the launcher command; exit 77
-# when there is none)
+# DEVICE=cuda runs it on two GPUs (NCCL, --deterministic, so that bit for bit still holds).
+# Usage: [DEVICE=cuda] cli_train_torchrun_restart.sh path/to/seqpar  (TORCHRUN: the launcher
+# command; exit 77 when there is none, or with DEVICE=cuda and fewer than 2 GPUs)
 set -uo pipefail
 bin="$(realpath "$1")"
 read -r -a torchrun <<< "${TORCHRUN:-torchrun}"
@@ -17,7 +18,14 @@ dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 export OMP_NUM_THREADS=1 SEQPAR_COMM_TIMEOUT_S=60 SEQPAR_JOB_TOKEN="restart-test-$$"
-args=(train --device cpu --seq 64 --batch 4 --steps 8 --warmup 2 --threads-per-rank 1)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+args=(train --seq 64 --batch 4 --steps 8 --warmup 2 --threads-per-rank 1)
+if [ "${DEVICE:-cpu}" = cuda ]; then
+  [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] || { echo "SKIP: needs 2 GPUs"; exit 77; }
+  args+=(--device cuda --deterministic --seq 512)
+else
+  args+=(--device cpu)
+fi
 launch() {  # launch NAME [train args...]: one torchrun job of 2 processes on a free port pair
   local name="$1"; shift
   local port=$((20000 + RANDOM % 20000))

@@ -238,6 +238,42 @@ TEST_F(GpuTrain, RunsRepeatAndResumeBitForBit) {
   EXPECT_EQ(cpu->steps_done(), 5);
 }
 
+// A checkpoint continues on another number of GPUs (issue 38): 4 steps on one GPU, 3 on two
+// (ZeRO-3 over the sequence ranks), and, where four GPUs are visible, 3 on four (2 data-parallel
+// groups x 2 sequence ranks, ZeRO-3), each part resuming from the last one's file. The global
+// batch is the same throughout, so the chained run is held to the bf16 rule against the CPU
+// trainer's straight run: at most twice as far from it as a straight run on one GPU is.
+TEST_F(GpuTrain, ResumesOnAnotherNumberOfGpus) {
+  if (!nccl_available() || cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs and NCCL";
+  const bool four = cuda_device_count() >= 4;
+  TrainOptions o = options(four ? 10 : 7);
+  o.batch = 4;
+  Reference ref;
+  ASSERT_NO_FATAL_FAILURE(reference(o, &ref));
+  const std::string path = ::testing::TempDir() + "/seqpar_gpu_resize.ckpt";
+  struct Part {
+    int gpus, groups, stage, until;
+  };
+  std::vector<Part> parts{{1, 1, 0, 4}, {2, 1, 3, 7}};
+  if (four) parts.push_back({4, 2, 3, 10});
+  Record chained;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    TrainOptions t = o;  // the schedule (total steps) is the whole run's
+    t.batch = o.batch / p.groups, t.data_parallel = p.groups, t.zero_stage = p.stage;
+    t.steps = p.until;
+    Record r;
+    const Status s = run(t, p.gpus, &r, p.gpus > 1 ? run_nccl_local_ranks : run_local_ranks, i ? path : "", path);
+    ASSERT_TRUE(s.ok()) << p.gpus << " GPUs: " << s.to_string();
+    chained.losses.insert(chained.losses.end(), r.losses.begin(), r.losses.end());
+    chained.weights = r.weights;
+  }
+  ASSERT_EQ(chained.losses.size(), ref.cpu.losses.size());
+  std::string which;
+  EXPECT_LE(worst(o.model, chained.weights, ref.cpu.weights, &which), 2 * ref.weights) << which;
+  EXPECT_LE(loss_error(chained, ref.cpu), 2 * ref.losses + 1e-6);
+}
+
 TEST_F(GpuTrain, RefusesWhatItCannotDo) {
   TrainOptions o = options(1);
   auto comms = make_local_communicators(1);
