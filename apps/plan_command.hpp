@@ -1,0 +1,30 @@
+// `seqpar plan`: the planner's table for a cluster (a preset or a JSON description), an
+// attention shape or a model preset, a length and a mask: every algorithm and grid with its
+// predicted forward and backward time, bytes per rank per link class, peak memory, whether it
+// fits, and the pick. `--json` prints one JSON object instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace seqpar::app {
+
+struct PlanCliOptions {
+  std::string cluster = "h100x4";  // preset name (h100x4, h200x2, generic:N) or JSON file
+  std::string model;               // a model preset (its heads, K/V heads, head dim, layers)
+  int64_t seq = 131072, batch = 1, heads = 32, kv_heads = 0, head_dim = 128;
+  std::string mask = "causal";
+  std::vector<std::string> algos;  // empty: all
+  int head_groups = 0;
+  int max_simulated_ranks = 64;
+  bool json = false;
+  std::string write_cluster;       // write the cluster description as JSON to this file
+};
+
+void add_plan_command(CLI::App& app, PlanCliOptions& options, int* exit_code);
+int run_plan(const PlanCliOptions& options);
+
+}  // namespace seqpar::app

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Predicted against measured: runs `seqpar plan --json` for every seqpar_ring line of the GPU
+result files below (same cluster preset, shape, mask, algorithm and head groups as measured) and
+prints a Markdown table: times, bytes per rank and peak memory, with the relative errors.
+
+Usage: python3 docs/planner/validate.py build-planner/seqpar > /tmp/validation.md
+"""
+import json
+import subprocess
+import sys
+
+# (result file, the cluster preset of the machine it ran on)
+RUNS = [
+    ("docs/results/attention_ab_2026-11-27f_h100x4_new.jsonl", "h100x4"),
+    ("docs/results/attention_ab_2026-11-27f_h100x2_new.jsonl", "h100x2"),
+    ("docs/results/h100x2_attn_ours_torch_cp_2026-11-27.jsonl", "h100x2"),
+    ("docs/results/h200x2_attn_ours_torch_cp_2026-11-26.jsonl", "h200x2"),
+    ("docs/results/h200x2_gqa_masks_ours_torch_cp_2026-11-26.jsonl", "h200x2"),
+]
+GIB = 1024.0**3
+
+
+def predict(cli, preset, d):
+    cmd = [cli, "plan", "--json", "--cluster", preset, "--seq", str(d["seq"]), "--heads", str(d["heads"]),
+           "--kv-heads", str(d["kv_heads"]), "--head-dim", str(d["head_dim"]), "--mask", d["mask"],
+           "--algos", d["ran"], "--head-groups", str(d["head_groups"])]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    rows = json.loads(out.stdout)["rows"] if out.stdout else []
+    return rows[0] if rows else {"refusal": out.stderr.strip()}
+
+
+def pct(pred, meas):
+    return 100.0 * (pred - meas) / meas
+
+
+def main():
+    cli = sys.argv[1]
+    print("| source | machine | algorithm | S | H_kv | mask | groups | fwd ms meas / pred (err) | "
+          "bwd ms meas / pred (err) | bytes fwd+bwd meas = pred | peak GiB meas / pred (err) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    errors = []
+    for path, preset in RUNS:
+        for number, line in enumerate(open(path), 1):
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if d.get("kind") != "seqpar_ring" or d.get("keep_forward_state"):
+                continue
+            p = predict(cli, preset, d)
+            src = f"{path.split('/')[-1]}:{number}"
+            if "refusal" in p:
+                print(f"| {src} | {preset} | {d['ran']} | {d['seq']} | {d['kv_heads']} | {d['mask']} | "
+                      f"{d['head_groups']} | refused: {p['refusal']} | | | |")
+                continue
+            fwd, bwd = d["fwd_ms"], d["fwdbwd_ms"] - d["fwd_ms"]
+            mb = d["sent_bytes_per_rank_max"]
+            pb = p["bytes_per_rank"]
+            same = "yes" if (mb["forward"], mb["backward"]) == (pb["forward"], pb["backward"]) else \
+                f"no: {mb['forward']}+{mb['backward']} vs {pb['forward']}+{pb['backward']}"
+            peak_pred = p["peak_extra_bytes"] / GIB
+            e = (pct(p["fwd_ms"], fwd), pct(p["bwd_ms"], bwd), pct(peak_pred, d["peak_extra_GiB"]))
+            errors.append((src, d["ran"], d["seq"], d["mask"], e))
+            print(f"| {src} | {preset} | {d['ran']} | {d['seq']} | {d['kv_heads']} | {d['mask']} | "
+                  f"{d['head_groups']} | {fwd:.2f} / {p['fwd_ms']:.2f} ({e[0]:+.0f}%) | "
+                  f"{bwd:.2f} / {p['bwd_ms']:.2f} ({e[1]:+.0f}%) | {same} | "
+                  f"{d['peak_extra_GiB']:.2f} / {peak_pred:.2f} ({e[2]:+.0f}%) |")
+    within = sum(1 for *_, e in errors if abs(e[0]) <= 10 and abs(e[1]) <= 10)
+    peak_within = sum(1 for *_, e in errors if abs(e[2]) <= 10)
+    print(f"\n{within} of {len(errors)} runs within 10% on both passes; peak memory within 10% on "
+          f"{peak_within} of {len(errors)}.")
+
+
+if __name__ == "__main__":
+    main()

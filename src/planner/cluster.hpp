@@ -1,0 +1,74 @@
+// A cluster description for the planner: how many GPUs, how they are linked, how fast each
+// link and each local attention call runs, and what a device holds. Read from JSON (written by
+// hand, or from the presets below that cite the measurements they come from), and written back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "seqpar/schedule.hpp"
+#include "seqpar/status.hpp"
+
+namespace seqpar::planner {
+
+// One link class (NVLink inside a node, the network between nodes): per GPU and direction,
+// the bandwidth reached at each message size, and the latency of one message.
+struct LinkSpec {
+  struct Point {
+    double bytes = 0, gbps = 0;  // message size, GB/s (1e9 bytes/s) per direction
+  };
+  std::vector<Point> bandwidth;  // increasing sizes; interpolated in log size, clamped outside
+  double latency_s = 10e-6;
+  double gbps_at(double bytes) const;
+  double seconds(double bytes) const { return bytes <= 0 ? 0 : latency_s + bytes / (gbps_at(bytes) * 1e9); }
+};
+
+// Local attention throughput of one backend at one head dim, mask kind and length (a square
+// call of `tokens` queries and keys, `heads` heads): the planner prices a call of any shape by
+// its FLOPs, interpolating between the entries of the same backend, head dim and mask kind.
+struct AttentionRate {
+  std::string backend = "cudnn";
+  int64_t head_dim = 128, heads = 32, tokens = 0;
+  bool causal = true;       // a diagonal (causal) call; else full
+  double fwd_tflops = 0, bwd_tflops = 0;  // causal counted at half the FLOPs
+  std::string source;       // the measurement it comes from (file:line)
+  double flops(bool backward) const;  // of that call, as counted
+};
+
+struct Cluster {
+  std::string name;
+  int gpus_per_node = 1, nodes = 1;
+  LinkSpec intra, inter;              // NVLink inside a node; the network between nodes
+  std::vector<AttentionRate> attention;
+  std::string backend = "cudnn";      // which entries of `attention` price the computes
+  double launch_s = 10e-6;            // per local kernel call (host launch, small-call tail)
+  double post_s = 5e-6;               // per batch of sends and receives posted
+  double wait_s = 10e-6;              // per batch waited for (host synchronisation)
+  double hbm_gbps = 3000;             // device memory copies and merges (read + write counted)
+  double gemm_tflops = 700;           // dense bf16 GEMM rate (training steps)
+  int64_t memory_bytes = 80LL << 30;  // per device
+  // The backend's own workspace beyond the schedule's blocks, in bytes per token of the rank's
+  // shard and per (query head + 2 K/V heads) x head dim: fp32 gradients of the whole shard, as
+  // fitted on the 2- and 4-GPU runs of 2026-11-27 (docs/PLANNER.md), whatever the head groups.
+  double workspace_bytes_per_element = 4.0;
+  std::vector<std::string> sources;   // where the figures come from
+
+  int gpus() const { return gpus_per_node * nodes; }
+  Topology topology() const { return {nodes > 1 ? gpus_per_node : 0}; }
+  const LinkSpec& link(LinkClass c) const { return c == LinkClass::kIntra ? intra : inter; }
+  // Seconds of a local attention call of `flops` FLOPs (counted as AttentionRate counts them),
+  // causal (a diagonal block) or not, head dim `head_dim`.
+  double attention_seconds(double flops, bool causal, int64_t head_dim, bool backward) const;
+};
+
+// Presets: "h100x2", "h100x4", "h200x2", "h200x4" (one node, NVLink between every pair), and
+// "generic:N" (N GPUs, 8 a node, NVLink inside, 50 GB/s per GPU between nodes).
+StatusOr<Cluster> cluster_preset(const std::string& name);
+std::vector<std::string> cluster_preset_names();
+// A preset name or a JSON file path.
+StatusOr<Cluster> load_cluster(const std::string& name_or_path);
+StatusOr<Cluster> cluster_from_json(const std::string& json_text);
+std::string cluster_to_json(const Cluster& cluster);
+
+}  // namespace seqpar::planner

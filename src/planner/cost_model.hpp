@@ -1,0 +1,63 @@
+// The planner's cost model: one candidate (algorithm, grid, head groups) of one attention
+// problem on one cluster, priced by simulating every rank's schedule (simulator.hpp): time per
+// pass, bytes per rank per link class (walked from the same schedules: walk_bytes), and peak
+// memory per rank (peak_block_bytes plus the rank's own tensors).
+//
+// Scale: schedules are built for all ranks at once, so up to max_simulated_ranks ranks are
+// simulated whole. Beyond that a candidate is simulated at the two largest rank counts that fit
+// the cap and its structure (whole nodes of the same size; a square grid for Attention2D) with
+// the real problem's tokens per rank, and every figure is extrapolated linearly in the ring
+// length: P for the ring family, Ulysses x ring and DistFlashAttn, sqrt(P) for Attention2D's
+// bytes and memory (its time, dominated by its P-proportional compute, linearly in P).
+// Long sequences are simulated on a proxy layout of fewer rows per shard (a power-of-two
+// factor k, at least 512 rows a chunk): bytes scale exactly (the batch is multiplied by k),
+// visible pairs by k^2, windows and document offsets are divided by k.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "planner/cluster.hpp"
+#include "seqpar/layout.hpp"
+
+namespace seqpar::planner {
+
+struct Problem {
+  int64_t seq = 0, batch = 1, heads = 32, kv_heads = 32, head_dim = 128;
+  std::string mask = "causal";  // parse_mask's syntax
+};
+
+struct Candidate {
+  std::string algorithm;         // a registry name (algorithm.hpp)
+  int ulysses = 0;               // ulysses-ring: the Ulysses degree
+  std::string ring = "ring";     // ulysses-ring: the ring dimension's algorithm
+  int head_groups = 1;
+  LayoutKind layout = LayoutKind::kZigzag;
+  std::string label() const;     // "ulysses-ring(u=4,burst-return)"
+};
+
+struct Prediction {
+  std::string refusal;           // non-empty: the candidate cannot run the problem
+  double fwd_s = 0, bwd_s = 0;
+  int64_t fwd_bytes = 0, bwd_bytes = 0;      // the busiest rank's, per pass
+  int64_t link_bytes[kNumLinkClasses] = {};  // the busiest rank's per link class, both passes
+  int64_t peak_block_bytes = 0;  // blocks held beyond the rank's tensors (peak_block_bytes)
+  int64_t workspace_bytes = 0;   // the backend's workspace (Cluster::workspace_bytes_per_element)
+  int64_t tensor_bytes = 0;      // the rank's own q, k, v, o, lse, dO, dq, dk, dv
+  bool fits = true;
+  int simulated_ranks = 0;       // ranks simulated (less than the cluster's: extrapolated)
+  double total_s() const { return fwd_s + bwd_s; }
+  int64_t extra_bytes() const { return peak_block_bytes + workspace_bytes; }  // beyond the tensors
+};
+
+struct CostOptions {
+  int max_simulated_ranks = 64;
+};
+
+Prediction predict(const Cluster& cluster, const Problem& problem, const Candidate& candidate,
+                   const CostOptions& options = {});
+
+// The same on `ranks` ranks of the cluster's node size, never extrapolated (the fold's parts).
+Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem, const Candidate& candidate);
+
+}  // namespace seqpar::planner
