@@ -1,6 +1,7 @@
 // Every algorithm as a schedule: validated symbolically (matched, deadlock-free, each visible
 // pair once, results home) for every layout, mask and P in 1..8; run on P thread ranks by the
-// CPU executor against the fp64 oracle; bytes measured by the communicator equal the bytes
+// CPU executor against the fp64 oracle (packed documents of random lengths, two batch entries:
+// against the oracle run on each document alone); bytes measured by the communicator equal the bytes
 // walked from the steps, which equal the papers' closed forms. DistFlashAttn's round count and
 // odd-P erratum, the double ring's per-link split, and masks that skip transfers.
 #include <gtest/gtest.h>
@@ -57,20 +58,28 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
   g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
   g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
   if (name.rfind("ulysses", 0) == 0) g.heads = std::max(4, P);  // head parts: 8:2 at P = 8 copies K/V heads
-  const Layout layout = Layout::create(kind, g.seq, P).value();
+  // Packed documents of random lengths: the documents layout balances them, the other layouts
+  // ignore them; every mask below runs on the layout they make.
+  const std::vector<int64_t> packed = random_document_offsets(g.seq, 100 * P + 7);
+  const Layout layout = Layout::create(kind, g.seq, P, packed).value();
   const HostTensor q = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 1);
   const HostTensor k = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 2);
   const HostTensor v = testing::random_tensor(g.dtype, {1, g.seq, g.kv_heads, g.head_dim}, 3);
   const HostTensor dout = testing::random_tensor(g.dtype, {1, g.seq, g.heads, g.head_dim}, 4);
+  Problem batched = g;  // the packed documents run as a batch of two sequences
+  batched.batch = 2;
+  const Inputs packed_inputs(batched);
   const PlanOptions options{name, topology_for(P)};
   int supported = 0;
   const testing::TempFile pattern("seqpar_schedules_pattern", pattern_file_text(g.seq));
   std::vector<std::string> masks(std::begin(kMasks), std::end(kMasks));
   masks.push_back("blocks:" + pattern.path.string());
+  masks.push_back("packed");
   for (const std::string& mask_text : masks) {
     SCOPED_TRACE(mask_text);
     AttentionParams params;
-    params.mask = parse_mask(mask_text, g.seq).value();
+    const bool is_packed = mask_text == "packed";
+    params.mask = is_packed ? MaskSpec::documents(packed) : parse_mask(mask_text, g.seq).value();
     const ScheduleRequest req = make_schedule_request(layout, params.mask, g.heads, g.kv_heads, options.topology);
     const std::string why_not = algorithm->supports(req);
     Status status;
@@ -84,20 +93,31 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
     const std::vector<RankSchedule> all = all_rank_schedules(*algorithm, req);
     for (Pass pass : {Pass::kForward, Pass::kBackward})
       ASSERT_TRUE(validate_schedules(all, req, pass).ok()) << validate_schedules(all, req, pass).to_string();
-    const RankResults run = run_ranks(g, layout, params, options, q, k, v, dout, &status);
+    const Problem& problem = is_packed ? batched : g;
+    const RankResults run =
+        is_packed ? run_ranks(batched, layout, params, options, packed_inputs.q, packed_inputs.k, packed_inputs.v,
+                              packed_inputs.dout, &status)
+                  : run_ranks(g, layout, params, options, q, k, v, dout, &status);
     ASSERT_TRUE(status.ok()) << status.to_string();
-    auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
-    ASSERT_TRUE(ref.ok());
-    EXPECT_LE(testing::max_abs_diff(run.o, ref->o), 1e-10) << "O";
-    EXPECT_LE(testing::max_abs_diff(run.lse, ref->lse), 1e-10) << "LSE";
-    EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), 1e-10) << "dQ";
-    EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), 1e-10) << "dK";
-    EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
+    if (is_packed) {
+      expect_oracle_per_document(run, packed_inputs.q, packed_inputs.k, packed_inputs.v, packed_inputs.dout, packed,
+                                 MaskSpec::causal());
+    } else {
+      auto ref = reference_attention(q.view(), k.view(), v.view(), dout.view(), params);
+      ASSERT_TRUE(ref.ok());
+      EXPECT_LE(testing::max_abs_diff(run.o, ref->o), 1e-10) << "O";
+      EXPECT_LE(testing::max_abs_diff(run.lse, ref->lse), 1e-10) << "LSE";
+      EXPECT_LE(testing::max_abs_diff(run.dq, ref->dq), 1e-10) << "dQ";
+      EXPECT_LE(testing::max_abs_diff(run.dk, ref->dk), 1e-10) << "dK";
+      EXPECT_LE(testing::max_abs_diff(run.dv, ref->dv), 1e-10) << "dV";
+    }
     for (int r = 0; r < P; ++r) {
       EXPECT_EQ(run.counters[r].sent(Phase::kForward),
-                walk_bytes(all[r].forward, r, layout, g.bytes(), options.topology, all[r].head_parts).total) << "rank " << r;
+                walk_bytes(all[r].forward, r, layout, problem.bytes(), options.topology, all[r].head_parts).total)
+          << "rank " << r;
       EXPECT_EQ(run.counters[r].sent(Phase::kBackward),
-                walk_bytes(all[r].backward, r, layout, g.bytes(), options.topology, all[r].head_parts).total) << "rank " << r;
+                walk_bytes(all[r].backward, r, layout, problem.bytes(), options.topology, all[r].head_parts).total)
+          << "rank " << r;
       EXPECT_EQ(run.counters[r].sent(Phase::kOther), 0) << "rank " << r;
     }
   }
@@ -109,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(All, AlgorithmVsOracle,
                          ::testing::Combine(::testing::Values("ring", "burst", "ring-return", "burst-return",
                                                               "distflash", "double-ring"),
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
-                                                              LayoutKind::kStriped),
+                                                              LayoutKind::kStriped, LayoutKind::kDocuments),
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
                          case_name);
 
@@ -118,12 +138,13 @@ INSTANTIATE_TEST_SUITE_P(All, AlgorithmVsOracle,
 INSTANTIATE_TEST_SUITE_P(Ulysses, AlgorithmVsOracle,
                          ::testing::Combine(::testing::Values("ulysses", "ulysses-ring"),
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
-                                                              LayoutKind::kStriped),
+                                                              LayoutKind::kStriped, LayoutKind::kDocuments),
                                             ::testing::Values(1, 2, 4, 8)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Attention2D, AlgorithmVsOracle,
                          ::testing::Combine(::testing::Values("attention2d", "attention2d-overlap"),
-                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kStriped),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kStriped,
+                                                              LayoutKind::kDocuments),
                                             ::testing::Values(1, 4, 9, 16)),
                          case_name);
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "parallel/document_layout.hpp"
+
 namespace seqpar {
 
 const char* layout_name(LayoutKind kind) {
@@ -11,6 +13,7 @@ const char* layout_name(LayoutKind kind) {
     case LayoutKind::kContiguous: return "contiguous";
     case LayoutKind::kZigzag: return "zigzag";
     case LayoutKind::kStriped: return "striped";
+    case LayoutKind::kDocuments: return "documents";
   }
   return "?";
 }
@@ -19,45 +22,50 @@ StatusOr<LayoutKind> parse_layout(const std::string& name) {
   if (name == "contiguous") return LayoutKind::kContiguous;
   if (name == "zigzag") return LayoutKind::kZigzag;
   if (name == "striped") return LayoutKind::kStriped;
+  if (name == "documents") return LayoutKind::kDocuments;
   return SP_STATUS(StatusCode::kInvalidArgument,
-                   "unknown layout '" + name + "' (expected contiguous, zigzag or striped)");
+                   "unknown layout '" + name + "' (expected contiguous, zigzag, striped or documents)");
 }
 
-namespace {
-// Start of chunk c when `len` tokens are cut into `n` chunks, earlier chunks one longer.
-int64_t chunk_start(int64_t len, int64_t n, int64_t c) {
-  return c * (len / n) + std::min<int64_t>(c, len % n);
-}
-}  // namespace
-
-Layout::Layout(LayoutKind kind, int64_t seq_len, int ranks)
-    : kind_(kind), seq_len_(seq_len), ranks_(ranks), positions_(ranks) {
-  auto append_chunk = [&](int rank, int64_t chunks, int64_t c) {
-    for (int64_t t = chunk_start(seq_len, chunks, c); t < chunk_start(seq_len, chunks, c + 1); ++t)
-      positions_[rank].push_back(t);
-  };
+Layout::Layout(LayoutKind kind, int64_t seq_len, int ranks, std::vector<int64_t> doc_offsets)
+    : kind_(kind), seq_len_(seq_len), ranks_(ranks), positions_(ranks), doc_offsets_(std::move(doc_offsets)) {
+  using parallel::chunk_start;
+  if (kind == LayoutKind::kDocuments) {
+    positions_ = parallel::document_balanced_positions(seq_len, ranks, doc_offsets_);
+    return;
+  }
   for (int r = 0; r < ranks; ++r) {
     switch (kind) {
-      case LayoutKind::kContiguous: append_chunk(r, ranks, r); break;
-      case LayoutKind::kZigzag:
-        append_chunk(r, 2 * ranks, r);
-        append_chunk(r, 2 * ranks, 2 * ranks - 1 - r);
+      case LayoutKind::kContiguous:
+        for (int64_t t = chunk_start(seq_len, ranks, r); t < chunk_start(seq_len, ranks, r + 1); ++t)
+          positions_[r].push_back(t);
         break;
+      case LayoutKind::kZigzag: parallel::append_zigzag_piece(0, seq_len, ranks, r, &positions_[r]); break;
       case LayoutKind::kStriped:
         for (int64_t t = r; t < seq_len; t += ranks) positions_[r].push_back(t);
         break;
+      case LayoutKind::kDocuments: break;  // above
     }
   }
 }
 
 StatusOr<Layout> Layout::create(LayoutKind kind, int64_t seq_len, int ranks) {
+  SP_CHECK_ARG(kind != LayoutKind::kDocuments,
+               "the documents layout balances the documents' work: create it with their offsets "
+               "(Layout::create(kind, seq_len, ranks, doc_offsets); empty offsets are one document)");
+  return create(kind, seq_len, ranks, {});
+}
+
+StatusOr<Layout> Layout::create(LayoutKind kind, int64_t seq_len, int ranks, const std::vector<int64_t>& doc_offsets) {
   SP_CHECK_ARG(ranks >= 1, "need at least one rank, got " + std::to_string(ranks));
   const int64_t chunks = kind == LayoutKind::kZigzag ? 2 * int64_t(ranks) : ranks;
   SP_CHECK_ARG(seq_len >= chunks,
                std::string(layout_name(kind)) + " layout over " + std::to_string(ranks) +
                    " ranks needs at least " + std::to_string(chunks) + " tokens, got " +
                    std::to_string(seq_len));
-  return Layout(kind, seq_len, ranks);
+  if (kind != LayoutKind::kDocuments) return Layout(kind, seq_len, ranks, {});
+  SP_RETURN_IF_ERROR(MaskSpec::documents(doc_offsets).validate(seq_len));
+  return Layout(kind, seq_len, ranks, doc_offsets);
 }
 
 int64_t Layout::max_local_len() const {

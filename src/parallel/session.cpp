@@ -12,9 +12,9 @@
 namespace seqpar {
 namespace {
 
-// Everything a plan depends on besides the session's options: the layout, the whole mask (its
-// documents' offsets and its block pattern, by identity: patterns are immutable), the scale, the
-// tensors' dims and dtypes, and the backend.
+// Everything a plan depends on besides the session's options: the layout (with the documents a
+// documents layout was made for), the whole mask (its documents' offsets and its block pattern,
+// by identity: patterns are immutable), the scale, the tensors' dims and dtypes, and the backend.
 std::string problem_key(const Layout& layout, const AttentionParams& p, const TensorView& q, const TensorView& k,
                         const AttentionBackend& backend) {
   const MaskSpec& m = p.mask;
@@ -23,6 +23,8 @@ std::string problem_key(const Layout& layout, const AttentionParams& p, const Te
                     k.shape_string() + "|" + std::to_string(p.scale) + "|" + std::to_string(m.window_left) + "," +
                     std::to_string(m.window_right) + "," + std::to_string(int(m.align)) + "|" + backend.name() + "|";
   for (int64_t offset : m.doc_offsets) key += std::to_string(offset) + ",";
+  key += "|";  // the documents layout's shards follow the documents it was made for
+  for (int64_t offset : layout.doc_offsets()) key += std::to_string(offset) + ",";
   if (m.block_pattern)
     key += "|" + m.block_pattern->name() + "@" + std::to_string(reinterpret_cast<uintptr_t>(m.block_pattern.get()));
   return key;
