@@ -69,6 +69,14 @@ Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, 
   return s;
 }
 
+// The presets have their namesakes' parameter counts (Llama-3.2-1B, tied; Llama-3-8B, untied).
+TEST(Train, PresetsHaveTheirModelsParameterCounts) {
+  EXPECT_EQ(parameter_count(model_preset("1b").value()), 1235814400);
+  EXPECT_EQ(parameter_count(model_preset("8b").value()), 8030261248);
+  EXPECT_FALSE(model_preset("8b").value().tied);
+  EXPECT_FALSE(model_preset("70b").ok());
+}
+
 TEST(Train, WholeModelGradientMatchesFiniteDifferencesInFp64) {
   ModelConfig c = tiny();
   c.tied = false;

@@ -40,11 +40,16 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
     c.rope_theta = 500000.0;
     return c;
   }
+  if (name == "8b") {  // Llama-3-8B's shape: 8,030,261,248 parameters, untied head
+    c.vocab = 128256, c.hidden = 4096, c.layers = 32, c.heads = 32, c.kv_heads = 8, c.ffn = 14336;
+    c.rope_theta = 500000.0, c.tied = false;
+    return c;
+  }
   return SP_STATUS(StatusCode::kInvalidArgument,
                    "unknown model preset '" + name + "' (available: " + model_preset_names() + ")");
 }
 
-std::string model_preset_names() { return "tiny, 125m, 1b"; }
+std::string model_preset_names() { return "tiny, 125m, 1b, 8b"; }
 
 StatusOr<ModelConfig> load_model_config(const std::string& path) {
   std::ifstream in(path);
