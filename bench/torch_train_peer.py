@@ -1,4 +1,4 @@
-"""The PyTorch peer for `seqpar train` on several GPUs: the same 1B-shaped Llama (transformers'
+"""The PyTorch peer for `seqpar train` on several GPUs: the same 1B-shaped (or, --model 8b, 8B-shaped) Llama (transformers'
 LlamaForCausalLM with our `--model 1b` preset's shape: vocab 128,256, hidden 2048, 16 layers,
 32 heads, 8 K/V heads, FFN 8192, tied head, RoPE theta 500,000), trained with what torchtitan
 combines for long sequences: FSDP2 (fully_shard per decoder layer and the root, bf16 compute,
@@ -50,14 +50,18 @@ def parse():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     p.add_argument("--no-ac", action="store_true", help="leave out selective activation checkpointing")
+    p.add_argument("--model", choices=["1b", "8b"], default="1b",
+                   help="`seqpar train --model`'s shape: 1b (Llama-3.2-1B) or 8b (Llama-3-8B, untied head)")
     return p.parse_args()
 
 
-def llama_1b():
+def llama_config(name):
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                       num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
-                       max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa")
+    shape = {"1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, tie_word_embeddings=True),
+             "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, tie_word_embeddings=False)}
+    return LlamaConfig(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                       max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa",
+                       **shape[name])
 
 
 def selective_checkpoint(layer):
@@ -102,7 +106,7 @@ def main():
             print(json.dumps(obj), flush=True)
 
     torch.manual_seed(0)
-    config = llama_1b()
+    config = llama_config(args.model)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
