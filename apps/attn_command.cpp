@@ -67,8 +67,8 @@ Status run_rank(Communicator& comm, const Job& job, int* exit_code) {
   const AttnOptions& o = job.opt;
   const int me = comm.rank(), P = comm.size();
   SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(o.layout));
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, o.seq, P));
   const AttentionParams params = params_of(job);
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, o.seq, P, params.mask.doc_offsets));
   if (me == 0) progress("running the forward on " + std::to_string(P) + (job.on_gpu ? " GPU ranks" : " ranks"));
   RankRun run;
   {
@@ -132,7 +132,8 @@ int run_attn(const AttnOptions& options, bool ranks_given) {
   Status planned = job.status();
   std::optional<Layout> layout;
   if (planned.ok()) {
-    layout = Layout::create(parse_layout(job->opt.layout).value(), job->opt.seq, job->ranks).value();
+    layout = Layout::create(parse_layout(job->opt.layout).value(), job->opt.seq, job->ranks, job->mask.doc_offsets)
+                 .value();
     planned = check_plan(job.value(), *layout);
   }
   if (!planned.ok()) {

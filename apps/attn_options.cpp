@@ -125,7 +125,9 @@ void add_attn_options(CLI::App& cmd, AttnOptions& o) {
                  "ranks per node (the double ring's inner ring; bytes split intra/inter); 0: one node")
       ->capture_default_str();
   cmd.add_option("--print-schedule", o.print_schedule, "print this rank's steps (forward, backward) and exit");
-  cmd.add_option("--layout", o.layout, "sequence layout: contiguous, zigzag, striped")->capture_default_str();
+  cmd.add_option("--layout", o.layout,
+                 "sequence layout: contiguous, zigzag, striped, documents (balances the visible work of a docs mask)")
+      ->capture_default_str();
   cmd.add_option("--mask", o.mask,
                  "full | causal | window:L,R | docs:N (causal inside N documents) | "
                  "bigbird:W,G,R[,B=N] (block-sparse on N-token blocks, default 64: W window "
@@ -250,7 +252,7 @@ StatusOr<Job> resolve_job(const AttnOptions& opt, bool ranks_given, bool under_m
   // Before the layout and the mask, which allocate per token.
   if (!opt.ignore_memory_estimate) SP_RETURN_IF_ERROR(check_fits_memory(job, under_mpi || under_torchrun ? 1 : job.ranks));
   SP_ASSIGN_OR_RETURN(job.mask, parse_mask(opt.mask, opt.seq));
-  SP_RETURN_IF_ERROR(Layout::create(kind, opt.seq, job.ranks).status());
+  SP_RETURN_IF_ERROR(Layout::create(kind, opt.seq, job.ranks, job.mask.doc_offsets).status());
   if (!opt.dump_dir.empty()) SP_RETURN_IF_ERROR(check_dump_folder(opt.dump_dir));
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   job.threads_per_rank = opt.threads_per_rank > 0 ? opt.threads_per_rank : std::max(1, cores / ranks_here);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 
 namespace seqpar::app {
 namespace {
@@ -139,6 +140,12 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
   }
   std::printf("forward attention calls per rank: %s; work in shard pairs of all heads: %s (of %d)\n", pairs.c_str(),
               shares.c_str(), P);
+  // The visible (query, key) pairs each rank's queries bring: what a layout balances (documents).
+  const std::vector<double> visible = rank_visible_work(plan.layout, plan.params.mask);
+  const double visible_mean = std::accumulate(visible.begin(), visible.end(), 0.0) / P;
+  std::printf("visible pairs of each rank's queries: busiest %.4g, mean %.4g (busiest / mean %.3f)\n",
+              *std::max_element(visible.begin(), visible.end()), visible_mean,
+              *std::max_element(visible.begin(), visible.end()) / visible_mean);
   print_check_line(job, check);
 
   if (o.json) {
@@ -186,6 +193,7 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
     j["bytes_match"] = bytes_ok;
     j["fwd_pairs_computed_per_rank"] = computed;
     j["fwd_work_per_rank"] = work;
+    j["visible_pairs_per_rank"] = visible;
     std::printf("%s\n", j.dump().c_str());
   }
   std::fflush(stdout);

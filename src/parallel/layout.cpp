@@ -51,8 +51,9 @@ Layout::Layout(LayoutKind kind, int64_t seq_len, int ranks, std::vector<int64_t>
 
 StatusOr<Layout> Layout::create(LayoutKind kind, int64_t seq_len, int ranks) {
   SP_CHECK_ARG(kind != LayoutKind::kDocuments,
-               "the documents layout balances the documents' work: create it with their offsets "
-               "(Layout::create(kind, seq_len, ranks, doc_offsets); empty offsets are one document)");
+               "the documents layout is made from the packed documents' offsets (Layout::create with "
+               "doc_offsets; empty offsets are one document); a caller that keeps one layout while the "
+               "documents change (seqpar train --pack) takes a token-balanced layout");
   return create(kind, seq_len, ranks, {});
 }
 
