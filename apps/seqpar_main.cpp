@@ -4,6 +4,7 @@
 
 #include "attn_command.hpp"
 #include "linear_attn_command.hpp"
+#include "plan_command.hpp"
 #include "train_command.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,8 @@ int main(int argc, char** argv) {
   seqpar::app::add_attn_command(app, attn_options, &exit_code);
   seqpar::app::LinearAttnOptions linear_attn_options;
   seqpar::app::add_linear_attn_command(app, linear_attn_options, &exit_code);
+  seqpar::app::PlanCliOptions plan_options;
+  seqpar::app::add_plan_command(app, plan_options, &exit_code);
 #ifdef SEQPAR_HAVE_MODEL
   seqpar::app::TrainCliOptions train_options;
   seqpar::app::add_train_command(app, train_options, &exit_code);

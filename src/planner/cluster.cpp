@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#ifdef SEQPAR_HAVE_JSON
 #include <nlohmann/json.hpp>
+#endif
 #include <sstream>
 
 namespace seqpar::planner {
@@ -158,6 +160,7 @@ StatusOr<Cluster> load_cluster(const std::string& name_or_path) {
   return cluster_from_json(text.str());
 }
 
+#ifdef SEQPAR_HAVE_JSON
 namespace {
 
 nlohmann::json link_json(const LinkSpec& l) {
@@ -222,5 +225,13 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
     return SP_STATUS(StatusCode::kInvalidArgument, std::string("cluster description: ") + e.what());
   }
 }
+
+#else
+// Built without nlohmann-json: presets only.
+std::string cluster_to_json(const Cluster& c) { return "{\"name\": \"" + c.name + "\"}"; }
+StatusOr<Cluster> cluster_from_json(const std::string&) {
+  return SP_STATUS(StatusCode::kUnsupported, "cluster files need nlohmann-json at build time; use a preset");
+}
+#endif
 
 }  // namespace seqpar::planner

@@ -198,12 +198,9 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   if (std::string why = head_parts_refusal(parts, problem.heads / g, problem.kv_heads / g); !why.empty())
     return refused("head groups leave no whole head parts: " + why, ranks);
 
-  // As the GPU executor moves blocks with the cuDNN backend: bf16 inputs, fp32 accumulators and
-  // row stats, query packs carrying O (cuDNN takes no D), results home in bf16 (block_bytes_for).
-  BlockBytes whole{problem.batch * k, problem.heads, problem.kv_heads, problem.head_dim,
-                   DType::kBF16,      DType::kF32,   DType::kF32,      false};
-  whole.results_rounded = true;
-  whole.head_groups = g;
+  BlockBytes whole = problem.wire;
+  whole.batch = problem.batch * k, whole.heads = problem.heads, whole.kv_heads = problem.kv_heads;
+  whole.head_dim = problem.head_dim, whole.head_groups = g;
   BlockBytes group = whole;
   group.heads /= g, group.kv_heads /= g, group.head_groups = 1;
 
@@ -234,9 +231,10 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
     }
     for (int l = 0; l < kNumLinkClasses; ++l) out.link_bytes[l] = std::max(out.link_bytes[l], by_link[l]);
   }
-  // q, o, dO, dq [n, H, D] and k, v, dk, dv [n, H_kv, D] in bf16, lse [H, n] in fp32.
+  // q, o, dO, dq [n, H, D] and k, v, dk, dv [n, H_kv, D] in the inputs' dtype, lse [H, n].
   const int64_t n = layout.max_local_len() * k * problem.batch;
-  out.tensor_bytes = n * problem.head_dim * (4 * problem.heads + 4 * problem.kv_heads) * 2 + n * problem.heads * 4;
+  out.tensor_bytes = n * problem.head_dim * (4 * problem.heads + 4 * problem.kv_heads) * int64_t(dtype_size(whole.input)) +
+                     n * problem.heads * int64_t(dtype_size(whole.stats));
   out.workspace_bytes = int64_t(cluster.workspace_bytes_per_element * double(n) *
                                 double(problem.heads + 2 * problem.kv_heads) * double(problem.head_dim));
   out.fits = out.tensor_bytes + out.extra_bytes() <= cluster.memory_bytes;
@@ -246,6 +244,18 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
 Prediction predict(const Cluster& cluster, const Problem& problem, const Candidate& cand, const CostOptions& options) {
   const int P = cluster.gpus();
   if (P <= options.max_simulated_ranks) return predict_on(cluster, P, problem, cand);
+  // What depends on P alone (a square grid, the Ulysses degree dividing the heads and ranks,
+  // whole nodes) is asked of the algorithm at P itself, on a request with no visibility: the
+  // folded simulations below check the mask's pattern.
+  if (const Algorithm* a = find_algorithm(cand.algorithm)) {
+    ScheduleRequest structural;
+    structural.ranks = P;
+    structural.topology = {cluster.gpus_per_node < P ? cluster.gpus_per_node : 0};
+    structural.visible.assign(P, std::vector<bool>(P, false));
+    structural.heads = problem.heads, structural.kv_heads = problem.kv_heads;
+    structural.ulysses = cand.ulysses, structural.ring_algorithm = cand.ring;
+    if (std::string why = a->supports(structural); !why.empty()) return refused(why, P);
+  }
   // The fold: the two largest rank counts under the cap that divide P, fill whole nodes and
   // (Attention2D) make a square grid, each with P's tokens per rank.
   const int node = cluster.gpus_per_node;

@@ -25,6 +25,9 @@ namespace seqpar::planner {
 struct Problem {
   int64_t seq = 0, batch = 1, heads = 32, kv_heads = 32, head_dim = 128;
   std::string mask = "causal";  // parse_mask's syntax
+  // How blocks travel (dtypes, what the query pack carries, rounded results): the cuDNN
+  // backend's on a GPU (block_bytes_for with bf16 inputs); its dims and groups are ignored.
+  BlockBytes wire{1, 1, 1, 1, DType::kBF16, DType::kF32, DType::kF32, false, true};
 };
 
 struct Candidate {
