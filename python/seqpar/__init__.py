@@ -17,7 +17,7 @@ __version__: str = _core.__version__
 __all__ = ["attention", "attention_backward", "algorithms", "algorithm_spec", "layouts", "shard", "unshard", "positions",
            "__version__"]
 
-_LAYOUTS = ("contiguous", "zigzag", "striped")
+_LAYOUTS = ("contiguous", "zigzag", "striped", "documents")
 
 
 def _array(x, name: str):
@@ -80,7 +80,8 @@ def attention(q, k, v, *, causal: bool = False, window: Tuple[int, int] = (-1, -
     q: [B, S, H, D], k and v: [B, S, H_kv, D], one dtype (float32 or float64), C-contiguous.
     causal / window: flash-attn's mask convention; window=(left, right) keys around the
     diagonal, -1 unbounded; causal=True sets right to 0.
-    algo: "auto" or a name from algorithms(); layout: one of layouts(). For "ulysses-ring",
+    algo: "auto" or a name from algorithms(); layout: one of layouts() ("documents" balances
+    the visible work of the packed documents, cu_seqlens or docs:N; one document without). For "ulysses-ring",
     ulysses: the Ulysses degree (0: the largest the heads allow) and ring_algo: the ring-family
     algorithm across the groups (default "ring").
     scale: softmax scale, default 1/sqrt(D).
@@ -121,22 +122,26 @@ def algorithms() -> dict:
 
 
 def layouts() -> Tuple[str, ...]:
-    """The layout names: how a sequence is split over ranks."""
+    """The layout names: how a sequence is split over ranks. "documents" splits packed documents
+    (give their cu_seqlens to shard, unshard and positions too) so that every rank has about the
+    same visible work; the others balance tokens."""
     return _LAYOUTS
 
 
-def shard(x, layout: str, ranks: int, rank: int, seq_dim: int = 1) -> np.ndarray:
-    """Rank `rank`'s rows of x (a new array), the sequence along seq_dim (default 1, BSHD)."""
-    return _core.shard(_array(x, "x"), layout, ranks, rank, seq_dim)
+def shard(x, layout: str, ranks: int, rank: int, seq_dim: int = 1, cu_seqlens=None) -> np.ndarray:
+    """Rank `rank`'s rows of x (a new array), the sequence along seq_dim (default 1, BSHD).
+    cu_seqlens: the documents the "documents" layout balances (the attention call's)."""
+    return _core.shard(_array(x, "x"), layout, ranks, rank, seq_dim, _offsets(cu_seqlens))
 
 
-def unshard(shards: Sequence, layout: str, seq_dim: int = 1) -> np.ndarray:
+def unshard(shards: Sequence, layout: str, seq_dim: int = 1, cu_seqlens=None) -> np.ndarray:
     """The full array from every rank's shard (shards[r] from rank r; ranks = len(shards))."""
     if isinstance(shards, np.ndarray) or not isinstance(shards, (list, tuple)):
         raise TypeError("shards must be a list with one array per rank")
-    return _core.unshard([_array(s, f"shards[{i}]") for i, s in enumerate(shards)], layout, seq_dim)
+    return _core.unshard([_array(s, f"shards[{i}]") for i, s in enumerate(shards)], layout, seq_dim,
+                         _offsets(cu_seqlens))
 
 
-def positions(layout: str, seq_len: int, ranks: int, rank: int) -> list:
+def positions(layout: str, seq_len: int, ranks: int, rank: int, cu_seqlens=None) -> list:
     """Global token positions of rank `rank`'s rows, in local order (for RoPE, labels)."""
-    return _core.positions(layout, seq_len, ranks, rank)
+    return _core.positions(layout, seq_len, ranks, rank, _offsets(cu_seqlens))

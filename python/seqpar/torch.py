@@ -17,13 +17,13 @@ Needs torch; `import seqpar` alone does not.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from . import algorithm_spec
 from . import torch_ops  # noqa: F401  (registers torch.ops.seqpar.*)
-from .torch_layout import gather, positions, shard, unshard
+from .torch_layout import document_offsets, gather, positions, shard, unshard
 
 __all__ = ["attention", "shard", "unshard", "gather", "positions"]
 
@@ -33,20 +33,6 @@ def _check_tensor(t, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
     if t.dim() != 4:
         raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim]; got shape {tuple(t.shape)}")
-
-
-def _offsets(cu_seqlens) -> List[int]:
-    """cu_seqlens as a list of ints ([] for none)."""
-    if cu_seqlens is None:
-        return []
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
-            raise ValueError(f"cu_seqlens must be a 1-D integer tensor; got {cu_seqlens.dim()}-D {cu_seqlens.dtype}")
-        return [int(x) for x in cu_seqlens.tolist()]
-    try:
-        return [int(x) for x in cu_seqlens]
-    except (TypeError, ValueError):
-        raise TypeError("cu_seqlens must be a 1-D integer tensor or a sequence of ints") from None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -60,8 +46,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     causal / window_size: flash-attn's mask; window_size=(left, right) keys around the
     diagonal, -1 unbounded; causal=True sets right to 0. softmax_scale defaults to 1/sqrt(D).
     algo: "auto" or a name from seqpar.algorithms() (for "ulysses-ring": ulysses, the Ulysses
-    degree, 0 for the largest the heads allow, and ring_algo across the groups). layout: "zigzag", "striped" or
-    "contiguous", how the sequence is split. group: a torch.distributed group; q, k, v are then
+    degree, 0 for the largest the heads allow, and ring_algo across the groups). layout: "zigzag", "striped",
+    "contiguous" or "documents", how the sequence is split ("documents": every rank about the same
+    visible work of cu_seqlens' documents; shard with the same cu_seqlens, seqpar.torch.shard(x,
+    layout="documents", cu_seqlens=...)). group: a torch.distributed group; q, k, v are then
     this rank's shard and seq_len the global length (default: the ranks' local lengths summed,
     at the cost of one small exchange per call). Without a group: ranks thread ranks (default 2).
     window and scale are accepted as older names of window_size and softmax_scale.
@@ -92,7 +80,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if not isinstance(algo, str) or not isinstance(layout, str):
         raise TypeError("algo and layout must be strings")
     algo = algorithm_spec(algo, ulysses, ring_algo)
-    doc_offsets = _offsets(cu_seqlens)
+    doc_offsets = list(document_offsets(cu_seqlens))
     if mask is not None and not isinstance(mask, str):
         raise TypeError(f"mask must be a string (parse_mask's text); got {type(mask).__name__}")
     if mask and (causal or tuple(window_size) != (-1, -1)):

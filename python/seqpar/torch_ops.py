@@ -56,7 +56,8 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
         return
     # Thread ranks: shard the full tensors, run every rank, put the written ones back.
     full_len = q.shape[1]
-    idx = [torch_layout.positions(full_len, layout=layout, ranks=ranks, rank=r, device=q.device) for r in range(ranks)]
+    idx = [torch_layout.positions(full_len, layout=layout, ranks=ranks, rank=r, device=q.device, cu_seqlens=doc_offsets)
+           for r in range(ranks)]
     written = (3, 4) if len(tensors) == 5 else (6, 7, 8)
     shards = []
     for r in range(ranks):

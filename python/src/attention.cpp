@@ -27,11 +27,11 @@ void require(bool cond, const std::string& message) {
   if (!cond) throw nb::value_error(message.c_str());
 }
 
-Layout make_layout(const std::string& name, int64_t seq_len, int ranks) {
+Layout make_layout(const std::string& name, int64_t seq_len, int ranks, const std::vector<int64_t>& doc_offsets) {
   require(ranks >= 1 && ranks <= kMaxRanks,
           "ranks must be between 1 and " + std::to_string(kMaxRanks) + "; got " + std::to_string(ranks));
   const LayoutKind kind = value_or_throw(parse_layout(name));
-  return value_or_throw(Layout::create(kind, seq_len, ranks));
+  return value_or_throw(Layout::create(kind, seq_len, ranks, doc_offsets));
 }
 
 namespace {
@@ -105,12 +105,12 @@ StatusOr<MaskSpec> with_documents(MaskSpec mask, const std::vector<int64_t>& doc
 
 nb::dict run_attention(const AttentionCall& c) {
   check_problem(c);
-  const Layout layout = make_layout(c.layout, c.q.shape[1], c.ranks);
   AttentionParams params;
   params.scale = c.scale;
   params.mask = value_or_throw(with_documents(c.mask.empty() ? MaskSpec::window(c.window_left, c.window_right)
                                                               : value_or_throw(parse_mask(c.mask, c.q.shape[1])),
                                                c.doc_offsets));
+  const Layout layout = make_layout(c.layout, c.q.shape[1], c.ranks, params.mask.doc_offsets);
   const int64_t B = c.q.shape[0], S = c.q.shape[1], H = c.q.shape[2], H_kv = c.k.shape[2], D = c.q.shape[3];
   const DType t = c.q.dtype;
   const bool forward = !c.o.has_value(), backward = c.dout.has_value();

@@ -31,8 +31,10 @@ struct AttentionCall {
 // algorithm that ran.
 nb::dict run_attention(const AttentionCall& call);
 
-// The layout `name` of seq_len tokens over `ranks` ranks, or ValueError.
-Layout make_layout(const std::string& name, int64_t seq_len, int ranks);
+// The layout `name` of seq_len tokens over `ranks` ranks, or ValueError. doc_offsets: the packed
+// documents (cu_seqlens) that the documents layout balances (empty: one document); the other
+// layouts ignore them.
+Layout make_layout(const std::string& name, int64_t seq_len, int ranks, const std::vector<int64_t>& doc_offsets = {});
 
 // ValueError with `message` unless cond holds.
 void require(bool cond, const std::string& message);

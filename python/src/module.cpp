@@ -65,11 +65,12 @@ int normalized_dim(int64_t dim, int ndim) {
 }
 
 // Rank `rank`'s rows of x (sequence along seq_dim), in local order.
-OutArray shard(const InArray& x_in, const std::string& layout_name, int ranks, int rank, int64_t seq_dim) {
+OutArray shard(const InArray& x_in, const std::string& layout_name, int ranks, int rank, int64_t seq_dim,
+               const std::vector<int64_t>& doc_offsets) {
   const TensorView x = view_of(x_in, "x");
   require(x.ndim >= 1, "x must have a sequence dimension");
   const int dim = normalized_dim(seq_dim, x.ndim);
-  const Layout layout = make_layout(layout_name, x.shape[dim], ranks);
+  const Layout layout = make_layout(layout_name, x.shape[dim], ranks, doc_offsets);
   require(rank >= 0 && rank < ranks, "rank must be in [0, " + std::to_string(ranks) + "); got " + std::to_string(rank));
   std::vector<int64_t> shape(x.shape.begin(), x.shape.begin() + x.ndim);
   shape[dim] = layout.local_len(rank);
@@ -79,7 +80,8 @@ OutArray shard(const InArray& x_in, const std::string& layout_name, int ranks, i
 }
 
 // The global array from every rank's shard (shards[r] is rank r's, as shard() returns it).
-OutArray unshard(const std::vector<InArray>& shards_in, const std::string& layout_name, int64_t seq_dim) {
+OutArray unshard(const std::vector<InArray>& shards_in, const std::string& layout_name, int64_t seq_dim,
+                 const std::vector<int64_t>& doc_offsets) {
   require(!shards_in.empty(), "unshard needs one shard per rank; got none");
   std::vector<TensorView> shards;
   for (size_t r = 0; r < shards_in.size(); ++r)
@@ -98,7 +100,7 @@ OutArray unshard(const std::vector<InArray>& shards_in, const std::string& layou
     seq_len += s.shape[dim];
   }
   const int ranks = static_cast<int>(shards.size());
-  const Layout layout = make_layout(layout_name, seq_len, ranks);
+  const Layout layout = make_layout(layout_name, seq_len, ranks, doc_offsets);
   std::vector<int64_t> shape(first.shape.begin(), first.shape.begin() + first.ndim);
   shape[dim] = seq_len;
   HostTensor global(first.dtype, shape);
@@ -106,8 +108,9 @@ OutArray unshard(const std::vector<InArray>& shards_in, const std::string& layou
   return to_numpy(std::move(global));
 }
 
-std::vector<int64_t> positions(const std::string& layout_name, int64_t seq_len, int ranks, int rank) {
-  const Layout layout = make_layout(layout_name, seq_len, ranks);
+std::vector<int64_t> positions(const std::string& layout_name, int64_t seq_len, int ranks, int rank,
+                               const std::vector<int64_t>& doc_offsets) {
+  const Layout layout = make_layout(layout_name, seq_len, ranks, doc_offsets);
   require(rank >= 0 && rank < ranks, "rank must be in [0, " + std::to_string(ranks) + "); got " + std::to_string(rank));
   return layout.positions(rank);
 }
@@ -133,9 +136,12 @@ NB_MODULE(_core, m) {
         nb::arg("lse"), nb::arg("dout"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("algo"),
         nb::arg("ranks"), nb::arg("layout"), nb::arg("scale"), nb::arg("doc_offsets") = std::vector<int64_t>{},
         nb::arg("mask") = "");
-  m.def("shard", &shard, nb::arg("x"), nb::arg("layout"), nb::arg("ranks"), nb::arg("rank"), nb::arg("seq_dim"));
-  m.def("unshard", &unshard, nb::arg("shards"), nb::arg("layout"), nb::arg("seq_dim"));
-  m.def("positions", &positions, nb::arg("layout"), nb::arg("seq_len"), nb::arg("ranks"), nb::arg("rank"));
+  m.def("shard", &shard, nb::arg("x"), nb::arg("layout"), nb::arg("ranks"), nb::arg("rank"), nb::arg("seq_dim"),
+        nb::arg("doc_offsets") = std::vector<int64_t>{});
+  m.def("unshard", &unshard, nb::arg("shards"), nb::arg("layout"), nb::arg("seq_dim"),
+        nb::arg("doc_offsets") = std::vector<int64_t>{});
+  m.def("positions", &positions, nb::arg("layout"), nb::arg("seq_len"), nb::arg("ranks"), nb::arg("rank"),
+        nb::arg("doc_offsets") = std::vector<int64_t>{});
   m.def("algorithms", &algorithms);
   register_shard_api(m);
 }

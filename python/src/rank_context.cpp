@@ -97,7 +97,7 @@ void check_shard_call(ShardCall& c, int rank, int ranks) {
   require(c.scale >= 0.0, "scale must be positive");
   if (c.seq_len == 0) c.seq_len = S * ranks;
   check_mask_args(c.window_left, c.window_right, c.mask, c.doc_offsets, c.seq_len);
-  const Layout layout = make_layout(c.layout, c.seq_len, ranks);
+  const Layout layout = make_layout(c.layout, c.seq_len, ranks, c.doc_offsets);
   require(layout.local_len(rank) == S,
           "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + " holds " +
               std::to_string(layout.local_len(rank)) + " of the " + std::to_string(c.seq_len) + " tokens under the " +
@@ -158,7 +158,9 @@ Status RankContext::run(const ShardCall& c, void* stream, std::string* algo_run)
     }
     SP_ASSIGN_OR_RETURN(const AttentionParams params, params_for(c));
     SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(c.layout));
-    SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, c.seq_len, comm_->size()));
+    // The documents layout balances cu_seqlens' documents, which the caller's shards were cut by
+    // too (seqpar.torch.shard(..., cu_seqlens=)); not documents of mask text.
+    SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, c.seq_len, comm_->size(), c.doc_offsets));
     SP_ASSIGN_OR_RETURN(Session* session, session_for(c.algo));
     SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session->plan(layout, params, c.q.view, c.k.view));
     if (algo_run) *algo_run = plan->algorithm->name;

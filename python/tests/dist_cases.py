@@ -83,7 +83,7 @@ def documents_vs_sdpa(rank, world):
     group = dist.group.WORLD
     out = []
     for algo, layout, causal in (("auto", "zigzag", True), ("ring-return", "striped", False),
-                                 ("distflash", "contiguous", True)):
+                                 ("distflash", "contiguous", True), ("ring", "documents", True)):
         offsets = [0, 9, 10, 33, 40, 61]
         S = offsets[-1]
         g = torch.Generator().manual_seed(5)
@@ -99,7 +99,7 @@ def documents_vs_sdpa(rank, world):
         ref_grads = torch.autograd.grad(ref_o, (q, k, v), dout)
 
         def mine(t):
-            return st.shard(t.detach(), layout=layout, group=group, dim=1)
+            return st.shard(t.detach(), layout=layout, group=group, dim=1, cu_seqlens=offsets)
 
         lq, lk, lv = (mine(t).requires_grad_() for t in (q, k, v))
         o = st.attention(lq, lk, lv, causal=causal, cu_seqlens=torch.tensor(offsets), algo=algo, group=group,

@@ -139,7 +139,8 @@ def test_backward_alone(algo, layout, ranks):
         assert_close(name, got, want[name], 1e-10)
 
 
-@pytest.mark.parametrize("algo,layout,ranks,causal", [("auto", "zigzag", 3, True), ("ring-return", "striped", 2, False)])
+@pytest.mark.parametrize("algo,layout,ranks,causal", [("auto", "zigzag", 3, True), ("ring-return", "striped", 2, False),
+                                                      ("burst", "documents", 3, True), ("ring", "documents", 4, False)])
 def test_documents_from_cu_seqlens_match_the_oracle_per_document(algo, layout, ranks, causal):
     # Packed documents: each document's rows equal the oracle run on that document alone.
     rng = np.random.default_rng(7)

@@ -126,7 +126,7 @@ def sdpa_per_document(q, k, v, offsets, causal):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 @pytest.mark.parametrize("algo,layout,ranks,causal", [
     ("auto", "zigzag", 2, True), ("ring", "striped", 3, False), ("burst-return", "zigzag", 4, True),
-    ("ulysses", "contiguous", 2, True),
+    ("ulysses", "contiguous", 2, True), ("ring", "documents", 3, True), ("burst-return", "documents", 4, True),
 ])
 def test_documents_from_cu_seqlens_match_sdpa_per_document(dtype, tol, algo, layout, ranks, causal):
     # Packed documents of unequal lengths, one of a single token: the values and the gradients
