@@ -1,6 +1,6 @@
 // The attention Session (include/seqpar/session.hpp): its plan cache keys the whole problem
-// (a mask with other documents or another block pattern is another plan; the same problem is
-// the same plan), and its passes on thread ranks match the fp64 oracle under a documents mask.
+// (a mask with other documents or another block pattern is another plan, and so is a documents
+// layout made for other documents; the same problem is the same plan), and its passes on thread ranks match the fp64 oracle under a documents mask.
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -33,6 +33,15 @@ TEST(Session, PlansOncePerProblemAndTellsMasksApart) {
   HostTensor q32(DType::kF32, {1, 64, 4, 8}), k32(DType::kF32, {1, 64, 2, 8});
   EXPECT_NE(session.plan(layout, docs, q32.view(), k32.view()).value(), first);  // another dtype
   EXPECT_EQ(session.plan(layout, docs, q.view(), k.view()).value(), first);
+  // Documents layouts made for other documents hold other rows (here as many on rank 0, so the
+  // tensors' shapes alone do not tell them apart): under one mask, other plans, each with its
+  // own layout (planned for rank 0 of 2).
+  for (const std::vector<int64_t>& made_for : {std::vector<int64_t>{0, 10, 64}, std::vector<int64_t>{0, 54, 64}}) {
+    const Layout balanced = Layout::create(LayoutKind::kDocuments, 64, 2, made_for).value();
+    HostTensor lq(DType::kF64, {1, balanced.local_len(0), 4, 8}), lk(DType::kF64, {1, balanced.local_len(0), 2, 8});
+    const AttentionPlan* plan = session.plan(balanced, docs, lq.view(), lk.view()).value();
+    EXPECT_EQ(plan->layout.positions(0), balanced.positions(0));
+  }
 }
 
 TEST(Session, PassesOnThreadRanksMatchTheOracleUnderDocuments) {
