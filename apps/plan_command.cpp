@@ -80,7 +80,9 @@ int run_plan(const PlanCliOptions& o) {
     return 2;
   }
   if (!o.write_cluster.empty()) std::ofstream(o.write_cluster) << planner::cluster_to_json(cluster.value()) << "\n";
-  planner::Problem problem{o.seq, o.batch, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.head_dim, o.mask};
+  planner::Problem problem;
+  problem.seq = o.seq, problem.batch = o.batch, problem.heads = o.heads;
+  problem.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads, problem.head_dim = o.head_dim, problem.mask = o.mask;
   planner::PlannerOptions options;
   options.algorithms = o.algos;
   options.head_groups = o.head_groups;

@@ -10,6 +10,8 @@
 #include "planner/simulator.hpp"
 #include "schedule_test_util.hpp"
 #include "seqpar/algorithm.hpp"
+#include "seqpar/backend.hpp"
+#include "seqpar/distributed_attention.hpp"
 
 namespace seqpar::planner {
 namespace {
@@ -20,11 +22,13 @@ struct UnitLinks final : LinkTiming {
   double latency_s(LinkClass l) const override { return l == LinkClass::kIntra ? 0.1 : 0.2; }
 };
 
-SimOp compute(double s) { return {SimOp::kCompute, s}; }
+SimOp compute(double s) { return SimOp::compute(s); }
 SimOp post(int batch, std::vector<SimSend> sends, std::vector<int> recv_from) {
-  return {SimOp::kPost, 0, batch, std::move(sends), std::move(recv_from)};
+  SimOp op = SimOp::post(batch, 0);
+  op.sends = std::move(sends), op.recv_from = std::move(recv_from);
+  return op;
 }
-SimOp wait(int batch) { return {SimOp::kWait, 0, batch}; }
+SimOp wait(int batch) { return SimOp::wait(batch, 0); }
 
 TEST(PlannerSimulator, PureComputeAddsUp) {
   auto r = simulate({{compute(1), compute(2)}, {compute(0.5)}}, UnitLinks());
@@ -155,7 +159,7 @@ TEST(PlannerBytes, PredictedEqualMeasuredOnCpuRanksForEveryAlgorithm) {
       Cluster cluster = cluster_preset("h100x4").value();
       cluster.gpus_per_node = per_node;
       cluster.nodes = c.ranks / per_node;
-      Problem problem{g.seq, g.batch, g.heads, g.kv_heads, g.head_dim, mask, g.bytes()};
+      Problem problem{g.seq, g.batch, g.heads, g.kv_heads, g.head_dim, mask, std::nullopt, g.bytes()};
       const Prediction p = predict(cluster, problem, {c.algorithm, c.ulysses, c.ring, c.head_groups, kind});
       ASSERT_TRUE(p.refusal.empty()) << p.refusal;
       int64_t fwd = 0, bwd = 0, link[kNumLinkClasses] = {};
@@ -238,3 +242,38 @@ TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {
 
 }  // namespace
 }  // namespace seqpar::planner
+
+namespace seqpar {
+namespace {
+
+// `--algo auto` with a cluster description takes the planner's pick (algorithm, grid, head
+// groups); without one (CPU ranks, no SEQPAR_CLUSTER) it keeps the busiest-rank rule.
+TEST(PlannerAuto, AutoTakesThePlannersPickWhenAClusterIsGiven) {
+  auto layout = Layout::create(LayoutKind::kZigzag, 4 * 4096, 4);
+  ASSERT_TRUE(layout.ok());
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const BlockBytes bytes{1, 32, 32, 128, DType::kBF16, DType::kF32, DType::kF32, false, true};
+  PlanOptions with("auto");
+  with.cluster = "h100x4";
+  auto plan = plan_attention(with, layout.value(), params, bytes, 0, cpu_kernel_backend());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_NE(plan->choice.find("predicted time on cluster h100x4"), std::string::npos) << plan->choice;
+
+  planner::Problem problem;
+  problem.seq = 4 * 4096;
+  problem.wire = bytes;
+  planner::PlannerOptions o;
+  o.layout = LayoutKind::kZigzag;
+  const planner::PlanTable table = planner::plan_table(planner::cluster_preset("h100x4").value(), problem, o);
+  ASSERT_GE(table.pick, 0);
+  EXPECT_EQ(plan->algorithm->name, table.rows[size_t(table.pick)].candidate.algorithm);
+
+  if (std::getenv("SEQPAR_CLUSTER")) GTEST_SKIP() << "SEQPAR_CLUSTER is set";
+  auto old = plan_attention(PlanOptions("auto"), layout.value(), params, bytes, 0, cpu_kernel_backend());
+  ASSERT_TRUE(old.ok());
+  EXPECT_NE(old->choice.find("busiest rank"), std::string::npos) << old->choice;
+}
+
+}  // namespace
+}  // namespace seqpar

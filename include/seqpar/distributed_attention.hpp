@@ -23,6 +23,10 @@ struct PlanOptions {
   PlanOptions(std::string algorithm_name = "auto", Topology nodes = {})
       : algorithm(std::move(algorithm_name)), topology(nodes) {}
   std::string algorithm;           // a name from algorithm.hpp, or auto
+  // auto: a cluster description (preset name or JSON path, src/planner/cluster.hpp) to pick by
+  // predicted time; empty: SEQPAR_CLUSTER, else this machine's preset on a GPU, else none (auto
+  // then picks by the busiest rank's work and bytes).
+  std::string cluster;
   Topology topology;               // nodes, for the double ring and the per-link byte counts
   int ulysses = 0;                 // ulysses-ring: the Ulysses degree (0: the largest that fits)
   std::string ring_algorithm = "ring";  // ulysses-ring: the ring-family schedule across groups
@@ -63,7 +67,9 @@ struct AttentionPlan {
   std::string choice;      // with auto: what it chose and why
 };
 
-// Plans `rank`'s part of the problem. `bytes` describes the blocks (dims, dtypes); auto picks
+// Plans `rank`'s part of the problem. `bytes` describes the blocks (dims, dtypes); auto, with a
+// cluster description (PlanOptions::cluster), takes the planner's pick by predicted time
+// (src/planner/auto_choice.hpp: algorithm, grid and head groups); without one it picks
 // among the supported algorithms the one whose busiest rank does the least work (compute_work), then
 // sends the fewest bytes (forward + backward), counting twice the batches it waits for with no
 // compute between post and wait (nothing hides them). A named algorithm that cannot run the problem

@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "parallel/forward_state.hpp"
+#include "planner/auto_choice.hpp"
 #include "seqpar/distributed_attention.hpp"
 
 namespace seqpar {
@@ -162,7 +164,15 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   plan.request.ulysses = options.ulysses;
   plan.request.ring_algorithm = options.ring_algorithm;
   plan.request.keep_forward_state = options.keep_forward_state;
-  if (options.algorithm == "auto") {
+  std::optional<planner::AutoChoice> predicted;
+  if (options.algorithm == "auto")
+    predicted = planner::choose_by_predicted_time(options, layout, params, bytes, backend);
+  if (predicted) {
+    plan.algorithm = find_algorithm(predicted->algorithm);
+    plan.request.ulysses = predicted->ulysses;
+    plan.request.ring_algorithm = predicted->ring;
+    plan.choice = predicted->why;
+  } else if (options.algorithm == "auto") {
     Cost best{std::numeric_limits<double>::max(), std::numeric_limits<int64_t>::max()};
     for (const Algorithm* a : all_algorithms()) {
       if (!a->supports(plan.request).empty()) continue;
@@ -186,7 +196,10 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   plan.schedule = plan.algorithm->make_schedule(plan.request, rank);
   // Device backends split the heads to fit the workspace budget; host ones only when asked
   // (the one executor runs the same group loop on either device, and CPU tests exercise it).
-  if (backend.caps().device || options.head_groups > 0) {
+  if (predicted && (backend.caps().device || options.head_groups > 0)) {
+    plan.head_groups = predicted->head_groups;  // the planner's: the fewest that fit the device
+    plan.block_bytes.head_groups = plan.head_groups;
+  } else if (backend.caps().device || options.head_groups > 0) {
     SP_ASSIGN_OR_RETURN(plan.head_groups, head_groups_for(options, *plan.algorithm, plan.request, layout, bytes));
     plan.block_bytes.head_groups = plan.head_groups;
   }

@@ -112,7 +112,7 @@ double own_blocks_seconds(const PassPricing& p, int rank, Pass pass, bool at_end
 
 std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, const PassPricing& p) {
   std::vector<SimOp> ops;
-  ops.push_back({SimOp::kCompute, own_blocks_seconds(p, rank, pass, false)});
+  ops.push_back(SimOp::compute(own_blocks_seconds(p, rank, pass, false)));
   std::map<int, double> merge_bytes;  // batch -> bytes of received results merged or added
   for (const Step& s : steps) {
     SimOp op;
@@ -154,7 +154,7 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
     }
     ops.push_back(std::move(op));
   }
-  ops.push_back({SimOp::kCompute, own_blocks_seconds(p, rank, pass, true)});
+  ops.push_back(SimOp::compute(own_blocks_seconds(p, rank, pass, true)));
   return ops;
 }
 
@@ -178,7 +178,8 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   const Algorithm* algorithm = find_algorithm(cand.algorithm);
   if (!algorithm) return refused("unknown algorithm '" + cand.algorithm + "'", ranks);
   const Topology topology{cluster.gpus_per_node < ranks ? cluster.gpus_per_node : 0};
-  StatusOr<MaskSpec> parsed = parse_mask(problem.mask, problem.seq);
+  StatusOr<MaskSpec> parsed = problem.mask_spec ? StatusOr<MaskSpec>(*problem.mask_spec)
+                                                 : parse_mask(problem.mask, problem.seq);
   if (!parsed.ok()) return refused(parsed.status().message(), ranks);
   const MaskSpec& mask = parsed.value();
   if (mask.has_block_pattern()) return refused("block-sparse patterns are not priced (only band and documents)", ranks);

@@ -15,16 +15,19 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "planner/cluster.hpp"
 #include "seqpar/layout.hpp"
+#include "seqpar/mask.hpp"
 
 namespace seqpar::planner {
 
 struct Problem {
   int64_t seq = 0, batch = 1, heads = 32, kv_heads = 32, head_dim = 128;
-  std::string mask = "causal";  // parse_mask's syntax
+  std::string mask = "causal";  // parse_mask's syntax (mask_spec, where set, wins)
+  std::optional<MaskSpec> mask_spec;
   // How blocks travel (dtypes, what the query pack carries, rounded results): the cuDNN
   // backend's on a GPU (block_bytes_for with bf16 inputs); its dims and groups are ignored.
   BlockBytes wire{1, 1, 1, 1, DType::kBF16, DType::kF32, DType::kF32, false, true};

@@ -23,15 +23,16 @@ std::vector<Candidate> candidates(const Cluster& cluster, const Problem& problem
     const std::string name = a->name;
     if (!o.algorithms.empty() && std::find(o.algorithms.begin(), o.algorithms.end(), name) == o.algorithms.end())
       continue;
+    const LayoutKind layout = o.layout.value_or(layout_for(name));
     if (name != "ulysses-ring") {
-      out.push_back({name, 0, "ring", 1, layout_for(name)});
+      out.push_back({name, 0, "ring", 1, layout});
       continue;
     }
     // Ulysses x ring: every proper degree (1 is the ring, P plain Ulysses) whose groups stay in
     // a node, with the two return rings (the fastest ring-family schedules measured) across.
     for (int u = 2; u < P; ++u) {
       if (P % u || problem.heads % u || (cluster.nodes > 1 && cluster.gpus_per_node % u)) continue;
-      for (const char* ring : {"ring-return", "burst-return"}) out.push_back({name, u, ring, 1, LayoutKind::kZigzag});
+      for (const char* ring : {"ring-return", "burst-return"}) out.push_back({name, u, ring, 1, layout});
     }
   }
   return out;

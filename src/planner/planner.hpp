@@ -3,6 +3,7 @@
 // forward + backward among those that fit in device memory.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct PlannerOptions {
   std::vector<std::string> algorithms;  // empty: every registered algorithm
   int head_groups = 0;                  // 0: for each candidate, the fewest groups that fit
   ModelShape model;                     // layers 0: attention alone
+  std::optional<LayoutKind> layout;     // every candidate on this layout (else each its own)
 };
 
 PlanTable plan_table(const Cluster& cluster, const Problem& problem, const PlannerOptions& options = {});

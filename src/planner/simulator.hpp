@@ -30,6 +30,16 @@ struct SimOp {
   std::vector<SimSend> sends;  // kPost
   std::vector<int> recv_from;  // kPost: one entry per receive, matched to the peer's sends to
                                // this rank in order
+  static SimOp compute(double seconds) { return make(kCompute, seconds, -1); }
+  static SimOp post(int batch, double seconds) { return make(kPost, seconds, batch); }
+  static SimOp wait(int batch, double seconds) { return make(kWait, seconds, batch); }
+
+ private:
+  static SimOp make(Kind kind, double seconds, int batch) {
+    SimOp op;
+    op.kind = kind, op.seconds = seconds, op.batch = batch;
+    return op;
+  }
 };
 
 // Seconds a transfer of `bytes` holds its ports (bandwidth) and takes end to end (+ latency).

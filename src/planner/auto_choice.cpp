@@ -1,0 +1,47 @@
+// `--algo auto` by predicted time (auto_choice.hpp).
+#include "planner/auto_choice.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "planner/planner.hpp"
+#include "seqpar/gpu.hpp"
+
+namespace seqpar::planner {
+
+std::string auto_cluster_name(const PlanOptions& options, const Layout& layout, const AttentionBackend& backend) {
+  if (!options.cluster.empty()) return options.cluster;
+  if (const char* env = std::getenv("SEQPAR_CLUSTER"); env && *env) return env;
+  // This machine, where a preset describes it: one node of 2 or 4 H100s or H200s (told apart
+  // by device memory: 80 GB against 141 GB).
+  const int P = layout.ranks();
+  if (!backend.caps().device || options.topology.ranks_per_node > 0 || (P != 2 && P != 4)) return {};
+  if (cuda_device_count() < P) return {};
+  const double free_gib = double(cuda_free_memory()) / (1024.0 * 1024.0 * 1024.0);
+  return (free_gib > 100 ? "h200x" : "h100x") + std::to_string(P);
+}
+
+std::optional<AutoChoice> choose_by_predicted_time(const PlanOptions& options, const Layout& layout,
+                                                    const AttentionParams& params, const BlockBytes& bytes,
+                                                    const AttentionBackend& backend) {
+  const std::string name = auto_cluster_name(options, layout, backend);
+  if (name.empty()) return std::nullopt;
+  StatusOr<Cluster> cluster = load_cluster(name);
+  if (!cluster.ok() || cluster->gpus() != layout.ranks()) return std::nullopt;
+  Problem problem;
+  problem.seq = layout.seq_len();
+  problem.batch = bytes.batch, problem.heads = bytes.heads, problem.kv_heads = bytes.kv_heads;
+  problem.head_dim = bytes.head_dim;
+  problem.mask_spec = params.mask;
+  problem.wire = bytes;
+  PlannerOptions o;
+  o.layout = layout.kind();
+  o.head_groups = options.head_groups;
+  const PlanTable table = plan_table(cluster.value(), problem, o);
+  if (table.pick < 0) return std::nullopt;
+  const Candidate& c = table.rows[size_t(table.pick)].candidate;
+  return AutoChoice{c.algorithm, c.ulysses, c.ring, c.head_groups,
+                    "auto chose by predicted time on cluster " + cluster->name + ": " + table.why};
+}
+
+}  // namespace seqpar::planner
