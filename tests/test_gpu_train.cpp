@@ -187,6 +187,22 @@ TEST_F(GpuTrain, DataParallelAndZeroFollowTheCpuRunAsOneGpuRankDoes) {
   }
 }
 
+// An untied LM head (the 8b preset's) with ZeRO-3 over two thread ranks sharing the GPU follows
+// the CPU trainer's run as one GPU rank does.
+TEST_F(GpuTrain, UntiedHeadWithZero3FollowsTheCpuRun) {
+  TrainOptions o = options(5);
+  o.model.tied = false;
+  Reference ref;
+  ASSERT_NO_FATAL_FAILURE(reference(o, &ref));
+  o.zero_stage = 3;
+  Record r;
+  const Status s = run(o, 2, &r);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  std::string which;
+  EXPECT_LE(worst(o.model, r.weights, ref.cpu.weights, &which), 2 * ref.weights) << which;
+  EXPECT_LE(loss_error(r, ref.cpu), 2 * ref.losses + 1e-6);
+}
+
 // The same over two GPUs (NCCL): two data-parallel groups of one GPU each, and ZeRO-3 over two
 // sequence-parallel GPUs.
 TEST_F(GpuTrain, DataParallelAndZeroOnTwoGpus) {
