@@ -82,7 +82,7 @@ Status check_trace(GpuWorkspace& ws, const AttentionPlan& plan) {
 // and checks each rank's measured bytes against the walked ones.
 Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
                 const HostTensor& dout, const AttentionParams& params, Globals* out) {
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(c.layout, c.seq, c.ranks));
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(c.layout, c.seq, c.ranks, params.mask.doc_offsets));
   const DType t = q.view().dtype;
   out->o = HostTensor(t, {c.batch, c.seq, c.heads, c.head_dim});
   out->lse = HostTensor(DType::kF32, {c.batch, c.heads, c.seq});
@@ -205,6 +205,12 @@ std::vector<Case> cases() {
   all.push_back({"ring", 4, Z, "causal", 1000, 4, 2, 128, 0, false, /*own_kernels=*/true});
   for (LayoutKind layout : {C, St})
     for (const char* algo : {"ring", "burst"}) all.push_back({algo, 4, layout, "causal", 1001, 4, 2, 64});
+  // The documents layout (packed documents dealt whole or in per-document zigzag pieces: many
+  // position runs a shard) on our kernels, which take the document mask.
+  for (const char* algo : {"ring", "burst", "ring-return", "burst-return"})
+    all.push_back({algo, 3, LayoutKind::kDocuments, "docs:7", 1999, 4, 2, 128});
+  all.push_back({"ulysses", 2, LayoutKind::kDocuments, "docs:5", 1001, 8, 2, 64});
+  all.push_back({"ring", 4, LayoutKind::kDocuments, "docs:9", 4099, 8, 2, 128, 0, /*nccl=*/true});
   // Head groups (GQA 8:2 in two groups of 4:1), MQA, and two groups of 3 heads over 1025 rows:
   // the second group's LSE slice starts 12300 bytes in, not 16-byte aligned, so it is copied.
   for (const char* algo : {"ring", "burst", "distflash"}) all.push_back({algo, 4, std::string(algo) == "distflash" ? C : Z, "causal", 1536, 8, 2, 128, 2});
