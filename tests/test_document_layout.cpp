@@ -64,7 +64,8 @@ TEST(DocumentBalance, BusiestRankWithinTenPercentOfTheMean) {
       SCOPED_TRACE(std::to_string(S) + " tokens, P = " + std::to_string(P));
       double busiest[4];
       std::vector<Layout> layouts;
-      for (LayoutKind kind : {LayoutKind::kContiguous, LayoutKind::kZigzag, LayoutKind::kStriped, LayoutKind::kDocuments}) {
+      for (LayoutKind kind :
+           {LayoutKind::kContiguous, LayoutKind::kZigzag, LayoutKind::kStriped, LayoutKind::kDocuments}) {
         layouts.push_back(Layout::create(kind, S, P, offsets).value());
         const std::vector<double> work = rank_visible_work(layouts.back(), docs);
         EXPECT_DOUBLE_EQ(std::accumulate(work.begin(), work.end(), 0.0), docs.visible_pairs(S));

@@ -102,7 +102,8 @@ std::vector<Item> items_of(const std::vector<Document>& docs, const std::vector<
   for (size_t d = 0; d < docs.size(); ++d)
     for (int64_t p = 0; p < parts[d]; ++p) {
       Item item{0, 0, d, p, parts[d]};
-      for (const auto& [a, b] : piece_chunks(docs[d].len, parts[d], p)) item.work += causal_work(a, b), item.tokens += b - a;
+      for (const auto& [a, b] : piece_chunks(docs[d].len, parts[d], p))
+        item.work += causal_work(a, b), item.tokens += b - a;
       items.push_back(item);
     }
   const auto size = [&](const Item& x) { return std::max(double(x.work) / mean_work, double(x.tokens) / mean_tokens); };
