@@ -1,9 +1,9 @@
 // The documents layout's balance on long packed sequences (issue 37): documents with lognormal
 // lengths (mean 8K, a heavy tail: some over 128K) packed into 256K, 512K and 1M tokens on P = 2,
-// 4, 8 ranks. The busiest rank's visible work (rank_visible_work) must be at most 1.1x the mean
-// under the documents layout; the table printed beside it gives the token-balanced layouts'
-// figures, the documents layout's token spread, and the busiest rank's ring bytes (forward +
-// backward, walked from the schedules) against the causal ring's on the same tokens.
+// 4, 8 ranks. Under the documents layout the busiest rank's visible work (rank_visible_work) must
+// be at most 1.1x the mean, its tokens at most 1.25x, and its ring bytes (forward + backward,
+// walked from the schedules) at most 1.1x the causal ring's on the same tokens; the table printed
+// beside it gives the token-balanced layouts' figures too.
 // docs/RESULTS.md quotes the table.
 #include <gtest/gtest.h>
 
@@ -76,11 +76,13 @@ TEST(DocumentBalance, BusiestRankWithinTenPercentOfTheMean) {
       for (int r = 0; r < P; ++r) tokens.push_back(double(layouts[3].local_len(r)));
       const Layout causal_layout = Layout::create(LayoutKind::kZigzag, S, P).value();
       const double causal_ring = double(busiest_ring_bytes(causal_layout, MaskSpec::causal(), bytes));
+      const double documents_bytes = busiest_ring_bytes(layouts[3], docs, bytes) / causal_ring;
+      EXPECT_LE(max_over_mean(tokens), 1.25);  // the layout's token target
+      EXPECT_LE(documents_bytes, 1.1);         // never much above the causal ring's traffic
       std::printf("| %lldK | %d | %zu (%lld) | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f |\n",
                   (long long)(S >> 10), P, offsets.size() - 1, (long long)long_docs, busiest[0], busiest[1], busiest[2],
                   busiest[3], max_over_mean(tokens), busiest_ring_bytes(layouts[1], docs, bytes) / causal_ring,
-                  busiest_ring_bytes(layouts[2], docs, bytes) / causal_ring,
-                  busiest_ring_bytes(layouts[3], docs, bytes) / causal_ring);
+                  busiest_ring_bytes(layouts[2], docs, bytes) / causal_ring, documents_bytes);
     }
   }
 }
