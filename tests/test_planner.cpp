@@ -215,7 +215,7 @@ TEST(PlannerCluster, PresetsRoundTripThroughJson) {
     EXPECT_EQ(back->gpus(), c->gpus());
     EXPECT_EQ(back->attention.size(), c->attention.size());
     EXPECT_DOUBLE_EQ(back->intra.gbps_at(1e8), c->intra.gbps_at(1e8));
-    EXPECT_DOUBLE_EQ(back->attention_seconds(1e13, true, 128, true), c->attention_seconds(1e13, true, 128, true));
+    EXPECT_DOUBLE_EQ(back->attention_seconds(1e13, 32, true, 128, true), c->attention_seconds(1e13, 32, true, 128, true));
   }
   EXPECT_EQ(cluster_preset("generic:4096")->nodes, 512);
   EXPECT_FALSE(cluster_preset("generic:12").ok());  // not whole nodes of 8

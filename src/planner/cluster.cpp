@@ -106,7 +106,7 @@ double AttentionRate::flops(bool backward) const {
   return backward ? 2.5 * fwd : fwd;
 }
 
-double Cluster::attention_seconds(double flops, bool causal, int64_t head_dim, bool backward) const {
+double Cluster::attention_seconds(double flops, int64_t heads, bool causal, int64_t head_dim, bool backward) const {
   if (flops <= 0) return 0;
   // The entries of this backend and mask kind at the nearest head dim.
   std::vector<const AttentionRate*> rows;
@@ -121,8 +121,9 @@ double Cluster::attention_seconds(double flops, bool causal, int64_t head_dim, b
     for (const AttentionRate& r : attention)
       if (r.backend == backend) rows.push_back(&r);
   if (rows.empty()) return flops / 500e12;  // an empty description: a nominal Hopper rate
-  std::sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return a->flops(backward) < b->flops(backward); });
-  const double tflops = interpolate_log(rows, flops, [&](const AttentionRate* r) { return r->flops(backward); },
+  const auto per_head = [&](const AttentionRate* r) { return r->flops(backward) / double(r->heads); };
+  std::sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return per_head(a) < per_head(b); });
+  const double tflops = interpolate_log(rows, flops / double(std::max<int64_t>(1, heads)), per_head,
                                         [&](const AttentionRate* r) { return backward ? r->bwd_tflops : r->fwd_tflops; });
   return flops / (tflops * 1e12);
 }

@@ -57,9 +57,11 @@ struct Cluster {
   int gpus() const { return gpus_per_node * nodes; }
   Topology topology() const { return {nodes > 1 ? gpus_per_node : 0}; }
   const LinkSpec& link(LinkClass c) const { return c == LinkClass::kIntra ? intra : inter; }
-  // Seconds of a local attention call of `flops` FLOPs (counted as AttentionRate counts them),
-  // causal (a diagonal block) or not, head dim `head_dim`.
-  double attention_seconds(double flops, bool causal, int64_t head_dim, bool backward) const;
+  // Seconds of a local attention call of `flops` FLOPs (counted as AttentionRate counts them)
+  // over `heads` heads, causal (a diagonal block) or not, head dim `head_dim`. Entries are
+  // matched by FLOPs per head: heads are independent work of the same tile shapes, so a head
+  // group's call of fewer heads runs at the rate of its tokens, not of its smaller total.
+  double attention_seconds(double flops, int64_t heads, bool causal, int64_t head_dim, bool backward) const;
 };
 
 // Presets: "h100x2", "h100x4", "h200x2", "h200x4" (one node, NVLink between every pair), and

@@ -129,7 +129,7 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
                            double(p.problem.head_dim) * (backward ? 2.5 : 1.0);
       op.kind = SimOp::kCompute;
       op.seconds = p.cluster.launch_s +
-                   p.cluster.attention_seconds(flops, vis < all, p.problem.head_dim, backward);
+                   p.cluster.attention_seconds(flops, heads, vis < all, p.problem.head_dim, backward);
     } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
       op.kind = SimOp::kCompute;
       op.seconds = copy_seconds(p.cluster, double(p.group.of(s.block, p.layout, p.head_parts)));
