@@ -12,13 +12,14 @@ namespace seqpar::planner {
 std::string auto_cluster_name(const PlanOptions& options, const Layout& layout, const AttentionBackend& backend) {
   if (!options.cluster.empty()) return options.cluster;
   if (const char* env = std::getenv("SEQPAR_CLUSTER"); env && *env) return env;
-  // This machine, where a preset describes it: one node of 2 or 4 H100s or H200s (told apart
-  // by device memory: 80 GB against 141 GB).
+  // This machine, where a preset describes it: one node of 2 or 4 NVLink GPUs. Every rank must
+  // pick the same schedule without talking, so nothing rank-local (free memory) may decide:
+  // the H100 preset serves H200s too (same rates; the smaller memory only makes the head
+  // groups conservative); SEQPAR_CLUSTER=h200x2 gives an H200's memory.
   const int P = layout.ranks();
   if (!backend.caps().device || options.topology.ranks_per_node > 0 || (P != 2 && P != 4)) return {};
   if (cuda_device_count() < P) return {};
-  const double free_gib = double(cuda_free_memory()) / (1024.0 * 1024.0 * 1024.0);
-  return (free_gib > 100 ? "h200x" : "h100x") + std::to_string(P);
+  return "h100x" + std::to_string(P);
 }
 
 std::optional<AutoChoice> choose_by_predicted_time(const PlanOptions& options, const Layout& layout,

@@ -1,6 +1,6 @@
 // `--algo auto` by predicted time: when a cluster description is at hand (PlanOptions::cluster,
-// else the SEQPAR_CLUSTER environment variable, else on a GPU the preset of this machine: H100
-// or H200 by device memory, 2 or 4 of them in one node), plan_attention takes the planner's
+// else the SEQPAR_CLUSTER environment variable, else with 2 or 4 local GPUs in one node the
+// h100x2 or h100x4 preset, which every rank picks alike), plan_attention takes the planner's
 // pick (algorithm, Ulysses degree and ring dimension, head groups) on the plan's own layout.
 // Without one, auto keeps its work-and-bytes rule.
 #pragma once
