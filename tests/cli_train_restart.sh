@@ -5,7 +5,9 @@
 # straight run, its own save setting the later junk step aside; an empty folder starts from step 0;
 # a NaN loss (SEQPAR_FAULT_NAN_STEP) stops the run naming the last good checkpoint, which resumes
 # to the straight run's weights past a torn .tmp; SIGTERM saves and exits with 143, and
-# --resume auto continues from that step. Usage: cli_train_restart.sh path/to/seqpar
+# --resume auto continues from that step; a save that cannot be written (a full disk, made by a
+# file-size limit) stops the run with exit 1, leaves no .tmp and the previous checkpoint, from
+# which --resume auto finishes like the straight run. Usage: cli_train_restart.sh path/to/seqpar
 set -uo pipefail
 bin="$1"
 dir="$(mktemp -d)"
@@ -62,4 +64,17 @@ head -c 1000 "$dir/nan/step-00000004.ckpt" > "$dir/nan/step-00000006.ckpt.tmp"
   2> "$dir/after_nan.err" || { cat "$dir/after_nan.err"; fail "resuming after the NaN"; }
 grep -q "resumed from .*step-00000004.ckpt at step 4" "$dir/after_nan.err" || { cat "$dir/after_nan.err"; fail "not resumed at 4"; }
 cmp -s "$dir/straight/model.safetensors" "$dir/after_nan/model.safetensors" || fail "the run resumed after a NaN differs"
+# A full disk: a file-size limit (SIGXFSZ ignored, so writes fail with EFBIG) below a
+# checkpoint's size fails the save at step 4; exit 1, the step-2 file untouched, no .tmp left.
+"$bin" "${args[@]}" --steps 2 --checkpoint-dir "$dir/full" --save-every 2 > /dev/null 2>&1 || fail "the run before the full disk"
+(trap '' XFSZ; ulimit -f 400; "$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/full" --save-every 2 --resume auto \
+  > /dev/null 2> "$dir/full.err")
+rc=$?
+[ $rc -eq 1 ] || { cat "$dir/full.err"; fail "exit status $rc on a full disk, not 1"; }
+grep -q "writing the checkpoint .*step-00000004.ckpt.tmp failed (disk full?)" "$dir/full.err" ||
+  { cat "$dir/full.err"; fail "no full-disk message"; }
+[ "$(cd "$dir/full" && ls)" = "step-00000002.ckpt" ] || fail "after the full disk: $(ls "$dir/full")"
+"$bin" "${args[@]}" --steps 6 --checkpoint-dir "$dir/full" --resume auto --export "$dir/after_full" > /dev/null \
+  2> "$dir/after_full.err" || { cat "$dir/after_full.err"; fail "resuming after the full disk"; }
+cmp -s "$dir/straight/model.safetensors" "$dir/after_full/model.safetensors" || fail "the run resumed after a full disk differs"
 echo PASS

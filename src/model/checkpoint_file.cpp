@@ -89,7 +89,8 @@ Status write_checkpoint(const std::string& path, const TrainingState& s) {
     out.close();  // close's errors too (NFS reports a full quota there)
     if (!out.good() || !sync_to_disk(tmp)) {  // a full disk: the previous checkpoint stays the newest
       std::filesystem::remove(tmp, ec);
-      return SP_STATUS(StatusCode::kInvalidArgument,
+      // A runtime failure, not a bad argument: the tool exits with 1.
+      return SP_STATUS(StatusCode::kInternal,
                        "writing the checkpoint " + tmp + " failed (disk full?); the previous one is untouched");
     }
   }
