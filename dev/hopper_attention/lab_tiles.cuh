@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/hopper/hopper_bwd.cuh"
@@ -34,9 +35,21 @@ struct DeviceTiles {
   }
 };
 
+// LAB_TILE_ORDER=neighbours|classes|heavy|position picks order_tiles' order (A/B runs); default:
+// the library's.
+inline seqpar::hopper::TileOrder lab_tile_order() {
+  using seqpar::hopper::TileOrder;
+  const char* e = std::getenv("LAB_TILE_ORDER");
+  const std::string s = e ? e : "";
+  return s == "heavy"      ? TileOrder::kHeavyFirst
+         : s == "position" ? TileOrder::kPosition
+         : s == "classes"  ? TileOrder::kClasses
+                           : TileOrder::kNeighbours;
+}
+
 inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn) {
   using namespace seqpar::hopper;
-  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd::kBM, bwd::kBN);
+  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd::kBM, bwd::kBN, lab_tile_order());
   const PackedTiles k = pack_tiles(plan, m);
   DeviceTiles d;
   if (cudaMalloc(&d.blob, std::max<size_t>(16, k.blob.size() * 4)) != cudaSuccess ||

@@ -6,6 +6,7 @@
 // hopper_mask.cuh walks them) equals the mask; wholly masked tile pairs are not listed (exact
 // for band and documents, whose tiles the lists decide exactly). Runs here, no GPU needed:
 //   g++ -std=c++20 -O2 -I src dev/hopper_attention/tiles_selftest.cpp -o /tmp/tiles_selftest && /tmp/tiles_selftest
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <map>
@@ -116,8 +117,17 @@ int main() {
     }
     const int shapes[2][4] = {{128, 192, 64, 128}, {192, 128, 64, 128}};
     const int* s = shapes[iter % 2];
-    const TilePlan p = plan_tiles(m, s[0], s[1], s[2], s[3]);
-    const int bad = check_side(m, p.fwd, false, "fwd") + check_side(m, p.bwd, true, "bwd");
+    const TileOrder orders[4] = {TileOrder::kNeighbours, TileOrder::kClasses, TileOrder::kHeavyFirst, TileOrder::kPosition};
+    const TileOrder how = orders[iter % 4];
+    const TilePlan p = plan_tiles(m, s[0], s[1], s[2], s[3], how);
+    int bad = check_side(m, p.fwd, false, "fwd") + check_side(m, p.bwd, true, "bwd");
+    // Every order is a permutation of the tiles (each CTA of a head takes one, none twice).
+    for (const SideTiles* t : {&p.fwd, &p.bwd}) {
+      std::vector<int32_t> o = t->order;
+      std::sort(o.begin(), o.end());
+      for (size_t i = 0; i < o.size(); ++i) bad += o[i] != int32_t(i);
+      bad += o.size() + 1 != t->begin.size();
+    }
     // The visible-pair count against brute force.
     double brute = 0;
     for (int i = 0; i < m.seq_q; ++i)

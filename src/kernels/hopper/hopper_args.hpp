@@ -27,7 +27,8 @@ inline constexpr int kTilePatternMask = 2;  // the pattern does not allow every 
 struct TileMask {
   const int32_t* begin;    // [tiles + 1]: tile t's entries are entries[begin[t] .. begin[t + 1])
   const int32_t* entries;  // other side's tile << 2 | flags (1: range mask, 2: pattern mask)
-  const int32_t* order;    // [tiles]: the tiles by descending entry count; CTA i takes order[i]
+  const int32_t* order;    // [tiles]: the order (order_tiles) one head's CTAs take the tiles
+                           // in: CTA x of the head takes order[x]
   const int32_t* ranges;   // [this side's rows][2]: first and last other-side row it sees
                            // under band and documents (first > last: none)
   const uint32_t* bits;    // pattern bitmap [this side's blocks][bits_words]: bit c = block c of

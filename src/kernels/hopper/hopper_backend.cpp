@@ -88,8 +88,9 @@ struct Band {
   bool fwd_empty = false, bwd_empty = false;  // the lists hold no entry
 };
 
-// With tile lists a grid dimension counts tiles (at most 65535); 128 rows is the smallest tile
-// the lists' side of either pass has (the forward's query tiles, the backward's key tiles).
+// At most 65535 tiles of 128 rows (the smallest tile the lists' side of either pass has) per call
+// with tile lists: the bound of the grids before they put tiles in x (heads outer), kept because
+// the lists index their entries with int32 and have not been tried beyond it.
 constexpr int64_t kMaxListedRows = int64_t(65535) * 128;
 
 // Masks that need tile lists: anything beyond the full mask and a causal band.
@@ -131,7 +132,7 @@ class HopperBackend : public cuda::CudaKernelBackend {
     // Tile lists carry positions and row indices as int32.
     if (needs_lists(m) && (start < -(int64_t(1) << 30) || start + q.shape[1] > (int64_t(1) << 30)))
       return "the Hopper kernels take masked problems at positions below 2^30";
-    // With tile lists the forward's grid has a row per query tile (at most 65535).
+    // With tile lists, at most kMaxListedRows query rows (see there).
     if (needs_lists(m) && q.shape[1] > kMaxListedRows)
       return "the Hopper kernels take masked problems of at most " + std::to_string(kMaxListedRows) +
              " query rows per call";

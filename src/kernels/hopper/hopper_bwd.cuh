@@ -150,11 +150,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
   auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
 
-  // Heaviest key tiles are launched first: under the causal mask the first ones (grid x = key
-  // tile); with tile lists the lists' order (grid x = KV head, y = rank in that order).
+  // Blocks launch x fastest, so KV heads are the outer loop: the CTAs in flight at once are one
+  // head's key tiles, which read the same Q, dO and dQ accumulator rows, from L2. Within a head,
+  // heaviest key tiles first under the causal mask (the first ones); with tile lists the lists'
+  // order (hopper_tiles.hpp, order_tiles). With x = head instead, the CTAs in flight read 32
+  // heads' Q and dO and added into 32 heads' dQ, and the masked backward ran at HBM speed.
   const bool listed = p.tiles.begin != nullptr;
-  const int n_block = listed ? __ldg(p.tiles.order + blockIdx.y) : blockIdx.x;
-  const int kvh = listed ? blockIdx.x : blockIdx.y, b = blockIdx.z;
+  const int n_block = listed ? __ldg(p.tiles.order + blockIdx.x) : blockIdx.x;
+  const int kvh = blockIdx.y, b = blockIdx.z;
   const int G = p.heads / p.kv_heads;
   const int n0 = n_block * kBN;
   const int n_m_total = (p.seq_q + kBM - 1) / kBM;
@@ -600,7 +603,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   p.tiles = a.tiles;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
-  const dim3 grid = a.tiles.begin ? dim3(a.kv_heads, n_tiles, a.batch) : dim3(n_tiles, a.kv_heads, a.batch);
+  const dim3 grid(n_tiles, a.kv_heads, a.batch);
   kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   if (!a.main_only) {

@@ -26,7 +26,7 @@
 // Masks given as visible-tile lists (documents, windows, block-sparse; FwdParams::tiles, see
 // hopper_tiles.hpp): each CTA walks its query tile's list instead, loads and multiplies only the
 // listed key tiles, and evaluates the mask element by element only in the entries flagged as
-// boundary tiles (hopper_mask.cuh); CTAs take the query tiles with the longest lists first.
+// boundary tiles (hopper_mask.cuh); each head's CTAs take its query tiles in the lists' order.
 #pragma once
 
 #include <cmath>
@@ -187,12 +187,14 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
   auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
 
-  // Heaviest query blocks first: under the causal mask the last ones (grid x = query block);
-  // with tile lists the order the lists give (grid x = head, y = rank in that order, so every
-  // head's heaviest tiles go before any head's lighter ones).
+  // Blocks launch x fastest, so heads are the outer loop: the CTAs in flight at once are one
+  // head's tiles and share its K and V in L2. Within a head, heaviest query blocks first under
+  // the causal mask (the last ones); with tile lists the lists' order (hopper_tiles.hpp,
+  // order_tiles: heavy first, neighbours together). With x = head instead, the CTAs in flight
+  // read 32 heads' K/V and the masked forward ran at the speed of HBM (README, "Schedule").
   const bool listed = p.tiles.begin != nullptr;
-  const int m_block = listed ? __ldg(p.tiles.order + blockIdx.y) : gridDim.x - 1 - blockIdx.x;
-  const int h = listed ? blockIdx.x : blockIdx.y, b = blockIdx.z;
+  const int m_block = listed ? __ldg(p.tiles.order + blockIdx.x) : gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (p.heads / p.kv_heads);
   const int m0 = m_block * kBM;
   int n_blocks = (p.seq_k + kBN - 1) / kBN, e0 = 0;
@@ -472,7 +474,7 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   p.tiles = a.tiles;
   const int m_tiles = (a.seq_q + kBM - 1) / kBM;
-  const dim3 grid = a.tiles.begin ? dim3(a.heads, m_tiles, a.batch) : dim3(m_tiles, a.heads, a.batch);
+  const dim3 grid(m_tiles, a.heads, a.batch);
   kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
 }
