@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include "seqpar/backend.hpp"
 #include "seqpar/gpu.hpp"
@@ -27,11 +28,18 @@ using testing::cast;
 // A shard pair: dims, the mask, and the rows' global positions as runs of consecutive positions
 // (start, rows); the keys are passed in two blocks, rows [0, half) and [half, S_k).
 struct Case {
+  using Runs = std::vector<std::pair<int64_t, int64_t>>;
+  // A constructor rather than aggregate initialisation, so cases may leave out the trailing
+  // scale and docs without -Wmissing-field-initializers.
+  Case(std::string name_, std::string mask_, int64_t B_, int64_t H_, int64_t Hkv_, int64_t D_, Runs q_runs_,
+       Runs k_runs_, int64_t half_, double scale_ = 0, std::vector<int64_t> docs_ = {})
+      : name(std::move(name_)), mask(std::move(mask_)), B(B_), H(H_), Hkv(Hkv_), D(D_), q_runs(std::move(q_runs_)),
+        k_runs(std::move(k_runs_)), half(half_), scale(scale_), docs(std::move(docs_)) {}
   std::string name, mask;
   int64_t B, H, Hkv, D;
-  std::vector<std::pair<int64_t, int64_t>> q_runs, k_runs;
+  Runs q_runs, k_runs;
   int64_t half;
-  double scale = 0;  // 0: 1/sqrt(D)
+  double scale;  // 0: 1/sqrt(D)
   std::vector<int64_t> docs;  // document offsets ANDed with the mask (empty: the mask's own)
   int64_t seq_q() const {
     int64_t n = 0;

@@ -84,9 +84,10 @@ std::vector<const AttentionBackend*> all_backends();
 // run (src/kernels/cudnn/cudnn_attention.hpp says what it costs).
 std::unique_ptr<AttentionBackend> make_cuda_backend();
 std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0, bool deterministic = false);
-// Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128, full or causal masks, each
-// side's positions one run with step 1 (supports() says what else it refuses; it refuses every
-// GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code. Not a default choice:
+// Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128; full and causal masks, and
+// documents, left-bounded windows and block patterns (blocks a power of two of at least 8 tokens)
+// as visible-tile lists; each side's positions one run with step 1 (supports() says what else it
+// refuses; it refuses every GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code. Not a default choice:
 // make_gpu_backend never picks it.
 std::unique_ptr<AttentionBackend> make_hopper_backend();
 // The GPU backend for problems like (q, params): cuDNN where built, preferred and supported,
