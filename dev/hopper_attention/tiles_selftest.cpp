@@ -88,9 +88,9 @@ static int check_side(const PairMask& m, const SideTiles& t, bool key_side, cons
 int main() {
   std::mt19937_64 rng(7);
   int fails = 0, cases = 0;
+  auto U = [&](int a, int b) { return int(std::uniform_int_distribution<int>(a, b)(rng)); };
   for (int iter = 0; iter < 300; ++iter) {
     PairMask m;
-    auto U = [&](int a, int b) { return int(std::uniform_int_distribution<int>(a, b)(rng)); };
     const int total = U(50, 900);
     m.seq_q = U(1, total), m.seq_k = U(1, total);
     m.q0 = U(0, total - m.seq_q), m.k0 = U(0, total - m.seq_k);
@@ -139,6 +139,22 @@ int main() {
       std::printf("FAIL case %d kind %d Sq %d Sk %d q0 %ld k0 %ld window %ld,%ld docs %zu block %ld: %d bad, pairs %g vs %g\n",
                   iter, kind, m.seq_q, m.seq_k, long(m.q0), long(m.k0), long(m.window_left), long(m.window_right),
                   m.doc_offsets.size(), long(m.pattern_block), bad, visible_pairs(m), brute);
+    }
+  }
+  // listed_unit (hopper_args.hpp): every (rank, head) of a grid exactly once.
+  for (int iter = 0; iter < 200; ++iter) {
+    const int tiles = U(1, 40), heads = U(1, 9), heavy = U(0, tiles);
+    std::vector<int> seen(size_t(tiles) * heads, 0);
+    for (int y = 0; y < heads; ++y)
+      for (int x = 0; x < tiles; ++x) {
+        int rank = -1, head = -1;
+        listed_unit(x, y, tiles, heads, heavy, &rank, &head);
+        if (rank >= 0 && rank < tiles && head >= 0 && head < heads) ++seen[size_t(head) * tiles + rank];
+      }
+    ++cases;
+    if (std::count(seen.begin(), seen.end(), 1) != tiles * heads) {
+      ++fails;
+      std::printf("FAIL listed_unit tiles %d heads %d heavy %d\n", tiles, heads, heavy);
     }
   }
   std::printf("tiles selftest: %d/%d cases pass\n", cases - fails, cases);

@@ -28,7 +28,8 @@ struct TileMask {
   const int32_t* begin;    // [tiles + 1]: tile t's entries are entries[begin[t] .. begin[t + 1])
   const int32_t* entries;  // other side's tile << 2 | flags (1: range mask, 2: pattern mask)
   const int32_t* order;    // [tiles]: the order (order_tiles) one head's CTAs take the tiles
-                           // in: CTA x of the head takes order[x]
+                           // in (listed_unit maps a CTA to a rank in it and a head)
+  int heavy;               // outliers leading `order`: taken by every head before the rest
   const int32_t* ranges;   // [this side's rows][2]: first and last other-side row it sees
                            // under band and documents (first > last: none)
   const uint32_t* bits;    // pattern bitmap [this side's blocks][bits_words]: bit c = block c of
@@ -37,6 +38,25 @@ struct TileMask {
   int block_shift;         // pattern block = 1 << block_shift positions
   int pos0, other_pos0;    // positions of row 0 of this side and of the other side
 };
+
+#ifdef __CUDACC__
+#define SEQPAR_HOPPER_HD __host__ __device__
+#else
+#define SEQPAR_HOPPER_HD
+#endif
+// Which tile (rank in TileMask::order) and head the listed CTA (x, y) of a grid (tiles, heads)
+// takes. Blocks launch in the order of lin = x + tiles * y: first the `heavy` leading tiles of
+// every head, heads inner (no head's long list is left for the last wave), then each head's
+// other tiles, heads outer (the CTAs in flight share one head's rows in L2).
+SEQPAR_HOPPER_HD inline void listed_unit(int x, int y, int tiles, int heads, int heavy, int* rank, int* head) {
+  const int64_t lin = x + int64_t(tiles) * y, front = int64_t(heavy) * heads;
+  if (lin < front) {
+    *rank = int(lin / heads), *head = int(lin % heads);
+  } else {
+    const int64_t r = lin - front, rest = tiles - heavy;
+    *head = int(r / rest), *rank = heavy + int(r % rest);
+  }
+}
 
 struct FwdArgs {
   const void* q;  // [B, S_q, H, D] bf16

@@ -153,11 +153,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   // Blocks launch x fastest, so KV heads are the outer loop: the CTAs in flight at once are one
   // head's key tiles, which read the same Q, dO and dQ accumulator rows, from L2. Within a head,
   // heaviest key tiles first under the causal mask (the first ones); with tile lists the lists'
-  // order (hopper_tiles.hpp, order_tiles). With x = head instead, the CTAs in flight read 32
-  // heads' Q and dO and added into 32 heads' dQ, and the masked backward ran at HBM speed.
+  // order, every head's outliers first (hopper_tiles.hpp, order_tiles; listed_unit). With x =
+  // head instead, the CTAs in flight read 32 heads' Q and dO and added into 32 heads' dQ, and
+  // the masked backward ran at HBM speed.
   const bool listed = p.tiles.begin != nullptr;
-  const int n_block = listed ? __ldg(p.tiles.order + blockIdx.x) : blockIdx.x;
-  const int kvh = blockIdx.y, b = blockIdx.z;
+  int rank = blockIdx.x, kvh = blockIdx.y;
+  if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &kvh);
+  const int n_block = listed ? __ldg(p.tiles.order + rank) : rank;
+  const int b = blockIdx.z;
   const int G = p.heads / p.kv_heads;
   const int n0 = n_block * kBN;
   const int n_m_total = (p.seq_q + kBM - 1) / kBM;

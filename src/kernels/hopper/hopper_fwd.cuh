@@ -190,11 +190,14 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   // Blocks launch x fastest, so heads are the outer loop: the CTAs in flight at once are one
   // head's tiles and share its K and V in L2. Within a head, heaviest query blocks first under
   // the causal mask (the last ones); with tile lists the lists' order (hopper_tiles.hpp,
-  // order_tiles: heavy first, neighbours together). With x = head instead, the CTAs in flight
-  // read 32 heads' K/V and the masked forward ran at the speed of HBM (README, "Schedule").
+  // order_tiles and listed_unit: outliers of every head first, then neighbours together). With
+  // x = head instead, the CTAs in flight read 32 heads' K/V and the masked forward ran at the
+  // speed of HBM (README, "Schedule").
   const bool listed = p.tiles.begin != nullptr;
-  const int m_block = listed ? __ldg(p.tiles.order + blockIdx.x) : gridDim.x - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  int rank = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
+  if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &h);
+  const int m_block = listed ? __ldg(p.tiles.order + rank) : rank;
+  const int b = blockIdx.z;
   const int kvh = h / (p.heads / p.kv_heads);
   const int m0 = m_block * kBM;
   int n_blocks = (p.seq_k + kBN - 1) / kBN, e0 = 0;

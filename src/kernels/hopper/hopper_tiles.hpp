@@ -44,8 +44,10 @@ struct PairMask {
 // or two heads' tiles are in flight at once). A tile's work is its entry count.
 //   kNeighbours (the default): position order, so the CTAs in flight are neighbours that read the
 //     same rows of the other side (a document's, a window's) from L2, except that outliers (more
-//     than 4x the mean count of the listed tiles: a BigBird global row) go first, heaviest first,
-//     so the last wave has no long list to wait for.
+//     than 4x the mean count of the listed tiles: a BigBird global row) go first, heaviest first;
+//     the kernels take every head's outliers before any head's other tiles (listed_unit), so the
+//     last wave has no long list to wait for (with heads outer alone, the last head's global row
+//     was a tail of 0.3 ms in a 1.7 ms BigBird forward at 32K).
 //   kClasses: classes of entry counts within a factor of 2, heaviest class first, each in
 //     position order.
 //   kHeavyFirst: by descending entry count (longest-processing-time first; neighbours are apart).
@@ -57,7 +59,10 @@ struct PairMask {
 // from the last, the backward's key tiles from the first (the dense kernels' order).
 enum class TileOrder { kNeighbours, kClasses, kHeavyFirst, kPosition };
 
-inline std::vector<int32_t> order_tiles(const std::vector<int32_t>& begin, bool key_side, TileOrder how) {
+// *heavy: how many outliers lead the order (kNeighbours; 0 otherwise).
+inline std::vector<int32_t> order_tiles(const std::vector<int32_t>& begin, bool key_side, TileOrder how,
+                                        int* heavy) {
+  *heavy = 0;
   const int n = int(begin.size()) - 1;
   std::vector<int32_t> order(size_t(std::max(n, 0)));
   for (int i = 0; i < n; ++i) order[size_t(i)] = key_side ? i : n - 1 - i;
@@ -77,6 +82,7 @@ inline std::vector<int32_t> order_tiles(const std::vector<int32_t>& begin, bool 
     const int64_t cut = listed > 0 ? 4 * (int64_t(begin[size_t(n)]) - begin[0]) / listed : 0;
     const auto big = [&](int32_t t) { return count(t) > cut ? count(t) : 0; };
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return big(x) > big(y); });
+    for (int t = 0; t < n; ++t) *heavy += big(t) > 0;
   }
   return order;
 }
@@ -87,6 +93,7 @@ struct SideTiles {
   std::vector<int32_t> begin, entries, order, ranges;
   std::vector<uint32_t> bits;  // [this side's pattern blocks][bits_words]; empty: no pattern
   int bits_words = 0;
+  int heavy = 0;  // outliers leading `order` (order_tiles)
   int64_t entry_count() const { return int64_t(entries.size()); }
 };
 
@@ -224,7 +231,7 @@ inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows,
     }
   }
   t.begin[size_t(n_tiles)] = int32_t(t.entries.size());
-  t.order = order_tiles(t.begin, key_side, how);
+  t.order = order_tiles(t.begin, key_side, how, &t.heavy);
   t.ranges = rows;
   if (m.has_pattern()) pattern_bitmap(m, key_side, &t.bits, &t.bits_words);
   return t;
@@ -286,6 +293,7 @@ struct PackedTiles {
   std::vector<int32_t> blob;
   size_t off[2][5] = {};  // per side: begin, entries, order, ranges, bits (in int32 units)
   int bits_words[2] = {0, 0};
+  int heavy[2] = {0, 0};
   int64_t pos0[2] = {0, 0}, other_pos0[2] = {0, 0};
   int block = 0;
   int64_t entries[2] = {0, 0};
@@ -302,6 +310,7 @@ inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
     };
     put(t.begin, 0), put(t.entries, 1), put(t.order, 2), put(t.ranges, 3), put(t.bits, 4);
     k.bits_words[s] = t.bits_words;
+    k.heavy[s] = t.heavy;
     k.entries[s] = t.entry_count();
   }
   k.pos0[0] = m.q0, k.other_pos0[0] = m.k0;
@@ -319,6 +328,7 @@ inline TileMask tile_mask_view(const PackedTiles& k, int side, const void* devic
   t.ranges = base + k.off[side][3];
   t.bits = k.bits_words[side] ? reinterpret_cast<const uint32_t*>(base + k.off[side][4]) : nullptr;
   t.bits_words = k.bits_words[side];
+  t.heavy = k.heavy[side];
   t.block_shift = 0;
   while (k.block > 1 && (1 << (t.block_shift + 1)) <= k.block) ++t.block_shift;
   t.pos0 = int(k.pos0[side]);
