@@ -1,8 +1,8 @@
 // `--algo auto` by predicted time: when a cluster description is named (PlanOptions::cluster,
 // else the SEQPAR_CLUSTER environment variable: a preset such as h100x4, or a JSON file; every
-// rank must name the same one), plan_attention takes the planner's pick (algorithm, Ulysses
-// degree and ring dimension, head groups) on the plan's own layout. Without one, auto keeps its
-// work-and-bytes rule.
+// rank must name the same one; on 4 local GPUs of one node, the h100x4 preset), plan_attention
+// takes the planner's pick (algorithm, Ulysses degree and ring dimension, head groups) on the
+// plan's own layout. Without one, auto keeps its work-and-bytes rule.
 #pragma once
 
 #include <optional>
