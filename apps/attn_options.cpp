@@ -129,7 +129,8 @@ void add_attn_options(CLI::App& cmd, AttnOptions& o) {
                  "sequence layout: contiguous, zigzag, striped, documents (balances the visible work of a docs mask)")
       ->capture_default_str();
   cmd.add_option("--mask", o.mask,
-                 "full | causal | window:L,R | docs:N (causal inside N documents) | "
+                 "full | causal | window:L,R | docs:N (causal inside N documents) | docs-lognormal:M[,SIGMA[,SEED]] "
+                 "(documents of lognormal lengths, mean M tokens, log sd SIGMA, default 2) | "
                  "bigbird:W,G,R[,B=N] (block-sparse on N-token blocks, default 64: W window "
                  "blocks each side, G global, R random a row) | bigbird-causal:W,G,R[,B=N] | "
                  "blocks:PATH | blocks-causal:PATH (pattern file: 'block_size N', then one row "

@@ -1,7 +1,9 @@
 // Core: status macros, dtype conversions, tensor views, mask parsing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "seqpar/dtype.hpp"
 #include "seqpar/mask.hpp"
@@ -88,8 +90,37 @@ TEST(Mask, ParseAndDescribe) {
   EXPECT_EQ(d.doc_offsets.back(), 12);
   EXPECT_TRUE(d.validate(12).ok());
   EXPECT_FALSE(d.validate(13).ok());
-  for (const char* bad : {"windo:1,2", "window:1", "window:-5,0", "docs:0", "docs:99", "x"})
+  for (const char* bad : {"windo:1,2", "window:1", "window:-5,0", "docs:0", "docs:99", "x", "docs-lognormal:",
+                          "docs-lognormal:0", "docs-lognormal:8,-1", "docs-lognormal:8,2,", "docs-lognormal:8,2,1,4"})
     EXPECT_FALSE(parse_mask(bad, 12).ok()) << bad;
+}
+
+// Lognormal documents: seeded (the same offsets every time, others for another seed), covering
+// the sequence, each at least one token, the mean near the one asked for over many documents,
+// and a long tail that the sequence's end cuts.
+TEST(Mask, LognormalDocuments) {
+  const int64_t S = int64_t(1) << 26;
+  const MaskSpec a = parse_mask("docs-lognormal:8192", S).value();
+  EXPECT_EQ(a.doc_offsets, parse_mask("docs-lognormal:8192,2,1", S).value().doc_offsets);
+  EXPECT_NE(a.doc_offsets, parse_mask("docs-lognormal:8192,2,2", S).value().doc_offsets);
+  ASSERT_TRUE(a.validate(S).ok());
+  EXPECT_EQ(a.doc_offsets.back(), S);
+  int64_t longest = 0, over_16x = 0;
+  for (size_t d = 1; d < a.doc_offsets.size(); ++d) {
+    const int64_t len = a.doc_offsets[d] - a.doc_offsets[d - 1];
+    EXPECT_GE(len, 1);
+    longest = std::max(longest, len);
+    over_16x += len > 16 * 8192;
+  }
+  const double docs = double(a.doc_offsets.size() - 1);
+  EXPECT_NEAR(double(S) / docs, 8192.0, 8192.0 * 0.25);  // 8K documents: the mean within 25%
+  EXPECT_GT(over_16x, 0);
+  EXPECT_LT(double(over_16x), 0.02 * docs);
+  // Capped at the sequence: one document may cover it all, never more.
+  const MaskSpec one = parse_mask("docs-lognormal:1e9,0", 1000).value();
+  EXPECT_EQ(one.doc_offsets, (std::vector<int64_t>{0, 1000}));
+  // sigma 0: every document the mean, the last cut.
+  EXPECT_EQ(parse_mask("docs-lognormal:4,0", 10).value().doc_offsets, (std::vector<int64_t>{0, 4, 8, 10}));
 }
 
 }  // namespace

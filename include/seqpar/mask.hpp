@@ -6,6 +6,10 @@
 // Text syntax (parse_mask, and `seqpar attn --mask`):
 //   full | causal | window:L,R      the band alone (L, R >= -1; -1 unbounded)
 //   docs:N                          N packed documents of unequal length, causal inside each
+//   docs-lognormal:M[,SIGMA[,SEED]] packed documents of lognormal lengths (mean M tokens, log
+//                                   standard deviation SIGMA, default 2: a few documents 16x
+//                                   the mean; seed default 1), each at most the sequence,
+//                                   the last cut at its end; causal inside each
 //   bigbird:W,G,R[,B=N]             BigBird on blocks of N tokens (default 64): a query block
 //                                   sees the W blocks each side of it, the first G blocks are
 //                                   global (see and are seen by every block), and R more key
@@ -139,5 +143,10 @@ StatusOr<MaskSpec> parse_mask(const std::string& text, int64_t seq_len);
 
 // Document boundaries of `count` documents of deliberately unequal lengths covering seq_len.
 std::vector<int64_t> make_document_offsets(int64_t seq_len, int64_t count);
+// Document boundaries covering seq_len with lengths drawn from a lognormal distribution of mean
+// `mean` tokens and log standard deviation `sigma` (at least 1 token, the last document cut at
+// seq_len): the same offsets for the same arguments on every platform (a 64-bit Mersenne twister
+// and Box-Muller, not the standard library's distributions).
+std::vector<int64_t> make_lognormal_document_offsets(int64_t seq_len, double mean, double sigma, uint64_t seed);
 
 }  // namespace seqpar

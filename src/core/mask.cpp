@@ -2,7 +2,9 @@
 #include "seqpar/mask.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -193,6 +195,20 @@ std::vector<int64_t> make_document_offsets(int64_t seq_len, int64_t count) {
   return offsets;
 }
 
+std::vector<int64_t> make_lognormal_document_offsets(int64_t seq_len, double mean, double sigma, uint64_t seed) {
+  std::mt19937_64 bits(seed);
+  const auto uniform = [&] { return (double(bits() >> 11) + 0.5) * 0x1.0p-53; };  // in (0, 1)
+  const double mu = std::log(mean) - 0.5 * sigma * sigma;  // E[exp(mu + sigma z)] = mean
+  std::vector<int64_t> offsets{0};
+  while (offsets.back() < seq_len) {
+    const double z = std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform());
+    const double len = std::exp(mu + sigma * z);
+    const int64_t tokens = len >= double(seq_len) ? seq_len : std::max<int64_t>(1, std::llround(len));
+    offsets.push_back(std::min(seq_len, offsets.back() + tokens));
+  }
+  return offsets;
+}
+
 StatusOr<MaskSpec> parse_mask(const std::string& text, int64_t seq_len) {
   if (text == "full" || text == "none") return MaskSpec::none();
   if (text == "causal") return MaskSpec::causal();
@@ -219,6 +235,26 @@ StatusOr<MaskSpec> parse_mask(const std::string& text, int64_t seq_len) {
                        "bad mask '" + text + "': expected docs:N with 1 <= N <= sequence length");
     }
     return MaskSpec::documents(make_document_offsets(seq_len, count));
+  }
+  if (text.rfind("docs-lognormal:", 0) == 0) {
+    std::vector<std::string> fields;
+    std::stringstream rest(text.substr(15));
+    for (std::string field; std::getline(rest, field, ',');) fields.push_back(field);
+    double mean = 0, sigma = 2.0;
+    int64_t seed = 1;
+    const auto parse_real = [](const std::string& f, double* out) {
+      char* end = nullptr;
+      *out = std::strtod(f.c_str(), &end);
+      return !f.empty() && end == f.c_str() + f.size() && std::isfinite(*out);
+    };
+    const bool ok = !fields.empty() && fields.size() <= 3 && text.back() != ',' && parse_real(fields[0], &mean) &&
+                    mean >= 1 && (fields.size() < 2 || (parse_real(fields[1], &sigma) && sigma >= 0 && sigma <= 8)) &&
+                    (fields.size() < 3 || (parse_int(fields[2], &seed) && seed >= 0));
+    if (!ok)
+      return SP_STATUS(StatusCode::kInvalidArgument,
+                       "bad mask '" + text + "': expected docs-lognormal:MEAN[,SIGMA[,SEED]] with MEAN >= 1 token, "
+                       "0 <= SIGMA <= 8, SEED >= 0");
+    return MaskSpec::documents(make_lognormal_document_offsets(seq_len, mean, sigma, uint64_t(seed)));
   }
   for (const bool causal : {false, true}) {
     const std::string bigbird = causal ? "bigbird-causal:" : "bigbird:";
@@ -253,7 +289,7 @@ StatusOr<MaskSpec> parse_mask(const std::string& text, int64_t seq_len) {
   }
   return SP_STATUS(StatusCode::kInvalidArgument,
                    "unknown mask '" + text +
-                       "' (expected full, causal, window:L,R, docs:N, bigbird[-causal]:W,G,R[,B=N] "
+                       "' (expected full, causal, window:L,R, docs:N, docs-lognormal:MEAN[,SIGMA[,SEED]], bigbird[-causal]:W,G,R[,B=N] "
                        "or blocks[-causal]:PATH)");
 }
 
