@@ -91,6 +91,18 @@ StatusOr<TensorView> CudaKernelBackend::stat_rows(int slot, const TensorView& st
   return out;
 }
 
+Status CudaKernelBackend::settle_forward(const TensorView& o_part, const TensorView& lse_part, const TensorView& o,
+                                         const TensorView& lse, bool fresh, void* stream) const {
+  if (!fresh) return flash_merge_partials(o, lse, o_part, lse_part, stream);
+  SP_RETURN_IF_ERROR(flash_cast(o_part, o, stream));
+  return flash_cast(lse_part, lse, stream);
+}
+
+Status CudaKernelBackend::settle_gradient(const TensorView& part, const TensorView& out, bool fresh,
+                                          void* stream) const {
+  return fresh ? flash_cast(part, out, stream) : accumulate(out, part, stream);
+}
+
 namespace {
 FlashPositions run_positions(const PositionRunSpan& q, const PositionRunSpan& k) {
   FlashPositions p;

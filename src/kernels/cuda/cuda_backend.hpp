@@ -51,6 +51,12 @@ class CudaKernelBackend : public AttentionBackend {
   // Rows [begin, end) of a [B, H, S] fp32 view copied into scratch `slot` (the kernels want
   // their row statistics contiguous).
   StatusOr<TensorView> stat_rows(int slot, const TensorView& stats, int64_t begin, int64_t end, void* stream) const;
+  // A call's forward part into the running (O, LSE): cast in where the result is fresh (it held
+  // nothing), else merged (-inf safe; O may be in the inputs' dtype).
+  Status settle_forward(const TensorView& o_part, const TensorView& lse_part, const TensorView& o,
+                        const TensorView& lse, bool fresh, void* stream) const;
+  // A call's gradient part into its output: cast in where fresh, else added (accumulate).
+  Status settle_gradient(const TensorView& part, const TensorView& out, bool fresh, void* stream) const;
 
   // Part buffers of one call (a forward's O part, a backward's dQ, dK, dV parts): stream
   // buffers (gpu.hpp) given back on the call's stream when the lease ends, so parts share memory

@@ -1,11 +1,19 @@
 // Our sm_90a kernels (FlashAttention-3-style: wgmma, TMA, warp specialisation) as the local-
 // attention backend "hopper" of include/seqpar/backend.hpp. Each call is one kernel launch over
-// the whole shard pair: bf16, head dim 64 or 128, each side's positions one increasing run with
-// step 1 (a contiguous shard; a zigzag shard is two runs and is refused), any mask: the full mask
-// and a causal band (window (-1, R), R >= 0: causal is R = 0) run the kernels' arithmetic path;
-// documents, windows bounded on the left and block-sparse patterns run them over visible-tile
-// lists (hopper_tiles.hpp), built on the host once per (mask, pair positions, head dim) and kept
-// on the device in a cache. GQA reads K/V heads by index.
+// the whole shard pair: bf16, head dim 64 or 128, each side's positions strictly increasing: one
+// run with step 1 (a contiguous shard) or several (a zigzag shard's two, a documents-layout
+// shard's many, a striped shard's step P). With one run per side, the full mask and a causal band
+// (window (-1, R), R >= 0: causal is R = 0) run the kernels' arithmetic path; documents, windows
+// bounded on the left and block-sparse patterns run them over visible-tile lists
+// (hopper_tiles.hpp). With several runs, every mask but the full one runs over tile lists whose
+// per-row intervals are in rows, not positions (a tile may straddle runs: the keys a query row
+// sees are still one interval of key rows), one launch for the whole pair. Positions that do not
+// increase throughout (Ulysses gathers every rank's shard: one increasing segment per rank), and
+// block patterns on several runs (the kernels read a pattern's blocks from the first row's
+// position plus the row), are cut into segments (increasing; with a pattern, runs of step 1),
+// one launch per pair of segments, as our CUDA kernels do per pair of runs. The lists are built
+// on the host once per (mask, pair positions, head dim) and kept on the device in a cache. GQA
+// reads K/V heads by index.
 //   forward   a fresh result (FreshOutputs::o) is written straight by the kernel (O in bf16 or
 //             fp32, LSE fp32; rows that see no key get O = 0, LSE = -inf); else the pair's part
 //             goes to a stream buffer and is merged into the running (O, LSE)
@@ -35,18 +43,50 @@
 namespace seqpar::hopper {
 namespace {
 
-// Why rows [0, n) at `positions` (null: the default start) are not one run with step 1; empty
-// when they are. *start receives the first position.
-std::string run_refusal(const int64_t* positions, int64_t n, int64_t default_start, int64_t* start,
-                        const char* side) {
-  *start = positions && n > 0 ? positions[0] : default_start;
+// One side's rows as the kernels see them: the first and last position, and whether they are one
+// run with step 1 (else the lists read each row's position).
+struct SideRows {
+  int64_t first = 0, last = 0;
+  bool one_run = true;
+};
+// Why rows [0, n) at `positions` (null: one run from default_start) cannot be computed: they must
+// strictly increase. Empty when they can; *rows receives their shape.
+std::string rows_refusal(const int64_t* positions, int64_t n, int64_t default_start, SideRows* rows,
+                         const char* side) {
+  rows->first = positions && n > 0 ? positions[0] : default_start;
+  rows->last = positions && n > 0 ? positions[n - 1] : default_start + n - 1;
+  rows->one_run = true;
   if (!positions) return {};
-  for (int64_t i = 1; i < n; ++i)
-    if (positions[i] != positions[i - 1] + 1)
-      return std::string("the Hopper kernels take each side's positions as one increasing run with step 1; the ") +
-             side + " positions break at row " + std::to_string(i) + " (" + std::to_string(positions[i - 1]) +
-             " then " + std::to_string(positions[i]) + ")";
+  for (int64_t i = 1; i < n; ++i) {
+    if (positions[i] <= positions[i - 1])
+      return std::string("the Hopper kernels take each side's positions strictly increasing; the ") + side +
+             " positions fall at row " + std::to_string(i) + " (" + std::to_string(positions[i - 1]) + " then " +
+             std::to_string(positions[i]) + ")";
+    if (positions[i] != positions[i - 1] + 1) rows->one_run = false;
+  }
   return {};
+}
+
+// The row ranges [begin, end) of one side that one launch takes: maximal runs of strictly
+// increasing positions, or of step 1 with a block pattern (the kernels read its blocks from the
+// first row's position plus the row). Null positions: one range.
+using Segments = std::vector<std::pair<int64_t, int64_t>>;
+Segments segments(const int64_t* positions, int64_t n, bool step_one) {
+  Segments out;
+  int64_t begin = 0;
+  for (int64_t i = 1; positions && i < n; ++i)
+    if (step_one ? positions[i] != positions[i - 1] + 1 : positions[i] <= positions[i - 1])
+      out.emplace_back(begin, i), begin = i;
+  out.emplace_back(begin, n);
+  return out;
+}
+// Launches per call at most (pairs of segments): a Ulysses gather of 16 ranks' zigzag shards is 16.
+constexpr size_t kMaxSegments = 64;
+std::string segments_refusal(size_t count, const char* side) {
+  if (count <= kMaxSegments) return {};
+  return std::string("the Hopper kernels take at most ") + std::to_string(kMaxSegments) + " segments of " + side +
+         " positions per call (increasing runs; with a block pattern, runs of step 1); this call has " +
+         std::to_string(count);
 }
 
 // Why TMA cannot load this [B, S, H, D] bf16 view: it wants a contiguous last dim, a 16-byte
@@ -95,6 +135,12 @@ constexpr int64_t kMaxListedRows = int64_t(65535) * 128;
 
 // Masks that need tile lists: anything beyond the full mask and a causal band.
 bool needs_lists(const MaskSpec& m) { return m.has_documents() || m.has_block_pattern() || m.window_left >= 0; }
+// The full mask: every key visible from every query, whatever the positions.
+bool full_mask(const MaskSpec& m) { return !needs_lists(m) && m.window_right < 0; }
+// Whether a pair with these rows runs over tile lists.
+bool listed(const MaskSpec& m, const SideRows& q, const SideRows& k) {
+  return needs_lists(m) || (!full_mask(m) && !(q.one_run && k.one_run));
+}
 
 // FNV-1a over 64-bit words.
 uint64_t hash_words(uint64_t h, const int64_t* p, size_t n) {
@@ -127,13 +173,21 @@ class HopperBackend : public cuda::CudaKernelBackend {
     if (m.has_block_pattern())
       if (std::string why = pattern_refusal(m.block_pattern->block_size(), m.block_pattern->blocks()); !why.empty())
         return why;
-    int64_t start = 0;
-    if (std::string why = run_refusal(params.q_positions, q.shape[1], 0, &start, "query"); !why.empty()) return why;
+    const Segments q_segments = segments(params.q_positions, q.shape[1], m.has_block_pattern());
+    if (std::string why = segments_refusal(q_segments.size(), "query"); !why.empty()) return why;
+    SideRows rows;
+    (void)rows_refusal(params.q_positions, q.shape[1], 0, &rows, "query");
+    if (q_segments.size() > 1) rows.first = INT64_MAX, rows.last = INT64_MIN, rows.one_run = false;
+    for (const auto& [b, e] : q_segments) {  // the bounds over every segment
+      rows.first = std::min(rows.first, params.q_positions ? params.q_positions[b] : b);
+      rows.last = std::max(rows.last, params.q_positions ? params.q_positions[e - 1] : e - 1);
+    }
+    const bool lists = needs_lists(m) || (!rows.one_run && !full_mask(m));
     // Tile lists carry positions and row indices as int32.
-    if (needs_lists(m) && (start < -(int64_t(1) << 30) || start + q.shape[1] > (int64_t(1) << 30)))
+    if (lists && (rows.first < -(int64_t(1) << 30) || rows.last >= (int64_t(1) << 30)))
       return "the Hopper kernels take masked problems at positions below 2^30";
     // With tile lists, at most kMaxListedRows query rows (see there).
-    if (needs_lists(m) && q.shape[1] > kMaxListedRows)
+    if (lists && q.shape[1] > kMaxListedRows)
       return "the Hopper kernels take masked problems of at most " + std::to_string(kMaxListedRows) +
              " query rows per call";
     return {};
@@ -141,6 +195,75 @@ class HopperBackend : public cuda::CudaKernelBackend {
 
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
                  const TensorView& o, const TensorView& lse, FreshOutputs fresh, void* stream) const override {
+    SP_ASSIGN_OR_RETURN(const Split split, split_of(q, k, v, params));
+    if (!split.many()) return forward_one(q, k, v, params, o, lse, fresh, stream);
+    for (const auto& [qa, qb] : split.q)
+      for (size_t j = 0; j < split.k.size(); ++j) {
+        const auto [ka, kb] = split.k[j];
+        SP_RETURN_IF_ERROR(forward_one(q.narrow(1, qa, qb), k.narrow(1, ka, kb), v.narrow(1, ka, kb),
+                                       split.params(params, qa, ka), o.narrow(1, qa, qb), lse.narrow(2, qa, qb),
+                                       FreshOutputs{fresh.o && j == 0, false, false}, stream));
+      }
+    return Status::Ok();
+  }
+
+  Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                  const TensorView& lse, const TensorView& delta, const AttentionParams& params, const TensorView& dq,
+                  const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
+    SP_ASSIGN_OR_RETURN(const Split split, split_of(q, k, v, params));
+    if (!split.many()) return backward_one(q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
+    for (size_t i = 0; i < split.q.size(); ++i)
+      for (size_t j = 0; j < split.k.size(); ++j) {
+        const auto [qa, qb] = split.q[i];
+        const auto [ka, kb] = split.k[j];
+        SP_RETURN_IF_ERROR(backward_one(q.narrow(1, qa, qb), k.narrow(1, ka, kb), v.narrow(1, ka, kb),
+                                        dout.narrow(1, qa, qb), lse.narrow(2, qa, qb), delta.narrow(2, qa, qb),
+                                        split.params(params, qa, ka), dq.narrow(1, qa, qb), dk.narrow(1, ka, kb),
+                                        dv.narrow(1, ka, kb), FreshOutputs{false, fresh.dq && j == 0, fresh.dkv && i == 0},
+                                        stream));
+      }
+    return Status::Ok();
+  }
+
+ private:
+  // A call cut into segment pairs (one launch each), with every row's position made explicit so
+  // that each pair carries its own.
+  struct Split {
+    Segments q, k;
+    cuda::PairPositions positions;
+    bool many() const { return q.size() > 1 || k.size() > 1; }
+    AttentionParams params(const AttentionParams& whole, int64_t qa, int64_t ka) const {
+      AttentionParams p = whole;
+      p.q_positions = positions.q.data() + qa, p.k_positions = positions.k.data() + ka;
+      return p;
+    }
+  };
+  // The call's segments; where there are several, every pair is checked before any launch (so a
+  // refusal writes nothing).
+  StatusOr<Split> split_of(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const AttentionParams& params) const {
+    SP_CHECK_ARG(q.ndim == 4 && k.ndim == 4 && v.ndim == 4, "q, k, v must be [B, S, H, D]");
+    const bool step_one = params.mask.has_block_pattern();
+    Split s;
+    s.q = segments(params.q_positions, q.shape[1], step_one);
+    s.k = segments(params.k_positions, k.shape[1], step_one);
+    for (const auto& [count, side] : {std::pair{s.q.size(), "query"}, std::pair{s.k.size(), "key"}}) {
+      const std::string why = segments_refusal(count, side);
+      SP_CHECK_SUPPORTED(why.empty(), why);
+    }
+    if (!s.many()) return s;
+    s.positions = cuda::pair_positions(params, q.shape[1], k.shape[1]);
+    for (const auto& [qa, qb] : s.q)
+      for (const auto& [ka, kb] : s.k) {
+        SP_ASSIGN_OR_RETURN(const Band band, checked_band(q.narrow(1, qa, qb), k.narrow(1, ka, kb),
+                                                          v.narrow(1, ka, kb), s.params(params, qa, ka)));
+        (void)band;
+      }
+    return s;
+  }
+
+  Status forward_one(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
+                     const TensorView& o, const TensorView& lse, FreshOutputs fresh, void* stream) const {
     SP_ASSIGN_OR_RETURN(const Band band, checked_band(q, k, v, params));
     const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], D = q.shape[3];
     SP_CHECK_ARG(o.ndim == 4 && o.same_shape(q) && stats_readable(lse) && lse.shape[0] == B && lse.shape[1] == H &&
@@ -165,16 +288,13 @@ class HopperBackend : public cuda::CudaKernelBackend {
     SP_ASSIGN_OR_RETURN(const TensorView lse_part, lease.take(DType::kF32, {B, H, n}, q));
     a.o = o_part.data, a.lse = static_cast<float*>(lse_part.data);
     SP_RETURN_IF_ERROR(launched(hopper::forward(a, stream), "forward"));
-    if (fresh.o) {
-      SP_RETURN_IF_ERROR(flash_cast(o_part, o, stream));
-      return flash_cast(lse_part, lse, stream);
-    }
-    return flash_merge_partials(o, lse, o_part, lse_part, stream);
+    return settle_forward(o_part, lse_part, o, lse, fresh.o, stream);
   }
 
-  Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
-                  const TensorView& lse, const TensorView& delta, const AttentionParams& params, const TensorView& dq,
-                  const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
+  Status backward_one(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                      const TensorView& lse, const TensorView& delta, const AttentionParams& params,
+                      const TensorView& dq, const TensorView& dk, const TensorView& dv, FreshOutputs fresh,
+                      void* stream) const {
     SP_ASSIGN_OR_RETURN(const Band band, checked_band(q, k, v, params));
     const int64_t B = q.shape[0], n = q.shape[1], H = q.shape[2], D = q.shape[3], nk = k.shape[1], Hkv = k.shape[2];
     if (std::string why = load_refusal(dout, "dout"); !why.empty()) return Status(StatusCode::kUnsupported, why);
@@ -224,16 +344,12 @@ class HopperBackend : public cuda::CudaKernelBackend {
     a.dk = dk_to.data, a.dv = dv_to.data, a.dkv_f32 = dk_to.dtype == DType::kF32;
     a.dk_st = strides_of(dk_to), a.dv_st = strides_of(dv_to);
     SP_RETURN_IF_ERROR(launched(hopper::backward(a, stream), "backward"));
-    const auto settle = [&](const TensorView& part, const TensorView& out, bool is_fresh) {
-      return is_fresh ? flash_cast(part, out, stream) : accumulate(out, part, stream);
-    };
-    if (!q_direct) SP_RETURN_IF_ERROR(settle(dq_to, dq, fresh.dq));
-    if (!k_direct) SP_RETURN_IF_ERROR(settle(dk_to, dk, fresh.dkv));
-    if (!k_direct) SP_RETURN_IF_ERROR(settle(dv_to, dv, fresh.dkv));
+    if (!q_direct) SP_RETURN_IF_ERROR(settle_gradient(dq_to, dq, fresh.dq, stream));
+    if (!k_direct) SP_RETURN_IF_ERROR(settle_gradient(dk_to, dk, fresh.dkv, stream));
+    if (!k_direct) SP_RETURN_IF_ERROR(settle_gradient(dv_to, dv, fresh.dkv, stream));
     return Status::Ok();
   }
 
- private:
   // The pair's band, after checking what supports() could not see (K/V and their positions).
   StatusOr<Band> checked_band(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionParams& params) const {
@@ -246,19 +362,25 @@ class HopperBackend : public cuda::CudaKernelBackend {
                      ", k " + k.shape_string() + ", v " + v.shape_string());
     const int64_t n = q.shape[1], nk = k.shape[1];
     SP_CHECK_SUPPORTED(nk <= INT_MAX / 4, "the Hopper kernels take at most 2^29 key rows per call");
-    int64_t q0 = 0, k0 = 0;
-    (void)run_refusal(params.q_positions, n, params.mask.align == MaskAlign::kBottomRight ? nk - n : 0, &q0, "query");
-    const std::string why = run_refusal(params.k_positions, nk, 0, &k0, "key");
+    SideRows qr, kr;
+    (void)rows_refusal(params.q_positions, n, params.mask.align == MaskAlign::kBottomRight ? nk - n : 0, &qr, "query");
+    const std::string why = rows_refusal(params.k_positions, nk, 0, &kr, "key");
     SP_CHECK_SUPPORTED(why.empty(), why);
+    SP_CHECK_SUPPORTED(kr.one_run || !params.mask.has_block_pattern(),
+                       "the Hopper kernels take a block pattern's key rows as one run of step 1 per launch");
+    const int64_t q0 = qr.first, k0 = kr.first;
     Band band;
     if (n == 0 || nk == 0) return Band{false, true, 0};  // nothing to compute (and no empty tensor map)
-    if (k0 < -(int64_t(1) << 30) || k0 + nk > (int64_t(1) << 30))
-      SP_CHECK_SUPPORTED(!needs_lists(params.mask), "the Hopper kernels take masked problems at positions below 2^30");
-    SP_CHECK_SUPPORTED(!needs_lists(params.mask) || nk <= kMaxListedRows,
+    const bool lists_needed = listed(params.mask, qr, kr);
+    if (kr.first < -(int64_t(1) << 30) || kr.last >= (int64_t(1) << 30))
+      SP_CHECK_SUPPORTED(!lists_needed, "the Hopper kernels take masked problems at positions below 2^30");
+    SP_CHECK_SUPPORTED(!lists_needed || nk <= kMaxListedRows,
                        "the Hopper kernels take masked problems of at most " + std::to_string(kMaxListedRows) +
                            " key rows per call");
-    if (needs_lists(params.mask)) {
-      SP_ASSIGN_OR_RETURN(const Lists* lists, tile_lists(params.mask, q0, k0, int(n), int(nk), int(q.shape[3])));
+    if (lists_needed) {
+      SP_ASSIGN_OR_RETURN(const Lists* lists,
+                          tile_lists(params.mask, q0, k0, qr.one_run ? nullptr : params.q_positions,
+                                     kr.one_run ? nullptr : params.k_positions, int(n), int(nk), int(q.shape[3])));
       band.fwd = tile_mask_view(lists->packed, 0, lists->device.data());
       band.bwd = tile_mask_view(lists->packed, 1, lists->device.data());
       band.fwd_empty = lists->packed.entries[0] == 0;
@@ -275,14 +397,19 @@ class HopperBackend : public cuda::CudaKernelBackend {
     return band;
   }
 
-  // A pair's tile lists on the device, made once per (mask, first positions, lengths, head dim).
+  // A pair's tile lists on the device, made once per (mask, positions, lengths, head dim).
+  // q_pos, k_pos: each row's position where that side is several runs (else null: q0 + i).
   struct Lists {
     PackedTiles packed;  // the offsets into the device copy (its host blob is dropped)
     DeviceBuffer device;
   };
-  StatusOr<const Lists*> tile_lists(const MaskSpec& mask, int64_t q0, int64_t k0, int n, int nk, int head_dim) const {
-    const int64_t dims[] = {q0, k0, n, nk, head_dim, mask.window_left, mask.window_right};
-    uint64_t h = hash_words(1469598103934665603ull, dims, 7);
+  StatusOr<const Lists*> tile_lists(const MaskSpec& mask, int64_t q0, int64_t k0, const int64_t* q_pos,
+                                    const int64_t* k_pos, int n, int nk, int head_dim) const {
+    const int64_t dims[] = {q0, k0, n, nk, head_dim, mask.window_left, mask.window_right, q_pos != nullptr,
+                            k_pos != nullptr};
+    uint64_t h = hash_words(1469598103934665603ull, dims, 9);
+    if (q_pos) h = hash_words(h ^ 0x9905, q_pos, size_t(n));
+    if (k_pos) h = hash_words(h ^ 0x4905, k_pos, size_t(nk));
     h = hash_words(h ^ 0xd0c5, mask.doc_offsets.data(), mask.doc_offsets.size());
     const BlockPattern* pattern = mask.block_pattern.get();
     if (pattern) {
@@ -297,6 +424,8 @@ class HopperBackend : public cuda::CudaKernelBackend {
     if (it != lists_.end()) return &it->second;
     PairMask m;
     m.q0 = q0, m.k0 = k0, m.seq_q = n, m.seq_k = nk;
+    if (q_pos) m.q_pos.assign(q_pos, q_pos + n);
+    if (k_pos) m.k_pos.assign(k_pos, k_pos + nk);
     m.window_left = mask.window_left, m.window_right = mask.window_right;
     m.doc_offsets = mask.doc_offsets;
     if (pattern) {

@@ -1,7 +1,9 @@
 // Visible-tile lists of a mask for the Hopper kernels (issue 34, "masks at dense speed"): plain
 // host C++ that the backend (hopper_backend.cpp) and the lab (dev/hopper_attention) run to turn
 // a mask in global positions (a band (L, R), documents by offsets, a block-sparse pattern) over
-// one shard pair, each side one run of consecutive positions, into what the kernels read:
+// one shard pair, each side one run of consecutive positions or (band and documents) any
+// increasing positions, several runs (a zigzag or documents-layout shard), into what the kernels
+// read:
 //   - per tile of one side (the forward: query tiles; the backward: key tiles) the tiles of the
 //     other side that hold a visible pair, with a flag per entry saying which element masks that
 //     tile needs (none: it is wholly visible and runs the unmasked path); wholly masked tiles
@@ -26,11 +28,18 @@
 namespace seqpar::hopper {
 
 // The mask of one shard pair in the kernels' terms. Rows i of q sit at position q0 + i, rows j of
-// k at k0 + j. Pattern: query block qb sees key block kb iff kb is in pattern_cols[pattern_begin[qb]
+// k at k0 + j, unless q_pos / k_pos hold each row's position (strictly increasing: a shard of
+// several runs). The lists and intervals are in rows, so a tile may straddle two runs: under a
+// band and documents the keys a query row sees are one run of key rows all the same (positions
+// increase on both sides), and that interval is what a boundary tile evaluates. The kernels read
+// a pattern's blocks from q0 + i and k0 + j: no pattern with q_pos or k_pos (the backend launches
+// a pattern per pair of runs of step 1).
+// Pattern: query block qb sees key block kb iff kb is in pattern_cols[pattern_begin[qb]
 // .. pattern_begin[qb + 1]) (sorted); the grid of pattern_begin.size() - 1 blocks starts at 0.
 struct PairMask {
   int64_t q0 = 0, k0 = 0;
   int seq_q = 0, seq_k = 0;
+  std::vector<int64_t> q_pos, k_pos;            // empty: q0 + i, k0 + j
   int64_t window_left = -1, window_right = -1;  // -1 unbounded
   std::vector<int64_t> doc_offsets;             // empty: one document
   int64_t pattern_block = 0;                    // 0: no pattern
@@ -98,7 +107,7 @@ struct SideTiles {
 };
 
 // Per query row i: the first and last key row it sees under the band and documents, clamped to
-// [0, seq_k) (first > last: none). Both bounds never decrease with i (positions step by one,
+// [0, seq_k) (first > last: none). Both bounds never decrease with i (positions increase,
 // documents are in order, the window is fixed; rows before every document or the pattern's grid
 // get (0, -1), rows after it (seq_k, seq_k - 1)), which the lists and the key-side intervals
 // rely on. Keys outside the pattern's grid are cut off here too.
@@ -110,7 +119,7 @@ inline std::vector<int32_t> row_intervals(const PairMask& m) {
   size_t d = 0;  // the document of the current row (rows walk forward)
   const size_t nd = m.doc_offsets.empty() ? 0 : m.doc_offsets.size() - 1;
   for (int i = 0; i < m.seq_q; ++i) {
-    const int64_t qp = m.q0 + i;
+    const int64_t qp = m.q_pos.empty() ? m.q0 + i : m.q_pos[size_t(i)];
     int64_t lo = m.window_left >= 0 ? qp - m.window_left : -big;
     int64_t hi = m.window_right >= 0 ? qp + m.window_right : big;
     bool before = false, after = false;
@@ -126,6 +135,10 @@ inline std::vector<int32_t> row_intervals(const PairMask& m) {
       lo = std::max(lo, lo_grid), hi = std::min(hi, hi_grid);
     }
     int64_t a = lo - m.k0, b = hi - m.k0;
+    if (!m.k_pos.empty()) {  // the key rows whose positions lie in [lo, hi]
+      a = std::lower_bound(m.k_pos.begin(), m.k_pos.end(), lo) - m.k_pos.begin();
+      b = std::upper_bound(m.k_pos.begin(), m.k_pos.end(), hi) - m.k_pos.begin() - 1;
+    }
     if (before) a = 0, b = -1;
     if (after) a = m.seq_k, b = m.seq_k - 1;
     r[2 * size_t(i)] = int32_t(std::clamp<int64_t>(a, 0, m.seq_k));
