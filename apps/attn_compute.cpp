@@ -91,7 +91,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_zeros(t, {B, n, Hkv, D}));
   SessionOptions session_options{plan_options(job, algo)};
   session_options.max_call_rows = o.max_call_rows;
-  Session session(comm, session_options);  // cuDNN where it takes the problem, else our kernels
+  Session session(comm, session_options);  // "auto" on sm_90, else cuDNN where it takes the problem, else ours
   SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, session.plan(layout, params, q.view, k.view));
   run->plan = *plan;
   run->backend = plan->backend->name();
@@ -124,6 +124,7 @@ Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
   SP_RETURN_IF_ERROR(session.run(*plan, Pass::kBackward, st, {stream, &kept}));
   SP_RETURN_IF_ERROR(comm.synchronize(stream));
   run->times[1] = seconds_since(t0);
+  run->backend_calls = plan->backend->calls_by_backend();
   SP_ASSIGN_OR_RETURN(run->out, to_host(out.view));
   SP_ASSIGN_OR_RETURN(run->lse, to_host(lse.view));
   SP_ASSIGN_OR_RETURN(run->dq, to_host(dq.view));

@@ -16,6 +16,8 @@ namespace seqpar::app {
 struct RankRun {
   std::optional<AttentionPlan> plan;  // set once planned
   std::string backend;  // the local-attention backend's name
+  // With "auto": how many calls each backend ran, ("forward hopper", n), ... (calls_by_backend)
+  std::vector<std::pair<std::string, int64_t>> backend_calls;
   HostTensor out, lse, dq, dk, dv;
   double times[2] = {0, 0};
   PassStats fwd_stats;
@@ -26,7 +28,8 @@ Status run_cpu_rank(Communicator& comm, const Job& job, const Layout& layout, co
                     const std::string& algo, const Inputs& in, RankRun* run);
 
 // GPU ranks (bf16/fp16): uploads the inputs (releasing the host copies unless keep_inputs),
-// plans `algo` on the GPU backend for the problem (cuDNN where it takes it, else our kernels),
+// plans `algo` on the GPU backend for the problem (Session's choice: "auto" on sm_90, else cuDNN
+// where it takes it, else our kernels),
 // runs forward + backward and copies the results home. `who` prefixes the progress lines.
 Status run_gpu_rank(Communicator& comm, const Job& job, const Layout& layout, const AttentionParams& params,
                     const std::string& algo, Inputs& in, bool keep_inputs, const std::string& who, RankRun* run);

@@ -119,6 +119,11 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
               o.algo.c_str(), plan.algorithm->name, run0.backend.c_str(), o.layout.c_str(), job.mask.describe().c_str(),
               P, job.comm_backend.c_str(), job.threads_per_rank, job.threads_per_rank > 1 ? "s" : "");
   if (!plan.choice.empty()) std::printf("%s\n", plan.choice.c_str());
+  if (!run0.backend_calls.empty()) {
+    std::string calls;
+    for (const auto& [what, n] : run0.backend_calls) calls += (calls.empty() ? "" : ", ") + what + " " + std::to_string(n);
+    std::printf("rank 0's attention calls by backend: %s\n", calls.c_str());
+  }
   std::printf("problem: B=%ld S=%ld H=%ld H_kv=%ld D=%ld %s%s\n", long(o.batch), long(o.seq), long(o.heads),
               long(job.kv_heads), long(o.head_dim), dtype_name(job.dtype),
               job.on_gpu ? (", " + std::to_string(plan.head_groups) + " head group(s)").c_str() : "");
@@ -153,6 +158,11 @@ bool print_report(const Job& job, const RankRun& run0, const std::vector<RankFig
     j["algo"] = o.algo;
     j["algorithm"] = plan.algorithm->name;
     j["backend"] = run0.backend;
+    if (!run0.backend_calls.empty()) {
+      nlohmann::ordered_json calls;
+      for (const auto& [what, n] : run0.backend_calls) calls[what] = n;
+      j["backend_calls_rank0"] = calls;
+    }
     j["ranks_per_node"] = o.ranks_per_node;
     j["layout"] = o.layout;
     j["mask"] = job.mask.describe();

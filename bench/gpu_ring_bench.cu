@@ -184,13 +184,14 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
                int head_groups, cudaStream_t s, nlohmann::ordered_json* line) {
   const int P = comm.size(), me = comm.rank();
   const int64_t H = opt.heads, Hkv = opt.kv_heads > 0 ? opt.kv_heads : opt.heads, D = opt.head_dim;
+  AttentionParams params;
+  SP_ASSIGN_OR_RETURN(params.mask, parse_mask(opt.mask, S));
   SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(opt.layout));
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, S, P));
+  // The documents layout balances the mask's documents (the others ignore them).
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, S, P, params.mask.doc_offsets));
   const int64_t n = layout.local_len(me);
   int device = 0;
   cudaGetDevice(&device);
-  AttentionParams params;
-  SP_ASSIGN_OR_RETURN(params.mask, parse_mask(opt.mask, S));
   SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, Hkv, D}, 101 + me, s));
   SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, Hkv, D}, 201 + me, s));
@@ -258,6 +259,10 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     (*line)["algo"] = algo;
     (*line)["ran"] = plan.algorithm->name;
     (*line)["backend"] = backend->name();
+    // Which backend ran rank 0's calls ("auto" hands each to one), per forward + backward.
+    nlohmann::ordered_json calls = nlohmann::ordered_json::object();
+    for (const auto& [what, count] : backend->calls_by_backend()) calls[what] = count / (warm + iters);
+    (*line)["backend_calls_per_iter_rank0"] = calls;
     (*line)["gpus"] = P;
     (*line)["seq"] = S;
     (*line)["tokens_per_gpu"] = S / P;
@@ -339,9 +344,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpus", opt.gpus, "GPUs (default: all visible)");
   app.add_option("--heads", opt.heads, "heads")->capture_default_str();
   app.add_option("--kv-heads", opt.kv_heads, "K/V heads (0: as many as heads)")->capture_default_str();
-  app.add_option("--mask", opt.mask, "mask, as seqpar attn --mask (causal, full, window:L,R, docs:N, ...)")
+  app.add_option("--mask", opt.mask, "mask, as seqpar attn --mask (causal, full, window:L,R, docs:N, docs-lognormal:M[,SIGMA[,SEED]], ...)")
       ->capture_default_str();
-  app.add_option("--layout", opt.layout, "contiguous, zigzag or striped")->capture_default_str();
+  app.add_option("--layout", opt.layout, "contiguous, zigzag, striped or documents")->capture_default_str();
   app.add_option("--ulysses", opt.ulysses, "ulysses-ring: the Ulysses degree (0: the planner's)")->capture_default_str();
   app.add_option("--ring-algo", opt.ring_algo, "ulysses-ring: the ring-family algorithm across groups")
       ->capture_default_str();

@@ -1,22 +1,29 @@
 // Every local-attention backend of this build (all_backends(): the CPU kernels, the fp64
-// oracle, and on a GPU our CUDA kernels, cuDNN and the Hopper kernels) runs every step kind a schedule needs
+// oracle, and on a GPU our CUDA kernels, cuDNN, the Hopper kernels and "auto", which hands each call
+// to one of them) runs every step kind a schedule needs
 // against the fp64 oracle computed whole (ggml's test-backend-ops is the model): forward
 // continued over two key blocks, backward added over two key blocks against the final LSE and
 // D (or O), both again from fresh outputs, delta, merge and accumulate. Rows sit at explicit
 // global positions (two query runs, two key runs), as in a zigzag or striped shard (suite Masks), or
 // each side one run, as a contiguous shard pair of a ring step is (suite ShardPairs: head dims 64
 // and 128, GQA, causal diagonals at offsets, rows and pairs that see no key, odd lengths, and the
-// masks the Hopper kernels run as visible-tile lists: documents, windows, block-sparse patterns).
+// masks the Hopper kernels run as visible-tile lists: documents, windows, block-sparse patterns), or
+// each side several runs (suite ManyRuns: zigzag and documents-layout shards, striped ones, and the
+// gathered shards of Ulysses whose positions do not increase throughout).
 // CPU backends run fp64 (1e-10); GPU backends bf16 under the bf16 rule. A backend that refuses a
 // problem must say why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <numeric>
+#include <random>
 #include <utility>
 
 #include "seqpar/backend.hpp"
+#include "kernels/hopper/hopper_tiles.hpp"
 #include "seqpar/gpu.hpp"
 #include "test_util.hpp"
 
@@ -320,6 +327,112 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bigbird_b32_d64_gqa", "bigbird:1,1,2,B=32", 1, 4, 2, 64, {{64, 200}}, {{0, 350}}, 170}),
     [](const auto& info) { return info.param.name; });
 
+// Shard pairs whose sides are several runs (issue 34: the Hopper kernels take them in one launch
+// over tile lists that span the runs, or one launch per pair of increasing segments).
+Case striped_case() {  // positions with step 3 on both sides: every row its own run
+  Case::Runs q, k;
+  for (int64_t i = 0; i < 100; ++i) q.push_back({1 + 3 * i, 1});
+  for (int64_t i = 0; i < 110; ++i) k.push_back({3 * i, 1});
+  return Case{"causal_striped_d64_gqa", "causal", 1, 4, 2, 64, q, k, 55};
+}
+Case gathered_many_case() {  // 70 query segments of 2 rows, positions falling between them
+  Case::Runs q;
+  for (int64_t i = 0; i < 70; ++i) q.push_back({380 - 5 * i, 2});
+  return Case{"docs_gathered_70_d64", "causal", 1, 2, 1, 64, q, {{0, 150}, {200, 120}}, 100, 0, {0, 90, 91, 250, 400}};
+}
+INSTANTIATE_TEST_SUITE_P(
+    ManyRuns, BackendVsOracleRuns,
+    ::testing::Values(
+        // Documents of random lengths over a documents-layout shard (runs of unequal lengths,
+        // documents cut between them), GQA, the key blocks split inside a run.
+        Case{"docs_causal_runs_d128_gqa", "causal", 1, 4, 2, 128, {{0, 40}, {95, 30}, {170, 61}, {330, 50}},
+             {{10, 60}, {100, 90}, {300, 70}}, 75, 0, {0, 1, 60, 61, 140, 200, 333, 400}},
+        // Zigzag-like causal shards of three runs, odd lengths; a window; the full mask (no lists).
+        Case{"causal_runs_d64", "causal", 1, 4, 2, 64, {{0, 70}, {130, 67}, {330, 60}}, {{0, 65}, {130, 70}, {200, 66}}, 100},
+        Case{"window_runs_d128", "window:50,0", 1, 2, 2, 128, {{20, 90}, {200, 77}}, {{0, 100}, {150, 120}}, 100},
+        Case{"full_runs_d64_mqa", "full", 1, 4, 1, 64, {{5, 60}, {200, 71}}, {{0, 50}, {100, 81}}, 66},
+        striped_case(),
+        // Gathered shards (Ulysses): positions fall between segments, one launch per segment pair.
+        Case{"causal_gathered_d128", "causal", 1, 2, 2, 128, {{200, 80}, {0, 90}}, {{180, 70}, {10, 100}}, 70},
+        Case{"docs_gathered_d64", "causal", 1, 4, 2, 64, {{300, 50}, {100, 60}, {0, 40}}, {{250, 80}, {0, 120}}, 80, 0,
+             {0, 50, 51, 190, 260, 400}},
+        // More segments than the Hopper kernels take (70 of two rows): "auto" hands it to ours.
+        gathered_many_case(),
+        // A block pattern on two runs a side: one launch per pair of runs of step 1.
+        Case{"bigbird_causal_runs_b16_d128", "bigbird-causal:1,1,1,B=16", 1, 2, 2, 128, {{0, 100}, {200, 100}},
+             {{0, 120}, {180, 100}}, 120}),
+    [](const auto& info) { return info.param.name; });
+
+// The Hopper kernels' tile lists over shards of several runs (host code, runs without a GPU):
+// against brute force on random increasing positions (zigzag-like and documents-layout-like
+// runs, striped steps) under causal, window and document masks, both sides' lists hold every
+// visible pair; an entry without the range flag is wholly visible; a flagged entry's elements,
+// as the kernels evaluate them from the row intervals, are exactly the mask's.
+TEST(HopperTiles, ListsOverSeveralRunsMatchTheMask) {
+  std::mt19937_64 rng(7);
+  const auto positions = [&](int n, int64_t span) {  // n increasing positions in [0, span)
+    std::vector<int64_t> all(static_cast<size_t>(span));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(size_t(n));
+    std::sort(all.begin(), all.end());
+    if (rng() % 2) {  // a few long runs instead: a zigzag or documents-layout shard
+      all.clear();
+      int64_t at = int64_t(rng() % 50);
+      while (int(all.size()) < n) {
+        const int64_t run = 1 + int64_t(rng() % 150);
+        for (int64_t i = 0; i < run && int(all.size()) < n; ++i) all.push_back(at + i);
+        at += run + int64_t(rng() % 200);
+      }
+    }
+    return all;
+  };
+  for (int trial = 0; trial < 24; ++trial) {
+    hopper::PairMask m;
+    m.seq_q = 200 + int(rng() % 300), m.seq_k = 200 + int(rng() % 300);
+    m.q_pos = positions(m.seq_q, 1500), m.k_pos = positions(m.seq_k, 1500);
+    m.q0 = m.q_pos[0], m.k0 = m.k_pos[0];
+    const int kind = trial % 3;
+    m.window_right = 0;
+    if (kind == 1) m.window_left = 64 + int64_t(rng() % 300);
+    if (kind == 2) m.doc_offsets = {0, 1, 2, 300, 301, 700, 1200, 3000};
+    const auto visible = [&](int i, int j) {
+      const int64_t qp = m.q_pos[size_t(i)], kp = m.k_pos[size_t(j)];
+      if (kp > qp || (m.window_left >= 0 && qp - kp > m.window_left)) return false;
+      if (m.doc_offsets.empty()) return true;
+      const auto& o = m.doc_offsets;
+      return std::upper_bound(o.begin(), o.end(), qp) == std::upper_bound(o.begin(), o.end(), kp);
+    };
+    const hopper::TilePlan plan = hopper::plan_tiles(m, 128, 96, 64, 128);
+    for (int side = 0; side < 2; ++side) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + (side ? ", key side" : ", query side"));
+      const hopper::SideTiles& t = side ? plan.bwd : plan.fwd;
+      const int n = side ? m.seq_k : m.seq_q, n_other = side ? m.seq_q : m.seq_k;
+      const auto sees = [&](int r, int c) { return side ? visible(c, r) : visible(r, c); };
+      std::vector<std::vector<int>> flags_of(t.begin.size() - 1, std::vector<int>((n_other + t.other_tile_rows - 1) /
+                                                                                    t.other_tile_rows, -1));
+      for (size_t tile = 0; tile + 1 < t.begin.size(); ++tile)
+        for (int32_t e = t.begin[tile]; e < t.begin[tile + 1]; ++e)
+          flags_of[tile][size_t(t.entries[size_t(e)] >> 2)] = t.entries[size_t(e)] & 3;
+      int64_t misses = 0, wrong = 0;
+      for (int r = 0; r < n; ++r)
+        for (int c = 0; c < n_other; ++c) {
+          const int f = flags_of[size_t(r / t.tile_rows)][size_t(c / t.other_tile_rows)];
+          const bool want = sees(r, c);
+          if (f < 0) {
+            misses += want;
+            continue;
+          }
+          const bool kept = !(f & hopper::kTileRangeMask) ||
+                            (c >= t.ranges[2 * size_t(r)] && c <= t.ranges[2 * size_t(r) + 1]);
+          wrong += kept != want;
+        }
+      EXPECT_EQ(misses, 0);
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
 // The shard-pair cases above must not pass by every Hopper case being refused: on an sm_90 GPU
 // the backend takes a bf16 causal problem of each head dim.
 TEST(HopperBackend, TakesBf16CausalOnHopper) {
@@ -355,8 +468,67 @@ TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
       const std::string why_not = hopper->supports(q.view, params);
       if (why_not.find("sm_90") != std::string::npos) GTEST_SKIP() << why_not;  // another GPU
       EXPECT_TRUE(why_not.empty()) << what << ", D = " << d << ": " << why_not;
+      // And on a zigzag shard (two runs), and a gathered one (two increasing segments).
+      for (const std::vector<int64_t>& starts : {std::vector<int64_t>{0, 300}, std::vector<int64_t>{400, 0}}) {
+        std::vector<int64_t> positions;
+        for (int64_t start : starts)
+          for (int64_t i = 0; i < 128; ++i) positions.push_back(start + i);
+        params.q_positions = positions.data();
+        const std::string why_runs = hopper->supports(q.view, params);
+        EXPECT_TRUE(why_runs.empty()) << what << ", D = " << d << ", runs from " << starts[0] << ": " << why_runs;
+      }
     }
   }
+}
+
+// "auto" hands each call to the backend its table names: masked calls on shards of several runs
+// to the Hopper kernels (forward and backward), calls the Hopper kernels refuse (more segments of
+// positions than they take) to ours, through fp32 parts where the outputs are bf16, and it says
+// which ran.
+TEST(AutoBackend, HandsEachCallToTheBackendThatTakesIt) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  const std::unique_ptr<AttentionBackend> chosen = make_auto_backend(0);
+  if (!chosen) GTEST_SKIP() << "no Hopper backend in this build, or GPU 0 is not sm_90";
+  EXPECT_STREQ(chosen->name(), "auto");
+  EXPECT_TRUE(chosen->caps().takes_delta);
+  const int64_t S = 256, H = 4, D = 128;
+  auto q = device_zeros(DType::kBF16, {1, S, H, D}).value(), kv = device_zeros(DType::kBF16, {1, S, H, D}).value();
+  auto o = device_zeros(DType::kBF16, {1, S, H, D}).value(), lse = device_zeros(DType::kF32, {1, H, S}).value();
+  auto dq = device_zeros(DType::kBF16, {1, S, H, D}).value(), dk = device_zeros(DType::kBF16, {1, S, H, D}).value();
+  auto dv = device_zeros(DType::kBF16, {1, S, H, D}).value(), delta = device_zeros(DType::kF32, {1, H, S}).value();
+  const auto run = [&](const AttentionParams& params) {
+    ASSERT_TRUE(chosen->supports(q.view, params).empty()) << chosen->supports(q.view, params);
+    const Status f = chosen->forward(q.view, kv.view, kv.view, params, o.view, lse.view, FreshOutputs{true, false, false}, nullptr);
+    ASSERT_TRUE(f.ok()) << f.to_string();
+    const Status b = chosen->backward(q.view, kv.view, kv.view, q.view, lse.view, delta.view, params, dq.view, dk.view,
+                                      dv.view, FreshOutputs{false, true, true}, nullptr);
+    ASSERT_TRUE(b.ok()) << b.to_string();
+    ASSERT_TRUE(stream_synchronize(nullptr).ok());
+  };
+  std::vector<int64_t> zigzag, gathered;
+  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(i);
+  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(1000 + i);
+  for (int64_t i = 0; i < S; ++i) gathered.push_back(2 * S - 2 * (i / 2) * 2 + i % 2);  // 128 segments of 2 rows
+  using Calls = std::vector<std::pair<std::string, int64_t>>;
+  AttentionParams docs;
+  docs.mask = MaskSpec::documents({0, 100, 1050, 2000});
+  docs.q_positions = docs.k_positions = zigzag.data();
+  run(docs);
+  EXPECT_EQ(chosen->calls_by_backend(), (Calls{{"forward hopper", 1}, {"backward hopper", 1}}));
+  docs.q_positions = docs.k_positions = gathered.data();  // more segments than the Hopper kernels take
+  run(docs);
+  EXPECT_EQ(chosen->calls_by_backend(),
+            (Calls{{"forward hopper", 1}, {"forward cuda", 1}, {"backward hopper", 1}, {"backward cuda", 1}}));
+  AttentionParams causal;  // dense, below 8K rows: cuDNN's forward where built
+  causal.mask = MaskSpec::causal();
+  causal.q_positions = causal.k_positions = zigzag.data();
+  run(causal);
+  const bool has_cudnn = make_cudnn_backend() != nullptr;
+  const Calls want = has_cudnn ? Calls{{"forward cudnn", 1}, {"forward hopper", 1}, {"forward cuda", 1},
+                                       {"backward hopper", 2}, {"backward cuda", 1}}
+                               : Calls{{"forward hopper", 2}, {"forward cuda", 1}, {"backward hopper", 2},
+                                       {"backward cuda", 1}};
+  EXPECT_EQ(chosen->calls_by_backend(), want);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Every algorithm on GPU ranks through the GPU executor, against the CPU fp64 oracle with the
 // bf16 rule: P in {2, 3, 4, 8} ranks sharing one GPU (a thread and a stream per rank, the local
 // communicator moving device buffers and counting their bytes), layouts, masks, GQA, head
-// groups, both GPU backends; measured bytes per rank equal the bytes walked from the schedule;
+// groups, the GPU backends ("auto" on sm_90, which hands each call to cuDNN, the Hopper kernels or
+// ours; cuDNN or ours elsewhere; ours where a case asks); measured bytes per rank equal the bytes walked from the schedule;
 // and the NCCL communicator on two, four and eight GPUs when the machine has them.
 // Skipped without a GPU (CI).
 #include <gtest/gtest.h>
@@ -133,6 +134,12 @@ Status run_case(const Case& c, const HostTensor& q, const HostTensor& k, const H
     (void)cudaStreamDestroy(stream);
     SP_RETURN_IF_ERROR(s);
     SP_RETURN_IF_ERROR(check_trace(ws, plan));
+    // "auto" (sm_90): every call of these cases is one the Hopper kernels (or cuDNN's forward)
+    // take, bf16 at head dim 64 or 128 on any layout's positions; none may fall to ours.
+    if (std::string(backend->name()) == "auto")
+      for (const auto& [what, calls] : backend->calls_by_backend())
+        SP_CHECK_ARG(what.find("cuda") == std::string::npos,
+                     "auto handed " + std::to_string(calls) + " calls to our mma.sync kernels (" + what + ")");
     for (Pass p : {Pass::kForward, Pass::kBackward}) {
       const int64_t walked = walk_bytes(plan.schedule.pass(p), r, layout, plan.block_bytes, plan.request.topology,
                                           plan.schedule.head_parts).total;
@@ -197,7 +204,8 @@ std::vector<Case> cases() {
       if (std::string(algo) == "double-ring" && P % 2 == 0 && P > 2) c.ranks_per_node = P / 2;
       all.push_back(c);
     }
-  // Masks cuDNN cannot take run on our kernels; the full mask on both backends.
+  // Masks cuDNN cannot take run on the Hopper kernels (auto, sm_90; on zigzag shards of two runs)
+  // or elsewhere ours; the full mask on both.
   for (const char* algo : {"ring", "burst"})
     for (const char* mask : {"full", "window:100,0", "docs:3"}) all.push_back({algo, 3, Z, mask, 777, 4, 4, 64});
   for (const char* mask : {"window:100,0", "docs:3"}) all.push_back({"distflash", 3, C, mask, 777, 4, 4, 64});
@@ -206,10 +214,14 @@ std::vector<Case> cases() {
   for (LayoutKind layout : {C, St})
     for (const char* algo : {"ring", "burst"}) all.push_back({algo, 4, layout, "causal", 1001, 4, 2, 64});
   // The documents layout (packed documents dealt whole or in per-document zigzag pieces: many
-  // position runs a shard) on our kernels, which take the document mask.
+  // position runs a shard) on the Hopper kernels (auto, sm_90) or elsewhere ours.
   for (const char* algo : {"ring", "burst", "ring-return", "burst-return"})
     all.push_back({algo, 3, LayoutKind::kDocuments, "docs:7", 1999, 4, 2, 128});
   all.push_back({"ulysses", 2, LayoutKind::kDocuments, "docs:5", 1001, 8, 2, 64});
+  // Documents of lognormal lengths (issue 37's mix, scaled down: mean 200 tokens, a few over 1K).
+  for (const char* algo : {"ring", "burst-return"})
+    all.push_back({algo, 4, LayoutKind::kDocuments, "docs-lognormal:200", 3001, 4, 2, 128});
+  all.push_back({"ring", 3, Z, "docs-lognormal:200", 2002, 4, 2, 64});
   all.push_back({"ring", 4, LayoutKind::kDocuments, "docs:9", 4099, 8, 2, 128, 0, /*nccl=*/true});
   // Head groups (GQA 8:2 in two groups of 4:1), MQA, and two groups of 3 heads over 1025 rows:
   // the second group's LSE slice starts 12300 bytes in, not 16-byte aligned, so it is copied.

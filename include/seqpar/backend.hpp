@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/attention.hpp"
@@ -67,14 +68,17 @@ class AttentionBackend {
   [[nodiscard]] virtual Status merge(const TensorView& o, const TensorView& lse, const TensorView& o_part,
                                      const TensorView& lse_part, void* stream) const = 0;
   [[nodiscard]] virtual Status accumulate(const TensorView& acc, const TensorView& x, void* stream) const = 0;
+  // A backend that hands each call to another ("auto"): how many calls each ran so far, as
+  // ("forward hopper", n), ("backward cuda", n), ...; empty for a backend that runs its own.
+  virtual std::vector<std::pair<std::string, int64_t>> calls_by_backend() const { return {}; }
 };
 
 // The fast blocked CPU kernels (fp32, fp64).
 const AttentionBackend& cpu_kernel_backend();
 // The fp64 oracle as a backend: plain loops, every step computed in fp64 (fp32 or fp64 tensors).
 const AttentionBackend& cpu_oracle_backend();
-// Every backend this build has (GPU ones where CUDA is built: ours, cuDNN, Hopper), for the
-// backend test. The GPU
+// Every backend this build has (GPU ones where CUDA is built: ours, cuDNN, Hopper, and auto where
+// GPU 0 is sm_90), for the backend test. The GPU
 // instances keep scratch: use them from one thread.
 std::vector<const AttentionBackend*> all_backends();
 
@@ -87,11 +91,23 @@ std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0, 
 // Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128; full and causal masks, and
 // documents, left-bounded windows and block patterns (blocks a power of two of at least 8 tokens)
 // as visible-tile lists; each side's positions one run with step 1 (supports() says what else it
-// refuses; it refuses every GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code. Not a default choice:
-// make_gpu_backend never picks it.
+// refuses; it refuses every GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code.
 std::unique_ptr<AttentionBackend> make_hopper_backend();
-// The GPU backend for problems like (q, params): cuDNN where built, preferred and supported,
-// else our own kernels; nullptr without CUDA.
+// "auto": cuDNN, Hopper and our kernels behind one backend that hands each forward and backward
+// call to the fastest that takes it (src/kernels/backend_choice.cpp has the measured table), under
+// one contract (caps: fp32 or input-dtype parts; the backward takes D, so it never runs on
+// cuDNN). nullptr where this build lacks the Hopper kernels or GPU `device` is not sm_90.
+std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call_rows = 0);
+// The GPU backend the environment forces: SEQPAR_ATTN_BACKEND = cudnn, hopper, cuda or auto
+// (unset or empty: none, returns ""); an error for any other value.
+StatusOr<std::string> forced_gpu_backend();
+// The GPU backend of that name (cudnn, hopper, cuda; auto on `device`); nullptr where this build
+// or device lacks it.
+std::unique_ptr<AttentionBackend> make_gpu_backend_named(const std::string& name, int device = 0,
+                                                         int64_t max_call_rows = 0);
+// The GPU backend for problems like (q, params): the one SEQPAR_ATTN_BACKEND names, if set; else
+// with prefer_cudnn (the fastest) "auto" on sm_90 devices where it takes the problem, else cuDNN
+// where built and supported; else our own kernels; nullptr without CUDA.
 std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const AttentionParams& params,
                                                    bool prefer_cudnn = true, int64_t max_call_rows = 0);
 

@@ -1,8 +1,10 @@
 // A rank's attention session: what a caller of distributed attention keeps between calls, so
 // that the tool, the model, the benchmarks and the Python binding run attention the same way.
 // It holds the rank's communicator (not owned, it must outlive the session), picks the local
-// backend for the tensors' device (the blocked CPU kernels on the host; on a GPU cuDNN where it
-// takes the problem, else our own kernels, which take every mask but block patterns), plans each
+// backend for the tensors' device (the blocked CPU kernels on the host; on a GPU the one
+// SEQPAR_ATTN_BACKEND names, else on sm_90 "auto", which hands each call to the fastest of cuDNN,
+// our Hopper kernels and our own, else cuDNN where it takes the problem, else our own kernels,
+// which take every mask but block patterns), plans each
 // problem once and caches the plan by the whole problem (layout, mask with its documents and
 // block pattern, dims, dtypes, scale, backend), and runs the forward and backward through the one
 // executor on the tensors' device.
@@ -26,7 +28,8 @@ namespace seqpar {
 
 struct SessionOptions {
   PlanOptions plan;            // algorithm and planner options, for every problem
-  bool prefer_cudnn = true;    // GPU: cuDNN where it supports the problem, else our kernels
+  bool prefer_cudnn = true;    // GPU: the fastest backend that takes the problem ("auto" on sm_90,
+                               // else cuDNN), else our kernels (false: our kernels)
   int64_t max_call_rows = 0;   // GPU: no cuDNN call spans more rows (0: no bound)
   // GPU: backward passes give the same bits every run (training that resumes bit for bit):
   // cuDNN's deterministic algorithm, whose workspace grows as S_q x S_k per call (bound it with

@@ -1,7 +1,10 @@
-// The backends this build has, and the choice of a GPU backend for a problem: cuDNN where it
-// takes the problem, else our own CUDA kernels (any mask, any positions). The Hopper kernels are
-// made by name only (make_hopper_backend): no default picks them.
+// The backends this build has, and the choice of a GPU backend for a problem: the one
+// SEQPAR_ATTN_BACKEND names; else "auto" (backend_choice.cpp: per call the fastest of cuDNN, our
+// Hopper kernels and our CUDA kernels) on sm_90 devices; else cuDNN where it takes the problem,
+// else our own CUDA kernels (any mask but block patterns, any positions).
 #include "seqpar/backend.hpp"
+
+#include <cstdlib>
 
 #ifdef SEQPAR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
@@ -37,9 +40,30 @@ std::unique_ptr<AttentionBackend> make_hopper_backend() {
 #endif
 }
 
+StatusOr<std::string> forced_gpu_backend() {
+  const char* env = std::getenv("SEQPAR_ATTN_BACKEND");
+  const std::string name = env ? env : "";
+  SP_CHECK_ARG(name.empty() || name == "cudnn" || name == "hopper" || name == "cuda" || name == "auto",
+               "SEQPAR_ATTN_BACKEND=" + name + " names no GPU backend (cudnn, hopper, cuda or auto)");
+  return name;
+}
+
+std::unique_ptr<AttentionBackend> make_gpu_backend_named(const std::string& name, int device, int64_t max_call_rows) {
+  if (name == "cudnn") return make_cudnn_backend(max_call_rows);
+  if (name == "hopper") return make_hopper_backend();
+  if (name == "cuda") return make_cuda_backend();
+  if (name == "auto") return make_auto_backend(device, max_call_rows);
+  return nullptr;
+}
+
 std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const AttentionParams& params,
                                                    bool prefer_cudnn, int64_t max_call_rows) {
+  StatusOr<std::string> forced = forced_gpu_backend();
+  if (!forced.ok()) return nullptr;
+  if (!forced.value().empty()) return make_gpu_backend_named(forced.value(), q.device.index, max_call_rows);
   if (prefer_cudnn) {
+    std::unique_ptr<AttentionBackend> chosen = make_auto_backend(q.device.index, max_call_rows);
+    if (chosen && chosen->supports(q, params).empty()) return chosen;
     std::unique_ptr<AttentionBackend> cudnn = make_cudnn_backend(max_call_rows);
     if (cudnn && cudnn->supports(q, params).empty()) return cudnn;
   }
@@ -49,8 +73,8 @@ std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const At
 std::vector<const AttentionBackend*> all_backends() {
   std::vector<const AttentionBackend*> all{&cpu_kernel_backend(), &cpu_oracle_backend()};
   static const std::unique_ptr<AttentionBackend> own = make_cuda_backend(), cudnn = make_cudnn_backend(),
-                                                 hopper = make_hopper_backend();
-  for (const auto* gpu : {own.get(), cudnn.get(), hopper.get()})
+                                                 hopper = make_hopper_backend(), chosen = make_auto_backend(0);
+  for (const auto* gpu : {own.get(), cudnn.get(), hopper.get(), chosen.get()})
     if (gpu) all.push_back(gpu);
   return all;
 }

@@ -37,7 +37,8 @@ struct Session::Impl {
   Communicator& comm;
   SessionOptions options;
   int device = -1;  // the GPU this session's device state lives on, once it has any
-  std::unique_ptr<AttentionBackend> cudnn, cuda;
+  std::unique_ptr<AttentionBackend> cudnn, cuda, chosen, forced;  // chosen: "auto" (nullptr off sm_90)
+  bool chosen_made = false;
 #ifdef SEQPAR_HAVE_CUDA
   std::unique_ptr<GpuWorkspace> workspace;
 #endif
@@ -49,6 +50,20 @@ struct Session::Impl {
                  "this session's GPU state lives on GPU " + std::to_string(device) + "; the tensors are on GPU " +
                      std::to_string(q.device.index));
     device = q.device.index;
+    // SEQPAR_ATTN_BACKEND forces one backend (A/B runs), whatever the options prefer.
+    SP_ASSIGN_OR_RETURN(const std::string forced_name, forced_gpu_backend());
+    if (!forced_name.empty() && !options.deterministic) {
+      if (!forced) forced = make_gpu_backend_named(forced_name, device, options.max_call_rows);
+      SP_CHECK_SUPPORTED(forced != nullptr, "SEQPAR_ATTN_BACKEND=" + forced_name + ": this build or GPU lacks it");
+      const std::string why_not = forced->supports(q, params);
+      SP_CHECK_SUPPORTED(why_not.empty(), "SEQPAR_ATTN_BACKEND=" + forced_name + ": " + why_not);
+      return forced.get();
+    }
+    // The fastest: per call among cuDNN, Hopper and our kernels on sm_90 devices.
+    if (options.prefer_cudnn && !options.deterministic) {
+      if (!chosen_made) chosen = make_auto_backend(device, options.max_call_rows), chosen_made = true;
+      if (chosen && chosen->supports(q, params).empty()) return chosen.get();
+    }
     if (options.prefer_cudnn || options.deterministic) {
       if (!cudnn) cudnn = make_cudnn_backend(options.max_call_rows, options.deterministic);
       const std::string why_not = cudnn ? cudnn->supports(q, params) : "this build has no cuDNN";
