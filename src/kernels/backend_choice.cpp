@@ -74,16 +74,19 @@ class ChoosingBackend : public cuda::CudaKernelBackend {
     c.device = true;
     return c;
   }
-  // Empty when some held backend takes the backward (and so the forward too); else every reason.
+  // Empty for problems the Hopper kernels take (bf16, head dim 64 or 128: elsewhere cuDNN and ours
+  // keep their old roles, cuDNN's backward included) whose positions the Hopper kernels or ours
+  // take (every call's backward needs one of them); else why not.
   std::string supports(const TensorView& q, const AttentionParams& params) const override {
-    std::string why = "no backend takes this problem:";
-    for (Which w : {kHopper, kCuda}) {
-      if (!held_[w]) continue;
-      const std::string no = held_[w]->supports(q, params);
-      if (no.empty()) return {};
-      why += std::string(" ") + kNames[w] + ": " + no + ";";
-    }
-    return why;
+    AttentionParams problem = params;
+    problem.q_positions = problem.k_positions = nullptr;
+    if (std::string why = held_[kHopper]->supports(q, problem); !why.empty())
+      return "auto takes the problems the Hopper kernels take: " + why;
+    const std::string why_hopper = held_[kHopper]->supports(q, params);
+    if (why_hopper.empty()) return {};
+    const std::string why_cuda = held_[kCuda] ? held_[kCuda]->supports(q, params) : "no CUDA kernels";
+    if (why_cuda.empty()) return {};
+    return "neither the Hopper kernels (" + why_hopper + ") nor ours (" + why_cuda + ") take this problem";
   }
 
   Status forward(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionParams& params,
