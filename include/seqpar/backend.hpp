@@ -90,8 +90,10 @@ std::unique_ptr<AttentionBackend> make_cuda_backend();
 std::unique_ptr<AttentionBackend> make_cudnn_backend(int64_t max_call_rows = 0, bool deterministic = false);
 // Our sm_90a (H100/H200) kernels, "hopper": bf16, head dim 64 or 128; full and causal masks, and
 // documents, left-bounded windows and block patterns (blocks a power of two of at least 8 tokens)
-// as visible-tile lists; each side's positions one run with step 1 (supports() says what else it
-// refuses; it refuses every GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code.
+// as visible-tile lists; each side's positions any number of increasing runs (contiguous, zigzag,
+// striped and documents-layout shards in one launch; gathered shards, up to 64 increasing
+// segments a side, one launch per pair of segments); supports() says what else it refuses (every
+// GPU but sm_90). nullptr where this build lacks CUDA or sm_90a code.
 std::unique_ptr<AttentionBackend> make_hopper_backend();
 // "auto": cuDNN, Hopper and our kernels behind one backend that hands each forward and backward
 // call to the fastest that takes it (src/kernels/backend_choice.cpp has the measured table), under
