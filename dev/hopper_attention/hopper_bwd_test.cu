@@ -461,15 +461,12 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   f.causal = causal;
   lab::PairMask pm;
   lab::DeviceTiles tiles;
+  const char* fwd_variant = D == 128 ? "pp192" : "m192";
   if (mask) {
-    if (!lab::make_mask(mask, S, S, 0, 12345, &pm)) {
-      std::fprintf(stderr, "unknown mask %s\n", mask);
-      return 2;
-    }
-    tiles = lab::upload_tiles(pm, D == 128 ? 128 : 192, D == 128 ? 192 : 128);
+    if (!lab::mask_tiles(mask, S, S, 0, 12345, fwd_variant, D, &pm, &tiles)) return 2;
     f.tiles = tiles.fwd;
   }
-  CK(hopper_attn::dispatch(D == 128 ? "pp192" : "m192", f, 0));
+  CK(hopper_attn::dispatch(fwd_variant, f, 0));
   BwdArgs a{};
   a.q = q;
   a.k = k;

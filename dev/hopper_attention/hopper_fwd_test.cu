@@ -176,13 +176,7 @@ static bool check_case(const std::string& variant, const Case& c, uint64_t seed)
   lab::PairMask pm;
   lab::DeviceTiles tiles;
   if (c.mask) {
-    if (!lab::make_mask(c.mask, c.Sq, c.Sk, c.offset, seed, &pm)) {
-      std::fprintf(stderr, "unknown mask %s\n", c.mask);
-      std::exit(2);
-    }
-    int bm, bn;
-    lab::fwd_tile(variant, c.D, &bm, &bn);
-    tiles = lab::upload_tiles(pm, bm, bn);
+    if (!lab::mask_tiles(c.mask, c.Sq, c.Sk, c.offset, seed, variant, c.D, &pm, &tiles)) std::exit(2);
     a.tiles = tiles.fwd;
   }
   CK(hopper_attn::dispatch(variant, a, 0));
@@ -332,13 +326,7 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
   lab::PairMask pm;
   lab::DeviceTiles tiles;
   if (mask) {
-    if (!lab::make_mask(mask, S, S, 0, 12345, &pm)) {
-      std::fprintf(stderr, "unknown mask %s\n", mask);
-      return 2;
-    }
-    int bm, bn;
-    lab::fwd_tile(variant, D, &bm, &bn);
-    tiles = lab::upload_tiles(pm, bm, bn);
+    if (!lab::mask_tiles(mask, S, S, 0, 12345, variant, D, &pm, &tiles)) return 2;
     a.tiles = tiles.fwd;
   }
   for (int i = 0; i < 3; ++i) CK(hopper_attn::dispatch(variant, a, 0));

@@ -68,4 +68,19 @@ inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn) {
   return d;
 }
 
+// The drivers' one way to a mask: builds mask spec `spec` (lab_masks.hpp's make_mask, over
+// Sq x Sk tokens) into *pm and uploads its lists with the tiles of forward variant `fwd_variant`
+// at head dim D (and the backward's). False, with a message, for a spec make_mask does not know.
+inline bool mask_tiles(const char* spec, int Sq, int Sk, int offset, uint64_t seed, const std::string& fwd_variant,
+                       int D, PairMask* pm, DeviceTiles* tiles) {
+  if (!make_mask(spec, Sq, Sk, offset, seed, pm)) {
+    std::fprintf(stderr, "unknown mask %s\n", spec);
+    return false;
+  }
+  int bm, bn;
+  fwd_tile(fwd_variant, D, &bm, &bn);
+  *tiles = upload_tiles(*pm, bm, bn);
+  return true;
+}
+
 }  // namespace lab

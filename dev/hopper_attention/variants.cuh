@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 
 namespace hopper_attn {

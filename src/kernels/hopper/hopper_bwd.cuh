@@ -34,8 +34,11 @@
 //   buffer back and forth.
 // - Masking: P = 0 for keys past S_k and above the causal diagonal, only in the tiles that
 //   cross either; with tile lists the CTA walks its key tile's listed query tiles only and
-//   masks element by element (hopper_mask.cuh) only those flagged as boundary tiles; rows past S_q and rows with no key get LSE2 = +inf and D = 0 from the
-//   preprocessing kernel, so their P and dS are exactly 0 (no NaN from -inf - -inf).
+//   masks element by element (hopper_mask.cuh) only those flagged as boundary tiles; rows past
+//   S_q and rows with no key get LSE2 = +inf and D = 0 from the preprocessing kernel, so their P
+//   and dS are exactly 0 (no NaN from -inf - -inf).
+// - The preprocessing and dQ conversion kernels and the host launcher (launch_bwd) are in
+//   hopper_bwd_launch.cuh.
 // - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
 //   the backend runs), and kDefer = true, "defer" (below; the lab's dispatch_bwd picks by name).
 #pragma once
@@ -469,154 +472,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     }
   }
 #endif  // SEQPAR_HOPPER_STUB
-}
-
-// ---- preprocessing and dQ conversion -------------------------------------------------------
-
-// LSE2 = LSE * log2(e) (+inf where LSE = -inf: such rows see no key, and P must be 0), D =
-// rowsum(dO * O) unless given; padded rows (S_q .. S_q_pad) get LSE2 = +inf and D = 0. One group
-// of kD/8 lanes per (b, q, h) row, 16-byte loads; h fastest so O and dO stream contiguously.
-template <int kD>
-__global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
-                                      const float* delta, float* lse2, float* dpsum, int B, int H, int Sq,
-                                      int Sq_pad, StatStrides lse_st, StatStrides delta_st) {
-  constexpr int kLanes = kD / 8;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = t / kLanes;
-  const int sub = static_cast<int>(t % kLanes);
-  if (row >= static_cast<int64_t>(B) * Sq_pad * H) return;
-  const int h = static_cast<int>(row % H);
-  const int q = static_cast<int>((row / H) % Sq_pad);
-  const int b = static_cast<int>(row / (static_cast<int64_t>(H) * Sq_pad));
-  float acc = 0.f;
-  if (q < Sq && delta == nullptr) {
-    const int64_t off = ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + sub * 8;
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + off);
-    const uint4 dv = *reinterpret_cast<const uint4*>(dout + off);
-    const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-    const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = __bfloat1622float2(o2[i]), c = __bfloat1622float2(d2[i]);
-      acc = fmaf(a.x, c.x, acc);
-      acc = fmaf(a.y, c.y, acc);
-    }
-  }
-#pragma unroll
-  for (int s = kLanes / 2; s > 0; s /= 2) acc += __shfl_xor_sync(0xffffffff, acc, s);
-  if (sub == 0) {
-    const int64_t si = (static_cast<int64_t>(b) * H + h) * Sq_pad + q;
-    float l2 = INFINITY, d = 0.f;
-    if (q < Sq) {
-      const float l = lse[b * lse_st.b + h * lse_st.h + q];
-      l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-      d = delta ? delta[b * delta_st.b + h * delta_st.h + q] : acc;
-    }
-    lse2[si] = l2;
-    dpsum[si] = d;
-  }
-}
-
-// dQ = scale * dQ_acc (+ dQ if accumulating), bf16 or fp32. One thread per float4 of the accumulator,
-// whose in-tile order is the consumers' fragment order (see the kernel's dQ store).
-template <int kD>
-__global__ void bwd_convert_dq_kernel(const float* dq_acc, void* dq, RowStrides dq_st, int out_f32, int B, int H,
-                                      int Sq, int n_mtiles, float scale, int accumulate) {
-  constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t f = t * 4;
-  const int64_t total = static_cast<int64_t>(B) * H * n_mtiles * kBM * kD;
-  if (f >= total) return;
-  const int64_t tile = f / (kBM * kD);
-  const int in_tile = static_cast<int>(f % (kBM * kD));
-  const int m = static_cast<int>(tile % n_mtiles);
-  const int h = static_cast<int>((tile / n_mtiles) % H);
-  const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
-  const int w = in_tile / kHalf, r = in_tile % kHalf;
-  const int lane = (r / 4) % 32, jj = (r / 128) % kJJ, warp = r / (128 * kJJ);
-  const float4 v = *reinterpret_cast<const float4*>(dq_acc + f);
-  const int col = w * (kD / 2) + 8 * jj + 2 * (lane % 4);
-  const float vals[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {  // e = 2x, 2x + 1: row + 8x, columns col, col + 1
-    const int q = m * kBM + warp * 16 + lane / 4 + 8 * x;
-    if (q >= Sq) continue;
-    add_out(dq, b * dq_st.b + q * dq_st.s + h * dq_st.h + col,
-            make_float2(vals[2 * x] * scale, vals[2 * x + 1] * scale), out_f32, accumulate);
-  }
-}
-
-// ---- host side ---------------------------------------------------------------------------
-
-
-inline int bwd_seq_pad(int seq_q) { return (seq_q + bwd::kBM - 1) / bwd::kBM * bwd::kBM; }
-// fp32 dQ accumulator + LSE2 + D.
-inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
-  const size_t pad = static_cast<size_t>(bwd_seq_pad(Sq));
-  return static_cast<size_t>(B) * H * pad * D * 4 + 2 * static_cast<size_t>(B) * H * pad * 4;
-}
-
-template <int kD, bool kDefer>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  using L = BwdSmem<kD>;
-  const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
-  float* dq_acc = static_cast<float*>(a.workspace);
-  float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
-  float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
-  CUtensorMap tq, tk, tv, tdo;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.q_st) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.k_st) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.v_st) != CUDA_SUCCESS ||
-      make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.dout_st) != CUDA_SUCCESS)
-    return cudaErrorInvalidValue;
-  cudaError_t e = cudaSuccess;
-  if (!a.main_only) {
-    if ((e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
-        cudaSuccess)
-      return e;
-    const int64_t threads = static_cast<int64_t>(a.batch) * pad * a.heads * (kD / 8);
-    bwd_preprocess_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
-        dpsum, a.batch, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
-        stat_strides(a.delta_st, a.heads, a.seq_q));
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  BwdParams p{};
-  p.dq_acc = dq_acc;
-  p.lse2 = lse2;
-  p.dpsum = dpsum;
-  p.dk = a.dk;
-  p.dv = a.dv;
-  p.out_f32 = a.dkv_f32;
-  const RowStrides kst = row_strides(a.dk_st, a.seq_k, a.kv_heads, kD), vst = row_strides(a.dv_st, a.seq_k, a.kv_heads, kD);
-  p.dk_sb = kst.b, p.dk_ss = kst.s, p.dk_sh = kst.h, p.dv_sb = vst.b, p.dv_ss = vst.s, p.dv_sh = vst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.seq_q_pad = pad;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  p.accumulate = a.accumulate && !a.dkv_fresh;
-  p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = p.scale * 1.4426950408889634f;
-  auto kernel = bwd_kernel<kD, kDefer>;
-  constexpr int smem = L::bytes;
-  if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
-  p.tiles = a.tiles;
-  const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
-  const dim3 grid(n_tiles, a.kv_heads, a.batch);
-  kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  if (!a.main_only) {
-    const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
-    bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        dq_acc, a.dq, row_strides(a.dq_st, a.seq_q, a.heads, kD), a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles,
-        p.scale, a.accumulate && !a.dq_fresh);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  return cudaSuccess;
 }
 
 }  // namespace seqpar::hopper

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "kernels/hopper/hopper_args.hpp"
-#include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 
 namespace seqpar::hopper {
