@@ -16,13 +16,13 @@
 //          the whole backward (zeroing the dQ accumulator, preprocessing, main kernel, dQ
 //          conversion) and the main kernel alone, with CUDA events (median). FLOPs = 2.5 x
 //          4 B S^2 H D (half for causal).
-//   benchmask: the same for a mask spec (lab_masks.hpp) with the base variant, FLOPs = 2.5 x
-//          4 B H D x visible scores.
-// Usage: hopper_bwd_test check [D] [base|defer|both] [all|dense|masks]   (default: both variants
-//          on the same inputs; masked cases run base only)
+//   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
+// Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst.
+// Usage: hopper_bwd_test check [D] [base|defer|memset|sfirst|both] [all|dense|masks]
+//          (default: base and defer on the same inputs; masked cases run base only)
 //        hopper_bwd_test selftest          (CPU only: the oracle against finite differences)
-//        hopper_bwd_test bench <S> <causal 0|1> <H> <Hkv> <D> [reps] [variant 0 base | 1 defer]
-//        hopper_bwd_test benchmask <S> <mask spec> <H> <Hkv> <D> [reps]
+//        hopper_bwd_test bench <S> <causal 0|1> <H> <Hkv> <D> [reps] [variant number]
+//        hopper_bwd_test benchmask <S> <mask spec> <H> <Hkv> <D> [reps] [variant number]
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -357,7 +357,7 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   std::printf(
       "%-4s %-5s D=%3d B=%d H=%d Hkv=%d Sq=%5d Sk=%5d %s off=%4d acc=%d | dQ %.3e (plain %.3e, floor %.3e, %.2f of "
       "bound) | dK %.3e (plain %.3e, %.2f) | dV %.3e (plain %.3e, %.2f) | nan %ld/%ld/%ld, empty rows %ld\n",
-      ok ? "PASS" : "FAIL", variant ? "defer" : "base", c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk,
+      ok ? "PASS" : "FAIL", hopper_attn::kBwdVariants[variant], c.D, c.B, c.H, c.Hkv, c.Sq, c.Sk,
       c.mask ? c.mask : c.causal ? "causal" : "full  ", c.offset, c.accumulate,
       eq.ours, eq.plain, eq.floor, ratio(eq), ek.ours, ek.plain, ratio(ek), ev.ours, ev.plain, ratio(ev), eq.nan,
       ek.nan, ev.nan, empty);
@@ -409,8 +409,9 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
     // The masks' lists are the backend's variant's: base.
     fails += !check_case(c, seed++, i < n_dense ? variants : std::vector<int>{0});
   }
-  std::printf("check bwd D=%d variants %s: %d/%d cases pass\n", only_d,
-              variants.size() == 2 ? "base,defer" : variants[0] ? "defer" : "base", n - fails, n);
+  std::string names;
+  for (int v : variants) names += std::string(names.empty() ? "" : ",") + hopper_attn::kBwdVariants[v];
+  std::printf("check bwd D=%d variants %s: %d/%d cases pass\n", only_d, names.c_str(), n - fails, n);
   return fails ? 1 : 0;
 }
 
@@ -504,9 +505,9 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   const double flops =
       mask ? 2.5 * 4.0 * B * tiles.visible * H * D : 2.5 * 4.0 * B * double(S) * S * H * D * (causal ? 0.5 : 1.0);
   if (mask)
-    std::printf("BENCHMASK bwd S=%d mask=%s H=%d Hkv=%d D=%d visible=%.4g (%.3f of full) tiles=%lld boundary=%lld "
+    std::printf("BENCHMASK bwd variant=%d S=%d mask=%s H=%d Hkv=%d D=%d visible=%.4g (%.3f of full) tiles=%lld boundary=%lld "
                 "ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n",
-                S, mask, H, Hkv, D, tiles.visible, tiles.visible / (double(S) * S), tiles.entries[1],
+                variant, S, mask, H, Hkv, D, tiles.visible, tiles.visible / (double(S) * S), tiles.entries[1],
                 tiles.boundary[1], med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
   else
   std::printf("BENCH bwd variant=%d S=%d causal=%d H=%d Hkv=%d D=%d ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n", variant, S, causal, H,
@@ -524,6 +525,27 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   const double med_main = ms[reps / 2];
   std::printf("BENCH bwd variant=%d S=%d causal=%d main kernel only ms=%.3f TFLOPs=%.1f (the rest %.3f ms)\n", variant,
               S, causal, med_main, flops / (med_main * 1e-3) / 1e12, med - med_main);
+  // Everything but the main kernel (zeroing, preprocessing, dQ conversion), timed on its own with
+  // 4x the repetitions: the backward's fixed cost (issue 34, item 1).
+  a.main_only = 2;
+  const int reps_fixed = 4 * reps;
+  std::vector<cudaEvent_t> evf(reps_fixed + 1);
+  for (auto& e : evf) CK(cudaEventCreate(&e));
+  for (int i = 0; i < 3; ++i) CK(hopper_attn::dispatch_bwd(a, 0));
+  CK(cudaEventRecord(evf[0]));
+  for (int r = 0; r < reps_fixed; ++r) {
+    CK(hopper_attn::dispatch_bwd(a, 0));
+    CK(cudaEventRecord(evf[r + 1]));
+  }
+  CK(cudaEventSynchronize(evf[reps_fixed]));
+  std::vector<float> msf(reps_fixed);
+  for (int r = 0; r < reps_fixed; ++r) CK(cudaEventElapsedTime(&msf[r], evf[r], evf[r + 1]));
+  std::sort(msf.begin(), msf.end());
+  std::printf("FIXED bwd variant=%s S=%d causal=%d H=%d D=%d fixed (memset + preprocess + convert) ms=%.4f (min %.4f max "
+              "%.4f) = %.1f%% of the whole\n",
+              hopper_attn::kBwdVariants[variant], S, causal, H, D, msf[reps_fixed / 2], msf[0], msf[reps_fixed - 1],
+              100.0 * msf[reps_fixed / 2] / med);
+  for (auto& e : evf) CK(cudaEventDestroy(e));
   for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
                   static_cast<void*>(dout), static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                   static_cast<void*>(lse), ws})
@@ -604,18 +626,25 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "selftest") return run_selftest();
   if (argc >= 2 && std::string(argv[1]) == "check") {
     std::vector<int> variants = {0, 1};
-    if (argc >= 4 && std::string(argv[3]) != "both") variants = {std::string(argv[3]) == "defer" ? 1 : 0};
+    if (argc >= 4 && std::string(argv[3]) != "both") {
+      variants = {hopper_attn::bwd_variant(argv[3])};
+      if (variants[0] < 0) {
+        std::fprintf(stderr, "no backward variant %s\n", argv[3]);
+        return 2;
+      }
+    }
     return run_check(argc >= 3 ? std::atoi(argv[2]) : 0, variants, argc >= 5 ? argv[4] : "all");
   }
   if (argc >= 7 && std::string(argv[1]) == "benchmask")
     return run_bench(std::atoi(argv[2]), 0, std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
-                     argc >= 8 ? std::atoi(argv[7]) : 10, 0, argv[3]);
+                     argc >= 8 ? std::atoi(argv[7]) : 10, argc >= 9 ? std::atoi(argv[8]) : 0, argv[3]);
   if (argc >= 7 && std::string(argv[1]) == "bench")
     return run_bench(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
                      std::atoi(argv[6]), argc >= 8 ? std::atoi(argv[7]) : 10, argc >= 9 ? std::atoi(argv[8]) : 0);
   std::fprintf(stderr,
-               "usage: %s check [D] [base|defer|both] [all|dense|masks]\n       %s bench <S> <causal> <H> <Hkv> <D> "
-               "[reps] [variant]\n       %s benchmask <S> <mask> <H> <Hkv> <D> [reps]\n",
+               "usage: %s check [D] [base|defer|memset|sfirst|both] [all|dense|masks]\n       %s bench <S> "
+               "<causal> <H> <Hkv> <D> [reps] [variant number]\n       %s benchmask <S> <mask> <H> <Hkv> <D> [reps] "
+               "[variant number]\n",
                argv[0], argv[0], argv[0]);
   return 2;
 }

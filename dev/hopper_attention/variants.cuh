@@ -35,10 +35,32 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
   return cudaErrorInvalidValue;
 }
 
-// Backward variants: 0 "base", 1 "defer" (kDefer in hopper_bwd.cuh).
+// Backward variants: 0 "base", 1 "defer" (kDefer in hopper_bwd.cuh), with the library's prologue
+// and dQ conversion (kPrologueBest in hopper_bwd_launch.cuh: the memset and the row-order
+// conversion); the base kernel with another prologue (issue 34 item 1): 2 "memset" (the
+// fragment-order conversion: the first version), 3 "sfirst" (row-order conversion, and the first
+// CTA to reach a dQ tile stores it, so the accumulator is not zeroed).
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst"};
+inline int bwd_variant(const std::string& name) {
+  for (int i = 0; i < 4; ++i)
+    if (name == kBwdVariants[i]) return i;
+  return -1;
+}
+
+template <int kD>
+cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
+  switch (a.variant) {
+    case 0: return launch_bwd<kD, false>(a, stream);
+    case 1: return launch_bwd<kD, true>(a, stream);
+    case 2: return launch_bwd<kD, false, 0>(a, stream);
+    case 3: return launch_bwd<kD, false, kRowConvert | kStoreFirst>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 inline cudaError_t dispatch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  if (a.head_dim == 128) return a.variant ? launch_bwd<128, true>(a, stream) : launch_bwd<128, false>(a, stream);
-  if (a.head_dim == 64) return a.variant ? launch_bwd<64, true>(a, stream) : launch_bwd<64, false>(a, stream);
+  if (a.head_dim == 128) return dispatch_bwd_d<128>(a, stream);
+  if (a.head_dim == 64) return dispatch_bwd_d<64>(a, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -92,8 +92,9 @@ struct BwdArgs {
   int causal, causal_offset, accumulate;  // accumulate: add to dq, dk, dv (else write them)
   float scale;       // 0: 1/sqrt(D)
   int variant;       // the lab's dispatch_bwd: 0 base, 1 defer (the backend runs base)
-  int main_only;     // timing aid: launch only the main kernel (the workspace must hold a
-                     // previous call's LSE2 and D; dQ is then neither zeroed nor converted)
+  int main_only;     // timing aid: 1, launch only the main kernel (the workspace must hold a
+                     // previous call's LSE2 and D; dQ is then neither zeroed nor converted);
+                     // 2, everything but the main kernel (zeroing, preprocessing, conversion)
   int dq_f32, dkv_f32;      // dq; dk and dv: fp32 (else bf16)
   int dq_fresh, dkv_fresh;  // with accumulate: write dq (dk and dv) all the same, reading nothing
   RowStrides q_st, k_st, v_st, dout_st, dq_st, dk_st, dv_st;

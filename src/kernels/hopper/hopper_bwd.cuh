@@ -31,7 +31,9 @@
 //   producer's warp 1 adds it to a zeroed fp32 accumulator in global memory with one bulk
 //   reduction (cp.reduce.async.bulk .add.f32, 16 KB); a final kernel turns the accumulator into
 //   dQ (times the softmax scale; added to dQ with accumulate). Named barriers hand the shared
-//   buffer back and forth.
+//   buffer back and forth. With a per-tile state (dq_state; the lab's "sfirst", measured slower
+//   on dense problems, so the library leaves it off) the first CTA to reach a dQ tile stores it
+//   instead, and the accumulator needs no zeroing.
 // - Masking: P = 0 for keys past S_k and above the causal diagonal, only in the tiles that
 //   cross either; with tile lists the CTA walks its key tile's listed query tiles only and
 //   masks element by element (hopper_mask.cuh) only those flagged as boundary tiles; rows past
@@ -66,7 +68,10 @@ constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 
 }  // namespace bwd
 
 struct BwdParams {
-  float* dq_acc;        // [B, H, n_mtiles, 64 * D] fp32, zeroed; each tile in fragment order
+  float* dq_acc;        // [B, H, n_mtiles, 64 * D] fp32; each tile in fragment order; zeroed
+                        // unless dq_state is given
+  int* dq_state;        // [B, H, n_mtiles], zeroed, or null: per dQ tile 0 untouched, 1 being
+                        // stored by its first contributor, 2 stored (later ones add)
   const float* lse2;    // [B, H, S_q_pad]: LSE * log2(e); +inf for no-key rows and padding
   const float* dpsum;   // [B, H, S_q_pad]: D; 0 on padding
   void* dk;             // [B, S_k, H_kv, D]: bf16, or fp32 with out_f32; element strides dk_s*
@@ -229,16 +234,54 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       // none after the last tile, so every named barrier's arrivals balance.
       named_bar_arrive(kBarDqEmpty + 0, 160);
       named_bar_arrive(kBarDqEmpty + 1, 160);
+      // With dq_state (kStoreFirst; the accumulator is not zeroed): the first CTA to reach a dQ
+      // tile (a compare-and-swap 0 -> 1 on its state) stores it, and marks it stored (2) once the
+      // store is complete; the others wait for the mark, then add. Off the critical path: the
+      // swap for tile it + 1 is issued while tile it's copies run, and the mark of tile it is set
+      // after tile it + 1's copies are issued. A CTA sets its pending mark before it waits on
+      // another's, so no two CTAs wait on each other.
+      auto tile_of = [&](int it) {
+        return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * n_m_total + q_tile(it);
+      };
+      const bool store_first = p.dq_state != nullptr;
+      int64_t pending = -1;  // lane 0: a tile this CTA stored first, not yet marked
+      bool first = store_first && lane == 0 && atomicCAS(p.dq_state + tile_of(0), 0, 1) == 0;
       for (int it = 0; it < n_iter; ++it) {
-        const int h = kvh * G + it / n_m, m = q_tile(it);
-        float* gtile = p.dq_acc + ((static_cast<int64_t>(b) * p.heads + h) * n_m_total + m) * (kBM * kD);
+        const int64_t tile = tile_of(it);
+        float* gtile = p.dq_acc + tile * (kBM * kD);
+        if (store_first && lane == 0 && !first && ld_acquire_gpu(p.dq_state + tile) != 2) {
+          if (pending >= 0) {
+            bulk_wait<0>();
+            fence_proxy_async_global();
+            __threadfence();
+            st_release_gpu(p.dq_state + pending, 2);
+            pending = -1;
+          }
+          while (ld_acquire_gpu(p.dq_state + tile) != 2) __nanosleep(32);
+        }
+        if (store_first && lane == 0 && !first) fence_proxy_async_global();
+        __syncwarp();
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
           named_bar_sync(kBarDqFull + w, 160);
           if (lane == 0) {
-            bulk_reduce_add_f32(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
+            if (first)
+              bulk_store(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
+            else
+              bulk_reduce_add_f32(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
             bulk_commit();
           }
+        }
+        bool first_next = false;
+        if (store_first && lane == 0) {
+          if (pending >= 0) {  // the previous tile's store is complete once only these 2 groups run
+            bulk_wait<2>();
+            fence_proxy_async_global();
+            __threadfence();
+            st_release_gpu(p.dq_state + pending, 2);
+          }
+          pending = first ? tile : -1;
+          if (it + 1 < n_iter) first_next = atomicCAS(p.dq_state + tile_of(it + 1), 0, 1) == 0;
         }
         if (lane == 0) bulk_wait_read<1>();
         __syncwarp();
@@ -246,8 +289,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
         if (lane == 0) bulk_wait_read<0>();
         __syncwarp();
         if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 1, 160);
+        first = first_next;
       }
       if (lane == 0) bulk_wait<0>();
+      if (pending >= 0) {  // lane 0
+        fence_proxy_async_global();
+        __threadfence();
+        st_release_gpu(p.dq_state + pending, 2);
+      }
     }
     return;
   }

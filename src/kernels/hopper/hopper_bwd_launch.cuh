@@ -58,10 +58,11 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
 }
 
 // dQ = scale * dQ_acc (+ dQ if accumulating), bf16 or fp32. One thread per float4 of the accumulator,
-// whose in-tile order is the consumers' fragment order (see the kernel's dQ store).
+// whose in-tile order is the consumers' fragment order (see the kernel's dQ store). dq_state (or
+// null): a tile no CTA reached (state 0: its rows see no key) is zero, whatever the accumulator holds.
 template <int kD>
-__global__ void bwd_convert_dq_kernel(const float* dq_acc, void* dq, RowStrides dq_st, int out_f32, int B, int H,
-                                      int Sq, int n_mtiles, float scale, int accumulate) {
+__global__ void bwd_convert_dq_kernel(const float* dq_acc, const int* dq_state, void* dq, RowStrides dq_st,
+                                      int out_f32, int B, int H, int Sq, int n_mtiles, float scale, int accumulate) {
   constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t f = t * 4;
@@ -74,7 +75,8 @@ __global__ void bwd_convert_dq_kernel(const float* dq_acc, void* dq, RowStrides 
   const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
   const int w = in_tile / kHalf, r = in_tile % kHalf;
   const int lane = (r / 4) % 32, jj = (r / 128) % kJJ, warp = r / (128 * kJJ);
-  const float4 v = *reinterpret_cast<const float4*>(dq_acc + f);
+  const float4 v = dq_state && dq_state[tile] == 0 ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                                   : *reinterpret_cast<const float4*>(dq_acc + f);
   const int col = w * (kD / 2) + 8 * jj + 2 * (lane % 4);
   const float vals[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -86,22 +88,93 @@ __global__ void bwd_convert_dq_kernel(const float* dq_acc, void* dq, RowStrides 
   }
 }
 
+// The same conversion in output order: one thread per 8 consecutive dQ columns of one row, so each
+// thread writes 16 bytes (bf16; 32 with fp32) and a warp 16 rows x 32 contiguous bytes, where the
+// kernel above writes 4 bytes per thread (16 per row and warp). Its reads are the 4 float2 of the
+// 4 lanes that hold those columns in the fragment order; 16 threads read one warp's 512 bytes.
+// Needs dq 16-byte aligned and its strides multiples of 16 bytes (launch_bwd checks).
+template <int kD>
+__global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_state, void* dq, RowStrides dq_st,
+                                           int out_f32, int B, int H, int Sq, int n_mtiles, float scale,
+                                           int accumulate) {
+  constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16, kChunks = kBM * kD / 8;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= static_cast<int64_t>(B) * H * n_mtiles * kChunks) return;
+  const int64_t tile = t / kChunks;
+  const int c = static_cast<int>(t % kChunks);
+  // c = (((w * 4 + warp) * kJJ + jj) * 8 + lq) * 2 + x: consumer half w, warp, 8-column group jj,
+  // row lq + 8x of the warp's 16 rows.
+  const int x = c & 1, lq = (c >> 1) & 7, jj = (c >> 4) % kJJ, warp = (c >> 4) / kJJ % 4, w = (c >> 4) / (4 * kJJ);
+  const int m = static_cast<int>(tile % n_mtiles);
+  const int h = static_cast<int>((tile / n_mtiles) % H);
+  const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
+  const int q = m * kBM + warp * 16 + lq + 8 * x;
+  if (q >= Sq) return;
+  // Lane 4 * lq + lp of (warp, jj) holds columns 8 jj + 2 lp, + 1 of rows lq (x = 0) and lq + 8.
+  const float* src = dq_acc + tile * (kBM * kD) + w * kHalf + ((warp * kJJ + jj) * 32 + 4 * lq) * 4 + 2 * x;
+  const bool reached = dq_state == nullptr || dq_state[tile] != 0;
+  float v[8];
+#pragma unroll
+  for (int lp = 0; lp < 4; ++lp) {
+    const float2 f = reached ? *reinterpret_cast<const float2*>(src + 4 * lp) : make_float2(0.f, 0.f);
+    v[2 * lp] = f.x * scale;
+    v[2 * lp + 1] = f.y * scale;
+  }
+  const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + w * (kD / 2) + 8 * jj;
+  if (out_f32) {
+    float4* dst = reinterpret_cast<float4*>(static_cast<float*>(dq) + off);
+    float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+    if (accumulate) {
+      const float4 a = dst[0], c2 = dst[1];
+      lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+      hi.x += c2.x, hi.y += c2.y, hi.z += c2.z, hi.w += c2.w;
+    }
+    dst[0] = lo;
+    dst[1] = hi;
+  } else {
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dq) + off);
+    if (accumulate) {
+      const uint4 old = *dst;
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(o2[i]);
+        v[2 * i] += f.x;
+        v[2 * i + 1] += f.y;
+      }
+    }
+    *dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------
 
 inline int bwd_seq_pad(int seq_q) { return (seq_q + bwd::kBM - 1) / bwd::kBM * bwd::kBM; }
-// fp32 dQ accumulator + LSE2 + D.
+// fp32 dQ accumulator + LSE2 + D + the dQ tiles' states (int per 64 rows).
 inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
   const size_t pad = static_cast<size_t>(bwd_seq_pad(Sq));
-  return static_cast<size_t>(B) * H * pad * D * 4 + 2 * static_cast<size_t>(B) * H * pad * 4;
+  return static_cast<size_t>(B) * H * pad * D * 4 + 2 * static_cast<size_t>(B) * H * pad * 4 +
+         static_cast<size_t>(B) * H * (pad / bwd::kBM) * 4;
 }
 
-template <int kD, bool kDefer>
+// What runs around the main kernel (bits of kPrologue; the lab's A/B of issue 34 item 1 compares
+// them, dev/hopper_attention/README.md "Backward: the fixed cost"): kRowConvert, dQ is converted
+// in output order (bwd_convert_dq_rows_kernel) where dq's alignment allows (else the
+// fragment-order kernel); kStoreFirst, the first CTA to reach a dQ tile stores it
+// (BwdParams::dq_state), so only the tiles' states are zeroed, not the fp32 accumulator (else a
+// cudaMemsetAsync of all of it). The library runs kRowConvert: store-first measured slower on
+// dense problems (the lab keeps it as variant "sfirst").
+constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
+
+template <int kD, bool kDefer, int kPrologue = kPrologueBest>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using L = BwdSmem<kD>;
   const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
   float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
+  int* dq_state = (kPrologue & kStoreFirst) ? reinterpret_cast<int*>(dpsum + static_cast<size_t>(a.batch) * a.heads * pad)
+                                            : nullptr;
   CUtensorMap tq, tk, tv, tdo;
   if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.q_st) != CUDA_SUCCESS ||
       make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.k_st) != CUDA_SUCCESS ||
@@ -109,8 +182,9 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
       make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, bwd::kBM, a.dout_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
-  if (!a.main_only) {
-    if ((e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
+  if (a.main_only != 1) {
+    if ((e = dq_state ? cudaMemsetAsync(dq_state, 0, static_cast<size_t>(a.batch) * a.heads * n_mtiles * 4, stream)
+                      : cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
         cudaSuccess)
       return e;
     const int64_t threads = static_cast<int64_t>(a.batch) * pad * a.heads * (kD / 8);
@@ -122,6 +196,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   }
   BwdParams p{};
   p.dq_acc = dq_acc;
+  p.dq_state = dq_state;
   p.lse2 = lse2;
   p.dpsum = dpsum;
   p.dk = a.dk;
@@ -146,13 +221,25 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   p.tiles = a.tiles;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
   const dim3 grid(n_tiles, a.kv_heads, a.batch);
-  kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  if (!a.main_only) {
-    const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
-    bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        dq_acc, a.dq, row_strides(a.dq_st, a.seq_q, a.heads, kD), a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles,
-        p.scale, a.accumulate && !a.dq_fresh);
+  if (a.main_only != 2) {  // 2: the timing aid that runs everything but the main kernel
+    kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  if (a.main_only != 1) {
+    const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
+    const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
+    const bool rows = (kPrologue & kRowConvert) && reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 &&
+                      dq_st.b % vec == 0 && dq_st.s % vec == 0 && dq_st.h % vec == 0;
+    const int accumulate_dq = a.accumulate && !a.dq_fresh;
+    if (rows) {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
+      bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
+    } else {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
+      bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;
