@@ -55,7 +55,8 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.ulysses >= 0, "--ulysses must be positive (0: the largest the heads allow)");
   o.ulysses = c.ulysses;
   o.ring_algorithm = c.ring_algo;
-  SP_ASSIGN_OR_RETURN(o.layout, parse_layout(c.layout));
+  const std::string layout = c.layout != "auto" ? c.layout : o.model.has_linear_layers() ? "contiguous" : "zigzag";
+  SP_ASSIGN_OR_RETURN(o.layout, parse_layout(layout));
   SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel).status());
   o.ranks_per_node = c.ranks_per_node;
   SP_ASSIGN_OR_RETURN(o.checkpointing, parse_checkpointing(c.checkpointing));
@@ -203,12 +204,17 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   }
   if (lead) {
     const AttentionPlan& plan = trainer->attention_plan();
+    // What runs each layer's token mixer: the softmax schedule (and why auto chose it), LASP.
+    std::string mixers;
+    if (o.model.has_softmax_layers())
+      mixers = std::string(plan.algorithm->name) + " attention" + (plan.choice.empty() ? "" : ": " + plan.choice);
+    if (o.model.has_linear_layers())
+      mixers += std::string(mixers.empty() ? "" : "; ") + "LASP for the linear-attention layers";
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
-                         "each over %d ranks (%s layout, %s attention%s); checkpointing %s; ZeRO %d\n",
+                         "each over %d ranks (%s layout, %s); checkpointing %s; ZeRO %d\n",
                  o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
-                 long(o.batch), long(o.seq), comm.size() / o.data_parallel, c.layout.c_str(), plan.algorithm->name,
-                 plan.choice.empty() ? "" : (": " + plan.choice).c_str(), checkpointing_name(o.checkpointing),
-                 o.zero_stage);
+                 long(o.batch), long(o.seq), comm.size() / o.data_parallel, layout_name(o.layout), mixers.c_str(),
+                 checkpointing_name(o.checkpointing), o.zero_stage);
     if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", resume.c_str(), long(trainer->steps_done()));
   }
   std::vector<double> losses;
@@ -382,7 +388,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--ring-algo", o.ring_algo, "ulysses-ring: the ring-family algorithm across the Ulysses groups")
       ->capture_default_str();
-  cmd->add_option("--layout", o.layout, "contiguous, zigzag or striped")->capture_default_str();
+  cmd->add_option("--layout", o.layout,
+                  "contiguous, zigzag or striped; auto: zigzag, or contiguous for models with linear-attention "
+                  "layers (LASP needs it)")
+      ->capture_default_str();
   cmd->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (the double ring); 0: one node")
       ->capture_default_str();
   cmd->add_option("--checkpointing", o.checkpointing,

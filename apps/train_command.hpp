@@ -25,7 +25,7 @@ struct TrainCliOptions {
   std::string algo = "auto";
   int ulysses = 0;                  // ulysses-ring's degree (0: the largest that fits a node)
   std::string ring_algo = "ring";   // ulysses-ring's ring dimension
-  std::string layout = "zigzag";
+  std::string layout = "auto";  // zigzag; contiguous for models with linear-attention layers (LASP)
   int ranks_per_node = 0;
   std::string checkpointing = "none";
   double lr = 3e-3;

@@ -12,62 +12,10 @@
 
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
+#include "train_test_util.hpp"
 
 namespace seqpar {
 namespace {
-
-ModelConfig tiny() {
-  ModelConfig c;
-  c.vocab = 32, c.hidden = 32, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn = 48;
-  return c;
-}
-
-// A batch of `batch` sequences of random tokens with every third target ignored.
-void make_batch(int64_t batch, int64_t seq, int64_t vocab, std::vector<std::vector<int32_t>>* inputs,
-                std::vector<std::vector<int32_t>>* targets) {
-  std::mt19937_64 rng(77);
-  std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab) - 1);
-  inputs->assign(size_t(batch), std::vector<int32_t>(size_t(seq)));
-  targets->assign(size_t(batch), std::vector<int32_t>(size_t(seq)));
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s) {
-      (*inputs)[size_t(b)][size_t(s)] = tok(rng);
-      (*targets)[size_t(b)][size_t(s)] = s % 3 == 2 ? -1 : tok(rng);
-    }
-}
-
-double counted_targets(const std::vector<std::vector<int32_t>>& targets) {
-  double n = 0;
-  for (const auto& t : targets)
-    for (int32_t x : t) n += x >= 0;
-  return n;
-}
-
-// Loss (mean) and the gradient summed over the ranks, for P ranks.
-template <class T>
-Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, LayoutKind layout, Checkpointing policy,
-                     const std::string& algo, int64_t seq, double* loss, std::vector<T>* grad) {
-  std::vector<std::vector<int32_t>> inputs, targets;
-  make_batch(2, seq, c.vocab, &inputs, &targets);
-  const double count = counted_targets(targets);
-  SP_ASSIGN_OR_RETURN(const Layout lay, Layout::create(layout, seq, P));
-  grad->assign(params.size(), T(0));
-  std::mutex mu;
-  double loss_sum = 0;
-  const Status s = run_local_ranks(P, [&](Communicator& comm) -> Status {
-    SP_ASSIGN_OR_RETURN(auto model, Transformer<T>::create(c, policy, PlanOptions(algo), lay, 2, comm));
-    std::vector<T> g(params.size(), T(0));
-    StepLoss l;
-    SP_RETURN_IF_ERROR(model->forward_backward(params.data(), g.data(), shard_batch(lay, comm.rank(), inputs, targets),
-                                               1.0 / count, &l));
-    std::lock_guard lock(mu);
-    for (size_t i = 0; i < g.size(); ++i) (*grad)[i] += g[i];
-    loss_sum += l.loss_sum;
-    return Status::Ok();
-  });
-  *loss = loss_sum / count;
-  return s;
-}
 
 // The presets have their namesakes' parameter counts (Llama-3.2-1B, tied; Llama-3-8B, untied).
 TEST(Train, PresetsHaveTheirModelsParameterCounts) {
@@ -105,20 +53,6 @@ TEST(Train, WholeModelGradientMatchesFiniteDifferencesInFp64) {
   }
 }
 
-// Relative Frobenius difference per parameter tensor.
-double worst_tensor_error(const ModelConfig& c, const std::vector<float>& got, const std::vector<float>& want,
-                          std::string* which) {
-  double worst = 0;
-  for (const ParamInfo& p : parameter_table(c)) {
-    double d = 0, n = 0;
-    for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
-      d += std::pow(double(got[size_t(i)]) - want[size_t(i)], 2), n += std::pow(double(want[size_t(i)]), 2);
-    const double e = std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
-    if (e > worst) worst = e, *which = p.name;
-  }
-  return worst;
-}
-
 TEST(Train, SplitSequenceEqualsOneRankForEveryLayoutAndPolicy) {
   const ModelConfig c = tiny();
   std::vector<float> params(size_t(parameter_count(c)));
@@ -145,37 +79,6 @@ TEST(Train, SplitSequenceEqualsOneRankForEveryLayoutAndPolicy) {
         std::string which;
         EXPECT_LT(worst_tensor_error(c, grad, grad1, &which), 1e-5) << which;
       }
-}
-
-TrainOptions small_run(int64_t steps) {
-  TrainOptions o;
-  o.model = tiny();
-  o.model.vocab = kRecallVocab;
-  o.seq = 64, o.batch = 4, o.steps = steps;
-  o.optimizer.total_steps = steps;
-  o.optimizer.warmup_steps = 3;
-  return o;
-}
-
-// Runs `steps` steps on P thread ranks (resuming from `resume` when given, saving to `save`),
-// returning rank 0's losses and final parameters.
-Status train(const TrainOptions& o, int P, int64_t until, const std::string& resume, const std::string& save,
-             std::vector<double>* losses, std::vector<float>* params) {
-  std::mutex mu;
-  return run_local_ranks(P, [&](Communicator& comm) -> Status {
-    SP_ASSIGN_OR_RETURN(auto trainer, Trainer::create(o, comm));
-    if (!resume.empty()) SP_RETURN_IF_ERROR(trainer->load(resume));
-    while (trainer->steps_done() < until) {
-      StepReport r;
-      SP_RETURN_IF_ERROR(trainer->step(&r));
-      std::lock_guard lock(mu);
-      if (comm.rank() == 0) losses->push_back(r.loss);
-    }
-    if (!save.empty()) SP_RETURN_IF_ERROR(trainer->save(save));
-    SP_ASSIGN_OR_RETURN(std::vector<float> all, trainer->gather_parameters());
-    if (comm.rank() == 0) *params = std::move(all);
-    return Status::Ok();
-  });
 }
 
 TEST(Train, ResumeContinuesBitForBit) {
@@ -210,13 +113,6 @@ TEST(Train, RecallTaskIsLearnedAcrossRanks) {
   EXPECT_LT(last, 0.5) << "mean loss of the last 10 steps (from " << losses.front() << ")";
 }
 
-// Two data-parallel groups of two sequence ranks, each with its own 2 sequences, train as one
-// rank on all 4 sequences; ZeRO stages 1, 2 and 3 give the parameters of no ZeRO after 5 steps.
-double worst_param_error(const ModelConfig& c, const std::vector<float>& got, const std::vector<float>& want) {
-  std::string which;
-  return worst_tensor_error(c, got, want, &which);
-}
-
 // The trainer over Ulysses x ring (u = 2, Burst across the groups; --ulysses, --ring-algo) and
 // Attention2D trains the same model as over the ring: same losses and parameters.
 TEST(Train, UlyssesRingAndAttention2DTrainAsTheRing) {
@@ -241,6 +137,8 @@ TEST(Train, UlyssesRingAndAttention2DTrainAsTheRing) {
   }
 }
 
+// Two data-parallel groups of two sequence ranks, each with its own 2 sequences, train as one
+// rank on all 4 sequences; ZeRO stages 1, 2 and 3 give the parameters of no ZeRO after 5 steps.
 TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
   TrainOptions o = small_run(5);
   o.batch = 4;

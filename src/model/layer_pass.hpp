@@ -8,6 +8,10 @@
 //   Dev::Weight  weights as the layers read them
 //   Dev::Act     the products' inputs: the norms' outputs, q, k, v, o, the MLP's activations
 //   Dev::Acc     the residual stream, row statistics (LSE, rstd) and every gradient added to
+// A layer's token mixer is softmax attention (the Session's schedules) or TNL's linear attention
+// (linear_attention_layer.hpp, LASP over the Session's communicator, the contiguous layout).
+// Checkpointing keeps a linear layer's attention output and LASP context, so its recompute
+// neither sends nor receives a state.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "model/fault_injection.hpp"
+#include "model/linear_attention_layer.hpp"
 #include "model/training_memory.hpp"
 #include "seqpar/session.hpp"
 #include "seqpar/transformer.hpp"
@@ -35,7 +40,7 @@ class LayerPass {
             const AttentionPlan* early, int64_t chunk)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
         early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk),
-        at_(parameter_offsets(config)), units_(weight_units(config)) {}
+        at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
 
@@ -65,12 +70,12 @@ class LayerPass {
       SP_ASSIGN_OR_RETURN(x, mem_.template make<R>(rows_ * hid()));
       const auto [u0, u1] = units_[size_t(1 + l)];
       SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
-      SP_RETURN_IF_ERROR(layer_forward(slots(unit, u0, l), a, x, Attn::kRun));
+      SP_RETURN_IF_ERROR(layer_forward(l, slots(unit, u0, l), a, x, Attn::kRun));
       SP_RETURN_IF_ERROR(store.release(u0, u1));
       if (l == 0) fault_point("forward");
       peak = std::max(peak, kept_bytes + a.bytes());
       if (backward) {
-        SP_RETURN_IF_ERROR(keep_for_policy(a));
+        SP_RETURN_IF_ERROR(keep_for_policy(l, a));
       } else {
         a = {};
       }
@@ -113,13 +118,13 @@ class LayerPass {
         const auto [u0, u1] = units_[size_t(1 + l)];
         SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
         if (policy_ != Checkpointing::kNone)  // recompute what the policy dropped
-          SP_RETURN_IF_ERROR(layer_forward(slots(unit, u0, l), a, x,
-                                           policy_ == Checkpointing::kAttention  ? Attn::kKept
-                                           : policy_ == Checkpointing::kSequence ? Attn::kFirstHalf
-                                                                                 : Attn::kRun));
+          SP_RETURN_IF_ERROR(layer_forward(l, slots(unit, u0, l), a, x,
+                                           linear(l) || policy_ == Checkpointing::kAttention ? Attn::kKept
+                                           : policy_ == Checkpointing::kSequence            ? Attn::kFirstHalf
+                                                                                            : Attn::kRun));
         peak = std::max(peak, kept_bytes + (policy_ == Checkpointing::kNone ? 0 : a.bytes()));
         SP_ASSIGN_OR_RETURN(R* grad_unit, gradient(u0, u1));
-        SP_RETURN_IF_ERROR(layer_backward(slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
+        SP_RETURN_IF_ERROR(layer_backward(l, slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
         SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
         SP_RETURN_IF_ERROR(store.release(u0, u1));
         if (l == 0) fault_point("backward");
@@ -150,17 +155,19 @@ class LayerPass {
     Array<A> h1, q, k, v, o, h2, g, u;
     Array<A> o_late;     // sequence policy: O of the shard's second half
     Array<R> lse_late;   // and its LSE
+    Array<A> q_in, k_in, mix_g, normed, rstd_o;  // a linear layer's (linear_attention_layer.hpp)
     int64_t bytes() const {
       int64_t n = 0;
       for (const Array<R>* r : {&x_in, &rstd1, &lse, &x_mid, &rstd2, &lse_late}) n += r->n * int64_t(sizeof(R));
-      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late}) n += t->n * int64_t(sizeof(A));
+      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late, &q_in, &k_in, &mix_g, &normed, &rstd_o})
+        n += t->n * int64_t(sizeof(A));
       return n;
     }
   };
-  // A layer's weights or their gradients, by name.
+  // A layer's weights or their gradients, by name (mg: a linear layer's output gate, else null).
   template <class P>
   struct Slots {
-    P n1, wq, wk, wv, wo, n2, wg, wu, wd;
+    P n1, wq, wk, wv, mg, wo, n2, wg, wu, wd;
   };
   // Where a layer's forward gets the attention's (O, LSE): it runs it; a.o and a.lse hold it
   // (attention policy); or it runs it for the first half of the shard alone and takes the second
@@ -172,13 +179,15 @@ class LayerPass {
   int64_t Hkv() const { return c_.kv_heads; }
   int64_t D() const { return c_.head_dim(); }
   int64_t F() const { return c_.ffn; }
+  bool linear(int64_t l) const { return c_.mixer(l) == MixerKind::kLinear; }
 
   // Layer l's tensors in its unit's array, which starts at flat element `begin`.
   template <class P>
   Slots<P*> slots(P* unit, int64_t begin, int64_t l) const {
     const LayerOffsets& s = at_.layers[size_t(l)];
     const auto in = [&](int64_t offset) { return unit + (offset - begin); };
-    return {in(s.norm1), in(s.q), in(s.k), in(s.v), in(s.o), in(s.norm2), in(s.gate), in(s.up), in(s.down)};
+    P* mg = s.mix_gate >= 0 ? in(s.mix_gate) : nullptr;
+    return {in(s.norm1), in(s.q), in(s.k), in(s.v), mg, in(s.o), in(s.norm2), in(s.gate), in(s.up), in(s.down)};
   }
 
   Status check_batch(const ShardBatch& b) {
@@ -208,6 +217,12 @@ class LayerPass {
     }
     SP_CHECK_ARG(b.rope_positions.empty() || int64_t(b.rope_positions.size()) == b.batch * b.seq,
                  "RoPE positions are one per row of the shard");
+    if (c_.has_linear_layers()) {
+      SP_CHECK_SUPPORTED(plan_->layout.kind() == LayoutKind::kContiguous,
+                         "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
+      SP_CHECK_SUPPORTED(b.documents.empty(), "linear-attention layers do not reset their state at document "
+                                              "boundaries yet: packed documents need softmax layers");
+    }
     B_ = b.batch, S_ = b.seq, rows_ = B_ * S_;
     return Status::Ok();
   }
@@ -268,13 +283,54 @@ class LayerPass {
     return Status::Ok();
   }
 
+  // A linear layer's mixer, its shape and its decays.
+  LinearMixerShape mixer_shape() const {
+    LinearMixerShape m;
+    m.batch = B_, m.seq = S_, m.hidden = c_.hidden, m.heads = c_.heads, m.head_dim = c_.head_dim();
+    m.norm_eps = c_.norm_eps;
+    m.gate = c_.linear_silu_gate ? MixerGate::kSilu : MixerGate::kIdentity;
+    return m;
+  }
+  LinearAttentionParams mixer_params(int64_t l) const {
+    LinearAttentionParams p;
+    p.decay = c_.linear_decays(l);
+    return p;
+  }
+  template <class P>
+  static LinearMixerSlots<P> mixer_slots(const Slots<P>& w) {
+    return {w.wq, w.wk, w.wv, w.mg, w.wo};
+  }
+  LinearMixerActs<A> mixer_acts(Acts& a) {
+    return {a.q_in.p(), a.k_in.p(), a.q.p(), a.k.p(), a.v.p(), a.mix_g.p(), a.o.p(), a.normed.p(), a.rstd_o.p()};
+  }
+  // x_mid = x_in + mixer(h1): LASP from the layer's context (o_given: the kept o and context).
+  Status linear_mixer_forward(int64_t l, const Slots<const W*>& w, Acts& a, bool o_given) {
+    const int64_t rows = rows_, width = c_.heads * c_.head_dim();
+    for (Array<A>* t : {&a.q_in, &a.k_in, &a.q, &a.k, &a.v, &a.mix_g, &a.normed}) {
+      SP_ASSIGN_OR_RETURN(*t, mem_.template make<A>(rows * width));
+    }
+    if (!o_given) {
+      SP_ASSIGN_OR_RETURN(a.o, mem_.template make<A>(rows * width));
+    }
+    SP_ASSIGN_OR_RETURN(a.rstd_o, mem_.template make<A>(rows));
+    SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * c_.hidden) * sizeof(R)));
+    return dev_.linear_mixer_forward(dev_.session().comm(), plan_->layout, LaspAlgorithm::kAuto, mixer_params(l),
+                                     mixer_shape(), mixer_slots(w), a.h1.p(), mixer_acts(a), a.x_mid.p(),
+                                     &lasp_[size_t(l)], LinearMixerRun{true, o_given});
+  }
+
   // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
-  Status layer_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from) {
-    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
+  Status layer_forward(int64_t l, const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from) {
+    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim();
     const double eps = c_.norm_eps;
     SP_ASSIGN_OR_RETURN(a.h1, mem_.template make<A>(rows * hid));
     SP_ASSIGN_OR_RETURN(a.rstd1, mem_.template make<R>(rows));
     SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_in.p(), w.n1, a.h1.p(), a.rstd1.p(), rows, hid, eps));
+    SP_ASSIGN_OR_RETURN(a.x_mid, mem_.template make<R>(rows * hid));
+    if (linear(l)) {
+      SP_RETURN_IF_ERROR(linear_mixer_forward(l, w, a, attention_from == Attn::kKept));
+      return mlp_forward(w, a, x_out);
+    }
     SP_ASSIGN_OR_RETURN(a.q, mem_.template make<A>(rows * H * D));
     SP_ASSIGN_OR_RETURN(a.k, mem_.template make<A>(rows * Hkv * D));
     SP_ASSIGN_OR_RETURN(a.v, mem_.template make<A>(rows * Hkv * D));
@@ -292,10 +348,16 @@ class LayerPass {
                            view(a.lse.p(), {B_, H, S_}),     {}, {}, {}, {}};
       SP_RETURN_IF_ERROR(attention(*plan_, Pass::kForward, t));
     }
-    // x_mid = x_in + o_proj(o); x_out = x_mid + down(silu(gate) * up).
-    SP_ASSIGN_OR_RETURN(a.x_mid, mem_.template make<R>(rows * hid));
+    // x_mid = x_in + o_proj(o).
     SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * hid) * sizeof(R)));
     SP_RETURN_IF_ERROR(dev_.linear_forward_add(a.o.p(), w.wo, a.x_mid.p(), rows, H * D, hid));
+    return mlp_forward(w, a, x_out);
+  }
+
+  // x_out = x_mid + down(silu(gate) * up).
+  Status mlp_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out) {
+    const int64_t rows = rows_, hid = c_.hidden, F = c_.ffn;
+    const double eps = c_.norm_eps;
     SP_ASSIGN_OR_RETURN(a.h2, mem_.template make<A>(rows * hid));
     SP_ASSIGN_OR_RETURN(a.rstd2, mem_.template make<R>(rows));
     SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_mid.p(), w.n2, a.h2.p(), a.rstd2.p(), rows, hid, eps));
@@ -310,7 +372,7 @@ class LayerPass {
   }
 
   // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
-  Status layer_backward(const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
+  Status layer_backward(int64_t l, const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
     const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
     Array<A> scratch;  // the products' dy where Act is narrower than Acc
     SP_ASSIGN_OR_RETURN(Array<A> act, mem_.template make<A>(rows * F));
@@ -326,6 +388,13 @@ class LayerPass {
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wg, dg.p(), dh.p(), dw.wg, rows, hid, F, false));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wu, du.p(), dh.p(), dw.wu, rows, hid, F, true));
     SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(a.x_mid.p(), w.n2, a.rstd2.p(), dh.p(), dx.p(), dw.n2, rows, hid));
+    if (linear(l)) {  // x_mid = x_in + mixer(h1): dh = the mixer's dx (overwritten)
+      SP_ASSIGN_OR_RETURN(const A* dy_mix, dev_.as_act(dx.p(), rows * hid, scratch));
+      SP_RETURN_IF_ERROR(dev_.linear_mixer_backward(dev_.session().comm(), plan_->layout, mixer_params(l),
+                                                    mixer_shape(), mixer_slots(w), a.h1.p(), mixer_acts(a), dy_mix,
+                                                    dh.p(), mixer_slots(dw), &lasp_[size_t(l)]));
+      return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
+    }
     // Attention: x_mid = x_in + o_proj(attention(q, k, v)).
     SP_ASSIGN_OR_RETURN(Array<R> dout_acc, mem_.template make<R>(rows * H * D));
     SP_ASSIGN_OR_RETURN(Array<A> dq, mem_.template make<A>(rows * H * D));
@@ -349,11 +418,17 @@ class LayerPass {
     return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
   }
 
-  // What a policy keeps of a layer's activations after its forward.
-  Status keep_for_policy(Acts& a) {
+  // What a policy keeps of a layer's activations after its forward (a linear layer's context
+  // stays in lasp_ whatever the policy).
+  Status keep_for_policy(int64_t l, Acts& a) {
     if (policy_ == Checkpointing::kNone) return Status::Ok();
     Acts kept;
     kept.x_in = std::move(a.x_in);
+    if (linear(l)) {  // every policy keeps its o: the recompute runs no LASP forward
+      kept.o = std::move(a.o);
+      a = std::move(kept);
+      return Status::Ok();
+    }
     if (policy_ == Checkpointing::kAttention) kept.o = std::move(a.o), kept.lse = std::move(a.lse);
     if (policy_ == Checkpointing::kSequence) {  // the second half of O and LSE
       const int64_t half = S_ / 2, late = S_ - half;
@@ -377,6 +452,7 @@ class LayerPass {
   int64_t chunk_;
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
+  std::vector<LaspContext> lasp_;                   // a linear layer's, from its forward to its backward
   // This call's shapes, RoPE positions ([S], or [B, S] with row_positions_) and documents.
   int64_t B_ = 0, S_ = 0, rows_ = 0;
   const int64_t* positions_ = nullptr;

@@ -77,8 +77,9 @@ template <class T>
 Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
                             const LinearAttentionParams& params, const LinearMixerShape& s,
                             const LinearMixerSlots<const T*>& w, const T* x,
-                            const LinearMixerActs<T>& a, T* y, LaspContext* ctx) {
+                            const LinearMixerActs<T>& a, T* y, LaspContext* ctx, LinearMixerRun run) {
   SP_RETURN_IF_ERROR(check_shape(layout, comm.rank(), s, params));
+  SP_CHECK_ARG(!run.o_given || ctx->state_in().data, "internal: a recompute needs the forward's LASP context");
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
   linear_forward(x, w.wq, a.q_in, rows, s.hidden, width);
   linear_forward(x, w.wk, a.k_in, rows, s.hidden, width);
@@ -86,14 +87,19 @@ Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgori
   linear_forward(x, w.wg, a.g, rows, s.hidden, width);
   silu_forward(a.q_in, a.q, n);
   silu_forward(a.k_in, a.k, n);
-  SP_RETURN_IF_ERROR(lasp_forward(comm, layout, params, algorithm, heads_view(s, a.q),
-                                  heads_view(s, a.k), heads_view(s, a.v), heads_view(s, a.o), ctx));
+  if (!run.o_given)
+    SP_RETURN_IF_ERROR(lasp_forward(comm, layout, params, algorithm, heads_view(s, a.q),
+                                    heads_view(s, a.k), heads_view(s, a.v), heads_view(s, a.o), ctx));
   // TNL's norm has no weight: rmsnorm.cpp's with w = 1.
   const std::vector<T> ones(size_t(width), T(1));
   rmsnorm_forward(a.o, ones.data(), a.normed, a.rstd, rows, width, s.norm_eps);
   std::vector<T> gated(static_cast<size_t>(n));
   gate_forward(s.gate, a.g, a.normed, gated.data(), n);
-  linear_forward(gated.data(), w.wo, y, rows, width, s.hidden);
+  if (run.accumulate) {
+    linear_forward_add(gated.data(), w.wo, y, rows, width, s.hidden);
+  } else {
+    linear_forward(gated.data(), w.wo, y, rows, width, s.hidden);
+  }
   return Status::Ok();
 }
 
@@ -138,7 +144,8 @@ Status linear_mixer_backward(Communicator& comm, const Layout& layout,
   template Status linear_mixer_forward<T>(Communicator&, const Layout&, LaspAlgorithm,           \
                                           const LinearAttentionParams&, const LinearMixerShape&, \
                                           const LinearMixerSlots<const T*>&, const T*,           \
-                                          const LinearMixerActs<T>&, T*, LaspContext*);          \
+                                          const LinearMixerActs<T>&, T*, LaspContext*,           \
+                                          LinearMixerRun);                                       \
   template Status linear_mixer_backward<T>(                                                      \
       Communicator&, const Layout&, const LinearAttentionParams&, const LinearMixerShape&,       \
       const LinearMixerSlots<const T*>&, const T*, const LinearMixerActs<T>&, const T*, T*,      \

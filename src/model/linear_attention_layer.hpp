@@ -53,14 +53,23 @@ struct LinearMixerActs {
   T *q_in, *k_in, *q, *k, *v, *g, *o, *normed, *rstd;
 };
 
+// How a forward runs: y = or += the output (accumulate: straight into the residual stream); with
+// o_given, acts.o and *ctx already hold the attention's output and entering state from an earlier
+// forward of the same inputs (a checkpointing recompute), so the forward neither sends nor
+// receives a state (the LASP paper's checkpointing caveat): it recomputes the rest around them.
+struct LinearMixerRun {
+  bool accumulate = false;
+  bool o_given = false;
+};
+
 // Forward on this rank: fills acts and *ctx (the entering LASP state the backward reuses) and
 // writes y [rows, hidden]. params: the attention's per-head decays (and scale, 1 for TNL).
-// Collective over comm (LASP's state chain or all-gather).
+// Collective over comm (LASP's state chain or all-gather) unless run.o_given.
 template <class T>
 Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
                             const LinearAttentionParams& params, const LinearMixerShape& shape,
                             const LinearMixerSlots<const T*>& w, const T* x,
-                            const LinearMixerActs<T>& acts, T* y, LaspContext* ctx);
+                            const LinearMixerActs<T>& acts, T* y, LaspContext* ctx, LinearMixerRun run = {});
 
 // Backward on this rank from dy [rows, hidden]: writes dx [rows, hidden] (overwritten) and adds
 // the weights' gradients into dw. Collective over comm (the dState chain), the same ctx.

@@ -19,14 +19,65 @@ Status ModelConfig::validate() const {
   SP_CHECK_ARG(head_dim() % 2 == 0, "the head dim (" + std::to_string(head_dim()) + ") must be even for RoPE");
   SP_CHECK_ARG(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta must be positive");
   SP_CHECK_ARG(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps must be positive");
+  SP_CHECK_ARG(mixers.empty() || int64_t(mixers.size()) == layers,
+               "the layer types name " + std::to_string(mixers.size()) + " layers, the model has " +
+                   std::to_string(layers));
   return Status::Ok();
 }
 
+bool ModelConfig::has_linear_layers() const {
+  return std::find(mixers.begin(), mixers.end(), MixerKind::kLinear) != mixers.end();
+}
+
+bool ModelConfig::has_softmax_layers() const {
+  return mixers.empty() || std::find(mixers.begin(), mixers.end(), MixerKind::kSoftmax) != mixers.end();
+}
+
+namespace {
+// ALiBi's head slopes (Press et al.), which TNL's decays start from: for H a power of two,
+// 2^(-8 (h + 1) / H); otherwise those of the next lower power, then every other one of twice it.
+std::vector<double> alibi_slopes(int64_t H) {
+  const auto power_of_two = [](int64_t n) {
+    std::vector<double> s;
+    for (int64_t h = 0; h < n; ++h) s.push_back(std::pow(2.0, -8.0 * double(h + 1) / double(n)));
+    return s;
+  };
+  int64_t p = 1;
+  while (p * 2 <= H) p *= 2;
+  std::vector<double> s = power_of_two(p);
+  const std::vector<double> more = power_of_two(2 * p);
+  for (int64_t i = 0; int64_t(s.size()) < H; i += 2) s.push_back(more[size_t(i)]);
+  return s;
+}
+}  // namespace
+
+std::vector<double> ModelConfig::linear_decays(int64_t layer) const {
+  // TNL's decay schedule: later layers decay less (longer memory); the 1e-5 keeps the last
+  // layer's lambda below 1.
+  const double depth = layers > 1 ? 1.0 - double(layer) / double(layers - 1) + 1e-5 : 1.0;
+  std::vector<double> decay;
+  for (double slope : alibi_slopes(heads)) decay.push_back(std::exp(-slope * depth));
+  return decay;
+}
+
 std::string ModelConfig::describe() const {
+  int64_t linear = 0;
+  for (MixerKind m : mixers) linear += m == MixerKind::kLinear;
+  const std::string kinds = linear == 0 ? "" : linear == layers ? " linear-attention" : " (" + std::to_string(linear) +
+                                                                                          " linear-attention)";
   return "vocab " + std::to_string(vocab) + ", hidden " + std::to_string(hidden) + ", " + std::to_string(layers) +
-         " layers, " + std::to_string(heads) + " heads (" + std::to_string(kv_heads) + " K/V), FFN " +
+         " layers" + kinds + ", " + std::to_string(heads) + " heads (" + std::to_string(kv_heads) + " K/V), FFN " +
          std::to_string(ffn) + (tied ? ", tied head" : ", untied head");
 }
+
+namespace {
+// Every fourth layer softmax (the last of each four), the others linear: LASP-2H's hybrid.
+std::vector<MixerKind> hybrid_mixers(int64_t layers) {
+  std::vector<MixerKind> m(size_t(layers), MixerKind::kLinear);
+  for (int64_t l = 3; l < layers; l += 4) m[size_t(l)] = MixerKind::kSoftmax;
+  return m;
+}
+}  // namespace
 
 StatusOr<ModelConfig> model_preset(const std::string& name) {
   ModelConfig c;
@@ -45,11 +96,25 @@ StatusOr<ModelConfig> model_preset(const std::string& name) {
     c.rope_theta = 500000.0, c.tied = false;
     return c;
   }
+  if (name == "tnl-tiny" || name == "hybrid-tiny") {
+    if (name == "hybrid-tiny") c.layers = 4;
+    c.mixers = name == "tnl-tiny" ? std::vector<MixerKind>(size_t(c.layers), MixerKind::kLinear) : hybrid_mixers(c.layers);
+    return c;
+  }
+  if (name == "tnl-1b" || name == "hybrid-1b") {
+    // The LASP paper does not give TNL-1B's shape; this is a 1B linear-attention model on the
+    // 1b preset's width and depth with head dim 128 (what our GPU kernels take) and TNL's
+    // vocabulary: 1,020,332,032 parameters.
+    c.vocab = 64000, c.hidden = 2048, c.layers = 16, c.heads = 16, c.kv_heads = 16, c.ffn = 5632;
+    if (name == "hybrid-1b") c.kv_heads = 4, c.rope_theta = 500000.0;
+    c.mixers = name == "tnl-1b" ? std::vector<MixerKind>(size_t(c.layers), MixerKind::kLinear) : hybrid_mixers(c.layers);
+    return c;
+  }
   return SP_STATUS(StatusCode::kInvalidArgument,
                    "unknown model preset '" + name + "' (available: " + model_preset_names() + ")");
 }
 
-std::string model_preset_names() { return "tiny, 125m, 1b, 8b"; }
+std::string model_preset_names() { return "tiny, 125m, 1b, 8b, tnl-tiny, tnl-1b, hybrid-tiny, hybrid-1b"; }
 
 StatusOr<ModelConfig> load_model_config(const std::string& path) {
   std::ifstream in(path);
@@ -75,6 +140,15 @@ StatusOr<ModelConfig> load_model_config(const std::string& path) {
     take("rope_theta", "rope_theta", c.rope_theta);
     take("norm_eps", "rms_norm_eps", c.norm_eps);
     take("tied", "tie_word_embeddings", c.tied);
+    take("linear_silu_gate", "linear_silu_gate", c.linear_silu_gate);
+    std::vector<std::string> types;
+    take("layer_types", "layer_types", types);
+    for (const std::string& t : types) {
+      if (t != "full_attention" && t != "linear_attention")
+        return SP_STATUS(StatusCode::kInvalidArgument, "model config " + path + ": layer type '" + t +
+                                                           "' is neither full_attention nor linear_attention");
+      c.mixers.push_back(t == "linear_attention" ? MixerKind::kLinear : MixerKind::kSoftmax);
+    }
   } catch (const std::exception& e) {
     return SP_STATUS(StatusCode::kInvalidArgument, "model config " + path + ": " + e.what());
   }
@@ -97,10 +171,16 @@ std::vector<ParamInfo> parameter_table(const ModelConfig& c) {
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {c.hidden});
-    add(p + "self_attn.q_proj.weight", {c.heads * D, c.hidden});
-    add(p + "self_attn.k_proj.weight", {c.kv_heads * D, c.hidden});
-    add(p + "self_attn.v_proj.weight", {c.kv_heads * D, c.hidden});
-    add(p + "self_attn.o_proj.weight", {c.hidden, c.heads * D});
+    if (c.mixer(l) == MixerKind::kLinear) {  // heads x D wide throughout: TNL has no GQA
+      for (const char* w : {"q_proj", "k_proj", "v_proj", "g_proj"})
+        add(p + "linear_attn." + w + ".weight", {c.heads * D, c.hidden});
+      add(p + "linear_attn.o_proj.weight", {c.hidden, c.heads * D});
+    } else {
+      add(p + "self_attn.q_proj.weight", {c.heads * D, c.hidden});
+      add(p + "self_attn.k_proj.weight", {c.kv_heads * D, c.hidden});
+      add(p + "self_attn.v_proj.weight", {c.kv_heads * D, c.hidden});
+      add(p + "self_attn.o_proj.weight", {c.hidden, c.heads * D});
+    }
     add(p + "post_attention_layernorm.weight", {c.hidden});
     add(p + "mlp.gate_proj.weight", {c.ffn, c.hidden});
     add(p + "mlp.up_proj.weight", {c.ffn, c.hidden});
@@ -123,7 +203,12 @@ ParameterOffsets parameter_offsets(const ModelConfig& c) {
   o.embed = t[i++].offset;
   for (int64_t l = 0; l < c.layers; ++l) {
     LayerOffsets s;
-    for (int64_t* slot : {&s.norm1, &s.q, &s.k, &s.v, &s.o, &s.norm2, &s.gate, &s.up, &s.down}) *slot = t[i++].offset;
+    if (c.mixer(l) == MixerKind::kLinear) {
+      for (int64_t* slot : {&s.norm1, &s.q, &s.k, &s.v, &s.mix_gate, &s.o, &s.norm2, &s.gate, &s.up, &s.down})
+        *slot = t[i++].offset;
+    } else {
+      for (int64_t* slot : {&s.norm1, &s.q, &s.k, &s.v, &s.o, &s.norm2, &s.gate, &s.up, &s.down}) *slot = t[i++].offset;
+    }
     o.layers.push_back(s);
   }
   o.final_norm = t[i++].offset;

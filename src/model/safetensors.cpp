@@ -112,7 +112,10 @@ StatusOr<std::vector<float>> load_model_safetensors(const std::string& path, con
 }
 
 Status write_hf_config(const std::string& path, const ModelConfig& c) {
-  const nlohmann::ordered_json j = {{"architectures", {"LlamaForCausalLM"}},
+  // Linear-attention layers have no transformers architecture to name; the file still reads
+  // back here (load_model_config) with its layer_types.
+  const bool llama = !c.has_linear_layers();
+  nlohmann::ordered_json j = {{"architectures", {llama ? "LlamaForCausalLM" : "SeqparHybridForCausalLM"}},
                                     {"model_type", "llama"},
                                     {"vocab_size", c.vocab},
                                     {"hidden_size", c.hidden},
@@ -129,6 +132,14 @@ Status write_hf_config(const std::string& path, const ModelConfig& c) {
                                     {"mlp_bias", false},
                                     {"max_position_embeddings", 1 << 21},
                                     {"torch_dtype", "float32"}};
+  if (!llama) {
+    j["model_type"] = "seqpar_hybrid";
+    std::vector<std::string> types;
+    for (int64_t l = 0; l < c.layers; ++l)
+      types.push_back(c.mixer(l) == MixerKind::kLinear ? "linear_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["linear_silu_gate"] = c.linear_silu_gate;
+  }
   std::ofstream out(path);
   SP_CHECK_ARG(out.good(), "cannot write " + path);
   out << j.dump(2) << "\n";

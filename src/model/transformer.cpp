@@ -113,6 +113,18 @@ class HostLayers {
     model::lm_head_loss_backward(x, w, targets, lse, rows, dim, vocab, chunk, scale, dx, dw);
     return Status::Ok();
   }
+  Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
+                              const LinearAttentionParams& params, const LinearMixerShape& shape,
+                              const LinearMixerSlots<const T*>& w, const T* x, const LinearMixerActs<T>& acts, T* y,
+                              LaspContext* ctx, LinearMixerRun run) {
+    return model::linear_mixer_forward(comm, layout, algorithm, params, shape, w, x, acts, y, ctx, run);
+  }
+  Status linear_mixer_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                               const LinearMixerShape& shape, const LinearMixerSlots<const T*>& w, const T* x,
+                               const LinearMixerActs<T>& acts, const T* dy, T* dx, const LinearMixerSlots<T*>& dw,
+                               LaspContext* ctx) {
+    return model::linear_mixer_backward(comm, layout, params, shape, w, x, acts, dy, dx, dw, ctx);
+  }
   StatusOr<double> loss_sum(const LossParts& parts) const { return parts.sum; }
   // The products' dy: the accumulator itself (one dtype here).
   StatusOr<const T*> as_act(const T* x, int64_t, Array<T>&) const { return x; }
@@ -161,15 +173,12 @@ class FlatWeights final : public WeightStore {
 
 std::vector<std::pair<int64_t, int64_t>> weight_units(const ModelConfig& config) {
   const std::vector<ParamInfo> t = parameter_table(config);
+  const ParameterOffsets at = parameter_offsets(config);
   std::vector<std::pair<int64_t, int64_t>> units;
   units.push_back({t[0].offset, t[0].offset + t[0].numel});
-  const size_t per_layer = 9;
-  for (int64_t l = 0; l < config.layers; ++l) {
-    const ParamInfo& first = t[1 + size_t(l) * per_layer];
-    const ParamInfo& last = t[size_t(l + 1) * per_layer];
-    units.push_back({first.offset, last.offset + last.numel});
-  }
-  units.push_back({t[1 + size_t(config.layers) * per_layer].offset, t.back().offset + t.back().numel});
+  for (const LayerOffsets& l : at.layers)  // norm1 .. down_proj, whatever the mixer
+    units.push_back({l.norm1, l.down + config.hidden * config.ffn});
+  units.push_back({at.final_norm, t.back().offset + t.back().numel});
   return units;
 }
 
@@ -190,6 +199,11 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   };
   SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl->session.plan(layout, params, like(S, H), like(S, Hkv)));
   const AttentionPlan* early = nullptr;
+  SP_CHECK_SUPPORTED(!config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
+                     "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
+  SP_CHECK_SUPPORTED(!config.has_linear_layers() || policy != Checkpointing::kSequence,
+                     "sequence-level checkpointing is for softmax layers on the striped layout; linear-attention "
+                     "layers need the contiguous one (take full or attention: both keep LASP's states)");
   if (policy == Checkpointing::kSequence) {
     // BurstEngine's sequence-level checkpointing: under the striped layout a shard's first half
     // holds exactly the sequence's first half, which attends to nothing beyond it, so the
