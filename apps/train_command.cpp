@@ -57,7 +57,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.ring_algorithm = c.ring_algo;
   const std::string layout = c.layout != "auto" ? c.layout : o.model.has_linear_layers() ? "contiguous" : "zigzag";
   SP_ASSIGN_OR_RETURN(o.layout, parse_layout(layout));
-  SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel).status());
+  SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel, {}).status());
   o.ranks_per_node = c.ranks_per_node;
   SP_ASSIGN_OR_RETURN(o.checkpointing, parse_checkpointing(c.checkpointing));
   o.optimizer.lr = c.lr;
@@ -389,8 +389,9 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--ring-algo", o.ring_algo, "ulysses-ring: the ring-family algorithm across the Ulysses groups")
       ->capture_default_str();
   cmd->add_option("--layout", o.layout,
-                  "contiguous, zigzag or striped; auto: zigzag, or contiguous for models with linear-attention "
-                  "layers (LASP needs it)")
+                  "contiguous, zigzag, striped, or documents (with --pack and --batch 1: each step's documents "
+                  "balanced over the ranks by their causal work); auto: zigzag, or contiguous for models with "
+                  "linear-attention layers (LASP needs it)")
       ->capture_default_str();
   cmd->add_option("--ranks-per-node", o.ranks_per_node, "ranks per node (the double ring); 0: one node")
       ->capture_default_str();

@@ -172,5 +172,73 @@ TEST(Pack, TheTrainerPacksLines) {
   EXPECT_LT(sent[1], sent[0]) << "packed " << sent[1] << " bytes, unpacked " << sent[0];
 }
 
+// seqpar train --pack --layout documents: each step's layout is made from its sequence's documents
+// (the busiest rank's causal work near the mean), and training on it equals training on one rank:
+// 3 ranks against one, and 2 data-parallel groups of 2 ranks against 2 groups of one, over 4
+// steps (fp32 round-off). Without --pack, or with more than one sequence a group, it is refused with the reason.
+TEST(Pack, TheTrainerBalancesEachStepsDocuments) {
+  TrainOptions o;
+  o.model = tiny();
+  o.model.vocab = 256;
+  o.data = "text:" + std::string(SEQPAR_SOURCE_DIR) + "/README.md";
+  o.seq = 384, o.batch = 1, o.steps = 4;
+  o.optimizer.total_steps = 4;
+  o.pack_eod = 10;
+  o.layout = LayoutKind::kDocuments;
+  const auto run = [&](const TrainOptions& opts, int P, std::vector<double>* losses, std::vector<float>* params,
+                       std::vector<int64_t>* tokens_per_rank) {
+    std::mutex mu;
+    return run_local_ranks(P, [&](Communicator& comm) -> Status {
+      SP_ASSIGN_OR_RETURN(auto t, Trainer::create(opts, comm));
+      for (int64_t step = 0; step < opts.steps; ++step) {
+        StepReport r;
+        SP_RETURN_IF_ERROR(t->step(&r));
+        const Layout& layout = t->attention_plan().layout;
+        SP_CHECK_ARG(layout.kind() == LayoutKind::kDocuments && layout.doc_offsets().size() > 2,
+                     "the step ran on another layout than its documents'");
+        std::lock_guard lock(mu);
+        if (comm.rank() == 0) losses->push_back(r.loss);
+        if (comm.rank() == 0 && step == opts.steps - 1)
+          for (int q = 0; q < layout.ranks(); ++q) tokens_per_rank->push_back(layout.local_len(q));
+      }
+      SP_ASSIGN_OR_RETURN(std::vector<float> all, t->gather_parameters());
+      if (comm.rank() == 0) *params = std::move(all);
+      return Status::Ok();
+    });
+  };
+  std::vector<double> one, three;
+  std::vector<float> p_one, p_three;
+  std::vector<int64_t> tokens_one, tokens_three;
+  Status s = run(o, 1, &one, &p_one, &tokens_one);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  s = run(o, 3, &three, &p_three, &tokens_three);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(three.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(three[i], one[i], 1e-5 * one[i]) << "step " << i;
+  double worst = 0;
+  for (size_t i = 0; i < p_one.size(); ++i) worst = std::max(worst, double(std::fabs(p_three[i] - p_one[i])));
+  EXPECT_LT(worst, 1e-5);
+  ASSERT_EQ(tokens_three.size(), 3u);
+  EXPECT_EQ(tokens_three[0] + tokens_three[1] + tokens_three[2], o.seq);
+  // Two data-parallel groups (a sequence each, each its own layout) of 2 ranks, against the same
+  // two groups of one rank each.
+  TrainOptions dp = o;
+  dp.data_parallel = 2;
+  std::vector<double> dp_one, dp_four;
+  std::vector<float> p_dp_one, p_dp_four;
+  std::vector<int64_t> unused;
+  ASSERT_TRUE(run(dp, 2, &dp_one, &p_dp_one, &unused).ok());
+  s = run(dp, 4, &dp_four, &p_dp_four, &unused);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  for (size_t i = 0; i < dp_one.size(); ++i) EXPECT_NEAR(dp_four[i], dp_one[i], 1e-5 * dp_one[i]) << "step " << i;
+  auto comms = make_local_communicators(1);
+  TrainOptions bad = o;
+  bad.pack_eod = -1;
+  EXPECT_NE(Trainer::create(bad, *comms[0]).status().message().find("needs --pack"), std::string::npos);
+  bad = o;
+  bad.batch = 2;
+  EXPECT_NE(Trainer::create(bad, *comms[0]).status().message().find("--batch 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace seqpar

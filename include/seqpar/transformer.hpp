@@ -104,6 +104,9 @@ class Transformer {
   Status forward(const T* params, const ShardBatch& batch, StepLoss* loss);
 
   const AttentionPlan& attention_plan() const;
+  // Plans the attention over another layout of the same length and ranks (the documents layout of
+  // the next batch's packed documents); later passes take shards of that layout.
+  Status use_layout(const Layout& layout);
 
   struct Impl;
 

@@ -43,6 +43,9 @@ class LayerPass {
         at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
+  // Another plan for the attention over this rank's rows (a new layout: the next batch's
+  // documents); not with the sequence policy, whose first-half plan belongs to the layout.
+  void set_plan(const AttentionPlan& plan) { plan_ = std::make_unique<AttentionPlan>(plan); }
 
   // Forward (and with `backward` the backward, adding scale * the gradient into the store) of
   // this rank's shard.

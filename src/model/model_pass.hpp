@@ -18,6 +18,13 @@ class ModelPass {
   // (its activation_bytes_peak: on a GPU, the device's peak).
   virtual Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) = 0;
   virtual const AttentionPlan& attention_plan() const = 0;
+  // The attention over another layout of the same length and ranks from the next pass on (the
+  // documents layout of each batch's packed documents).
+  virtual Status use_layout(const Layout& layout) {
+    (void)layout;
+    return SP_STATUS(StatusCode::kUnsupported, "a layout that changes with each batch (--layout documents with --pack) "
+                                               "is for CPU ranks for now");
+  }
 };
 
 // The pass of options.device for this rank of `group` over `layout` (group.size() ranks); its

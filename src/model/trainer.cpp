@@ -213,7 +213,16 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
     I.group = I.split_group.get();
   }
   SP_ASSIGN_OR_RETURN(I.data, open_training_data(options));
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T));
+  if (options.layout == LayoutKind::kDocuments) {
+    // Each step's layout is made from its sequence's documents (Trainer::step), so a group takes
+    // one sequence a step; until the first step, one document.
+    SP_CHECK_ARG(options.pack_eod >= 0, "the documents layout balances packed documents: it needs --pack EOD");
+    SP_CHECK_ARG(options.batch == 1, "the documents layout is made from one sequence's documents: --batch 1 (more "
+                                     "sequences a step: more --data-parallel groups)");
+    SP_CHECK_SUPPORTED(options.checkpointing != Checkpointing::kSequence,
+                       "sequence-level checkpointing needs the striped layout, not documents");
+  }
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(options.layout, options.seq, T, {}));
   SP_ASSIGN_OR_RETURN(I.pass, model::make_model_pass(options, layout, *I.group, *I.memory));
   I.table = parameter_table(options.model);
   I.count = parameter_count(options.model);
@@ -254,6 +263,10 @@ Status Trainer::step(StepReport* report) {
     if (s / I.o.batch == g) inputs.push_back(in), targets.push_back(tg), documents.push_back(std::move(offsets));
   }
   SP_CHECK_ARG(counted > 0, "the batch has no target to learn");
+  if (I.o.layout == LayoutKind::kDocuments) {  // this step's documents balanced over the group's ranks
+    SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(LayoutKind::kDocuments, I.o.seq, T, documents.front()));
+    SP_RETURN_IF_ERROR(I.pass->use_layout(layout));
+  }
   ShardBatch shard = shard_batch(I.pass->attention_plan().layout, I.group->rank(), inputs, targets);
   if (I.o.pack_eod >= 0) add_documents(&shard, std::move(documents), I.o.pack_global_positions);
   const CommCounters& cc = I.group->counters();
@@ -402,6 +415,7 @@ class CpuModelPass final : public ModelPass {
     return model_->forward_backward(store, batch, scale, loss);
   }
   const AttentionPlan& attention_plan() const override { return model_->attention_plan(); }
+  Status use_layout(const Layout& layout) override { return model_->use_layout(layout); }
 
  private:
   std::unique_ptr<Transformer<float>> model_;

@@ -144,6 +144,19 @@ struct Transformer<T>::Impl {
   Session session;
   model::HostLayers<T> layers;
   std::unique_ptr<model::LayerPass<model::HostLayers<T>>> pass;
+  ModelConfig config;
+  int64_t batch = 0;
+
+  // The causal attention's plan over this rank's rows of `layout` (cached by the Session).
+  StatusOr<const AttentionPlan*> plan(const Layout& layout, int64_t rows_of_seq) {
+    AttentionParams params;
+    params.mask = MaskSpec::causal();
+    const auto like = [&](int64_t rows, int64_t heads) {
+      return TensorView::contiguous(nullptr, model::HostLayers<T>::template dtype<T>(),
+                                    std::vector<int64_t>{batch, rows, heads, config.head_dim()});
+    };
+    return session.plan(layout, params, like(rows_of_seq, config.heads), like(rows_of_seq, config.kv_heads));
+  }
 
   explicit Impl(Communicator& comm, const PlanOptions& options)
       : session(comm, SessionOptions{options}), layers(*memory, session) {}
@@ -190,14 +203,9 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
                                                   " ranks, the communicator has " + std::to_string(comm.size()));
   auto impl = std::make_unique<Impl>(comm, options);
-  AttentionParams params;
-  params.mask = MaskSpec::causal();
-  const DType t = model::HostLayers<T>::template dtype<T>();
-  const int64_t S = layout.local_len(comm.rank()), H = config.heads, Hkv = config.kv_heads, D = config.head_dim();
-  const auto like = [&](int64_t rows, int64_t heads) {
-    return TensorView::contiguous(nullptr, t, std::vector<int64_t>{batch, rows, heads, D});
-  };
-  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl->session.plan(layout, params, like(S, H), like(S, Hkv)));
+  impl->config = config, impl->batch = batch;
+  const int64_t S = layout.local_len(comm.rank());
+  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl->plan(layout, S));
   const AttentionPlan* early = nullptr;
   SP_CHECK_SUPPORTED(!config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
                      "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
@@ -213,7 +221,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
                        "sequence-level checkpointing needs the striped layout with the sequence a multiple of twice "
                        "the ranks (" + std::to_string(2 * P) + ")");
     SP_ASSIGN_OR_RETURN(const Layout half, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
-    SP_ASSIGN_OR_RETURN(early, impl->session.plan(half, params, like(S / 2, H), like(S / 2, Hkv)));
+    SP_ASSIGN_OR_RETURN(early, impl->plan(half, S / 2));
   }
   impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
                                                                          1024);
@@ -247,6 +255,19 @@ Status Transformer<T>::forward(const T* params, const ShardBatch& batch, StepLos
 template <class T>
 const AttentionPlan& Transformer<T>::attention_plan() const {
   return impl_->pass->attention_plan();
+}
+
+template <class T>
+Status Transformer<T>::use_layout(const Layout& layout) {
+  const Layout& now = impl_->pass->attention_plan().layout;
+  SP_CHECK_ARG(layout.seq_len() == now.seq_len() && layout.ranks() == now.ranks(),
+               "a new layout must split the same " + std::to_string(now.seq_len()) + " tokens over the same " +
+                   std::to_string(now.ranks()) + " ranks");
+  SP_CHECK_SUPPORTED(!impl_->config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
+                     "linear-attention layers run LASP, which needs the contiguous layout");
+  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl_->plan(layout, layout.local_len(impl_->session.comm().rank())));
+  impl_->pass->set_plan(*plan);
+  return Status::Ok();
 }
 
 template class Transformer<float>;

@@ -52,8 +52,8 @@ Layout::Layout(LayoutKind kind, int64_t seq_len, int ranks, std::vector<int64_t>
 StatusOr<Layout> Layout::create(LayoutKind kind, int64_t seq_len, int ranks) {
   SP_CHECK_ARG(kind != LayoutKind::kDocuments,
                "the documents layout is made from the packed documents' offsets (Layout::create with "
-               "doc_offsets; empty offsets are one document); a caller that keeps one layout while the "
-               "documents change (seqpar train --pack) takes a token-balanced layout");
+               "doc_offsets; empty offsets are one document), as seqpar train --pack makes one from each "
+               "batch's documents");
   return create(kind, seq_len, ranks, {});
 }
 
