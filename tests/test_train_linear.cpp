@@ -81,28 +81,7 @@ TEST(TrainLinear, WholeModelGradientMatchesFiniteDifferencesInFp64) {
     init_parameters(c, 5, init.data());
     std::vector<double> params(init.begin(), init.end());
     for (auto& p : params) p *= 4;
-    const int64_t seq = 24;
-    double loss = 0;
-    std::vector<double> grad;
-    ASSERT_TRUE(
-        loss_and_grad(c, params, 2, LayoutKind::kContiguous, Checkpointing::kNone, "ring", seq, &loss, &grad).ok());
-    for (const ParamInfo& p : parameter_table(c)) {
-      for (int64_t k = 0; k < 2; ++k) {
-        const size_t i = size_t(p.offset + (k * 7919) % p.numel);
-        const double keep = params[i], h = 2e-6;
-        std::vector<double> unused;
-        double up = 0, down = 0;
-        params[i] = keep + h;
-        ASSERT_TRUE(
-            loss_and_grad(c, params, 2, LayoutKind::kContiguous, Checkpointing::kNone, "ring", seq, &up, &unused).ok());
-        params[i] = keep - h;
-        ASSERT_TRUE(
-            loss_and_grad(c, params, 2, LayoutKind::kContiguous, Checkpointing::kNone, "ring", seq, &down, &unused).ok());
-        params[i] = keep;
-        const double numeric = (up - down) / (2 * h);
-        EXPECT_NEAR(grad[i], numeric, 1e-7 + 1e-5 * std::abs(numeric)) << p.name << " element " << i - size_t(p.offset);
-      }
-    }
+    expect_gradient_matches_finite_differences(c, params, LayoutKind::kContiguous, 2);
   }
 }
 

@@ -1,7 +1,10 @@
 // Helpers of the trainer's CPU tests (test_train.cpp, test_train_linear.cpp): a small model, a
-// random batch, the loss and summed gradient of one pass over P thread ranks, a short training
-// run on P thread ranks, and the worst relative difference per parameter tensor.
+// random batch, the loss and summed gradient of one pass over P thread ranks, the fp64 gradient
+// against finite differences, a short training run on P thread ranks, and the worst relative
+// difference per parameter tensor.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <mutex>
@@ -69,6 +72,30 @@ Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, 
   }
   *loss = loss_sum / count;
   return s;
+}
+
+// The fp64 gradient over 2 ranks of `layout` against central differences (step 2e-6) at
+// `samples` elements of every parameter tensor.
+inline void expect_gradient_matches_finite_differences(const ModelConfig& c, std::vector<double> params,
+                                                       LayoutKind layout, int64_t samples) {
+  const int64_t seq = 24;
+  double loss = 0;
+  std::vector<double> grad, unused;
+  ASSERT_TRUE(loss_and_grad(c, params, 2, layout, Checkpointing::kNone, "ring", seq, &loss, &grad).ok());
+  for (const ParamInfo& p : parameter_table(c)) {
+    for (int64_t k = 0; k < samples; ++k) {
+      const size_t i = size_t(p.offset + (k * 7919) % p.numel);
+      const double keep = params[i], h = 2e-6;
+      double up = 0, down = 0;
+      params[i] = keep + h;
+      ASSERT_TRUE(loss_and_grad(c, params, 2, layout, Checkpointing::kNone, "ring", seq, &up, &unused).ok());
+      params[i] = keep - h;
+      ASSERT_TRUE(loss_and_grad(c, params, 2, layout, Checkpointing::kNone, "ring", seq, &down, &unused).ok());
+      params[i] = keep;
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[i], numeric, 1e-7 + 1e-5 * std::abs(numeric)) << p.name << " element " << i - size_t(p.offset);
+    }
+  }
 }
 
 // Relative Frobenius difference per parameter tensor.
