@@ -4,7 +4,8 @@
 // with one rank; the checkpointing policies give the same loss; a few steps lower the loss;
 // data-parallel groups and ZeRO 1-3 follow the CPU run as closely as one GPU rank does (the bf16
 // rule of CONVENTIONS.md, the fp32 CPU run standing for the oracle); two runs from one seed are
-// the same bits, and a run resumed from its checkpoint equals a straight one bit for bit.
+// the same bits, and a run resumed from its checkpoint equals a straight one bit for bit;
+// linear-attention (TNL) and hybrid models follow the CPU run too.
 // Skipped without a GPU (the two-GPU cases without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
@@ -203,6 +204,52 @@ TEST_F(GpuTrain, UntiedHeadWithZero3FollowsTheCpuRun) {
   EXPECT_LE(loss_error(r, ref.cpu), 2 * ref.losses + 1e-6);
 }
 
+// Linear-attention models (issue 39): TNL's mixer in every layer, or a hybrid whose last layer is
+// softmax attention; head dim 64 (the CUDA LASP kernels take 64 or 128) and the contiguous
+// layout LASP needs.
+TrainOptions linear_options(int64_t steps, bool hybrid) {
+  TrainOptions o = options(steps);
+  o.model.mixers.assign(size_t(o.model.layers), MixerKind::kLinear);
+  if (hybrid) o.model.mixers.back() = MixerKind::kSoftmax;
+  o.layout = LayoutKind::kContiguous;
+  return o;
+}
+
+// A TNL model and a hybrid on the GPU follow the CPU trainer (fp32): the first step's loss and
+// gradient as FirstStepMatchesTheCpuTrainer's; over 5 steps, two thread ranks sharing the GPU
+// (LASP's state chain between them) are at most twice as far from the CPU run as one GPU rank
+// is; checkpointing (which keeps each linear layer's o and LASP context) gives the same step.
+TEST_F(GpuTrain, LinearAttentionModelsFollowTheCpuRun) {
+  for (bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "tnl");
+    TrainOptions o = linear_options(1, hybrid);
+    Record cpu, gpu;
+    ASSERT_TRUE(run(on_cpu(o), 1, &cpu).ok());
+    Status s = run(o, 1, &gpu);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-2 * cpu.losses[0]);
+    std::string which;
+    EXPECT_LT(worst(o.model, gpu.first_gradient, cpu.first_gradient, &which), 5e-2) << which;
+    for (Checkpointing policy : {Checkpointing::kFull, Checkpointing::kAttention}) {
+      o.checkpointing = policy;
+      Record r;
+      s = run(o, 1, &r);
+      ASSERT_TRUE(s.ok()) << checkpointing_name(policy) << ": " << s.to_string();
+      EXPECT_NEAR(r.losses[0], gpu.losses[0], 1e-5 * gpu.losses[0]) << checkpointing_name(policy);
+      EXPECT_LT(worst(o.model, r.first_gradient, gpu.first_gradient, &which), 1e-2)
+          << checkpointing_name(policy) << " " << which;
+    }
+    const TrainOptions steps = linear_options(5, hybrid);
+    Reference ref;
+    ASSERT_NO_FATAL_FAILURE(reference(steps, &ref));
+    Record two;
+    s = run(steps, 2, &two);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_LE(worst(steps.model, two.weights, ref.cpu.weights, &which), 2 * ref.weights) << which;
+    EXPECT_LE(loss_error(two, ref.cpu), 2 * ref.losses + 1e-6);
+  }
+}
+
 // The same over two GPUs (NCCL): two data-parallel groups of one GPU each, and ZeRO-3 over two
 // sequence-parallel GPUs.
 TEST_F(GpuTrain, DataParallelAndZeroOnTwoGpus) {
@@ -295,6 +342,9 @@ TEST_F(GpuTrain, RefusesWhatItCannotDo) {
   auto comms = make_local_communicators(1);
   o.checkpointing = Checkpointing::kSequence;  // zigzag: refused with the reason
   EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("needs the striped layout"), std::string::npos);
+  o = linear_options(1, false);
+  o.layout = LayoutKind::kZigzag;  // LASP needs the contiguous layout
+  EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("needs the contiguous layout"), std::string::npos);
   o = options(1);
   o.zero_stage = 4;
   EXPECT_EQ(Trainer::create(o, *comms[0]).status().code(), StatusCode::kInvalidArgument);

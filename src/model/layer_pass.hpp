@@ -158,11 +158,13 @@ class LayerPass {
     Array<A> h1, q, k, v, o, h2, g, u;
     Array<A> o_late;     // sequence policy: O of the shard's second half
     Array<R> lse_late;   // and its LSE
-    Array<A> q_in, k_in, mix_g, normed, rstd_o;  // a linear layer's (linear_attention_layer.hpp)
+    Array<A> q_in, k_in, mix_g, normed;  // a linear layer's (linear_attention_layer.hpp)
+    Array<R> rstd_o;                     // and its output norm's statistics
     int64_t bytes() const {
       int64_t n = 0;
-      for (const Array<R>* r : {&x_in, &rstd1, &lse, &x_mid, &rstd2, &lse_late}) n += r->n * int64_t(sizeof(R));
-      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late, &q_in, &k_in, &mix_g, &normed, &rstd_o})
+      for (const Array<R>* r : {&x_in, &rstd1, &lse, &x_mid, &rstd2, &lse_late, &rstd_o})
+        n += r->n * int64_t(sizeof(R));
+      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late, &q_in, &k_in, &mix_g, &normed})
         n += t->n * int64_t(sizeof(A));
       return n;
     }
@@ -303,7 +305,7 @@ class LayerPass {
   static LinearMixerSlots<P> mixer_slots(const Slots<P>& w) {
     return {w.wq, w.wk, w.wv, w.mg, w.wo};
   }
-  LinearMixerActs<A> mixer_acts(Acts& a) {
+  LinearMixerActs<A, R> mixer_acts(Acts& a) {
     return {a.q_in.p(), a.k_in.p(), a.q.p(), a.k.p(), a.v.p(), a.mix_g.p(), a.o.p(), a.normed.p(), a.rstd_o.p()};
   }
   // x_mid = x_in + mixer(h1): LASP from the layer's context (o_given: the kept o and context).
@@ -315,7 +317,7 @@ class LayerPass {
     if (!o_given) {
       SP_ASSIGN_OR_RETURN(a.o, mem_.template make<A>(rows * width));
     }
-    SP_ASSIGN_OR_RETURN(a.rstd_o, mem_.template make<A>(rows));
+    SP_ASSIGN_OR_RETURN(a.rstd_o, mem_.template make<R>(rows));
     SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * c_.hidden) * sizeof(R)));
     return dev_.linear_mixer_forward(dev_.session().comm(), plan_->layout, LaspAlgorithm::kAuto, mixer_params(l),
                                      mixer_shape(), mixer_slots(w), a.h1.p(), mixer_acts(a), a.x_mid.p(),

@@ -54,6 +54,16 @@ Status swiglu_forward(const bf16_t* g, const bf16_t* u, bf16_t* a, int64_t n, vo
 Status swiglu_backward(const bf16_t* g, const bf16_t* u, const float* da, bf16_t* dg, bf16_t* du, int64_t n,
                        void* stream);
 
+// The linear-attention mixer's elementwise steps (linear_attention_layer.cpp's math in fp32).
+// SiLU, the feature map on q and k: y = silu(x); dx = dy * silu'(x) (dx may be dy), all bf16.
+Status silu_forward(const bf16_t* x, bf16_t* y, int64_t n, void* stream);
+Status silu_backward(const bf16_t* x, const bf16_t* dy, bf16_t* dx, int64_t n, void* stream);
+// The output gate: a = normed * g, or normed * silu(g) with silu_gate (bf16). The backward takes
+// da fp32 and writes dg in bf16 (a product's input) and dnormed in fp32 (the norm backward's dy).
+Status mixer_gate_forward(bool silu_gate, const bf16_t* g, const bf16_t* normed, bf16_t* a, int64_t n, void* stream);
+Status mixer_gate_backward(bool silu_gate, const bf16_t* g, const bf16_t* normed, const float* da, bf16_t* dg,
+                           float* dnormed, int64_t n, void* stream);
+
 // The fused LM head + cross-entropy (lm_head_loss.cpp's algorithm): logits of `chunk` rows at a
 // time in fp32 scratch; row_loss[r] (fp32) = lse - logit[target] for counted rows, else 0; lse
 // fp32 [rows]. The backward writes dx (fp32) and adds dw (fp32), scale (softmax - onehot) in bf16.

@@ -60,8 +60,10 @@ void gate_backward(MixerGate gate, const T* g, const T* normed, const T* da, T* 
   }
 }
 
-Status check_shape(const Layout& layout, int rank, const LinearMixerShape& s,
-                   const LinearAttentionParams& params) {
+}  // namespace
+
+Status check_linear_mixer(const Layout& layout, int rank, const LinearMixerShape& s,
+                          const LinearAttentionParams& params) {
   SP_CHECK_ARG(s.batch >= 1 && s.hidden >= 1 && s.heads >= 1 && s.head_dim >= 1,
                "the mixer needs a batch, a hidden size, heads and a head dim");
   SP_CHECK_ARG(s.seq == layout.local_len(rank),
@@ -71,14 +73,12 @@ Status check_shape(const Layout& layout, int rank, const LinearMixerShape& s,
   return validate_linear_params(params, s.heads);
 }
 
-}  // namespace
-
 template <class T>
 Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
                             const LinearAttentionParams& params, const LinearMixerShape& s,
                             const LinearMixerSlots<const T*>& w, const T* x,
                             const LinearMixerActs<T>& a, T* y, LaspContext* ctx, LinearMixerRun run) {
-  SP_RETURN_IF_ERROR(check_shape(layout, comm.rank(), s, params));
+  SP_RETURN_IF_ERROR(check_linear_mixer(layout, comm.rank(), s, params));
   SP_CHECK_ARG(!run.o_given || ctx->state_in().data, "internal: a recompute needs the forward's LASP context");
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
   linear_forward(x, w.wq, a.q_in, rows, s.hidden, width);
@@ -109,7 +109,7 @@ Status linear_mixer_backward(Communicator& comm, const Layout& layout,
                              const LinearMixerSlots<const T*>& w, const T* x,
                              const LinearMixerActs<T>& a, const T* dy, T* dx,
                              const LinearMixerSlots<T*>& dw, LaspContext* ctx) {
-  SP_RETURN_IF_ERROR(check_shape(layout, comm.rank(), s, params));
+  SP_RETURN_IF_ERROR(check_linear_mixer(layout, comm.rank(), s, params));
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
   // [rows, H * D] scratch: `first` holds gated, then dnormed; `second` dgated, then do (each
   // dead once the next step has read it); dq, dk, dv from the attention; dg until the end.

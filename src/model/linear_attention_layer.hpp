@@ -1,5 +1,6 @@
 // The TransNormerLLM-style token mixer (Qin et al. 2307.14995, the model LASP trains): a model
-// layer, CPU half, templated on float (training) and double (the fp64 version tests hold it to).
+// layer, CPU half, templated on float (training) and double (the fp64 version tests hold it to);
+// the CUDA half (bf16) is linear_attention_layer_cuda.hpp.
 // On this rank's rows x [B, S_local, hidden]:
 //   q = silu(x Wq^T), k = silu(x Wk^T), v = x Wv^T, g = x Wg^T      [B, S_local, H, D]
 //   o = causal linear attention of (q, k, v), per-head decay         [B, S_local, H, D]
@@ -48,9 +49,11 @@ struct LinearMixerSlots {
 
 // What the forward keeps for the backward; caller-owned arrays, [rows, H * D] unless said:
 //   q_in, k_in (before SiLU), q, k, v, g, o (attention output), normed (n), rstd [rows].
-template <class T>
+// rstd is a row statistic, S: T on the CPU, fp32 on a GPU where the rest is bf16.
+template <class T, class S = T>
 struct LinearMixerActs {
-  T *q_in, *k_in, *q, *k, *v, *g, *o, *normed, *rstd;
+  T *q_in, *k_in, *q, *k, *v, *g, *o, *normed;
+  S* rstd;
 };
 
 // How a forward runs: y = or += the output (accumulate: straight into the residual stream); with
@@ -61,6 +64,10 @@ struct LinearMixerRun {
   bool accumulate = false;
   bool o_given = false;
 };
+
+// The shape and the decays checked against this rank's rows of `layout` (both halves' first step).
+Status check_linear_mixer(const Layout& layout, int rank, const LinearMixerShape& shape,
+                          const LinearAttentionParams& params);
 
 // Forward on this rank: fills acts and *ctx (the entering LASP state the backward reuses) and
 // writes y [rows, hidden]. params: the attention's per-head decays (and scale, 1 for TNL).

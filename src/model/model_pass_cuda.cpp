@@ -1,11 +1,13 @@
 // The model on a GPU: the CUDA half of the one layer pass (model/layer_pass.hpp), over the
 // layers' CUDA halves (layers_cuda.hpp) on the training memory's stream. Mixed precision as the
 // GPU engine keeps it: bf16 weights and products' inputs (Act); the residual stream, row
-// statistics and gradients in fp32 (Acc). The attention goes through a Session on device tensors.
+// statistics and gradients in fp32 (Acc). The attention goes through a Session on device tensors,
+// a linear layer's token mixer through linear_attention_layer_cuda.hpp (LASP on device tensors).
 #include <cuda_runtime.h>
 
 #include "model/layer_pass.hpp"
 #include "model/layers_cuda.hpp"
+#include "model/linear_attention_layer_cuda.hpp"
 #include "model/model_pass.hpp"
 #include "seqpar/gpu.hpp"
 
@@ -34,7 +36,8 @@ class CudaLayers {
   }
 
   CudaLayers(TrainingMemory& memory, Session& session, int device)
-      : memory_(memory), session_(session), s_(memory.stream()), device_(device) {}
+      : memory_(memory), session_(session), s_(memory.stream()), device_(device),
+        mixer_(memory, Device{DeviceKind::kCuda, device}) {}
   TrainingMemory& memory() { return memory_; }
   Session& session() { return session_; }
   void* stream() const { return s_; }
@@ -110,16 +113,18 @@ class CudaLayers {
     for (float l : losses) sum += l;
     return sum;
   }
-  // The linear-attention layer has no CUDA half yet (make_cuda_model_pass refuses such models).
-  Status linear_mixer_forward(Communicator&, const Layout&, LaspAlgorithm, const LinearAttentionParams&,
-                              const LinearMixerShape&, const LinearMixerSlots<const Half*>&, const Half*,
-                              const LinearMixerActs<Half>&, float*, LaspContext*, LinearMixerRun) {
-    return SP_STATUS(StatusCode::kUnsupported, "the linear-attention layer has no CUDA half yet");
+  Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
+                              const LinearAttentionParams& params, const LinearMixerShape& shape,
+                              const LinearMixerSlots<const Half*>& w, const Half* x,
+                              const LinearMixerActs<Half, float>& acts, float* y, LaspContext* ctx,
+                              LinearMixerRun run) {
+    return mixer_.forward(comm, layout, algorithm, params, shape, w, x, acts, y, ctx, run);
   }
-  Status linear_mixer_backward(Communicator&, const Layout&, const LinearAttentionParams&, const LinearMixerShape&,
-                               const LinearMixerSlots<const Half*>&, const Half*, const LinearMixerActs<Half>&,
-                               const Half*, float*, const LinearMixerSlots<float*>&, LaspContext*) {
-    return SP_STATUS(StatusCode::kUnsupported, "the linear-attention layer has no CUDA half yet");
+  Status linear_mixer_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
+                               const LinearMixerShape& shape, const LinearMixerSlots<const Half*>& w, const Half* x,
+                               const LinearMixerActs<Half, float>& acts, const Half* dy, float* dx,
+                               const LinearMixerSlots<float*>& dw, LaspContext* ctx) {
+    return mixer_.backward(comm, layout, params, shape, w, x, acts, dy, dx, dw, ctx);
   }
   // The products' dy in bf16, rounded from the fp32 accumulator into `scratch`.
   StatusOr<const Half*> as_act(const float* x, int64_t n, Array<Half>& scratch) {
@@ -137,6 +142,7 @@ class CudaLayers {
   Session& session_;
   void* s_;
   int device_;
+  cu::LinearMixer mixer_;         // the linear-attention layers' token mixer
   Array<int64_t> positions_;      // this rank's global positions (RoPE)
   Array<int64_t> row_positions_;  // this batch's per-row positions (packed documents)
 };
@@ -191,9 +197,11 @@ class CudaModelPass final : public ModelPass {
 StatusOr<std::unique_ptr<ModelPass>> make_cuda_model_pass(const TrainOptions& options, const Layout& layout,
                                                           Communicator& group, TrainingMemory& memory) {
   SP_CHECK_ARG(memory.device() == DeviceKind::kCuda, "internal: the GPU pass needs device training memory");
-  SP_CHECK_SUPPORTED(!options.model.has_linear_layers(),
-                     "linear-attention layers train on CPU ranks only for now: their CUDA half is not written "
-                     "(issue 39); the LASP operator itself runs on GPUs (seqpar linear-attn)");
+  SP_CHECK_SUPPORTED(!options.model.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
+                     "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
+  SP_CHECK_SUPPORTED(!options.model.has_linear_layers() || options.checkpointing != Checkpointing::kSequence,
+                     "sequence-level checkpointing is for softmax layers on the striped layout; linear-attention "
+                     "layers need the contiguous one (take full or attention: both keep LASP's states)");
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return SP_STATUS(StatusCode::kInternal, "cudaGetDevice failed");
   auto pass = std::make_unique<CudaModelPass>(group, options, memory, device);
