@@ -7,28 +7,11 @@
 # the backend's ctest cases. From the repository root (or a snapshot of it) on an H100 with
 # .carry's deps; logs in $OUT (8 files). Variables: SEQS (bench lengths), AB_SEQS, AB64_SEQS.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-export NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-out=${OUT:-out_h34}; mkdir -p "$out"; t0=$(date +%s)
+out=${OUT:-out_h34}; t0=$(date +%s)
 SEQS=${SEQS:-"8192 32768 131072"}
 AB_SEQS=${AB_SEQS:-"8192,16384,32768"}
 AB64_SEQS=${AB64_SEQS-"8192,16384"}
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
-say "rev $(cat .snap_rev 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
-(
-  source scripts/gpu_env.sh
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DSEQPAR_NATIVE=OFF \
-    -DCMAKE_LIBRARY_PATH="$lib_path" -DCMAKE_INCLUDE_PATH="$inc_path" 2>&1 | grep -E "seqpar|Error|error"
-  nice cmake --build build-gpu -j 8 --target test_backends 2>&1 | grep -E "warning|error|Linking" | tail -n 30
-) > "$out/lib_build.log" 2>&1 &
-lib_pid=$!
-here=dev/hopper_attention
-bash $here/build.sh > "$out/lab_build.log" 2>&1 || say "LAB BUILD FAILED"
-say "lab built: $(grep -h 'spill stores' $here/build/ptxas*.txt | grep -vc ' 0 bytes spill') lines with spills"
-fwd=$here/build/hopper_fwd_test; bwd=$here/build/hopper_bwd_test
+source dev/hopper_attention/lab_start.sh
 {
   timeout 60 $bwd check 128 base all || echo "CHECK-FAILED bwd 128 base"
   timeout 60 $bwd check 64 base all || echo "CHECK-FAILED bwd 64 base"

@@ -7,26 +7,9 @@
 # flex_attention with the same masks, our causal vs cuDNN) at 32K; the backend's ctest cases; then
 # ab_masks.py at 128K in the time left (about 7 minutes in all). Logs in $OUT (8 files).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-export NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-out=${OUT:-out_masks}; mkdir -p "$out"; t0=$(date +%s); deadline=$((t0 + 395))
+out=${OUT:-out_masks}; t0=$(date +%s); deadline=$((t0 + 395))
 left() { echo $((deadline - $(date +%s))); }
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
-say "HEAD $(git rev-parse --short HEAD 2>/dev/null || cat .carry/snap_rev 2>/dev/null)"
-(
-  source scripts/gpu_env.sh
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DSEQPAR_NATIVE=OFF \
-    -DCMAKE_LIBRARY_PATH="$lib_path" -DCMAKE_INCLUDE_PATH="$inc_path" 2>&1 | grep -E "seqpar|Error|error"
-  nice cmake --build build-gpu -j 10 --target test_backends 2>&1 | grep -E "warning|error|Linking" | tail -n 30
-) > "$out/lib_build.log" 2>&1 &
-lib_pid=$!
-here=dev/hopper_attention
-bash $here/build.sh > "$out/lab_build.log" 2>&1 || say "LAB BUILD FAILED"
-say "lab built: spills $(grep -h 'spill stores' $here/build/ptxas*.txt | grep -vc ' 0 bytes spill') non-zero lines"
-fwd=$here/build/hopper_fwd_test; bwd=$here/build/hopper_bwd_test
+source dev/hopper_attention/lab_start.sh
 {
   timeout 60 $fwd check pp192 128 all || echo "CHECK-FAILED fwd pp192"
   timeout 60 $fwd check m192 64 all || echo "CHECK-FAILED fwd m192"
