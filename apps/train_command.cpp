@@ -152,12 +152,19 @@ Status write_record(const std::string& dir, const TrainOptions& o, const RunReco
   return Status::Ok();
 }
 
-// Model FLOPs of a step, PaLM's count: 6 N per token for the parameters plus 6 L d S per token
-// for causal attention (12 L d S halved), N the parameters, d the hidden size, S the sequence.
+// Model FLOPs of a step, PaLM's count: 6 N per token for the parameters, plus per token and
+// layer 6 d S for causal softmax attention (12 d S halved), or 12 d D for linear attention (its
+// recurrent form: q S and the state's k^T v update, 2 D^2 each per head, times 3 for the
+// backward), N the parameters, d the hidden size, D the head size, S the sequence. Counting the
+// softmax term for a linear layer would credit it with work it never does (MFU over 100%).
 double step_flops(const TrainOptions& o) {
+  const ModelConfig& m = o.model;
   const double tokens = double(o.batch) * double(o.seq);
-  return 6.0 * double(parameter_count(o.model)) * tokens +
-         6.0 * double(o.model.layers) * double(o.model.hidden) * double(o.seq) * tokens;
+  double mixer_per_token = 0;
+  for (int64_t l = 0; l < m.layers; ++l)
+    mixer_per_token += m.mixer(l) == MixerKind::kLinear ? 12.0 * double(m.hidden) * double(m.head_dim())
+                                                        : 6.0 * double(m.hidden) * double(o.seq);
+  return 6.0 * double(parameter_count(m)) * tokens + mixer_per_token * tokens;
 }
 // H200 / H100 dense bf16 peak (989 TFLOP/s), as DESIGN.md's anchors count MFU.
 constexpr double kPeakFlops = 989e12;
