@@ -6,15 +6,22 @@
 // buffers hold beyond q, k, v and dO: outputs, LSE, workspace) and our single-GPU cuDNN
 // kernel's throughput at S / P tokens, the mean over the GPUs (the scaling reference). One
 // JSON line per run; the PyTorch peer is bench/torch_cp_peer.py and bench/compare_multi_gpu.py
-// joins the two.
+// joins the two. A configuration an algorithm refuses (a layout, mask or size it does not take)
+// gets a line with "error" and the run goes on with the next one; a failure while running (CUDA,
+// NCCL) stops it. --rounds R interleaves the algorithms R times per length and reports each one's
+// median round ("round_ms" holds them all). With a document mask the line lists "doc_lengths",
+// which bench/torch_sdpa_docs_peer.py reads to time PyTorch SDPA per document on one GPU.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/cudnn/cudnn_attention.hpp"
@@ -43,6 +50,7 @@ struct Options {
   std::vector<int> head_groups{0};  // 0: the executor's choice; several: a sweep
   int64_t probe_tokens = 0;         // > 0: run the communication probes at this many tokens first
   bool trace = false;               // print each rank's step milestones of the last iteration
+  int rounds = 1;                   // > 1: the algorithms interleaved, each reported by its median round
 };
 
 // A device tensor, filled with uniform random bf16 (seed != 0) or zeros, on stream s.
@@ -179,32 +187,89 @@ Status probe(Communicator& comm, const Options& opt, int64_t tokens, cudaStream_
   return comm.synchronize(side);
 }
 
-// One (S, algo) run on this rank; fills `line` on rank 0.
-Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::string& algo,
-               int head_groups, cudaStream_t s, nlohmann::ordered_json* line) {
+// One (S, algo) configuration on this rank, set up but not yet run: everything that may refuse
+// it (mask, layout, backend, plan), and no collective on the way.
+struct Prepared {
+  AttentionParams params;
+  std::optional<Layout> layout;
+  int64_t n = 0;  // this rank's tokens
+  DeviceTensor q, k, v, dout;
+  std::unique_ptr<AttentionBackend> backend;
+  std::optional<AttentionPlan> plan;  // points at *backend
+};
+
+StatusOr<std::unique_ptr<Prepared>> prepare(Communicator& comm, const Options& opt, int64_t S,
+                                            const std::string& algo, int head_groups, cudaStream_t s) {
   const int P = comm.size(), me = comm.rank();
   const int64_t H = opt.heads, Hkv = opt.kv_heads > 0 ? opt.kv_heads : opt.heads, D = opt.head_dim;
-  AttentionParams params;
-  SP_ASSIGN_OR_RETURN(params.mask, parse_mask(opt.mask, S));
+  auto p = std::make_unique<Prepared>();
+  SP_ASSIGN_OR_RETURN(p->params.mask, parse_mask(opt.mask, S));
   SP_ASSIGN_OR_RETURN(const LayoutKind kind, parse_layout(opt.layout));
   // The documents layout balances the mask's documents (the others ignore them).
-  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(kind, S, P, params.mask.doc_offsets));
-  const int64_t n = layout.local_len(me);
-  int device = 0;
-  cudaGetDevice(&device);
-  SP_ASSIGN_OR_RETURN(DeviceTensor q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
-  SP_ASSIGN_OR_RETURN(DeviceTensor k, device_tensor(DType::kBF16, {1, n, Hkv, D}, 101 + me, s));
-  SP_ASSIGN_OR_RETURN(DeviceTensor v, device_tensor(DType::kBF16, {1, n, Hkv, D}, 201 + me, s));
-  SP_ASSIGN_OR_RETURN(DeviceTensor dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
-  const std::unique_ptr<AttentionBackend> backend = make_gpu_backend(q.view, params);
-  SP_CHECK_SUPPORTED(backend != nullptr, "no GPU backend takes this problem");
+  SP_ASSIGN_OR_RETURN(Layout layout, Layout::create(kind, S, P, p->params.mask.doc_offsets));
+  p->layout.emplace(std::move(layout));
+  p->n = p->layout->local_len(me);
+  const int64_t n = p->n;
+  SP_ASSIGN_OR_RETURN(p->q, device_tensor(DType::kBF16, {1, n, H, D}, 1 + me, s));
+  SP_ASSIGN_OR_RETURN(p->k, device_tensor(DType::kBF16, {1, n, Hkv, D}, 101 + me, s));
+  SP_ASSIGN_OR_RETURN(p->v, device_tensor(DType::kBF16, {1, n, Hkv, D}, 201 + me, s));
+  SP_ASSIGN_OR_RETURN(p->dout, device_tensor(DType::kBF16, {1, n, H, D}, 301 + me, s));
+  p->backend = make_gpu_backend(p->q.view, p->params);
+  SP_CHECK_SUPPORTED(p->backend != nullptr, "no GPU backend takes this problem");
   PlanOptions plan_options{algo, {}};
   plan_options.head_groups = head_groups;
   plan_options.ulysses = opt.ulysses;
   plan_options.ring_algorithm = opt.ring_algo;
   plan_options.keep_forward_state = opt.keep_forward_state;
-  SP_ASSIGN_OR_RETURN(const AttentionPlan plan, plan_attention(plan_options, layout, params,
-                                                               block_bytes_for(q.view, k.view, *backend), me, *backend));
+  SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(plan_options, *p->layout, p->params,
+                                                         block_bytes_for(p->q.view, p->k.view, *p->backend), me,
+                                                         *p->backend));
+  p->plan.emplace(std::move(plan));
+  return std::move(p);  // nvcc's front end does not move implicitly into StatusOr
+}
+
+// A refusal: the configuration is not one the algorithm (or a backend, a layout, the mask
+// parser) takes. Anything else (CUDA, NCCL, memory) is a failure.
+bool is_refusal(const Status& st) {
+  return st.code() == StatusCode::kUnsupported || st.code() == StatusCode::kInvalidArgument;
+}
+
+// One (S, algo) run on this rank; fills `line` on rank 0. When any rank's setup refuses the
+// configuration, every rank returns Ok with *refusal set (on rank 0 to the message), having run
+// nothing: the ranks agree on it by one all-reduce before the first timed collective, so they
+// stay in step. A failure in setup on any rank fails every rank; one while running stays fatal.
+Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::string& algo,
+               int head_groups, bool trace, cudaStream_t s, nlohmann::ordered_json* line, std::string* refusal) {
+  const int P = comm.size(), me = comm.rank();
+  const int64_t H = opt.heads, Hkv = opt.kv_heads > 0 ? opt.kv_heads : opt.heads, D = opt.head_dim;
+  StatusOr<std::unique_ptr<Prepared>> prepared = prepare(comm, opt, S, algo, head_groups, s);
+  {
+    // {worst verdict: 0 ready, 1 refused, 2 failed; P - the lowest rank that did not get ready}
+    const bool ready = prepared.ok();
+    double verdict[2] = {ready ? 0.0 : is_refusal(prepared.status()) ? 1.0 : 2.0, ready ? 0.0 : double(P - me)};
+    SP_RETURN_IF_ERROR(comm.all_reduce(verdict, 2, DType::kF64, ReduceOp::kMax));
+    const int first = P - int(verdict[1]);
+    if (!ready && me != 0)
+      std::fprintf(stderr, "bench_gpu_ring: rank %d, %s at %lld: %s\n", me, algo.c_str(), (long long)S,
+                   prepared.status().to_string().c_str());
+    if (verdict[0] >= 2) {
+      if (!ready) return prepared.status();
+      return SP_STATUS(StatusCode::kInternal, "rank " + std::to_string(first) + " failed setting up " + algo +
+                                                  " (its error is on stderr)");
+    }
+    if (verdict[0] >= 1) {
+      *refusal = me == 0 && !ready ? prepared.status().message()
+                                   : "refused on rank " + std::to_string(first) + " (its message is on stderr)";
+      return Status::Ok();
+    }
+  }
+  Prepared& p = *prepared.value();
+  const AttentionParams& params = p.params;
+  const AttentionPlan& plan = *p.plan;
+  const AttentionBackend* backend = p.backend.get();
+  const int64_t n = p.n;
+  int device = 0;
+  cudaGetDevice(&device);
   cudaStreamSynchronize(s);
   SP_RETURN_IF_ERROR(cudnn_release_workspace());  // counted in this configuration's peak
   const int64_t base = device_memory_stats(device).current;
@@ -215,9 +280,9 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     SP_ASSIGN_OR_RETURN(DeviceTensor dq, device_tensor(DType::kBF16, {1, n, H, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dk, device_tensor(DType::kBF16, {1, n, Hkv, D}, 0, s));
     SP_ASSIGN_OR_RETURN(DeviceTensor dv, device_tensor(DType::kBF16, {1, n, Hkv, D}, 0, s));
-    GpuWorkspace ws(opt.trace);
+    GpuWorkspace ws(trace);
     ForwardState kept;  // what a keep_forward_state plan keeps between the passes
-    const ShardTensors st{q.view, k.view, v.view, o.view, lse.view, dout.view, dq.view, dk.view, dv.view};
+    const ShardTensors st{p.q.view, p.k.view, p.v.view, o.view, lse.view, p.dout.view, dq.view, dk.view, dv.view};
     const bool big = S >= opt.big_from;
     const int iters = big ? 1 : S <= 65536 ? 10 : 3, warm = big ? 0 : 1;
     cudaEvent_t e0, e1, e2;
@@ -238,12 +303,12 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
       cudaEventElapsedTime(&f, e0, e1);
       cudaEventElapsedTime(&t, e0, e2);
       if (it >= warm) fwd_ms.push_back(f), total_ms.push_back(t);
-      if (opt.trace) {
+      if (trace) {
         SP_ASSIGN_OR_RETURN(const auto marks, ws.take_trace());
         if (it + 1 == warm + iters) {
-          nlohmann::ordered_json trace = {{"kind", "seqpar_trace"}, {"algo", algo}, {"seq", S},
-                                          {"rank", me}, {"marks", marks}};
-          std::printf("%s\n", trace.dump().c_str());
+          nlohmann::ordered_json marks_line = {{"kind", "seqpar_trace"}, {"algo", algo}, {"seq", S},
+                                               {"rank", me}, {"marks", marks}};
+          std::printf("%s\n", marks_line.dump().c_str());
           std::fflush(stdout);
         }
       }
@@ -270,6 +335,13 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     (*line)["kv_heads"] = Hkv;
     (*line)["head_dim"] = D;
     (*line)["mask"] = params.mask.describe();
+    if (params.mask.has_documents()) {  // in order, as the peer (bench/torch_sdpa_docs_peer.py) reads them
+      std::vector<int64_t> lengths;
+      const std::vector<int64_t>& off = params.mask.doc_offsets;
+      for (size_t d = 0; d + 1 < off.size(); ++d)
+        if (std::min(off[d + 1], S) > off[d]) lengths.push_back(std::min(off[d + 1], S) - off[d]);
+      (*line)["doc_lengths"] = lengths;
+    }
     (*line)["layout"] = opt.layout;
     (*line)["keep_forward_state"] = opt.keep_forward_state;
     (*line)["head_groups"] = plan.head_groups;
@@ -300,32 +372,73 @@ Status bench_rank(Communicator& comm, const Options& opt) {
     SP_RETURN_IF_ERROR(comm.all_reduce(singles.data(), singles.size(), DType::kF64, ReduceOp::kSum));
     const bool every_gpu = std::all_of(singles.begin(), singles.end(), [](double t) { return t > 0; });
     const double single = every_gpu ? std::accumulate(singles.begin(), singles.end(), 0.0) / singles.size() : 0;
+    // The (algo, head groups) runs of this S, interleaved over the rounds: algo1, algo2, ...,
+    // algo1, algo2, ... (each run has its own warm-up), so drift over the call hits each alike.
+    struct Candidate {
+      std::string algo;
+      int groups = 0;
+      bool refused = false;
+      std::vector<double> fwd_ms, total_ms;  // per round
+      double peak_GiB = 0;
+    };
+    std::vector<Candidate> candidates;
     for (const std::string& algo : opt.algos)
-    for (int groups : opt.head_groups) {
-      if (S >= opt.big_from && std::find(opt.big_algos.begin(), opt.big_algos.end(), algo) == opt.big_algos.end())
-        continue;
-      if (groups > opt.heads || (groups > 0 && opt.heads % groups != 0)) continue;
-      nlohmann::ordered_json line;
-      const Status st = run_one(comm, opt, S, algo, groups, s, &line);
-      if (comm.rank() != 0) {
-        SP_RETURN_IF_ERROR(st);
-        continue;
+      for (int groups : opt.head_groups) {
+        if (S >= opt.big_from && std::find(opt.big_algos.begin(), opt.big_algos.end(), algo) == opt.big_algos.end())
+          continue;
+        if (groups > opt.heads || (groups > 0 && opt.heads % groups != 0)) continue;
+        Candidate c;
+        c.algo = algo;
+        c.groups = groups;
+        candidates.push_back(std::move(c));
       }
-      if (!st.ok()) {
-        line = {{"kind", "seqpar_ring"}, {"algo", algo}, {"gpus", comm.size()}, {"seq", S},
-                {"tokens_per_gpu", per_gpu}, {"error", st.message().substr(0, 300)}};
+    for (int round = 0; round < opt.rounds; ++round)
+      for (Candidate& c : candidates) {
+        if (c.refused) continue;
+        const bool last = round + 1 == opt.rounds;
+        nlohmann::ordered_json line;
+        std::string refusal;
+        const Status st = run_one(comm, opt, S, c.algo, c.groups, opt.trace && last, s, &line, &refusal);
+        c.refused = st.ok() && !refusal.empty();  // the same on every rank
+        if (comm.rank() != 0) {
+          SP_RETURN_IF_ERROR(st);
+          continue;
+        }
+        if (!st.ok() || c.refused) {
+          line = {{"kind", "seqpar_ring"}, {"algo", c.algo}, {"gpus", comm.size()}, {"seq", S},
+                  {"tokens_per_gpu", per_gpu}};
+          if (c.groups > 0) line["head_groups"] = c.groups;
+          if (opt.rounds > 1) line["round"] = round;
+          line["error"] = (st.ok() ? refusal : st.message()).substr(0, 300);
+          std::printf("%s\n", line.dump().c_str());
+          std::fflush(stdout);
+          if (!st.ok()) return st;  // a failed collective run leaves the ranks out of step: stop here
+          continue;                 // a refusal ends this algorithm only
+        }
+        c.fwd_ms.push_back(line["fwd_ms"].get<double>());
+        c.total_ms.push_back(line["fwdbwd_ms"].get<double>());
+        c.peak_GiB = std::max(c.peak_GiB, line["peak_extra_GiB"].get<double>());
+        if (!last) continue;
+        if (opt.rounds > 1) {  // the median over the rounds of each round's median
+          const double fwd = bench::median(c.fwd_ms), total = bench::median(c.total_ms);
+          line["rounds"] = opt.rounds;
+          line["fwd_tflops_per_gpu"] = line["fwd_tflops_per_gpu"].get<double>() * line["fwd_ms"].get<double>() / fwd;
+          line["fwdbwd_tflops_per_gpu"] =
+              line["fwdbwd_tflops_per_gpu"].get<double>() * line["fwdbwd_ms"].get<double>() / total;
+          line["fwd_ms"] = fwd;
+          line["fwdbwd_ms"] = total;
+          line["round_ms"] = c.total_ms;
+          line["round_fwd_ms"] = c.fwd_ms;
+          line["peak_extra_GiB"] = c.peak_GiB;
+        }
+        if (single > 0) {
+          line["single_gpu_tflops"] = single;
+          line["single_gpu_tflops_each"] = singles;
+          line["fraction_of_single_gpu"] = line["fwdbwd_tflops_per_gpu"].get<double>() / single;
+        }
         std::printf("%s\n", line.dump().c_str());
         std::fflush(stdout);
-        return st;  // a failed collective run leaves the ranks out of step: stop here
       }
-      if (single > 0) {
-        line["single_gpu_tflops"] = single;
-        line["single_gpu_tflops_each"] = singles;
-        line["fraction_of_single_gpu"] = line["fwdbwd_tflops_per_gpu"].get<double>() / single;
-      }
-      std::printf("%s\n", line.dump().c_str());
-      std::fflush(stdout);
-    }
   }
   (void)forget_stream_arenas(s);
   cudaStreamDestroy(s);
@@ -364,6 +477,11 @@ int main(int argc, char** argv) {
   app.add_option("--probe", opt.probe_tokens,
                  "first measure the exchange bandwidth and a cuDNN fwd+bwd at this many tokens alone "
                  "and beside an exchange");
+  app.add_option("--rounds", opt.rounds,
+                 "run the algorithms this many times in turn per length (algo1, algo2, ..., algo1, ...), each "
+                 "with its warm-up, and report each one's median round (per-round fwd+bwd ms in round_ms; "
+                 "of an even count the slower middle round); a refused configuration prints its error once")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--trace", opt.trace, "print each rank's step milestones (ms on its stream) of the "
                                      "last timed iteration");
   CLI11_PARSE(app, argc, argv);
