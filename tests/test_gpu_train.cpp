@@ -5,7 +5,8 @@
 // data-parallel groups and ZeRO 1-3 follow the CPU run as closely as one GPU rank does (the bf16
 // rule of CONVENTIONS.md, the fp32 CPU run standing for the oracle); two runs from one seed are
 // the same bits, and a run resumed from its checkpoint equals a straight one bit for bit;
-// linear-attention (TNL) and hybrid models follow the CPU run too.
+// linear-attention (TNL) and hybrid models follow the CPU run too; so do packed documents on the
+// documents layout, which changes with every batch.
 // Skipped without a GPU (the two-GPU cases without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
@@ -335,6 +336,28 @@ TEST_F(GpuTrain, ResumesOnAnotherNumberOfGpus) {
   std::string which;
   EXPECT_LE(worst(o.model, chained.weights, ref.cpu.weights, &which), 2 * ref.weights) << which;
   EXPECT_LE(loss_error(chained, ref.cpu), 2 * ref.losses + 1e-6);
+}
+
+// Packed documents (issue 37) on the documents layout, each step's documents balanced over 2 and
+// 3 thread ranks sharing the GPU: 5 steps as close to the CPU trainer's (one rank, fp32) as one
+// GPU rank is (at most twice as far), the layout changing with every batch.
+TEST_F(GpuTrain, PackedDocumentsOnTheDocumentsLayoutFollowTheCpuRun) {
+  TrainOptions o = options(5);
+  o.data = "text:" + std::string(SEQPAR_SOURCE_DIR) + "/README.md";
+  o.model.vocab = 256;
+  o.pack_eod = 10;  // every line a document
+  o.seq = 768, o.batch = 1;
+  Reference ref;
+  ASSERT_NO_FATAL_FAILURE(reference(o, &ref));
+  o.layout = LayoutKind::kDocuments;
+  for (int ranks : {2, 3}) {
+    Record r;
+    const Status s = run(o, ranks, &r);
+    ASSERT_TRUE(s.ok()) << ranks << " ranks: " << s.to_string();
+    std::string which;
+    EXPECT_LE(worst(o.model, r.weights, ref.cpu.weights, &which), 2 * ref.weights) << ranks << " ranks " << which;
+    EXPECT_LE(loss_error(r, ref.cpu), 2 * ref.losses + 1e-6) << ranks << " ranks";
+  }
 }
 
 TEST_F(GpuTrain, RefusesWhatItCannotDo) {

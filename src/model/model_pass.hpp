@@ -20,11 +20,7 @@ class ModelPass {
   virtual const AttentionPlan& attention_plan() const = 0;
   // The attention over another layout of the same length and ranks from the next pass on (the
   // documents layout of each batch's packed documents).
-  virtual Status use_layout(const Layout& layout) {
-    (void)layout;
-    return SP_STATUS(StatusCode::kUnsupported, "a layout that changes with each batch (--layout documents with --pack) "
-                                               "is for CPU ranks for now");
-  }
+  virtual Status use_layout(const Layout& layout) = 0;
 };
 
 // The pass of options.device for this rank of `group` over `layout` (group.size() ranks); its
