@@ -69,6 +69,9 @@ StatusOr<Job> resolve(const LinearAttnOptions& opt, bool ranks_given, bool under
   job.opt = opt;
   job.under_mpi = under_mpi;
   SP_ASSIGN_OR_RETURN(job.algo, parse_lasp_algorithm(opt.algo));
+  // The report checks the final state and the bytes against LASP's walk, which ulysses has not.
+  SP_CHECK_ARG(job.algo != LaspAlgorithm::kUlysses,
+               "--algo ulysses is not LASP: it runs in seqpar train (--linear-sp ulysses) for now");
   SP_CHECK_ARG(opt.dtype == "fp32" || opt.dtype == "fp64", "--dtype must be fp32 or fp64 (CPU ranks)");
   job.dtype = opt.dtype == "fp64" ? DType::kF64 : DType::kF32;
   SP_CHECK_ARG(opt.batch >= 1 && opt.heads >= 1 && opt.dk >= 1 && opt.dv >= 1 && opt.seq >= 1,

@@ -55,6 +55,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.ulysses >= 0, "--ulysses must be positive (0: the largest the heads allow)");
   o.ulysses = c.ulysses;
   o.ring_algorithm = c.ring_algo;
+  SP_ASSIGN_OR_RETURN(o.linear_sp, parse_lasp_algorithm(c.linear_sp));
   const std::string layout = c.layout != "auto" ? c.layout : o.model.has_linear_layers() ? "contiguous" : "zigzag";
   SP_ASSIGN_OR_RETURN(o.layout, parse_layout(layout));
   SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel, {}).status());
@@ -211,12 +212,14 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
   }
   if (lead) {
     const AttentionPlan& plan = trainer->attention_plan();
-    // What runs each layer's token mixer: the softmax schedule (and why auto chose it), LASP.
+    // What runs each layer's token mixer: the softmax schedule (and why auto chose it), LASP (or
+    // its ulysses baseline).
     std::string mixers;
     if (o.model.has_softmax_layers())
       mixers = std::string(plan.algorithm->name) + " attention" + (plan.choice.empty() ? "" : ": " + plan.choice);
     if (o.model.has_linear_layers())
-      mixers += std::string(mixers.empty() ? "" : "; ") + "LASP for the linear-attention layers";
+      mixers += std::string(mixers.empty() ? "" : "; ") + (o.linear_sp == LaspAlgorithm::kAuto ? "LASP" : c.linear_sp) +
+                " for the linear-attention layers";
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
                          "each over %d ranks (%s layout, %s); checkpointing %s; ZeRO %d\n",
                  o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
@@ -394,6 +397,12 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--ulysses", o.ulysses, "ulysses-ring: the Ulysses degree (0: the largest the heads allow in a node)")
       ->capture_default_str();
   cmd->add_option("--ring-algo", o.ring_algo, "ulysses-ring: the ring-family algorithm across the Ulysses groups")
+      ->capture_default_str();
+  cmd->add_option("--linear-sp", o.linear_sp,
+                  "linear-attention layers over the ranks: lasp (LASP's state chain, rank to rank), lasp2 (one "
+                  "all-gather of every rank's state contribution), ulysses (the LASP paper's baseline: all-to-alls "
+                  "give each rank the whole sequence for heads/ranks of the heads, which must divide them), auto "
+                  "(LASP's chain or all-gather, by a link model)")
       ->capture_default_str();
   cmd->add_option("--layout", o.layout,
                   "contiguous, zigzag, striped, or documents (with --pack and --batch 1: each step's documents "

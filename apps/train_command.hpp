@@ -25,6 +25,7 @@ struct TrainCliOptions {
   std::string algo = "auto";
   int ulysses = 0;                  // ulysses-ring's degree (0: the largest that fits a node)
   std::string ring_algo = "ring";   // ulysses-ring's ring dimension
+  std::string linear_sp = "auto";   // linear-attention layers: lasp, lasp2, ulysses or auto
   std::string layout = "auto";  // zigzag; contiguous for models with linear-attention layers (LASP)
   int ranks_per_node = 0;
   std::string checkpointing = "none";

@@ -43,10 +43,11 @@ inline double counted_targets(const std::vector<std::vector<int32_t>>& targets) 
   return n;
 }
 
-// Loss (mean) and the gradient summed over the ranks, for P ranks.
+// Loss (mean) and the gradient summed over the ranks, for P ranks (linear layers split by `linear`).
 template <class T>
 Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, LayoutKind layout, Checkpointing policy,
-                     const std::string& algo, int64_t seq, double* loss, std::vector<T>* grad) {
+                     const std::string& algo, int64_t seq, double* loss, std::vector<T>* grad,
+                     LaspAlgorithm linear = LaspAlgorithm::kAuto) {
   std::vector<std::vector<int32_t>> inputs, targets;
   make_batch(2, seq, c.vocab, &inputs, &targets);
   const double count = counted_targets(targets);
@@ -55,7 +56,7 @@ Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, 
   std::vector<std::vector<T>> grads(static_cast<size_t>(P));
   std::vector<double> losses(static_cast<size_t>(P), 0.0);
   const Status s = run_local_ranks(P, [&](Communicator& comm) -> Status {
-    SP_ASSIGN_OR_RETURN(auto model, Transformer<T>::create(c, policy, PlanOptions(algo), lay, 2, comm));
+    SP_ASSIGN_OR_RETURN(auto model, Transformer<T>::create(c, policy, PlanOptions(algo), lay, 2, comm, linear));
     std::vector<T> g(params.size(), T(0));
     StepLoss l;
     SP_RETURN_IF_ERROR(model->forward_backward(params.data(), g.data(), shard_batch(lay, comm.rank(), inputs, targets),
@@ -99,7 +100,8 @@ inline void expect_gradient_matches_finite_differences(const ModelConfig& c, std
 }
 
 // Relative Frobenius difference per parameter tensor.
-inline double worst_tensor_error(const ModelConfig& c, const std::vector<float>& got, const std::vector<float>& want,
+template <class T>
+double worst_tensor_error(const ModelConfig& c, const std::vector<T>& got, const std::vector<T>& want,
                           std::string* which) {
   double worst = 0;
   for (const ParamInfo& p : parameter_table(c)) {

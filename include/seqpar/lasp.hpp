@@ -6,6 +6,11 @@
 //          backward; T-1 messages of one state per pass per group.
 //   lasp2  (LASP-2 style) each rank's own state contribution from a zero state, one all_gather
 //          of the T contributions, a local decayed prefix (suffix in the backward).
+// And the baseline the LASP paper compares them with (not LASP; src/parallel/linear_ulysses.hpp):
+//   ulysses  an all-to-all turns each rank's rows of q, k, v into the whole sequence for H/T of
+//          the heads, the single-rank kernel runs it, a second all-to-all sends o home (the
+//          backward: dO over, dq, dk, dv back). T must divide the heads (and the K/V heads);
+//          the bytes grow with the sequence, as those of softmax Ulysses.
 // One pass order for both (src/parallel/lasp_steps.hpp): each rank first computes its own
 // contribution from a zero state (the cheap half of its pass) so the neighbour waits on that
 // alone, then its full pass from the entering state.
@@ -32,9 +37,9 @@
 
 namespace seqpar {
 
-enum class LaspAlgorithm : uint8_t { kChain, kAllGather, kAuto };
+enum class LaspAlgorithm : uint8_t { kChain, kAllGather, kAuto, kUlysses };
 
-const char* lasp_algorithm_name(LaspAlgorithm algorithm);  // "lasp", "lasp2", "auto"
+const char* lasp_algorithm_name(LaspAlgorithm algorithm);  // "lasp", "lasp2", "auto", "ulysses"
 StatusOr<LaspAlgorithm> parse_lasp_algorithm(const std::string& name);
 
 // --algo auto: a latency/bandwidth model of one pass's state traffic on the critical path.
@@ -42,6 +47,7 @@ StatusOr<LaspAlgorithm> parse_lasp_algorithm(const std::string& name);
 // collectives are rings of T-1 dependent steps of one block each, so the same time, with T-1
 // times the bytes per rank. Under this model the chain is never slower, and auto picks it
 // (ties go to fewer bytes); a log-depth all-gather would change the time term, not the bytes.
+// auto never picks ulysses: the baseline runs when asked for.
 struct LaspLinkModel {
   double latency_s = 10e-6;
   double bytes_per_s = 10e9;
@@ -52,7 +58,8 @@ LaspAlgorithm choose_lasp_algorithm(int ranks, int64_t state_bytes, const LaspLi
 
 // Bytes of one message: a state of every (batch, query head) in the states' dtype.
 int64_t lasp_state_bytes(int64_t batch, int64_t heads, int64_t dk, int64_t dv, DType dtype);
-// Bytes rank `rank` of `ranks` sends per pass (kChain or kAllGather): the paper's formula.
+// Bytes rank `rank` of `ranks` sends per pass (kChain or kAllGather; ulysses's bytes are those
+// of its all-to-alls, linear_ulysses.hpp): the paper's formula.
 struct LaspTraffic {
   int64_t forward = 0, backward = 0;
 };
@@ -75,8 +82,11 @@ struct LaspContext {
   LaspAlgorithm algorithm = LaspAlgorithm::kChain;  // what runs (never kAuto)
   std::unique_ptr<LaspBuffers> buffers;             // null until reserved (or forwarded)
 
-  // [B, H, d_k, d_v] views on the tensors' device (empty before a forward): the state entering
-  // this rank's tokens (zero on rank 0), and leaving them (the last rank's is the final state).
+  // Whether it holds a forward's result for the backward (a checkpointing recompute reuses it).
+  bool forwarded() const;
+  // [B, H, d_k, d_v] views on the tensors' device (empty before a forward, and under ulysses,
+  // where no state enters a rank's tokens): the state entering this rank's tokens (zero on rank
+  // 0), and leaving them (the last rank's is the final state).
   TensorView state_in() const;
   TensorView state_out() const;
   // Bytes of one state message (lasp_state_bytes in the states' dtype); 0 before reserving.

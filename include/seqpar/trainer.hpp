@@ -40,6 +40,9 @@ struct TrainOptions {
   std::string algorithm = "auto";
   int ulysses = 0;                       // ulysses-ring's degree (0: the largest that fits a node)
   std::string ring_algorithm = "ring";   // ulysses-ring's ring dimension
+  // Linear-attention layers over the sequence-parallel ranks: LASP's chain or all-gather, the
+  // LASP paper's ulysses baseline, or auto (seqpar/lasp.hpp).
+  LaspAlgorithm linear_sp = LaspAlgorithm::kAuto;
   LayoutKind layout = LayoutKind::kZigzag;
   int ranks_per_node = 0;
   Checkpointing checkpointing = Checkpointing::kNone;

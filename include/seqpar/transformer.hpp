@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "seqpar/distributed_attention.hpp"
+#include "seqpar/lasp.hpp"
 #include "seqpar/model.hpp"
 
 namespace seqpar {
@@ -87,10 +88,12 @@ template <class T>
 class Transformer {
  public:
   // Plans the attention (options.algorithm over `layout`, causal, `batch` sequences a step) for
-  // this rank. The communicator must outlive the model.
+  // this rank; linear-attention layers split over the ranks by `linear` (seqpar/lasp.hpp). The
+  // communicator must outlive the model.
   static StatusOr<std::unique_ptr<Transformer>> create(const ModelConfig& config, Checkpointing policy,
                                                        const PlanOptions& options, const Layout& layout,
-                                                       int64_t batch, Communicator& comm);
+                                                       int64_t batch, Communicator& comm,
+                                                       LaspAlgorithm linear = LaspAlgorithm::kAuto);
   ~Transformer();
 
   // Forward and backward of this rank's shard: adds scale * d(sum of its losses)/d(params) into

@@ -8,7 +8,9 @@
 //             dk, dv all empty: dstate_in alone, the backward's cheap half);
 //   combine   out = lambda_h^length carried + local (out may alias either): a state carried
 //             across `length` tokens plus what they add;
-//   zero      a state of zeros.
+//   zero      a state of zeros;
+//   copy_rows rows of bytes between strided places (ulysses's all-to-all buffers: a head part's
+//             rows cut out of [B, S, H, D] and put back).
 // Every call is ordered on `stream` (a cudaStream_t; CPU backends ignore it and return done).
 // An instance keeps memory (the states LASP asks for, its kernels' workspace): one per rank,
 // used from one thread.
@@ -56,6 +58,10 @@ class LinearBackend {
                                        const LinearAttentionParams& params, const TensorView& out,
                                        void* stream) = 0;
   [[nodiscard]] virtual Status zero(const TensorView& state, void* stream) = 0;
+  // `height` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch`),
+  // both in the backend's memory.
+  [[nodiscard]] virtual Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                         size_t height, void* stream) = 0;
   // Blocks the host until the work queued on `stream` is done (before a host-driven
   // communicator reads device memory).
   [[nodiscard]] virtual Status synchronize(void* stream) = 0;

@@ -9,7 +9,8 @@
 //   Dev::Act     the products' inputs: the norms' outputs, q, k, v, o, the MLP's activations
 //   Dev::Acc     the residual stream, row statistics (LSE, rstd) and every gradient added to
 // A layer's token mixer is softmax attention (the Session's schedules) or TNL's linear attention
-// (linear_attention_layer.hpp, LASP over the Session's communicator, the contiguous layout).
+// (linear_attention_layer.hpp, LASP or the ulysses baseline over the Session's communicator, the
+// contiguous layout).
 // Checkpointing keeps a linear layer's attention output and LASP context, so its recompute
 // neither sends nor receives a state.
 #pragma once
@@ -21,6 +22,7 @@
 #include "model/fault_injection.hpp"
 #include "model/linear_attention_layer.hpp"
 #include "model/training_memory.hpp"
+#include "parallel/linear_ulysses.hpp"
 #include "seqpar/session.hpp"
 #include "seqpar/transformer.hpp"
 
@@ -36,10 +38,11 @@ class LayerPass {
   // plan: the attention over this rank's rows; early: the sequence's first half (the sequence
   // policy alone; may be null). Both are copied: the Session's cache may start over (packed
   // documents plan a mask a sequence). chunk: rows of logits the fused LM head makes at once.
+  // linear: how linear layers split over the ranks (LASP's chain or all-gather, or ulysses).
   LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan& plan,
-            const AttentionPlan* early, int64_t chunk)
+            const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
-        early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk),
+        early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk), linear_(linear),
         at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
@@ -227,6 +230,10 @@ class LayerPass {
                          "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
       SP_CHECK_SUPPORTED(b.documents.empty(), "linear-attention layers do not reset their state at document "
                                               "boundaries yet: packed documents need softmax layers");
+      // Before any rank sends: ulysses gives each rank a part of the heads (q, k, v: H each).
+      const std::string why =
+          linear_ == LaspAlgorithm::kUlysses ? linear_ulysses::refusal(plan_->layout.ranks(), H(), H()) : "";
+      SP_CHECK_SUPPORTED(why.empty(), why + " (lasp and lasp2 take any rank count)");
     }
     B_ = b.batch, S_ = b.seq, rows_ = B_ * S_;
     return Status::Ok();
@@ -308,7 +315,8 @@ class LayerPass {
   LinearMixerActs<A, R> mixer_acts(Acts& a) {
     return {a.q_in.p(), a.k_in.p(), a.q.p(), a.k.p(), a.v.p(), a.mix_g.p(), a.o.p(), a.normed.p(), a.rstd_o.p()};
   }
-  // x_mid = x_in + mixer(h1): LASP from the layer's context (o_given: the kept o and context).
+  // x_mid = x_in + mixer(h1), linear_ over the ranks, from the layer's context (o_given: the kept o
+  // and context).
   Status linear_mixer_forward(int64_t l, const Slots<const W*>& w, Acts& a, bool o_given) {
     const int64_t rows = rows_, width = c_.heads * c_.head_dim();
     for (Array<A>* t : {&a.q_in, &a.k_in, &a.q, &a.k, &a.v, &a.mix_g, &a.normed}) {
@@ -319,7 +327,7 @@ class LayerPass {
     }
     SP_ASSIGN_OR_RETURN(a.rstd_o, mem_.template make<R>(rows));
     SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * c_.hidden) * sizeof(R)));
-    return dev_.linear_mixer_forward(dev_.session().comm(), plan_->layout, LaspAlgorithm::kAuto, mixer_params(l),
+    return dev_.linear_mixer_forward(dev_.session().comm(), plan_->layout, linear_, mixer_params(l),
                                      mixer_shape(), mixer_slots(w), a.h1.p(), mixer_acts(a), a.x_mid.p(),
                                      &lasp_[size_t(l)], LinearMixerRun{true, o_given});
   }
@@ -455,6 +463,7 @@ class LayerPass {
   TrainingMemory& mem_;
   std::unique_ptr<const AttentionPlan> plan_, early_;
   int64_t chunk_;
+  LaspAlgorithm linear_;
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
   std::vector<LaspContext> lasp_;                   // a linear layer's, from its forward to its backward

@@ -79,7 +79,7 @@ Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgori
                             const LinearMixerSlots<const T*>& w, const T* x,
                             const LinearMixerActs<T>& a, T* y, LaspContext* ctx, LinearMixerRun run) {
   SP_RETURN_IF_ERROR(check_linear_mixer(layout, comm.rank(), s, params));
-  SP_CHECK_ARG(!run.o_given || ctx->state_in().data, "internal: a recompute needs the forward's LASP context");
+  SP_CHECK_ARG(!run.o_given || ctx->forwarded(), "internal: a recompute needs the forward's LASP context");
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
   linear_forward(x, w.wq, a.q_in, rows, s.hidden, width);
   linear_forward(x, w.wk, a.k_in, rows, s.hidden, width);

@@ -12,8 +12,9 @@
 // sign); the norm spans the whole row (H * D), not each head, and has no weight, because a
 // per-channel weight before Wo folds into Wo's columns; the gate is linear by default, SiLU on
 // request (GLA-style); no RoPE (TNL's LRPE is off by default); no attention scale (scale 1).
-// The attention is LASP (seqpar/lasp.hpp) over `comm` and a contiguous `layout`: with one rank it
-// is the whole sequence, and the same call runs a sequence split over ranks, each one's rows.
+// The attention is LASP (seqpar/lasp.hpp; or its ulysses baseline, by `algorithm`) over `comm`
+// and a contiguous `layout`: with one rank it is the whole sequence, and the same call runs a
+// sequence split over ranks, each one's rows.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +72,7 @@ Status check_linear_mixer(const Layout& layout, int rank, const LinearMixerShape
 
 // Forward on this rank: fills acts and *ctx (the entering LASP state the backward reuses) and
 // writes y [rows, hidden]. params: the attention's per-head decays (and scale, 1 for TNL).
-// Collective over comm (LASP's state chain or all-gather) unless run.o_given.
+// Collective over comm (LASP's state chain or all-gather, ulysses's all-to-alls) unless run.o_given.
 template <class T>
 Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
                             const LinearAttentionParams& params, const LinearMixerShape& shape,
@@ -79,7 +80,7 @@ Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgori
                             const LinearMixerActs<T>& acts, T* y, LaspContext* ctx, LinearMixerRun run = {});
 
 // Backward on this rank from dy [rows, hidden]: writes dx [rows, hidden] (overwritten) and adds
-// the weights' gradients into dw. Collective over comm (the dState chain), the same ctx.
+// the weights' gradients into dw. Collective over comm (the forward's algorithm), the same ctx.
 template <class T>
 Status linear_mixer_backward(Communicator& comm, const Layout& layout,
                              const LinearAttentionParams& params, const LinearMixerShape& shape,

@@ -36,7 +36,7 @@ Status LinearMixer::forward(Communicator& comm, const Layout& layout, LaspAlgori
                             const LinearMixerActs<bf16_t, float>& a, float* y, LaspContext* ctx,
                             LinearMixerRun run) {
   SP_RETURN_IF_ERROR(check_linear_mixer(layout, comm.rank(), s, params));
-  SP_CHECK_ARG(!run.o_given || ctx->state_in().data,
+  SP_CHECK_ARG(!run.o_given || ctx->forwarded(),
                "internal: a recompute needs the forward's LASP context");
   void* stream = memory_.stream();
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;

@@ -427,7 +427,8 @@ StatusOr<std::unique_ptr<ModelPass>> make_model_pass(const TrainOptions& o, cons
                                                      TrainingMemory& memory) {
   if (o.device == DeviceKind::kCuda) return make_cuda_model_pass(o, layout, group, memory);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer<float>> model,
-                      Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group));
+                      Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group,
+                                                 o.linear_sp));
   return std::unique_ptr<ModelPass>(std::make_unique<CpuModelPass>(std::move(model)));
 }
 

@@ -1,19 +1,21 @@
 // LASP's passes on either device (seqpar/lasp.hpp): the steps of lasp_steps.hpp run over the
 // linear-attention backend table (kernels/linear_backend.hpp) and the Communicator, with the
 // states on the tensors' device. Nothing here depends on the device but the ordering of the
-// communicator's work after the kernels (Link).
+// communicator's work after the kernels (Link). The ulysses baseline runs through the same
+// context and backend, its passes in linear_ulysses.cpp.
 #include <array>
 #include <cstring>
 
 #include "kernels/linear_backend.hpp"
 #include "parallel/lasp_steps.hpp"
+#include "parallel/linear_ulysses.hpp"
 #include "seqpar/gpu.hpp"
 #include "seqpar/lasp.hpp"
 
 namespace seqpar {
 
 // The backend of one rank's passes and its state memory: lasp::slot_count states of `bytes`
-// each, slot s at s * bytes, on the backend's device.
+// each, slot s at s * bytes, on the backend's device (ulysses: its buffers, linear_ulysses.cpp).
 struct LaspBuffers {
   std::unique_ptr<LinearBackend> backend;
   void* memory = nullptr;
@@ -35,11 +37,12 @@ LaspContext::~LaspContext() = default;
 LaspContext::LaspContext(LaspContext&&) noexcept = default;
 LaspContext& LaspContext::operator=(LaspContext&&) noexcept = default;
 
+bool LaspContext::forwarded() const { return buffers && buffers->forwarded; }
 TensorView LaspContext::state_in() const {
-  return buffers && buffers->forwarded ? buffers->slot(lasp::kEntering) : TensorView{};
+  return forwarded() && algorithm != LaspAlgorithm::kUlysses ? buffers->slot(lasp::kEntering) : TensorView{};
 }
 TensorView LaspContext::state_out() const {
-  return buffers && buffers->forwarded ? buffers->slot(lasp::kLeaving) : TensorView{};
+  return forwarded() && algorithm != LaspAlgorithm::kUlysses ? buffers->slot(lasp::kLeaving) : TensorView{};
 }
 int64_t LaspContext::state_bytes() const { return buffers ? int64_t(buffers->bytes) : 0; }
 
@@ -163,11 +166,19 @@ Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, 
   const std::string refused = b->backend->supports(q, k, v, params);
   SP_CHECK_SUPPORTED(refused.empty(), std::string("LASP on the ") + b->backend->name() + " backend: " + refused);
   const DType state_dtype = b->backend->state_dtype(q.dtype);
-  b->like = TensorView::contiguous(nullptr, state_dtype, {q.shape[0], q.shape[2], q.shape[3], v.shape[3]}, q.device);
-  b->bytes = size_t(lasp_state_bytes(q.shape[0], q.shape[2], q.shape[3], v.shape[3], state_dtype));
+  // ulysses: the states of one head part (the heads this rank runs the whole sequence for).
+  const int64_t heads = algorithm == LaspAlgorithm::kUlysses ? q.shape[2] / ranks : q.shape[2];
+  b->like = TensorView::contiguous(nullptr, state_dtype, {q.shape[0], heads, q.shape[3], v.shape[3]}, q.device);
+  b->bytes = size_t(lasp_state_bytes(q.shape[0], heads, q.shape[3], v.shape[3], state_dtype));
   b->ranks = ranks;
   b->forwarded = false;
   ctx->algorithm = algorithm != LaspAlgorithm::kAuto ? algorithm : choose_lasp_algorithm(ranks, int64_t(b->bytes));
+  if (ctx->algorithm == LaspAlgorithm::kUlysses) {
+    // Sized for every rank holding one row more than this one (a contiguous layout's shards
+    // differ by one row at most); the forward reserves the layout's exact size, no more.
+    return linear_ulysses::reserve(*b->backend, std::vector<int64_t>(size_t(ranks), q.shape[1] + 1), 0, q, k, v,
+                                   params, &b->memory);
+  }
   return b->backend->reserve(q, k, v, b->bytes * size_t(lasp::slot_count(ctx->algorithm, ranks)), &b->memory);
 }
 
@@ -180,6 +191,13 @@ Status lasp_forward(Communicator& comm, const Layout& layout, const LinearAttent
   SP_CHECK_SUPPORTED(b.backend->device() == DeviceKind::kCpu || comm.size() == 1 || comm.moves_device_buffers(),
                      "the " + comm.backend_name() + " communicator cannot move device buffers (use NCCL or thread ranks)");
   PhaseScope phase(comm, Phase::kForward);
+  if (ctx->algorithm == LaspAlgorithm::kUlysses) {
+    SP_RETURN_IF_ERROR(linear_ulysses::reserve(*b.backend, linear_ulysses::rows_of(layout), comm.rank(), q, k, v,
+                                               params, &b.memory));
+    SP_RETURN_IF_ERROR(linear_ulysses::forward(comm, layout, params, *b.backend, b.memory, q, k, v, o, stream));
+    b.forwarded = true;
+    return Status::Ok();
+  }
   const auto steps = lasp::pass_steps(ctx->algorithm, Pass::kForward, comm.rank(), comm.size());
   SP_RETURN_IF_ERROR(run_steps(steps, Pass::kForward, comm, layout, params, {q, k, v, o, {}, {}, {}, {}}, b, stream));
   b.forwarded = true;
@@ -192,11 +210,15 @@ Status lasp_backward(Communicator& comm, const Layout& layout, const LinearAtten
                      void* stream) {
   SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
   const LaspBuffers* b = ctx ? ctx->buffers.get() : nullptr;
+  const bool ulysses = b && ctx->algorithm == LaspAlgorithm::kUlysses;
   SP_CHECK_ARG(b && b->forwarded && ctx->algorithm != LaspAlgorithm::kAuto && b->ranks == comm.size() &&
                    b->like.device.kind == q.device.kind && b->like.shape[0] == q.shape[0] &&
-                   b->like.shape[1] == q.shape[2] && b->like.shape[2] == q.shape[3] && b->like.shape[3] == v.shape[3],
+                   b->like.shape[1] == q.shape[2] / (ulysses ? comm.size() : 1) && b->like.shape[2] == q.shape[3] &&
+                   b->like.shape[3] == v.shape[3],
                "lasp_backward needs the context its forward filled for this problem and communicator");
   PhaseScope phase(comm, Phase::kBackward);
+  if (ulysses)
+    return linear_ulysses::backward(comm, layout, params, *b->backend, b->memory, q, k, v, dout, dq, dk, dv, stream);
   const auto steps = lasp::pass_steps(ctx->algorithm, Pass::kBackward, comm.rank(), comm.size());
   return run_steps(steps, Pass::kBackward, comm, layout, params, {q, k, v, {}, dout, dq, dk, dv}, *b, stream);
 }

@@ -11,6 +11,7 @@ const char* lasp_algorithm_name(LaspAlgorithm algorithm) {
     case LaspAlgorithm::kChain: return "lasp";
     case LaspAlgorithm::kAllGather: return "lasp2";
     case LaspAlgorithm::kAuto: return "auto";
+    case LaspAlgorithm::kUlysses: return "ulysses";
   }
   return "?";
 }
@@ -19,8 +20,9 @@ StatusOr<LaspAlgorithm> parse_lasp_algorithm(const std::string& name) {
   if (name == "lasp") return LaspAlgorithm::kChain;
   if (name == "lasp2") return LaspAlgorithm::kAllGather;
   if (name == "auto") return LaspAlgorithm::kAuto;
+  if (name == "ulysses") return LaspAlgorithm::kUlysses;
   return SP_STATUS(StatusCode::kInvalidArgument,
-                   "unknown LASP algorithm '" + name + "' (expected lasp, lasp2 or auto)");
+                   "unknown LASP algorithm '" + name + "' (expected lasp, lasp2, ulysses or auto)");
 }
 
 double lasp_chain_seconds(int ranks, int64_t state_bytes, const LaspLinkModel& link) {

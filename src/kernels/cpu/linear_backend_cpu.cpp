@@ -59,6 +59,13 @@ class CpuLinearBackend final : public LinearBackend {
     return Status::Ok();
   }
 
+  Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                   void*) override {
+    for (size_t r = 0; r < height; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return Status::Ok();
+  }
+
   Status synchronize(void*) override { return Status::Ok(); }
 
  private:

@@ -70,6 +70,14 @@ class CudaLinearBackend final : public LinearBackend {
     return Status::Ok();
   }
 
+  Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                   void* stream) override {
+    if (width == 0 || height == 0) return Status::Ok();
+    SP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
+                                    static_cast<cudaStream_t>(stream)));
+    return Status::Ok();
+  }
+
   Status synchronize(void* stream) override {
     SP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     return Status::Ok();
