@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
   Options opt;
   app.add_option("--seqs", opt.seqs, "total sequence lengths, in turn until one does not fit")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--algos", opt.algos, "lasp (chain), lasp2 (all-gather) or auto")->delimiter(',')->capture_default_str();
+  app.add_option("--algos", opt.algos, "lasp (chain), lasp2 (all-gather), ulysses (the LASP paper's baseline: heads over the ranks) or auto")->delimiter(',')->capture_default_str();
   app.add_option("--gpus", opt.gpus, "GPUs (default: all visible)");
   app.add_option("--heads", opt.heads, "heads")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--dim", opt.dim, "d_k = d_v: 64 or 128")->check(CLI::IsMember({64, 128}))->capture_default_str();

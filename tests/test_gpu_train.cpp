@@ -5,8 +5,9 @@
 // data-parallel groups and ZeRO 1-3 follow the CPU run as closely as one GPU rank does (the bf16
 // rule of CONVENTIONS.md, the fp32 CPU run standing for the oracle); two runs from one seed are
 // the same bits, and a run resumed from its checkpoint equals a straight one bit for bit;
-// linear-attention (TNL) and hybrid models follow the CPU run too; so do packed documents on the
-// documents layout, which changes with every batch.
+// linear-attention (TNL) and hybrid models follow the CPU run too, under LASP and under its
+// ulysses baseline; so do packed documents on the documents layout, which changes with every
+// batch.
 // Skipped without a GPU (the two-GPU cases without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
@@ -216,6 +217,28 @@ TrainOptions linear_options(int64_t steps, bool hybrid) {
   return o;
 }
 
+// The first step of o (one step) on `ranks` thread ranks sharing the GPU follows the CPU trainer's
+// on one rank (FirstStepMatchesTheCpuTrainer's bounds), and checkpointing (which keeps each
+// linear layer's o and context) gives the same step.
+void expect_first_step_follows_the_cpu(TrainOptions o, int ranks) {
+  Record cpu, gpu;
+  ASSERT_TRUE(run(on_cpu(o), 1, &cpu).ok());
+  Status s = run(o, ranks, &gpu);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-2 * cpu.losses[0]);
+  std::string which;
+  EXPECT_LT(worst(o.model, gpu.first_gradient, cpu.first_gradient, &which), 5e-2) << which;
+  for (Checkpointing policy : {Checkpointing::kFull, Checkpointing::kAttention}) {
+    o.checkpointing = policy;
+    Record r;
+    s = run(o, ranks, &r);
+    ASSERT_TRUE(s.ok()) << checkpointing_name(policy) << ": " << s.to_string();
+    EXPECT_NEAR(r.losses[0], gpu.losses[0], 1e-5 * gpu.losses[0]) << checkpointing_name(policy);
+    EXPECT_LT(worst(o.model, r.first_gradient, gpu.first_gradient, &which), 1e-2)
+        << checkpointing_name(policy) << " " << which;
+  }
+}
+
 // A TNL model and a hybrid on the GPU follow the CPU trainer (fp32): the first step's loss and
 // gradient as FirstStepMatchesTheCpuTrainer's; over 5 steps, two thread ranks sharing the GPU
 // (LASP's state chain between them) are at most twice as far from the CPU run as one GPU rank
@@ -223,31 +246,45 @@ TrainOptions linear_options(int64_t steps, bool hybrid) {
 TEST_F(GpuTrain, LinearAttentionModelsFollowTheCpuRun) {
   for (bool hybrid : {false, true}) {
     SCOPED_TRACE(hybrid ? "hybrid" : "tnl");
-    TrainOptions o = linear_options(1, hybrid);
-    Record cpu, gpu;
-    ASSERT_TRUE(run(on_cpu(o), 1, &cpu).ok());
-    Status s = run(o, 1, &gpu);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 1e-2 * cpu.losses[0]);
-    std::string which;
-    EXPECT_LT(worst(o.model, gpu.first_gradient, cpu.first_gradient, &which), 5e-2) << which;
-    for (Checkpointing policy : {Checkpointing::kFull, Checkpointing::kAttention}) {
-      o.checkpointing = policy;
-      Record r;
-      s = run(o, 1, &r);
-      ASSERT_TRUE(s.ok()) << checkpointing_name(policy) << ": " << s.to_string();
-      EXPECT_NEAR(r.losses[0], gpu.losses[0], 1e-5 * gpu.losses[0]) << checkpointing_name(policy);
-      EXPECT_LT(worst(o.model, r.first_gradient, gpu.first_gradient, &which), 1e-2)
-          << checkpointing_name(policy) << " " << which;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_first_step_follows_the_cpu(linear_options(1, hybrid), 1));
     const TrainOptions steps = linear_options(5, hybrid);
     Reference ref;
     ASSERT_NO_FATAL_FAILURE(reference(steps, &ref));
     Record two;
-    s = run(steps, 2, &two);
+    std::string which;
+    const Status s = run(steps, 2, &two);
     ASSERT_TRUE(s.ok()) << s.to_string();
     EXPECT_LE(worst(steps.model, two.weights, ref.cpu.weights, &which), 2 * ref.weights) << which;
     EXPECT_LE(loss_error(two, ref.cpu), 2 * ref.losses + 1e-6);
+  }
+}
+
+// The LASP paper's ulysses baseline for the linear layers (--linear-sp ulysses; 4 heads, 2 a
+// rank): over two thread ranks sharing the GPU, the first step follows the CPU trainer as one GPU
+// rank's does (FirstStepMatchesTheCpuTrainer's bounds), checkpointing (o kept: no all-to-all in
+// the recompute) gives the same step, and 5 steps stay within twice one GPU rank's distance from
+// the CPU run; over two GPUs (NCCL) too, where there are two.
+TEST_F(GpuTrain, LinearAttentionUlyssesFollowsTheCpuRun) {
+  for (bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "tnl");
+    TrainOptions o = linear_options(1, hybrid);
+    o.linear_sp = LaspAlgorithm::kUlysses;
+    ASSERT_NO_FATAL_FAILURE(expect_first_step_follows_the_cpu(o, 2));
+    TrainOptions steps = linear_options(5, hybrid);
+    Reference ref;
+    ASSERT_NO_FATAL_FAILURE(reference(steps, &ref));
+    steps.linear_sp = LaspAlgorithm::kUlysses;
+    for (Launcher launch : {Launcher(run_local_ranks), Launcher(run_nccl_local_ranks)}) {
+      const bool nccl = launch == Launcher(run_nccl_local_ranks);
+      if (nccl && (!nccl_available() || cuda_device_count() < 2)) continue;
+      Record two;
+      std::string which;
+      const Status s = run(steps, 2, &two, launch);
+      ASSERT_TRUE(s.ok()) << (nccl ? "two GPUs: " : "") << s.to_string();
+      EXPECT_LE(worst(steps.model, two.weights, ref.cpu.weights, &which), 2 * ref.weights)
+          << (nccl ? "two GPUs " : "") << which;
+      EXPECT_LE(loss_error(two, ref.cpu), 2 * ref.losses + 1e-6) << (nccl ? "two GPUs" : "");
+    }
   }
 }
 
