@@ -1,7 +1,8 @@
 // LASP over in-process CPU ranks: the chain and the all-gather variant against the fp64 oracle
 // (outputs, final state, dq, dk, dv) over decays, GQA, d_k != d_v, uneven lengths, odd chunk
 // lengths and T in {1, 2, 3, 4, 8}; bytes per rank equal to the walk of the passes and the
-// formula, and independent of N; sequence groups in a data-parallel world. The errata have their
+// formula, and independent of N; sequence groups in a data-parallel world. The ulysses baseline
+// against the oracle too, with its all-to-alls' bytes. The errata have their
 // own file (test_lasp_errata.cpp), the GPU half test_gpu_lasp.cpp.
 #include <gtest/gtest.h>
 
@@ -60,7 +61,7 @@ Status lasp_on_ranks(Communicator& comm, const LinearInputs& in, const LinearPro
   SP_RETURN_IF_ERROR(layout.unshard(dq.view(), 1, me, run->dq.view()));
   SP_RETURN_IF_ERROR(layout.unshard(dk.view(), 1, me, run->dk.view()));
   SP_RETURN_IF_ERROR(layout.unshard(dv.view(), 1, me, run->dv.view()));
-  if (me == comm.size() - 1) {
+  if (me == comm.size() - 1 && algo != LaspAlgorithm::kUlysses) {  // ulysses's stays in head parts
     SP_ASSIGN_OR_RETURN(run->final_state, lasp_state_out_on_host(ctx));
   }
   run->counters[me] = comm.counters();
@@ -84,7 +85,7 @@ LinearReferenceResult oracle(const LinearInputs& in, const LinearProblem& p) {
 
 void expect_matches_oracle(const LaspRun& run, const LinearReferenceResult& want, double rel) {
   expect_close("o", run.o, want.o, rel);
-  expect_close("final state", run.final_state, want.state_out, rel);
+  if (run.ran != LaspAlgorithm::kUlysses) expect_close("final state", run.final_state, want.state_out, rel);
   expect_close("dq", run.dq, want.dq, rel);
   expect_close("dk", run.dk, want.dk, rel);
   expect_close("dv", run.dv, want.dv, rel);
@@ -111,6 +112,46 @@ TEST(Lasp, ChainAndAllGatherMatchTheOracle) {
         EXPECT_EQ(run.ran, algo);
         expect_matches_oracle(run, want, 1e-10);
       }
+  }
+}
+
+// The LASP paper's baseline (LaspAlgorithm::kUlysses): q, k, v to head parts by one all-to-all,
+// the whole sequence per part, o home by another; the backward dO over, dq, dk, dv back. Against
+// the oracle where T divides the query and K/V heads (uneven lengths, B = 2, GQA, per-head
+// decays, d_k != d_v), refused elsewhere; each rank sends, per pass, its rows of every other
+// part one way and the other ranks' rows of its part the other way:
+//   forward  (T-1) m_me (w_q + w_k + w_v) + (M - m_me) w_o   bytes, backward the two widths swapped,
+// m_r = B S_r rows of rank r, M = B N, w_* a part's heads x head dim x dtype size.
+TEST(Lasp, UlyssesMatchesTheOracleAndSendsItsAllToAlls) {
+  std::vector<LinearProblem> cases = problems();
+  cases.push_back({2, 203, 4, 4, 5, 7, {0.5, 0.8, 0.95, 1.0}, 0.5, 48});
+  for (const LinearProblem& p : cases) {
+    const LinearInputs in = make_linear_inputs(p, DType::kF64, 141);
+    const LinearReferenceResult want = oracle(in, p);
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      SCOPED_TRACE("T=" + std::to_string(ranks) + " H=" + std::to_string(p.heads) + "/" + std::to_string(p.kv_heads) +
+                   " B=" + std::to_string(p.batch));
+      if (p.heads % ranks != 0 || p.kv_heads % ranks != 0) {
+        LaspRun run = empty_run(p, ranks);
+        const Status s = run_local_ranks(
+            ranks, [&](Communicator& comm) { return lasp_on_ranks(comm, in, p, LaspAlgorithm::kUlysses, &run); });
+        EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+        EXPECT_NE(s.message().find("ulysses over " + std::to_string(ranks) + " ranks"), std::string::npos)
+            << s.to_string();
+        continue;
+      }
+      const LaspRun run = run_lasp(in, p, ranks, LaspAlgorithm::kUlysses);
+      EXPECT_EQ(run.ran, LaspAlgorithm::kUlysses);
+      expect_matches_oracle(run, want, 1e-10);
+      const Layout layout = Layout::create(LayoutKind::kContiguous, p.seq, ranks).value();
+      const int64_t es = 8, hq = p.heads / ranks, hk = p.kv_heads / ranks;
+      const int64_t qkv = (hq * p.dk + hk * p.dk + hk * p.dv) * es, o = hq * p.dv * es, M = p.batch * p.seq;
+      for (int r = 0; r < ranks; ++r) {
+        const int64_t m = p.batch * layout.local_len(r);
+        EXPECT_EQ(run.counters[r].sent(Phase::kForward), (ranks - 1) * m * qkv + (M - m) * o) << "rank " << r;
+        EXPECT_EQ(run.counters[r].sent(Phase::kBackward), (ranks - 1) * m * o + (M - m) * qkv) << "rank " << r;
+      }
+    }
   }
 }
 
