@@ -167,7 +167,8 @@ class CudaModelPass final : public ModelPass {
       SP_ASSIGN_OR_RETURN(early, causal_plan(half, S / 2));
     }
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
-    pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk);
+    pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk,
+                                                    o.linear_sp);
     return Status::Ok();
   }
   Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) override {
