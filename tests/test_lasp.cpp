@@ -116,11 +116,12 @@ TEST(Lasp, ChainAndAllGatherMatchTheOracle) {
 }
 
 // The LASP paper's baseline (LaspAlgorithm::kUlysses): q, k, v to head parts by one all-to-all,
-// the whole sequence per part, o home by another; the backward dO over, dq, dk, dv back. Against
-// the oracle where T divides the query and K/V heads (uneven lengths, B = 2, GQA, per-head
-// decays, d_k != d_v), refused elsewhere; each rank sends, per pass, its rows of every other
-// part one way and the other ranks' rows of its part the other way:
-//   forward  (T-1) m_me (w_q + w_k + w_v) + (M - m_me) w_o   bytes, backward the two widths swapped,
+// the whole sequence per part, o home by another; the backward q, k, v again with dO over, dq,
+// dk, dv back. Against the oracle where T divides the query and K/V heads (uneven lengths, B = 2,
+// GQA, per-head decays, d_k != d_v), refused elsewhere; each rank sends, per pass, its rows of
+// every other part one way and the other ranks' rows of its part the other way:
+//   forward   (T-1) m_me (w_q + w_k + w_v) + (M - m_me) w_o                 bytes,
+//   backward  (T-1) m_me (w_q + w_k + w_v + w_o) + (M - m_me) (w_q + w_k + w_v),
 // m_r = B S_r rows of rank r, M = B N, w_* a part's heads x head dim x dtype size.
 TEST(Lasp, UlyssesMatchesTheOracleAndSendsItsAllToAlls) {
   std::vector<LinearProblem> cases = problems();
@@ -149,7 +150,8 @@ TEST(Lasp, UlyssesMatchesTheOracleAndSendsItsAllToAlls) {
       for (int r = 0; r < ranks; ++r) {
         const int64_t m = p.batch * layout.local_len(r);
         EXPECT_EQ(run.counters[r].sent(Phase::kForward), (ranks - 1) * m * qkv + (M - m) * o) << "rank " << r;
-        EXPECT_EQ(run.counters[r].sent(Phase::kBackward), (ranks - 1) * m * o + (M - m) * qkv) << "rank " << r;
+        EXPECT_EQ(run.counters[r].sent(Phase::kBackward), (ranks - 1) * m * (qkv + o) + (M - m) * qkv)
+            << "rank " << r;
       }
     }
   }

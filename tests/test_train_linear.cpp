@@ -128,7 +128,8 @@ TEST(TrainLinear, SplitSequenceEqualsOneRankAndCheckpointingChangesNoBit) {
 
 // The LASP paper's ulysses baseline (--linear-sp ulysses): in fp64 the loss and gradient over 2
 // and 4 ranks equal LASP's chain over as many ranks to round-off, and checkpointing changes no
-// bit (the recompute keeps o: no all-to-all runs again). 3 ranks do not split tiny()'s 4 heads:
+// bit (the recompute keeps o: no all-to-all runs again; the backward sends the recomputed q, k, v
+// over as it sends the kept ones without checkpointing). 3 ranks do not split tiny()'s 4 heads:
 // refused before any rank sends.
 TEST(TrainLinear, UlyssesGradientEqualsLaspsInFp64) {
   for (bool hybrid : {false, true}) {

@@ -9,7 +9,8 @@
 // And the baseline the LASP paper compares them with (not LASP; src/parallel/linear_ulysses.hpp):
 //   ulysses  an all-to-all turns each rank's rows of q, k, v into the whole sequence for H/T of
 //          the heads, the single-rank kernel runs it, a second all-to-all sends o home (the
-//          backward: dO over, dq, dk, dv back). T must divide the heads (and the K/V heads);
+//          backward: q, k, v again with dO over, dq, dk, dv back, so that a layer keeps no more
+//          than LASP's states between its passes). T must divide the heads (and the K/V heads);
 //          the bytes grow with the sequence, as those of softmax Ulysses.
 // One pass order for both (src/parallel/lasp_steps.hpp): each rank first computes its own
 // contribution from a zero state (the cheap half of its pass) so the neighbour waits on that
@@ -72,7 +73,8 @@ struct LaspBuffers;
 
 // What the forward keeps for the backward: the state entering this rank's tokens (received, or
 // prefixed from the gathered ones, once; the backward neither receives nor recomputes it), and
-// the buffers both passes reuse. One per rank and layer; move-only.
+// the buffers both passes reuse (ulysses: the states entering its part's pieces; its all-to-alls'
+// buffers are each pass's scratch, which the layers share). One per rank and layer; move-only.
 struct LaspContext {
   LaspContext();
   ~LaspContext();
@@ -98,10 +100,13 @@ StatusOr<HostTensor> lasp_state_out_on_host(const LaspContext& ctx);
 
 // Checks the inputs, picks the backend of their device and sizes every buffer of *ctx for this
 // problem on `ranks` ranks with this algorithm (kAuto: choose_lasp_algorithm's pick; either way
-// ctx->algorithm says which). The forward does it too; a caller that must know whether the
-// problem fits before any rank communicates (a benchmark at the edge of memory) calls it first.
+// ctx->algorithm says which); ulysses also takes a pass's scratch on `stream` once and gives it
+// back (a device stream's arena keeps the memory for the passes on that stream). The forward
+// does it too; a caller that must know whether the problem fits before any rank communicates (a
+// benchmark at the edge of memory) calls it first.
 Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm);
+                    const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm,
+                    void* stream = nullptr);
 
 // Forward on this rank: writes o [B, S_local, H, d_v] and fills *ctx. The layout must be
 // contiguous over comm.size() ranks; the sequence starts from a zero state.

@@ -10,21 +10,33 @@
 //             across `length` tokens plus what they add;
 //   zero      a state of zeros;
 //   copy_rows rows of bytes between strided places (ulysses's all-to-all buffers: a head part's
-//             rows cut out of [B, S, H, D] and put back).
+//             rows cut out of [B, S, H, D] and put back);
+//   scratch   memory one pass takes and gives back (ulysses's all-to-all buffers).
 // Every call is ordered on `stream` (a cudaStream_t; CPU backends ignore it and return done).
-// An instance keeps memory (the states LASP asks for, its kernels' workspace): one per rank,
-// used from one thread.
+// An instance keeps memory (the states LASP asks for, its kernels' workspace): one per rank and
+// layer, used from one thread. Scratch is not the instance's: a rank runs its layers' passes one
+// at a time, so each pass's scratch reuses the memory the last pass gave back.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
+#include "seqpar/gpu.hpp"
 #include "seqpar/linear_attention.hpp"
 #include "seqpar/status.hpp"
 #include "seqpar/tensor.hpp"
 
 namespace seqpar {
+
+// A pass's scratch, given back when it goes: device memory is a block of the stream's arena
+// (StreamBuffer: given back after the work queued on the stream, and taken again by the next pass
+// on that stream, so every layer's passes share one block's memory); host memory is the pass's own.
+struct LinearScratch {
+  StreamBuffer device;
+  std::unique_ptr<double[]> host;  // doubles, so that every fp64 or fp32 view into it is aligned
+  char* data = nullptr;
+};
 
 class LinearBackend {
  public:
@@ -62,6 +74,9 @@ class LinearBackend {
   // both in the backend's memory.
   [[nodiscard]] virtual Status copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                                          size_t height, void* stream) = 0;
+  // `bytes` of scratch on the backend's device for work queued on `stream`; its contents do not
+  // outlive the pass that took it.
+  [[nodiscard]] virtual StatusOr<LinearScratch> scratch(size_t bytes, void* stream) = 0;
   // Blocks the host until the work queued on `stream` is done (before a host-driven
   // communicator reads device memory).
   [[nodiscard]] virtual Status synchronize(void* stream) = 0;

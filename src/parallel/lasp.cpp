@@ -15,7 +15,8 @@
 namespace seqpar {
 
 // The backend of one rank's passes and its state memory: lasp::slot_count states of `bytes`
-// each, slot s at s * bytes, on the backend's device (ulysses: its buffers, linear_ulysses.cpp).
+// each, slot s at s * bytes, on the backend's device (ulysses: the states of its pieces,
+// linear_ulysses.cpp; its all-to-alls' buffers are each pass's scratch, not the context's).
 struct LaspBuffers {
   std::unique_ptr<LinearBackend> backend;
   void* memory = nullptr;
@@ -152,10 +153,11 @@ Status check_problem(const Communicator& comm, const Layout& layout, const Tenso
   return Status::Ok();
 }
 
-}  // namespace
-
-Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                    const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm) {
+// lasp_reserve less ulysses's scratch, which each pass takes itself. A ulysses context is sized
+// for every rank holding one row more than this one (a contiguous layout's shards differ by one
+// row at most); the forward reserves the layout's exact size, no more.
+Status reserve_context(LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm) {
   SP_CHECK_ARG(ctx != nullptr && ranks >= 1, "lasp_reserve needs a context and at least one rank");
   SP_CHECK_ARG(q.ndim == 4 && v.ndim == 4, "q must be [B, S, H, d_k] and v [B, S, H_kv, d_v]");
   std::unique_ptr<LaspBuffers>& b = ctx->buffers;
@@ -173,20 +175,31 @@ Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, 
   b->ranks = ranks;
   b->forwarded = false;
   ctx->algorithm = algorithm != LaspAlgorithm::kAuto ? algorithm : choose_lasp_algorithm(ranks, int64_t(b->bytes));
-  if (ctx->algorithm == LaspAlgorithm::kUlysses) {
-    // Sized for every rank holding one row more than this one (a contiguous layout's shards
-    // differ by one row at most); the forward reserves the layout's exact size, no more.
+  if (ctx->algorithm == LaspAlgorithm::kUlysses)
     return linear_ulysses::reserve(*b->backend, std::vector<int64_t>(size_t(ranks), q.shape[1] + 1), 0, q, k, v,
                                    params, &b->memory);
-  }
   return b->backend->reserve(q, k, v, b->bytes * size_t(lasp::slot_count(ctx->algorithm, ranks)), &b->memory);
+}
+
+}  // namespace
+
+Status lasp_reserve(LaspContext* ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const LinearAttentionParams& params, int ranks, LaspAlgorithm algorithm, void* stream) {
+  SP_RETURN_IF_ERROR(reserve_context(ctx, q, k, v, params, ranks, algorithm));
+  if (ctx->algorithm != LaspAlgorithm::kUlysses) return Status::Ok();
+  // A pass's scratch taken once and given back: on a device, the stream's arena keeps its memory
+  // for the passes, so running short of memory shows here, before any rank communicates.
+  LinearBackend& be = *ctx->buffers->backend;
+  SP_ASSIGN_OR_RETURN(const size_t bytes,
+                      linear_ulysses::scratch_bytes(be, std::vector<int64_t>(size_t(ranks), q.shape[1] + 1), 0, q, k, v));
+  return be.scratch(bytes, stream).status();
 }
 
 Status lasp_forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                     LaspAlgorithm algorithm, const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& o, LaspContext* ctx, void* stream) {
   SP_RETURN_IF_ERROR(check_problem(comm, layout, q, v));
-  SP_RETURN_IF_ERROR(lasp_reserve(ctx, q, k, v, params, comm.size(), algorithm));
+  SP_RETURN_IF_ERROR(reserve_context(ctx, q, k, v, params, comm.size(), algorithm));
   LaspBuffers& b = *ctx->buffers;
   SP_CHECK_SUPPORTED(b.backend->device() == DeviceKind::kCpu || comm.size() == 1 || comm.moves_device_buffers(),
                      "the " + comm.backend_name() + " communicator cannot move device buffers (use NCCL or thread ranks)");

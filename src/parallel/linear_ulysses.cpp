@@ -1,5 +1,6 @@
 // The LASP paper's Ulysses baseline for linear attention (linear_ulysses.hpp): the all-to-alls'
-// buffers in the backend's memory, the packing of head parts, and the pieces run in order.
+// buffers in a pass's scratch, the states in the backend's memory, the packing of head parts, and
+// the pieces run in order.
 #include "parallel/linear_ulysses.hpp"
 
 #include <algorithm>
@@ -12,13 +13,16 @@ namespace {
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Rank `me`'s passes: a part's heads (hq query, hk K/V), every rank's rows, and where each buffer
-// lies in the backend's memory:
-//   states  T entering states of the pieces (piece 0's is zero, unused) and two dStates
-//   kept    the forward's pieces of q, k, v, in rank order; piece r is [q_r | k_r | v_r]
-//   home    this rank's rows in T blocks, block r for (or from) rank r: q, k, v of part r in
-//           the forward, then its o; dO of part r in the backward, then its dq, dk, dv
-//   whole   the forward's o pieces; the backward's dO pieces, then its dq, dk, dv pieces
+// Rank `me`'s passes: a part's heads (hq query, hk K/V) and every rank's rows. The backend's
+// memory holds T entering states of the pieces (piece 0's is zero, unused) and two dStates. A
+// pass's scratch is two buffers, `a` and `b`, each big enough for either of two layouts of rows
+// of [q | k | v | o] width:
+//   blocks  this rank's rows in T blocks, block r for (or from) rank r with part r's heads
+//   pieces  the part's whole sequence: rank r's rows in rank order
+// and the passes move between them (the send buffer of one all-to-all is free once it returns,
+// or on the stream once it is queued, so the kernels write their results into it):
+//   forward   q, k, v blocks in a -> pieces in b; o pieces in a -> o blocks in b -> o
+//   backward  q, k, v, dO blocks in a -> pieces in b; dq, dk, dv pieces in a -> blocks in b -> dq, dk, dv
 // A "row" is one (batch entry, token) of a part: wq + wk + wv elements of q, k, v, wo of o.
 struct Sizes {
   int P = 1, me = 0;
@@ -37,15 +41,18 @@ struct Sizes {
   size_t rows_before(int r) const { return size_t(B * std::accumulate(S.begin(), S.begin() + r, int64_t(0))); }
   size_t whole_rows() const { return rows_before(P); }
 
-  size_t kept_at() const { return aligned(size_t(P + 2) * state_bytes); }
-  size_t home_at() const { return kept_at() + aligned(whole_rows() * qkv_row()); }
-  size_t whole_at() const { return home_at() + aligned(size_t(P) * rows(me) * std::max(qkv_row(), o_row())); }
-  size_t grads_at() const { return whole_at() + aligned(whole_rows() * o_row()); }
-  size_t total() const { return grads_at() + aligned(whole_rows() * qkv_row()); }
+  size_t states_total() const { return size_t(P + 2) * state_bytes; }
+  size_t buffer() const { return aligned(std::max(size_t(P) * rows(me), whole_rows()) * (qkv_row() + o_row())); }
+  size_t scratch_total() const { return 2 * buffer(); }
 
   // A piece [B, S_r, heads, d] at `at`.
   TensorView piece(char* at, int r, int64_t heads, int64_t d) const {
     return TensorView::contiguous(at, dtype, {B, S[size_t(r)], heads, d}, device);
+  }
+  // State i of the backend's memory at `states`.
+  TensorView state(void* states, int i) const {
+    return TensorView::contiguous(static_cast<char*>(states) + size_t(i) * state_bytes, state_dtype,
+                                  {B, hq, dk, dv}, device);
   }
 };
 
@@ -92,47 +99,53 @@ Status move_heads(LinearBackend& backend, const TensorView& t, HeadRange h, char
   return Status::Ok();
 }
 
-// Block r of `home` <-> part r of the three tensors (q-like, k-like, v-like: [q | k | v] a block),
-// or of one (o, dO).
-Status move_parts(LinearBackend& backend, const Sizes& s, const std::vector<TensorView>& ts, char* home,
+// A tensor of this rank's rows and whether its heads are query heads (q, o, dO, dq) or K/V heads.
+struct Local {
+  TensorView t;
+  bool query = true;
+};
+
+// Block r of `blocks` <-> part r of the tensors, one after the other in a block; `row` bytes a
+// row over all of them.
+Status move_parts(LinearBackend& backend, const Sizes& s, const std::vector<Local>& ts, size_t row, char* blocks,
                   bool to_packed, void* stream) {
-  const bool three = ts.size() == 3;
-  const size_t block = s.rows(s.me) * (three ? s.qkv_row() : s.o_row());
   for (int r = 0; r < s.P; ++r) {
-    char* at = home + size_t(r) * block;
-    for (size_t i = 0; i < ts.size(); ++i) {
-      const bool query = i == 0;  // q, o, dO, dq: query heads; k, v: K/V heads
-      const HeadRange h = query ? head_part_range(r, s.P, s.H) : kv_part_range(r, s.P, s.H, s.Hkv);
-      SP_RETURN_IF_ERROR(move_heads(backend, ts[i], h, at, to_packed, stream));
-      at += s.rows(s.me) * size_t(h.count() * ts[i].shape[3]) * s.es;
+    char* at = blocks + size_t(r) * s.rows(s.me) * row;
+    for (const Local& l : ts) {
+      const HeadRange h = l.query ? head_part_range(r, s.P, s.H) : kv_part_range(r, s.P, s.H, s.Hkv);
+      SP_RETURN_IF_ERROR(move_heads(backend, l.t, h, at, to_packed, stream));
+      at += s.rows(s.me) * size_t(h.count() * l.t.shape[3]) * s.es;
     }
   }
   return Status::Ok();
 }
 
-// One all-to-all between `home` blocks (each rank's rows of a part) and pieces in rank order
-// (rank r's rows of this rank's part): `row` bytes a row. to_whole: home -> pieces.
-Status exchange(Communicator& comm, const LinearBackend& backend, const Sizes& s, size_t row, char* home,
-                char* pieces, bool to_whole, void* stream) {
-  std::vector<size_t> home_bytes(size_t(s.P)), home_at(size_t(s.P)), piece_bytes(size_t(s.P)), piece_at(size_t(s.P));
+// One all-to-all between `blocks` (this rank's rows of each part) and `pieces` (every rank's rows
+// of this rank's part, in rank order): `row` bytes a row. to_pieces: blocks -> pieces.
+Status exchange(Communicator& comm, const LinearBackend& backend, const Sizes& s, size_t row, char* blocks,
+                char* pieces, bool to_pieces, void* stream) {
+  std::vector<size_t> block_bytes(size_t(s.P)), block_at(size_t(s.P)), piece_bytes(size_t(s.P)), piece_at(size_t(s.P));
   for (int r = 0; r < s.P; ++r) {
-    home_bytes[size_t(r)] = s.rows(s.me) * row, home_at[size_t(r)] = size_t(r) * s.rows(s.me) * row;
+    block_bytes[size_t(r)] = s.rows(s.me) * row, block_at[size_t(r)] = size_t(r) * s.rows(s.me) * row;
     piece_bytes[size_t(r)] = s.rows(r) * row, piece_at[size_t(r)] = s.rows_before(r) * row;
   }
   const StreamOrder order = backend.device() == DeviceKind::kCpu ? StreamOrder{} : StreamOrder::on(stream);
-  if (to_whole) return comm.all_to_all_v(home, home_bytes, home_at, pieces, piece_bytes, piece_at, order);
-  return comm.all_to_all_v(pieces, piece_bytes, piece_at, home, home_bytes, home_at, order);
+  if (to_pieces) return comm.all_to_all_v(blocks, block_bytes, block_at, pieces, piece_bytes, piece_at, order);
+  return comm.all_to_all_v(pieces, piece_bytes, piece_at, blocks, block_bytes, block_at, order);
 }
 
-// Piece r of [q | k | v]-laid-out pieces starting at `base`: its three views.
-struct Triple {
-  TensorView q, k, v;
+// Piece r of pieces laid out [q | k | v] (with_o: [q | k | v | o]) a piece from `base`.
+struct Piece {
+  TensorView q, k, v, o;
 };
-Triple triple(const Sizes& s, char* base, int r) {
-  char* at = base + s.rows_before(r) * s.qkv_row();
+Piece piece_of(const Sizes& s, char* base, int r, bool with_o) {
+  const size_t row = s.qkv_row() + (with_o ? s.o_row() : 0);
+  char* at = base + s.rows_before(r) * row;
   const size_t n = s.rows(r) * s.es;
-  return {s.piece(at, r, s.hq, s.dk), s.piece(at + n * size_t(s.wq()), r, s.hk, s.dk),
-          s.piece(at + n * size_t(s.wq() + s.wk()), r, s.hk, s.dv)};
+  Piece p{s.piece(at, r, s.hq, s.dk), s.piece(at + n * size_t(s.wq()), r, s.hk, s.dk),
+          s.piece(at + n * size_t(s.wq() + s.wk()), r, s.hk, s.dv), {}};
+  if (with_o) p.o = s.piece(at + n * size_t(s.wq() + s.wk() + s.wv()), r, s.hq, s.dv);
+  return p;
 }
 
 }  // namespace
@@ -161,7 +174,13 @@ Status reserve(LinearBackend& backend, const std::vector<int64_t>& rows, int ran
   const TensorView pq = like(q, s.hq), pk = like(k, s.hk), pv = like(v, s.hk);
   const std::string refused = backend.supports(pq, pk, pv, part_params(params, s));
   SP_CHECK_SUPPORTED(refused.empty(), std::string("ulysses on the ") + backend.name() + " backend: " + refused);
-  return backend.reserve(pq, pk, pv, s.total(), memory);
+  return backend.reserve(pq, pk, pv, s.states_total(), memory);
+}
+
+StatusOr<size_t> scratch_bytes(const LinearBackend& backend, const std::vector<int64_t>& rows, int rank,
+                               const TensorView& q, const TensorView& k, const TensorView& v) {
+  SP_ASSIGN_OR_RETURN(const Sizes s, sizes_of(backend, rows, rank, q, k, v));
+  return s.scratch_total();
 }
 
 Status forward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params, LinearBackend& backend,
@@ -169,21 +188,18 @@ Status forward(Communicator& comm, const Layout& layout, const LinearAttentionPa
                void* stream) {
   SP_ASSIGN_OR_RETURN(const Sizes s, sizes_of(backend, rows_of(layout), comm.rank(), q, k, v));
   const LinearAttentionParams p = part_params(params, s);
-  char* base = static_cast<char*>(memory);
-  char *kept = base + s.kept_at(), *home = base + s.home_at(), *whole = base + s.whole_at();
-  const auto state = [&](int i) {
-    return TensorView::contiguous(base + size_t(i) * s.state_bytes, s.state_dtype, {s.B, s.hq, s.dk, s.dv}, s.device);
-  };
-  SP_RETURN_IF_ERROR(move_parts(backend, s, {q, k, v}, home, true, stream));
-  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.qkv_row(), home, kept, true, stream));
+  SP_ASSIGN_OR_RETURN(const LinearScratch scratch, backend.scratch(s.scratch_total(), stream));
+  char *a = scratch.data, *b = scratch.data + s.buffer();
+  SP_RETURN_IF_ERROR(move_parts(backend, s, {{q, true}, {k, false}, {v, false}}, s.qkv_row(), a, true, stream));
+  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.qkv_row(), a, b, true, stream));
   for (int r = 0; r < s.P; ++r) {  // piece r enters with the state piece r - 1 left
-    const Triple t = triple(s, kept, r);
-    const TensorView o_r = s.piece(whole + s.rows_before(r) * s.o_row(), r, s.hq, s.dv);
-    SP_RETURN_IF_ERROR(backend.forward(t.q, t.k, t.v, r > 0 ? state(r) : TensorView{}, p, o_r,
-                                       r + 1 < s.P ? state(r + 1) : TensorView{}, stream));
+    const Piece t = piece_of(s, b, r, false);
+    const TensorView o_r = s.piece(a + s.rows_before(r) * s.o_row(), r, s.hq, s.dv);
+    SP_RETURN_IF_ERROR(backend.forward(t.q, t.k, t.v, r > 0 ? s.state(memory, r) : TensorView{}, p, o_r,
+                                       r + 1 < s.P ? s.state(memory, r + 1) : TensorView{}, stream));
   }
-  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.o_row(), home, whole, false, stream));
-  return move_parts(backend, s, {o}, home, false, stream);
+  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.o_row(), b, a, false, stream));
+  return move_parts(backend, s, {{o, true}}, s.o_row(), b, false, stream);
 }
 
 Status backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params, LinearBackend& backend,
@@ -191,27 +207,24 @@ Status backward(Communicator& comm, const Layout& layout, const LinearAttentionP
                 const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) {
   SP_ASSIGN_OR_RETURN(const Sizes s, sizes_of(backend, rows_of(layout), comm.rank(), q, k, v));
   const LinearAttentionParams p = part_params(params, s);
-  char* base = static_cast<char*>(memory);
-  char *kept = base + s.kept_at(), *home = base + s.home_at(), *whole = base + s.whole_at();
-  char* grads = base + s.grads_at();
-  const auto state = [&](int i) {
-    return TensorView::contiguous(base + size_t(i) * s.state_bytes, s.state_dtype, {s.B, s.hq, s.dk, s.dv}, s.device);
-  };
-  SP_RETURN_IF_ERROR(move_parts(backend, s, {dout}, home, true, stream));
-  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.o_row(), home, whole, true, stream));
+  SP_ASSIGN_OR_RETURN(const LinearScratch scratch, backend.scratch(s.scratch_total(), stream));
+  char *a = scratch.data, *b = scratch.data + s.buffer();
+  const size_t row = s.qkv_row() + s.o_row();
+  SP_RETURN_IF_ERROR(
+      move_parts(backend, s, {{q, true}, {k, false}, {v, false}, {dout, true}}, row, a, true, stream));
+  SP_RETURN_IF_ERROR(exchange(comm, backend, s, row, a, b, true, stream));
   // Pieces in reverse: the dState piece r + 1 sent back enters piece r; none enters the last
   // (no gradient reaches the final state). Two dState buffers in turn: one read, one written.
   TensorView arriving;
   for (int r = s.P - 1; r >= 0; --r) {
-    const Triple t = triple(s, kept, r), g = triple(s, grads, r);
-    const TensorView dout_r = s.piece(whole + s.rows_before(r) * s.o_row(), r, s.hq, s.dv);
-    const TensorView departing = r > 0 ? state(s.P + r % 2) : TensorView{};
-    SP_RETURN_IF_ERROR(backend.backward(t.q, t.k, t.v, r > 0 ? state(r) : TensorView{}, dout_r, arriving, p, g.q,
-                                        g.k, g.v, departing, stream));
+    const Piece t = piece_of(s, b, r, true), g = piece_of(s, a, r, false);
+    const TensorView departing = r > 0 ? s.state(memory, s.P + r % 2) : TensorView{};
+    SP_RETURN_IF_ERROR(backend.backward(t.q, t.k, t.v, r > 0 ? s.state(memory, r) : TensorView{}, t.o, arriving, p,
+                                        g.q, g.k, g.v, departing, stream));
     arriving = departing;
   }
-  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.qkv_row(), home, grads, false, stream));
-  return move_parts(backend, s, {dq, dk, dv}, home, false, stream);
+  SP_RETURN_IF_ERROR(exchange(comm, backend, s, s.qkv_row(), b, a, false, stream));
+  return move_parts(backend, s, {{dq, true}, {dk, false}, {dv, false}}, s.qkv_row(), b, false, stream);
 }
 
 }  // namespace seqpar::linear_ulysses

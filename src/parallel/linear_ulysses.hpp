@@ -4,12 +4,17 @@
 // cut them) to rank r, which then holds its part's whole sequence as T pieces in rank order;
 // the single-rank kernel runs the pieces in order, the state carried from one to the next (the
 // same as one call over the whole sequence, whose chunks carry it the same way, and no copy to
-// join the pieces when B > 1); a second all-to-all sends each piece's o home. The backward keeps
-// the forward's pieces of q, k, v, sends dO over, runs the pieces in reverse from the kept
-// entering states, and sends dq, dk, dv home. Every tensor goes on the wire once a pass: per
-// peer, q, k and v (dq, dk, dv) of a part in one message.
+// join the pieces when B > 1); a second all-to-all sends each piece's o home. The backward sends
+// q, k, v over again from the caller's local ones (kept or, under checkpointing, recomputed),
+// with dO in the same message, runs the pieces in reverse from the forward's entering states,
+// and sends dq, dk, dv home: per peer, one message a way and pass.
+// What a layer keeps from its forward to its backward is those T states of d_k x d_v per head of
+// its part, as LASP keeps its few; not the received q, k, v (the whole sequence for H/T heads, as
+// big as the local q, k, v), which the softmax Ulysses does not keep either by default. The
+// all-to-alls' buffers are the pass's scratch (LinearBackend::scratch), so the layers, which run
+// one at a time, share one pass's worth instead of each holding its own.
 // Both devices through the linear backend table (kernels/linear_backend.hpp); its memory holds
-// the pieces kept from the forward to the backward and the all-to-alls' buffers.
+// the states.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +31,14 @@ namespace seqpar::linear_ulysses {
 std::string refusal(int ranks, int64_t heads, int64_t kv_heads);
 
 // Checks the problem against the backend (a part's heads over `rows[r]` rows of each sequence on
-// rank r) and reserves the backend's memory for rank `rank`'s passes; *memory is its start.
+// rank r) and reserves the backend's memory for rank `rank`'s passes (the states and the
+// kernels' workspace); *memory is its start.
 Status reserve(LinearBackend& backend, const std::vector<int64_t>& rows, int rank, const TensorView& q,
                const TensorView& k, const TensorView& v, const LinearAttentionParams& params, void** memory);
+
+// Bytes of scratch each pass of rank `rank` takes (the same for both passes).
+StatusOr<size_t> scratch_bytes(const LinearBackend& backend, const std::vector<int64_t>& rows, int rank,
+                               const TensorView& q, const TensorView& k, const TensorView& v);
 
 // This rank's rows of each sequence, for every rank of the layout.
 std::vector<int64_t> rows_of(const Layout& layout);
@@ -39,7 +49,8 @@ Status forward(Communicator& comm, const Layout& layout, const LinearAttentionPa
                void* memory, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                void* stream);
 
-// Backward on this rank (after its forward, on the same memory): dq, dk, dv from dout.
+// Backward on this rank (after its forward, on the same memory): dq, dk, dv from dout and the
+// forward's q, k, v (sent again, so a recompute must give them as the forward had them).
 Status backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params, LinearBackend& backend,
                 void* memory, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                 const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream);

@@ -53,6 +53,13 @@ class CpuLinearBackend final : public LinearBackend {
     return linear_state_combine(carried, local, length, params, out);
   }
 
+  StatusOr<LinearScratch> scratch(size_t bytes, void*) override {
+    LinearScratch s;
+    s.host.reset(new double[(bytes + sizeof(double) - 1) / sizeof(double)]);  // not zeroed: written before read
+    s.data = reinterpret_cast<char*>(s.host.get());
+    return s;
+  }
+
   Status zero(const TensorView& state, void*) override {
     SP_CHECK_ARG(state.is_contiguous(), "a state must be contiguous");
     std::memset(state.data, 0, size_t(state.numel()) * dtype_size(state.dtype));

@@ -1,7 +1,8 @@
 // The CUDA row of the linear-attention backend table (kernels/linear_backend.hpp): our kernels
 // (kernels/cuda/linear_cuda.hpp; bf16/fp16 rows, fp32 states) on the current device, every call
 // queued on the caller's stream. The states and the kernels' workspace are sized once by
-// reserve, at the backward's size (the forward's is smaller), so no pass grows a buffer.
+// reserve, at the backward's size (the forward's is smaller), so no pass grows a buffer; a pass's
+// scratch is a block of the stream's arena.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,6 +77,13 @@ class CudaLinearBackend final : public LinearBackend {
     SP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
                                     static_cast<cudaStream_t>(stream)));
     return Status::Ok();
+  }
+
+  StatusOr<LinearScratch> scratch(size_t bytes, void* stream) override {
+    LinearScratch s;
+    SP_ASSIGN_OR_RETURN(s.device, StreamBuffer::allocate(std::max<size_t>(bytes, 1), stream));
+    s.data = static_cast<char*>(s.device.data());
+    return s;
   }
 
   Status synchronize(void* stream) override {
