@@ -61,6 +61,10 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_RETURN_IF_ERROR(Layout::create(o.layout, c.seq, ranks / c.data_parallel, {}).status());
   o.ranks_per_node = c.ranks_per_node;
   SP_ASSIGN_OR_RETURN(o.checkpointing, parse_checkpointing(c.checkpointing));
+  SP_CHECK_ARG(!c.offload_checkpoints || o.checkpointing != Checkpointing::kNone,
+               "--offload-checkpoints moves what a checkpointing policy keeps to host memory: it needs "
+               "--checkpointing full, attention or sequence, not none");
+  o.offload_checkpoints = c.offload_checkpoints;
   o.optimizer.lr = c.lr;
   o.optimizer.warmup_steps = c.warmup;
   o.optimizer.total_steps = c.steps;
@@ -221,10 +225,11 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
       mixers += std::string(mixers.empty() ? "" : "; ") + (o.linear_sp == LaspAlgorithm::kAuto ? "LASP" : c.linear_sp) +
                 " for the linear-attention layers";
     std::fprintf(stderr, "seqpar train: %s, %ld parameters; data %s; %d group(s) of %ld sequences x %ld tokens a step, "
-                         "each over %d ranks (%s layout, %s); checkpointing %s; ZeRO %d\n",
+                         "each over %d ranks (%s layout, %s); checkpointing %s%s; ZeRO %d\n",
                  o.model.describe().c_str(), long(parameter_count(o.model)), c.data.c_str(), o.data_parallel,
                  long(o.batch), long(o.seq), comm.size() / o.data_parallel, layout_name(o.layout), mixers.c_str(),
-                 checkpointing_name(o.checkpointing), o.zero_stage);
+                 checkpointing_name(o.checkpointing), o.offload_checkpoints ? " (offloaded to host memory)" : "",
+                 o.zero_stage);
     if (trainer->steps_done() > 0) std::fprintf(stderr, "resumed from %s at step %ld\n", resume.c_str(), long(trainer->steps_done()));
   }
   std::vector<double> losses;
@@ -416,6 +421,11 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "LSE: the backward never re-runs attention or its communication) | sequence (BurstEngine's: keep "
                   "O and LSE of each shard's second half, re-run attention for the first half; striped layout)")
       ->capture_default_str();
+  cmd->add_flag("--offload-checkpoints", o.offload_checkpoints,
+                "keep what --checkpointing keeps of each layer (not none) in host memory from the layer's forward "
+                "to its backward: on a GPU pinned host memory, copied out under the next layer's forward and back "
+                "one layer ahead in the backward, so the device holds about two layers' checkpoints instead of "
+                "all; the same bits as without, for host memory of about the checkpoints' bytes");
   cmd->add_option("--lr", o.lr, "peak learning rate (linear warmup, cosine to a tenth)")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay (matrices)")->capture_default_str();

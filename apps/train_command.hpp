@@ -29,6 +29,7 @@ struct TrainCliOptions {
   std::string layout = "auto";  // zigzag; contiguous for models with linear-attention layers (LASP)
   int ranks_per_node = 0;
   std::string checkpointing = "none";
+  bool offload_checkpoints = false;  // the kept checkpoints wait in host memory
   double lr = 3e-3;
   int64_t warmup = 10;
   double weight_decay = 0.1;

@@ -46,6 +46,10 @@ struct TrainOptions {
   LayoutKind layout = LayoutKind::kZigzag;
   int ranks_per_node = 0;
   Checkpointing checkpointing = Checkpointing::kNone;
+  // What the policy keeps of a layer (not none) waits in host memory (GPU: pinned, copied on a
+  // stream of its own under the neighbouring layers' compute) from the layer's forward to its
+  // backward; the same bits as without.
+  bool offload_checkpoints = false;
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
   // Packing: >= 0 ends a document at each input of this token (train_data.hpp: pack_documents);

@@ -1,5 +1,6 @@
 // The model's GPU entry points for builds without CUDA: clear refusals (the CPU trainer is whole).
 #ifndef SEQPAR_HAVE_CUDA
+#include "model/host_offload.hpp"
 #include "model/model_pass.hpp"
 
 namespace seqpar::model {
@@ -10,6 +11,7 @@ Status no_cuda() {
 }  // namespace
 
 StatusOr<std::unique_ptr<TrainingMemory>> make_cuda_training_memory() { return no_cuda(); }
+StatusOr<std::unique_ptr<HostOffload>> make_cuda_host_offload(TrainingMemory&) { return no_cuda(); }
 StatusOr<std::unique_ptr<ModelPass>> make_cuda_model_pass(const TrainOptions&, const Layout&, Communicator&,
                                                           TrainingMemory&) {
   return no_cuda();

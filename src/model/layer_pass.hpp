@@ -13,6 +13,10 @@
 // contiguous layout).
 // Checkpointing keeps a linear layer's attention output and LASP context, so its recompute
 // neither sends nor receives a state.
+// With offload_checkpoints, what a policy keeps of layer l (all but the last layer, whose backward
+// comes first) waits in host memory (host_offload.hpp): copied out under layer l+1's forward, its
+// device arrays given back after it, and copied back under layer l+1's backward, so the device
+// holds about two layers' checkpoints at a time.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "model/fault_injection.hpp"
+#include "model/host_offload.hpp"
 #include "model/linear_attention_layer.hpp"
 #include "model/training_memory.hpp"
 #include "parallel/linear_ulysses.hpp"
@@ -39,11 +44,13 @@ class LayerPass {
   // policy alone; may be null). Both are copied: the Session's cache may start over (packed
   // documents plan a mask a sequence). chunk: rows of logits the fused LM head makes at once.
   // linear: how linear layers split over the ranks (LASP's chain or all-gather, or ulysses).
+  // offload: the policy's checkpoints wait in host memory (a policy other than none).
   LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan& plan,
-            const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear)
+            const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear, bool offload = false)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
         early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk), linear_(linear),
-        at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
+        offload_checkpoints_(offload), at_(parameter_offsets(config)), units_(weight_units(config)),
+        lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
   // Another plan for the attention over this rank's rows (a new layout: the next batch's
@@ -63,6 +70,14 @@ class LayerPass {
     row_positions_ = !b.rope_positions.empty();
     documents_ = b.documents.empty() ? nullptr : &b.documents;
     std::vector<Acts> kept(size_t(c_.layers));
+    const bool offloading = backward && offload_checkpoints_ && policy_ != Checkpointing::kNone;
+    if (offloading && !offload_) {
+      SP_ASSIGN_OR_RETURN(offload_, make_host_offload(mem_));
+    }
+    // The last layer's checkpoints stay: its backward comes first.
+    const auto offloaded = [&](int64_t l) { return offloading && l < c_.layers - 1; };
+    // Destroyed before `kept`: on a failed pass no array is given back under a copy still using it.
+    const CopiesEnd copies_end{offloading ? offload_.get() : nullptr};
     SP_ASSIGN_OR_RETURN(Array<R> x, mem_.template make<R>(rows_ * hid()));
     {
       SP_ASSIGN_OR_RETURN(const W* embed, weights(e0, e1));
@@ -86,6 +101,11 @@ class LayerPass {
         a = {};
       }
       kept_bytes += a.bytes();
+      if (offloaded(l)) SP_RETURN_IF_ERROR(to_host(l, a));
+      if (l >= 1 && offloaded(l - 1)) {  // its copies ran under this layer's forward
+        kept_bytes -= kept[size_t(l - 1)].bytes();
+        SP_RETURN_IF_ERROR(drop_offloaded(l - 1, kept[size_t(l - 1)]));
+      }
     }
     SP_ASSIGN_OR_RETURN(Array<A> hf, mem_.template make<A>(rows_ * hid()));
     SP_ASSIGN_OR_RETURN(Array<R> rstd_f, mem_.template make<R>(rows_));
@@ -121,6 +141,12 @@ class LayerPass {
       if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
       for (int64_t l = c_.layers - 1; l >= 0; --l) {
         Acts& a = kept[size_t(l)];
+        if (l >= 1 && offloaded(l - 1)) {  // comes back under this layer's backward
+          SP_RETURN_IF_ERROR(from_host(l - 1, kept[size_t(l - 1)]));
+          kept_bytes += kept[size_t(l - 1)].bytes();
+        }
+        if (offloaded(l)) SP_RETURN_IF_ERROR(offload_->wait(l));
+        const int64_t kept_l = a.bytes();
         const auto [u0, u1] = units_[size_t(1 + l)];
         SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
         if (policy_ != Checkpointing::kNone)  // recompute what the policy dropped
@@ -128,13 +154,13 @@ class LayerPass {
                                            linear(l) || policy_ == Checkpointing::kAttention ? Attn::kKept
                                            : policy_ == Checkpointing::kSequence            ? Attn::kFirstHalf
                                                                                             : Attn::kRun));
-        peak = std::max(peak, kept_bytes + (policy_ == Checkpointing::kNone ? 0 : a.bytes()));
+        peak = std::max(peak, kept_bytes - kept_l + a.bytes());
         SP_ASSIGN_OR_RETURN(R* grad_unit, gradient(u0, u1));
         SP_RETURN_IF_ERROR(layer_backward(l, slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
         SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
         SP_RETURN_IF_ERROR(store.release(u0, u1));
         if (l == 0) fault_point("backward");
-        kept_bytes -= a.bytes();
+        kept_bytes -= kept_l;
         a = {};
       }
       if (!c_.tied) {
@@ -163,13 +189,39 @@ class LayerPass {
     Array<R> lse_late;   // and its LSE
     Array<A> q_in, k_in, mix_g, normed;  // a linear layer's (linear_attention_layer.hpp)
     Array<R> rstd_o;                     // and its output norm's statistics
+    uint32_t in_host = 0;                // bit i: array i (each's order) waits in host memory
+    // f(i, array) for every array, i its place (the host slot's index).
+    template <class F>
+    void each(F&& f) {
+      each_of(*this, f);
+    }
+    template <class F>
+    void each(F&& f) const {
+      each_of(*this, f);
+    }
+    // Bytes in this memory (not those waiting in host memory).
     int64_t bytes() const {
       int64_t n = 0;
-      for (const Array<R>* r : {&x_in, &rstd1, &lse, &x_mid, &rstd2, &lse_late, &rstd_o})
-        n += r->n * int64_t(sizeof(R));
-      for (const Array<A>* t : {&h1, &q, &k, &v, &o, &h2, &g, &u, &o_late, &q_in, &k_in, &mix_g, &normed})
-        n += t->n * int64_t(sizeof(A));
+      each([&](int, const auto& t) {
+        if (t.buffer) n += t.n * int64_t(sizeof(*t.p()));
+      });
       return n;
+    }
+
+   private:
+    template <class Self, class F>
+    static void each_of(Self& s, F& f) {
+      int i = 0;
+      for (auto* r : {&s.x_in, &s.rstd1, &s.lse, &s.x_mid, &s.rstd2, &s.lse_late, &s.rstd_o}) f(i++, *r);
+      for (auto* t : {&s.h1, &s.q, &s.k, &s.v, &s.o, &s.h2, &s.g, &s.u, &s.o_late, &s.q_in, &s.k_in, &s.mix_g, &s.normed})
+        f(i++, *t);
+    }
+  };
+  // Makes the memory's stream wait for every offload copy when a pass ends (see run()).
+  struct CopiesEnd {
+    HostOffload* offload;
+    ~CopiesEnd() {
+      if (offload) (void)offload->wait_all();
     }
   };
   // A layer's weights or their gradients, by name (mg: a linear layer's output gate, else null).
@@ -431,6 +483,42 @@ class LayerPass {
     return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
   }
 
+  // Queues the copies of what layer l keeps to host memory; the arrays stay until drop_offloaded.
+  Status to_host(int64_t l, Acts& a) {
+    Status status = Status::Ok();
+    a.each([&](int i, auto& t) {
+      if (!t.buffer || !status.ok()) return;
+      status = offload_->to_host(l, i, t.p(), size_t(t.n) * sizeof(*t.p()));
+      a.in_host |= 1u << i;
+    });
+    return status;
+  }
+  // Gives layer l's device copies back once its copies to the host are done (in stream order).
+  Status drop_offloaded(int64_t l, Acts& a) {
+    SP_RETURN_IF_ERROR(offload_->wait(l));
+    a.each([&](int i, auto& t) {
+      if (a.in_host >> i & 1) t.buffer.reset();
+    });
+    return Status::Ok();
+  }
+  // Takes layer l's arrays again and queues their copies back (offload_->wait(l) before reading).
+  Status from_host(int64_t l, Acts& a) {
+    Status status = Status::Ok();
+    a.each([&](int i, auto& t) {
+      if (!(a.in_host >> i & 1) || !status.ok()) return;
+      const size_t bytes = size_t(t.n) * sizeof(*t.p());
+      StatusOr<std::unique_ptr<Buffer>> b = mem_.allocate(std::max<size_t>(bytes, 1));
+      if (!b.ok()) {
+        status = b.status();
+        return;
+      }
+      t.buffer = std::move(b).value();
+      status = offload_->from_host(l, i, t.p(), bytes);
+    });
+    a.in_host = 0;
+    return status;
+  }
+
   // What a policy keeps of a layer's activations after its forward (a linear layer's context
   // stays in lasp_ whatever the policy).
   Status keep_for_policy(int64_t l, Acts& a) {
@@ -464,6 +552,8 @@ class LayerPass {
   std::unique_ptr<const AttentionPlan> plan_, early_;
   int64_t chunk_;
   LaspAlgorithm linear_;
+  bool offload_checkpoints_;
+  std::unique_ptr<HostOffload> offload_;  // made at the first pass that offloads
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
   std::vector<LaspContext> lasp_;                   // a linear layer's, from its forward to its backward

@@ -199,7 +199,7 @@ template <class T>
 StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConfig& config, Checkpointing policy,
                                                                  const PlanOptions& options, const Layout& layout,
                                                                  int64_t batch, Communicator& comm,
-                                                                 LaspAlgorithm linear) {
+                                                                 LaspAlgorithm linear, bool offload_checkpoints) {
   SP_RETURN_IF_ERROR(config.validate());
   SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
                                                   " ranks, the communicator has " + std::to_string(comm.size()));
@@ -225,7 +225,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
     SP_ASSIGN_OR_RETURN(early, impl->plan(half, S / 2));
   }
   impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
-                                                                         1024, linear);
+                                                                         1024, linear, offload_checkpoints);
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
