@@ -83,10 +83,19 @@ int run_plan(const PlanCliOptions& o) {
   planner::Problem problem;
   problem.seq = o.seq, problem.batch = o.batch, problem.heads = o.heads;
   problem.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads, problem.head_dim = o.head_dim, problem.mask = o.mask;
+  problem.wire.pack_has_delta = o.pack_delta;
   planner::PlannerOptions options;
   options.algorithms = o.algos;
   options.head_groups = o.head_groups;
   options.cost.max_simulated_ranks = o.max_simulated_ranks;
+  if (!o.layout.empty()) {
+    StatusOr<LayoutKind> kind = parse_layout(o.layout);
+    if (!kind.ok()) {
+      std::fprintf(stderr, "seqpar plan: %s\n", kind.status().message().c_str());
+      return 2;
+    }
+    options.layout = kind.value();
+  }
   if (!o.model.empty()) {
 #ifdef SEQPAR_HAVE_MODEL
     StatusOr<ModelConfig> m = model_preset(o.model);
@@ -123,7 +132,13 @@ void add_plan_command(CLI::App& app, PlanCliOptions& o, int* exit_code) {
   cmd->add_option("--heads", o.heads, "query heads")->capture_default_str();
   cmd->add_option("--kv-heads", o.kv_heads, "K/V heads (0: as many as query heads)")->capture_default_str();
   cmd->add_option("--head-dim", o.head_dim, "head dim")->capture_default_str();
-  cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N")->capture_default_str();
+  cmd->add_option("--mask", o.mask, "full | causal | window:L,R | docs:N | docs-lognormal:M[,SIGMA[,SEED]]")
+      ->capture_default_str();
+  cmd->add_option("--layout", o.layout,
+                  "every candidate on this layout: contiguous, zigzag, striped, documents (the documents layout "
+                  "of the mask's documents, as the executors build it); default: each algorithm's own");
+  cmd->add_flag("--pack-delta", o.pack_delta,
+               "the backward's query pack carries D, not O (the Hopper backend, auto's on H100; default cuDNN's)");
   cmd->add_option("--algos", o.algos, "only these algorithms (comma list)")->delimiter(',');
   cmd->add_option("--head-groups", o.head_groups, "head groups (0: the fewest that fit)")->capture_default_str();
   cmd->add_option("--max-simulated-ranks", o.max_simulated_ranks,

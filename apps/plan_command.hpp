@@ -1,7 +1,8 @@
 // `seqpar plan`: the planner's table for a cluster (a preset or a JSON description), an
 // attention shape or a model preset, a length and a mask: every algorithm and grid with its
 // predicted forward and backward time, bytes per rank per link class, peak memory, whether it
-// fits, and the pick. `--json` prints one JSON object instead.
+// fits, and the pick; `--layout documents` prices every candidate on the documents layout the
+// mask's documents make. `--json` prints one JSON object instead.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ struct PlanCliOptions {
   std::string model;               // a model preset (its heads, K/V heads, head dim, layers)
   int64_t seq = 131072, batch = 1, heads = 32, kv_heads = 0, head_dim = 128;
   std::string mask = "causal";
+  std::string layout;              // every candidate on this layout (empty: each its own)
+  bool pack_delta = false;         // the query pack carries D (Hopper, auto's GPU backend), not O (cuDNN)
   std::vector<std::string> algos;  // empty: all
   int head_groups = 0;
   int max_simulated_ranks = 64;

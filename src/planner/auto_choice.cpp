@@ -37,6 +37,7 @@ std::optional<AutoChoice> choose_by_predicted_time(const PlanOptions& options, c
   problem.head_dim = bytes.head_dim;
   problem.mask_spec = params.mask;
   problem.wire = bytes;
+  problem.layout = layout;  // the real shards: the documents layout's follow the documents
   PlannerOptions o;
   o.layout = layout.kind();
   o.head_groups = options.head_groups;

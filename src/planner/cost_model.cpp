@@ -17,6 +17,10 @@ namespace {
 
 constexpr int64_t kProxyChunkRows = 512;  // the fewest rows of a layout chunk the proxy keeps
 constexpr int kSampledQueries = 256;      // query rows sampled per shard pair for visible counts
+// With documents, per query shard and rank count: a documents-layout shard is many runs of
+// causal ramps of very unequal heights (a 45K-token document beside 4-token ones), which 256
+// samples of 64K rows miss by a few percent; 16384 / P keeps the cost at 64 ranks where it was.
+constexpr int kSampledDocumentRows = 16384;
 
 // The largest power of two k dividing seq that leaves every layout chunk kProxyChunkRows rows.
 int64_t proxy_factor(int64_t seq, int ranks, LayoutKind kind) {
@@ -47,7 +51,8 @@ std::vector<std::vector<double>> visible_pairs(const Layout& layout, const MaskS
   std::vector<std::vector<double>> vis(P, std::vector<double>(P, 0));
   for (int a = 0; a < P; ++a) {
     const std::vector<int64_t>& q = layout.positions(a);
-    const int64_t stride = std::max<int64_t>(1, int64_t(q.size()) / kSampledQueries);
+    const int samples = mask.has_documents() ? std::max(kSampledQueries, kSampledDocumentRows / P) : kSampledQueries;
+    const int64_t stride = std::max<int64_t>(1, int64_t(q.size()) / samples);
     for (int b = 0; b < P; ++b) {
       if (!req.visible[a][b]) continue;
       int64_t counted = 0, sampled = 0;
@@ -183,8 +188,19 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   if (!parsed.ok()) return refused(parsed.status().message(), ranks);
   const MaskSpec& mask = parsed.value();
   if (mask.has_block_pattern()) return refused("block-sparse patterns are not priced (only band and documents)", ranks);
-  const int64_t k = proxy_factor(problem.seq, ranks, cand.layout);
-  StatusOr<Layout> created = Layout::create(cand.layout, problem.seq / k, ranks);
+  // The layout: the documents layout as the problem gives it (auto's), else made from the
+  // mask's documents, on the real length; a token-balanced layout (a function of length and
+  // ranks alone) as a proxy of the problem's kind, else the candidate's (header).
+  const LayoutKind kind = problem.layout ? problem.layout->kind() : cand.layout;
+  const bool documents = kind == LayoutKind::kDocuments;
+  const bool given = documents && problem.layout && problem.layout->ranks() == ranks && problem.layout->seq_len() == problem.seq;
+  if (documents && problem.layout && !given)
+    return refused("the documents layout is priced on its own " + std::to_string(problem.layout->ranks()) +
+                       " ranks only (its shards follow the documents; no fold)", ranks);
+  const int64_t k = documents ? 1 : proxy_factor(problem.seq, ranks, kind);
+  StatusOr<Layout> created = given       ? StatusOr<Layout>(*problem.layout)
+                             : documents ? Layout::create(kind, problem.seq, ranks, mask.doc_offsets)
+                                         : Layout::create(kind, problem.seq / k, ranks);
   if (!created.ok()) return refused(created.status().message(), ranks);
   const Layout& layout = created.value();
   const MaskSpec proxy = proxy_mask(mask, k);

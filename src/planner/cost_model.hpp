@@ -11,7 +11,10 @@
 // bytes and memory (its time, dominated by its P-proportional compute, linearly in P).
 // Long sequences are simulated on a proxy layout of fewer rows per shard (a power-of-two
 // factor k, at least 512 rows a chunk): bytes scale exactly (the batch is multiplied by k),
-// visible pairs by k^2, windows and document offsets are divided by k.
+// visible pairs by k^2, windows and document offsets are divided by k. The documents layout has
+// no proxy (its shards follow the documents, which a division by k would merge and move): it is
+// priced on the real length, on the layout the problem gives, else the one its mask's documents
+// make (Layout::create with the mask's offsets: the same function the executors call).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,11 @@ struct Problem {
   // How blocks travel (dtypes, what the query pack carries, rounded results): the cuDNN
   // backend's on a GPU (block_bytes_for with bf16 inputs); its dims and groups are ignored.
   BlockBytes wire{1, 1, 1, 1, DType::kBF16, DType::kF32, DType::kF32, false, true};
+  // The layout the schedules will run on (`--algo auto` passes its plan's). Set, every candidate
+  // is priced on its kind, whatever its own; a documents layout as is (its positions decide which
+  // shard pairs see each other, so which K/V transfers a ring skips and each step's work), the
+  // token-balanced kinds on their proxy (the same split of fewer rows).
+  std::optional<Layout> layout;
 };
 
 struct Candidate {

@@ -23,7 +23,7 @@ std::vector<Candidate> candidates(const Cluster& cluster, const Problem& problem
     const std::string name = a->name;
     if (!o.algorithms.empty() && std::find(o.algorithms.begin(), o.algorithms.end(), name) == o.algorithms.end())
       continue;
-    const LayoutKind layout = o.layout.value_or(layout_for(name));
+    const LayoutKind layout = problem.layout ? problem.layout->kind() : o.layout.value_or(layout_for(name));
     if (name != "ulysses-ring") {
       out.push_back({name, 0, "ring", 1, layout});
       continue;

@@ -33,7 +33,8 @@ struct PlannerOptions {
   std::vector<std::string> algorithms;  // empty: every registered algorithm
   int head_groups = 0;                  // 0: for each candidate, the fewest groups that fit
   ModelShape model;                     // layers 0: attention alone
-  std::optional<LayoutKind> layout;     // every candidate on this layout (else each its own)
+  std::optional<LayoutKind> layout;     // every candidate on this layout (else each its own);
+                                        // Problem::layout, where set, wins
 };
 
 PlanTable plan_table(const Cluster& cluster, const Problem& problem, const PlannerOptions& options = {});
