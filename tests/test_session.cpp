@@ -44,6 +44,26 @@ TEST(Session, PlansOncePerProblemAndTellsMasksApart) {
   }
 }
 
+// keep_choice: after it, a layout that auto would give another algorithm gets the kept one (a
+// trainer on the documents layout chooses once, not per batch); before it, auto chooses per layout.
+TEST(Session, KeptChoiceServesLaterLayouts) {
+  auto comms = make_local_communicators(2);
+  Session session(*comms[0], {PlanOptions("auto")});
+  HostTensor q(DType::kF64, {1, 64, 4, 8}), k(DType::kF64, {1, 64, 4, 8});
+  AttentionParams causal;
+  causal.mask = MaskSpec::causal();
+  const Layout zigzag = Layout::create(LayoutKind::kZigzag, 128, 2).value();
+  const Layout contiguous = Layout::create(LayoutKind::kContiguous, 128, 2).value();
+  const AttentionPlan* kept = session.plan(zigzag, causal, q.view(), k.view()).value();
+  const std::string first = kept->algorithm->name;
+  const std::string other = session.plan(contiguous, causal, q.view(), k.view()).value()->algorithm->name;
+  ASSERT_NE(first, other) << "auto picks alike on both layouts: the test says nothing";
+  session.keep_choice(*kept);
+  AttentionParams scaled = causal;
+  scaled.scale = 0.5;  // a problem not planned before, on the layout auto gave the other algorithm
+  EXPECT_EQ(std::string(session.plan(contiguous, scaled, q.view(), k.view()).value()->algorithm->name), first);
+}
+
 TEST(Session, PassesOnThreadRanksMatchTheOracleUnderDocuments) {
   Problem g;
   g.seq = 3 * 16 + 5;

@@ -63,6 +63,12 @@ class Session {
                  const PassOptions& pass = {});
   Status backward(const Layout& layout, const AttentionParams& params, const ShardTensors& t,
                   const PassOptions& pass = {});
+  // From now on, plans take `plan`'s algorithm and grid (Ulysses degree, ring algorithm) in place
+  // of the session's auto: a caller whose layout changes with every batch (a trainer on the
+  // documents layout) chooses once, not once per batch, since the planner prices every candidate
+  // on the whole layout (0.6-1.9 s at 256K-1M tokens on 2 cores). Head groups are still chosen per
+  // problem (the shards' sizes change with the layout). Plans made before keep their own.
+  void keep_choice(const AttentionPlan& plan);
   // Runs one pass of a plan this session made.
   Status run(const AttentionPlan& plan, Pass pass, const ShardTensors& t, const PassOptions& options = {});
 

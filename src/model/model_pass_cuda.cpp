@@ -187,6 +187,7 @@ class CudaModelPass final : public ModelPass {
     SP_CHECK_SUPPORTED(policy_ != Checkpointing::kSequence,
                        "sequence-level checkpointing keeps one striped layout; a layout per batch cannot take it");
     SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, causal_plan(layout, layout.local_len(rank_)));
+    session_.keep_choice(*plan);  // the first batch's pick serves the rest (Session::keep_choice)
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
     pass_->set_plan(*plan);
     return Status::Ok();

@@ -267,6 +267,7 @@ Status Transformer<T>::use_layout(const Layout& layout) {
   SP_CHECK_SUPPORTED(!impl_->config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
                      "linear-attention layers run LASP, which needs the contiguous layout");
   SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl_->plan(layout, layout.local_len(impl_->session.comm().rank())));
+  impl_->session.keep_choice(*plan);  // the first batch's pick serves the rest (Session::keep_choice)
   impl_->pass->set_plan(*plan);
   return Status::Ok();
 }

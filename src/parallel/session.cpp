@@ -100,6 +100,13 @@ StatusOr<const AttentionPlan*> Session::plan(const Layout& layout, const Attenti
   return &I.plans.emplace(key, std::move(made)).first->second;
 }
 
+void Session::keep_choice(const AttentionPlan& plan) {
+  PlanOptions& o = impl_->options.plan;
+  o.algorithm = plan.algorithm->name;
+  o.ulysses = plan.request.ulysses;
+  o.ring_algorithm = plan.request.ring_algorithm;
+}
+
 Status Session::run(const AttentionPlan& plan, Pass pass, const ShardTensors& t, const PassOptions& o) {
   Impl& I = *impl_;
   if (t.q.device.kind == DeviceKind::kCpu)
