@@ -1,6 +1,7 @@
 // The attention Session (include/seqpar/session.hpp): its plan cache keys the whole problem
 // (a mask with other documents or another block pattern is another plan, and so is a documents
-// layout made for other documents; the same problem is the same plan), and its passes on thread ranks match the fp64 oracle under a documents mask.
+// layout made for other documents; the same problem is the same plan), a kept auto choice serves
+// later problems, and its passes on thread ranks match the fp64 oracle under a documents mask.
 #include <gtest/gtest.h>
 
 #include <omp.h>
