@@ -33,6 +33,21 @@
 
 namespace seqpar::model {
 
+// The Session's plan of causal attention over `rows` of each of `batch` sequences on this rank of
+// `layout`, on tensors of the device's products' dtype (packed documents narrow the mask per batch
+// inside the pass).
+template <class Dev>
+StatusOr<const AttentionPlan*> plan_causal(Dev& dev, const ModelConfig& c, const Layout& layout, int64_t batch,
+                                           int64_t rows) {
+  const auto like = [&](int64_t heads) {
+    return TensorView::contiguous(nullptr, Dev::template dtype<typename Dev::Act>(),
+                                  std::vector<int64_t>{batch, rows, heads, c.head_dim()}, dev.device());
+  };
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  return dev.session().plan(layout, params, like(c.heads), like(c.kv_heads));
+}
+
 template <class Dev>
 class LayerPass {
  public:
@@ -53,9 +68,26 @@ class LayerPass {
         lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
-  // Another plan for the attention over this rank's rows (a new layout: the next batch's
-  // documents); not with the sequence policy, whose first-half plan belongs to the layout.
-  void set_plan(const AttentionPlan& plan) { plan_ = std::make_unique<AttentionPlan>(plan); }
+  // The attention over another layout of the same length and ranks from the next pass on (the
+  // documents layout of each packed batch), keeping the first such layout's auto choice
+  // (Session::keep_choice). Not with the sequence policy, whose first-half plan belongs to the
+  // layout, nor linear-attention layers on anything but the contiguous layout (LASP).
+  Status use_layout(const Layout& layout) {
+    const Layout& now = plan_->layout;
+    SP_CHECK_ARG(layout.seq_len() == now.seq_len() && layout.ranks() == now.ranks(),
+                 "a new layout must split the same " + std::to_string(now.seq_len()) + " tokens over the same " +
+                     std::to_string(now.ranks()) + " ranks");
+    SP_CHECK_SUPPORTED(!c_.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
+                       "linear-attention layers run LASP, which needs the contiguous layout");
+    SP_CHECK_SUPPORTED(!early_, "sequence-level checkpointing keeps one striped layout; a layout per batch "
+                                "cannot take it");
+    Session& session = dev_.session();
+    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, plan_causal(dev_, c_, layout, plan_->block_bytes.batch,
+                                                               layout.local_len(session.comm().rank())));
+    session.keep_choice(*plan);  // the first batch's pick serves the rest
+    plan_ = std::make_unique<AttentionPlan>(*plan);
+    return Status::Ok();
+  }
 
   // Forward (and with `backward` the backward, adding scale * the gradient into the store) of
   // this rank's shard.

@@ -154,9 +154,9 @@ class CudaModelPass final : public ModelPass {
 
   Status init(const TrainOptions& o, const Layout& layout, Communicator& group) {
     const ModelConfig& c = o.model;
-    config_ = c, batch_ = o.batch, rank_ = group.rank(), policy_ = o.checkpointing;
+    rank_ = group.rank();
     const int64_t S = layout.local_len(rank_);
-    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, causal_plan(layout, S));
+    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, plan_causal(layers_, c, layout, o.batch, S));
     const AttentionPlan* early = nullptr;
     if (o.checkpointing == Checkpointing::kSequence) {  // as the CPU model (transformer.cpp)
       const int P = layout.ranks();
@@ -164,7 +164,7 @@ class CudaModelPass final : public ModelPass {
                          "sequence-level checkpointing needs the striped layout with the sequence a multiple of twice "
                          "the ranks (" + std::to_string(2 * P) + ")");
       SP_ASSIGN_OR_RETURN(const Layout half, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
-      SP_ASSIGN_OR_RETURN(early, causal_plan(half, S / 2));
+      SP_ASSIGN_OR_RETURN(early, plan_causal(layers_, c, half, o.batch, S / 2));
     }
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
     pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk,
@@ -175,37 +175,13 @@ class CudaModelPass final : public ModelPass {
     return pass_->run(store, true, batch, scale, loss);
   }
   const AttentionPlan& attention_plan() const override { return pass_->attention_plan(); }
-  // As the CPU model's (Transformer::use_layout): the documents layout of each packed batch. The
-  // shard's length may change with the layout; the arrays are made per pass, so nothing is resized.
+  // The layer pass's new plan (LayerPass::use_layout), then the new shard's RoPE positions.
   Status use_layout(const Layout& layout) override {
-    const Layout& now = pass_->attention_plan().layout;
-    SP_CHECK_ARG(layout.seq_len() == now.seq_len() && layout.ranks() == now.ranks(),
-                 "a new layout must split the same " + std::to_string(now.seq_len()) + " tokens over the same " +
-                     std::to_string(now.ranks()) + " ranks");
-    SP_CHECK_SUPPORTED(!config_.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
-                       "linear-attention layers run LASP, which needs the contiguous layout");
-    SP_CHECK_SUPPORTED(policy_ != Checkpointing::kSequence,
-                       "sequence-level checkpointing keeps one striped layout; a layout per batch cannot take it");
-    SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, causal_plan(layout, layout.local_len(rank_)));
-    session_.keep_choice(*plan);  // the first batch's pick serves the rest (Session::keep_choice)
-    SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
-    pass_->set_plan(*plan);
-    return Status::Ok();
+    SP_RETURN_IF_ERROR(pass_->use_layout(layout));
+    return layers_.set_positions(layout.positions(rank_));
   }
 
  private:
-  // The session's plan of causal attention over `rows` of each sequence on this rank (packed
-  // documents narrow the mask per batch inside the pass).
-  StatusOr<const AttentionPlan*> causal_plan(const Layout& layout, int64_t rows) {
-    const auto like = [&](int64_t heads) {
-      return TensorView::contiguous(nullptr, DType::kBF16, std::vector<int64_t>{batch_, rows, heads, config_.head_dim()},
-                                    layers_.device());
-    };
-    AttentionParams params;
-    params.mask = MaskSpec::causal();
-    return session_.plan(layout, params, like(config_.heads), like(config_.kv_heads));
-  }
-
   static SessionOptions session_options(const TrainOptions& o) {
     SessionOptions s;
     s.plan = o.plan_options();
@@ -215,10 +191,7 @@ class CudaModelPass final : public ModelPass {
 
   Session session_;  // the attention's backend, plans and workspace
   CudaLayers layers_;
-  ModelConfig config_;
-  int64_t batch_ = 0;
   int rank_ = 0;
-  Checkpointing policy_ = Checkpointing::kNone;
   std::unique_ptr<LayerPass<CudaLayers>> pass_;
 };
 

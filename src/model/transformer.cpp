@@ -144,20 +144,6 @@ struct Transformer<T>::Impl {
   Session session;
   model::HostLayers<T> layers;
   std::unique_ptr<model::LayerPass<model::HostLayers<T>>> pass;
-  ModelConfig config;
-  int64_t batch = 0;
-
-  // The causal attention's plan over this rank's rows of `layout` (cached by the Session).
-  StatusOr<const AttentionPlan*> plan(const Layout& layout, int64_t rows_of_seq) {
-    AttentionParams params;
-    params.mask = MaskSpec::causal();
-    const auto like = [&](int64_t rows, int64_t heads) {
-      return TensorView::contiguous(nullptr, model::HostLayers<T>::template dtype<T>(),
-                                    std::vector<int64_t>{batch, rows, heads, config.head_dim()});
-    };
-    return session.plan(layout, params, like(rows_of_seq, config.heads), like(rows_of_seq, config.kv_heads));
-  }
-
   explicit Impl(Communicator& comm, const PlanOptions& options)
       : session(comm, SessionOptions{options}), layers(*memory, session) {}
 };
@@ -204,9 +190,8 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
                                                   " ranks, the communicator has " + std::to_string(comm.size()));
   auto impl = std::make_unique<Impl>(comm, options);
-  impl->config = config, impl->batch = batch;
   const int64_t S = layout.local_len(comm.rank());
-  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl->plan(layout, S));
+  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, model::plan_causal(impl->layers, config, layout, batch, S));
   const AttentionPlan* early = nullptr;
   SP_CHECK_SUPPORTED(!config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
                      "linear-attention layers run LASP, which needs the contiguous layout (--layout contiguous)");
@@ -222,7 +207,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
                        "sequence-level checkpointing needs the striped layout with the sequence a multiple of twice "
                        "the ranks (" + std::to_string(2 * P) + ")");
     SP_ASSIGN_OR_RETURN(const Layout half, Layout::create(LayoutKind::kStriped, layout.seq_len() / 2, P));
-    SP_ASSIGN_OR_RETURN(early, impl->plan(half, S / 2));
+    SP_ASSIGN_OR_RETURN(early, model::plan_causal(impl->layers, config, half, batch, S / 2));
   }
   impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
                                                                          1024, linear, offload_checkpoints);
@@ -260,16 +245,7 @@ const AttentionPlan& Transformer<T>::attention_plan() const {
 
 template <class T>
 Status Transformer<T>::use_layout(const Layout& layout) {
-  const Layout& now = impl_->pass->attention_plan().layout;
-  SP_CHECK_ARG(layout.seq_len() == now.seq_len() && layout.ranks() == now.ranks(),
-               "a new layout must split the same " + std::to_string(now.seq_len()) + " tokens over the same " +
-                   std::to_string(now.ranks()) + " ranks");
-  SP_CHECK_SUPPORTED(!impl_->config.has_linear_layers() || layout.kind() == LayoutKind::kContiguous,
-                     "linear-attention layers run LASP, which needs the contiguous layout");
-  SP_ASSIGN_OR_RETURN(const AttentionPlan* plan, impl_->plan(layout, layout.local_len(impl_->session.comm().rank())));
-  impl_->session.keep_choice(*plan);  // the first batch's pick serves the rest (Session::keep_choice)
-  impl_->pass->set_plan(*plan);
-  return Status::Ok();
+  return impl_->pass->use_layout(layout);
 }
 
 template class Transformer<float>;
