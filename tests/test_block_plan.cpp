@@ -1,10 +1,14 @@
 // Dense-call planning: for every layout, rank pair and causal-like mask, the calls cover each
 // visible (query, key) pair exactly once and nothing else, also when limited to a few rows
 // each; zigzag causal pairs take one call;
-// windows and documents are handed to the positions-aware kernel.
+// windows and documents are handed to the positions-aware kernel; a span of shards (a Ulysses
+// group's) keeps its rows in position order where its shards interleave in few pieces.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "parallel/block_plan.hpp"
+#include "parallel/block_views.hpp"
 #include "seqpar/layout.hpp"
 
 namespace seqpar {
@@ -93,6 +97,38 @@ TEST(BlockPlan, ArithmeticRuns) {
   EXPECT_EQ(runs[1].offset, 10);
   EXPECT_EQ(runs[2].stride, 3);
   EXPECT_EQ(runs[2].end, 8);
+}
+
+// A Ulysses span of zigzag or documents-layout shards is one increasing run (one backend call
+// over the group's sequence); striped shards would interleave row by row and stay in shard order.
+TEST(SpanPositions, UlyssesSpansAreInPositionOrder) {
+  const auto check = [](const Layout& layout, int shard, int span, size_t runs) {
+    parallel::SpanPositions spans(layout);
+    const Block b{BlockKind::kQuery, shard, span};
+    const int64_t* p = spans.of(b);
+    std::vector<int64_t> expected;  // the shards' positions, and where each piece says it goes
+    std::vector<int64_t> placed(block_rows(b, layout), -1);
+    for (const auto& piece : spans.pieces(b))
+      for (int64_t i = 0; i < piece.rows; ++i) placed[piece.to + i] = layout.positions(piece.shard)[piece.from + i];
+    for (int x = shard; x < shard + span; ++x)
+      expected.insert(expected.end(), layout.positions(x).begin(), layout.positions(x).end());
+    EXPECT_EQ(std::vector<int64_t>(p, p + placed.size()), placed);  // rows and positions agree
+    std::sort(expected.begin(), expected.end());
+    std::sort(placed.begin(), placed.end());
+    EXPECT_EQ(placed, expected);  // every row of the shards once
+    EXPECT_EQ(spans.increasing_runs(b).size(), runs);
+  };
+  const Layout zigzag = Layout::create(LayoutKind::kZigzag, 64, 4).value();
+  check(zigzag, 0, 4, 1);  // the whole sequence in order: one causal call
+  check(zigzag, 2, 2, 1);  // a Ulysses x ring group's two shards
+  const Layout striped = Layout::create(LayoutKind::kStriped, 1024, 4).value();  // 256 runs a shard
+  check(striped, 0, 4, 4);
+  const std::vector<int64_t> offsets{0, 5, 40, 41, 90, 128};
+  const Layout documents = Layout::create(LayoutKind::kDocuments, 128, 4, offsets).value();
+  check(documents, 0, 4, 1);
+  parallel::SpanPositions spans(zigzag);
+  EXPECT_EQ(spans.pieces({BlockKind::kKV, 0, 4}).size(), 7u);  // 2P chunks, rank 3's two adjacent
+  EXPECT_EQ(spans.pieces({BlockKind::kKV, 1, 1}).size(), 1u);   // one shard: its rows as they are
 }
 
 }  // namespace

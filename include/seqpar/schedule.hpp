@@ -59,7 +59,7 @@ inline constexpr int kAllHeads = -1;
 struct Block {
   BlockKind kind = BlockKind::kKV;
   int shard = 0;           // the first shard it holds rows of
-  int span = 1;            // shards [shard, shard + span), rows in that order
+  int span = 1;            // shards [shard, shard + span); rows in position order where they interleave in few pieces (SpanPositions, src/parallel/block_views.hpp), else shard after shard
   int part = kAllHeads;    // head part (RankSchedule::head_parts), or all heads
   bool operator==(const Block&) const = default;
   auto operator<=>(const Block&) const = default;

@@ -4,6 +4,7 @@
 // increasing runs).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <utility>
@@ -62,21 +63,67 @@ std::optional<InputSource> input_source(const Block& b, int me, Has&& has) {
   return std::nullopt;
 }
 
-// Global positions of a block's rows: its shards' positions one after another (kept per span).
+// Global positions of a block's rows, and how a span block's rows come from its shards. A span
+// keeps its rows in position order where its shards' rows interleave in few pieces (zigzag
+// shards, the documents layout): a Ulysses span is then one increasing run and its compute step
+// one backend call (one cuDNN causal call over the sequence, one Hopper launch over a documents
+// mask) in place of one call per pair of shard runs, each merged into the result. Striped shards
+// interleave row by row: those spans stay shard after shard, as do spans of one shard.
 class SpanPositions {
  public:
   explicit SpanPositions(const Layout& layout) : layout_(layout) {}
+
+  // Rows [from, from + rows) of shard `shard`'s block are the span's rows [to, to + rows).
+  struct Piece {
+    int shard;
+    int64_t from, to, rows;
+  };
+  // At most this many pieces per shard of a span for position order: each piece is a copy per
+  // part in the span's concatenation and split.
+  static constexpr size_t kMaxPiecesPerShard = 64;
+
+  const std::vector<Piece>& pieces(const Block& b) {
+    auto& cached = pieces_[{b.shard, b.span}];
+    if (!cached.empty()) return cached;
+    std::vector<Piece> runs;  // every shard's runs of consecutive positions, then by position
+    bool ordered = b.span > 1;
+    for (int x = b.shard; x < b.shard + b.span && ordered; ++x) {
+      const std::vector<int64_t>& p = layout_.positions(x);
+      const size_t first = runs.size();
+      for (int64_t i = 0; i < int64_t(p.size()); ++i) {
+        if (i == 0 || p[i] != p[i - 1] + 1) runs.push_back({x, i, p[i], 0});  // `to` holds the position for now
+        ++runs.back().rows;
+      }
+      ordered = runs.size() - first <= kMaxPiecesPerShard;
+    }
+    if (ordered) {
+      std::sort(runs.begin(), runs.end(), [](const Piece& a, const Piece& c) { return a.to < c.to; });
+      int64_t row = 0;
+      for (Piece& r : runs) r.to = row, row += r.rows;
+      cached = std::move(runs);
+    } else {
+      int64_t row = 0;
+      for (int x = b.shard; x < b.shard + b.span; ++x) {
+        cached.push_back({x, 0, row, layout_.local_len(x)});
+        row += layout_.local_len(x);
+      }
+    }
+    return cached;
+  }
+
   const int64_t* of(const Block& b) {
     if (b.span == 1) return layout_.positions(b.shard).data();
     auto& cached = spans_[{b.shard, b.span}];
     if (cached.empty())
-      for (int x = b.shard; x < b.shard + b.span; ++x)
-        cached.insert(cached.end(), layout_.positions(x).begin(), layout_.positions(x).end());
+      for (const Piece& piece : pieces(b)) {
+        const auto first = layout_.positions(piece.shard).begin() + piece.from;
+        cached.insert(cached.end(), first, first + piece.rows);
+      }
     return cached.data();
   }
 
   // A block's rows as runs of increasing positions ([begin, end) row ranges, each with its
-  // positions): a span of zigzag or striped shards goes back in position between shards.
+  // positions): a span of striped shards goes back in position between shards.
   struct Run {
     int64_t begin, end;
     std::vector<int64_t> positions;
@@ -96,6 +143,7 @@ class SpanPositions {
 
  private:
   const Layout& layout_;
+  std::map<std::pair<int, int>, std::vector<Piece>> pieces_;
   std::map<std::pair<int, int>, std::vector<int64_t>> spans_;
   std::map<std::pair<int, int>, std::vector<Run>> runs_;
 };

@@ -215,28 +215,30 @@ Status Executor::regroup(const Step& s) {
   } else {
     SP_ASSIGN_OR_RETURN(whole, held_result(b));
   }
-  int64_t row = 0;
+  std::map<int, Stored*> parts;  // each shard's piece block
   for (int x = b.shard; x < b.shard + b.span; ++x) {
     const Block piece{b.kind, x, 1, b.part};
-    const int64_t n = plan_.layout.local_len(x);
-    Stored* part = nullptr;
     if (s.kind == StepKind::kConcat) {
-      SP_ASSIGN_OR_RETURN(part, input(piece));
+      SP_ASSIGN_OR_RETURN(parts[x], input(piece));
     } else {
       SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(piece));
-      part = (store_[piece] = std::move(made)).get();
+      parts[x] = (store_[piece] = std::move(made)).get();
     }
+  }
+  for (const SpanPositions::Piece& p : positions_.pieces(b))  // the span's rows from (or to) its shards' rows
     for (size_t i = 0; i < shapes.size(); ++i) {
-      const TensorView rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, row, n);
-      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(mem_.copy(part->parts[i], rows));
-      else SP_RETURN_IF_ERROR(mem_.copy(rows, part->parts[i]));
+      const TensorView span_rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, p.to, p.rows);
+      const TensorView shard_rows = parallel::rows_slice(parts[p.shard]->parts[i], shapes[i].heads, p.from, p.rows);
+      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(mem_.copy(shard_rows, span_rows));
+      else SP_RETURN_IF_ERROR(mem_.copy(span_rows, shard_rows));
     }
-    row += n;
-    if (s.kind == StepKind::kConcat && !(x == me_ && piece.part == kAllHeads)) {
+  if (s.kind == StepKind::kConcat)
+    for (int x = b.shard; x < b.shard + b.span; ++x) {
+      const Block piece{b.kind, x, 1, b.part};
+      if (x == me_ && piece.part == kAllHeads) continue;
       auto it = store_.find(piece);
       if (it != store_.end()) release(std::move(it->second)), store_.erase(it);
     }
-  }
   if (s.kind == StepKind::kConcat) {
     store_[b] = std::move(joined);
   } else {
