@@ -23,6 +23,13 @@ struct UnitLinks final : LinkTiming {
   double latency_s(LinkClass l) const override { return l == LinkClass::kIntra ? 0.1 : 0.2; }
 };
 
+// The same links, with ports that carry two pairs' bandwidth at once (an NVSwitch port).
+struct SwitchLinks final : LinkTiming {
+  double occupancy_s(LinkClass, double bytes) const override { return bytes / 1e9; }
+  double latency_s(LinkClass) const override { return 0.1; }
+  double port_pairs(LinkClass) const override { return 2.0; }
+};
+
 SimOp compute(double s) { return SimOp::compute(s); }
 SimOp post(int batch, std::vector<SimSend> sends, std::vector<int> recv_from) {
   SimOp op = SimOp::post(batch, 0);
@@ -96,6 +103,21 @@ TEST(PlannerSimulator, SendsOnOnePortShareItsBandwidth) {
                                {post(0, {}, {0}), wait(0)}},
                               UnitLinks());
   EXPECT_DOUBLE_EQ(split->seconds, 1.2);
+}
+
+TEST(PlannerSimulator, ASwitchPortCarriesTwoPairsButNoPairGoesFaster) {
+  // Rank 0 sends 1 GB to each of ranks 1-3 at once: 3 GB through a 2 GB/s port, 1.5 s.
+  auto a2a = simulate({{post(0, {{1, 1e9}, {2, 1e9}, {3, 1e9}}, {}), wait(0)},
+                       {post(0, {}, {0}), wait(0)},
+                       {post(0, {}, {0}), wait(0)},
+                       {post(0, {}, {0}), wait(0)}},
+                      SwitchLinks());
+  ASSERT_TRUE(a2a.ok());
+  EXPECT_DOUBLE_EQ(a2a->seconds, 1.6);
+  // Two sends to one peer: that pair's 1 GB/s, 2 s.
+  auto pair = simulate({{post(0, {{1, 1e9}, {1, 1e9}}, {}), wait(0)}, {post(0, {}, {0, 0}), wait(0)}}, SwitchLinks());
+  ASSERT_TRUE(pair.ok());
+  EXPECT_DOUBLE_EQ(pair->seconds, 2.1);
 }
 
 TEST(PlannerSimulator, RefusesDeadlockAndUnmatchedReceives) {

@@ -40,6 +40,9 @@ LinkSpec nvlink4() {
   LinkSpec l;
   l.bandwidth = {{64 * kMiB, 125.7}, {256 * kMiB, 126.6}};
   l.latency_s = 10e-6;  // not measured yet (.carry/session/planner_probe.sh measures it)
+  // Ulysses' all-to-all on 4 x H100: 576 MiB out of each rank to 3 peers in 2.1-2.3 ms, 250-275
+  // GB/s against one pair's 126 (docs/results/h100x4_j_docs_trace_2026-11-28.jsonl).
+  l.port_pairs = 2.0;
   return l;
 }
 
@@ -167,12 +170,13 @@ namespace {
 nlohmann::json link_json(const LinkSpec& l) {
   nlohmann::json points = nlohmann::json::array();
   for (const auto& p : l.bandwidth) points.push_back({{"bytes", p.bytes}, {"gbps", p.gbps}});
-  return {{"latency_us", l.latency_s * 1e6}, {"bandwidth", points}};
+  return {{"latency_us", l.latency_s * 1e6}, {"port_pairs", l.port_pairs}, {"bandwidth", points}};
 }
 
 LinkSpec link_from(const nlohmann::json& j) {
   LinkSpec l;
   l.latency_s = j.value("latency_us", 10.0) * 1e-6;
+  l.port_pairs = j.value("port_pairs", 1.0);
   for (const auto& p : j.at("bandwidth")) l.bandwidth.push_back({p.at("bytes").get<double>(), p.at("gbps").get<double>()});
   std::sort(l.bandwidth.begin(), l.bandwidth.end(), [](auto& a, auto& b) { return a.bytes < b.bytes; });
   return l;

@@ -20,6 +20,9 @@ struct LinkSpec {
   };
   std::vector<Point> bandwidth;  // increasing sizes; interpolated in log size, clamped outside
   double latency_s = 10e-6;
+  // Transfers to different peers a rank's port carries at once at full speed (its bandwidth
+  // over one pair's): 1 for a network port, about 2 for an H100's NVSwitch port.
+  double port_pairs = 1.0;
   double gbps_at(double bytes) const;
   double seconds(double bytes) const { return bytes <= 0 ? 0 : latency_s + bytes / (gbps_at(bytes) * 1e9); }
 };

@@ -83,6 +83,7 @@ class ClusterLinks final : public LinkTiming {
     return bytes <= 0 ? 0 : bytes / (c_.link(l).gbps_at(bytes) * 1e9);
   }
   double latency_s(LinkClass l) const override { return c_.link(l).latency_s; }
+  double port_pairs(LinkClass l) const override { return c_.link(l).port_pairs; }
 
  private:
   const Cluster& c_;

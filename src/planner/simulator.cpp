@@ -34,6 +34,7 @@ StatusOr<SimResult> simulate(const std::vector<std::vector<SimOp>>& programs, co
   std::map<std::pair<int, int>, std::vector<int>> pair_ids;
   std::map<std::pair<int, int>, size_t> sends_posted, recvs_posted;
   std::vector<double> out_free(size_t(ranks) * kNumLinkClasses, 0), in_free(out_free);
+  std::map<std::pair<int, int>, double> pair_free;  // when each (from, to) pair's last transfer is through
 
   const auto port = [&](std::vector<double>& free, int r, LinkClass l) -> double& {
     return free[size_t(r) * kNumLinkClasses + size_t(l)];
@@ -46,9 +47,12 @@ StatusOr<SimResult> simulate(const std::vector<std::vector<SimOp>>& programs, co
     double& out = port(out_free, from, t.link);
     double& in = port(in_free, to, t.link);
     const double start = std::max({ready, out, in});
-    const double busy = links.occupancy_s(t.link, t.bytes);
-    out = in = start + busy;
-    t.arrives = start + busy + links.latency_s(t.link);
+    const double pair_busy = links.occupancy_s(t.link, t.bytes);
+    const double port_busy = pair_busy / std::max(1.0, links.port_pairs(t.link));
+    out = in = start + port_busy;
+    double& pair = pair_free[{from, to}];
+    pair = std::max(start + port_busy, std::max(ready, pair) + pair_busy);
+    t.arrives = pair + links.latency_s(t.link);
   };
 
   using Entry = std::pair<double, int>;  // (clock, rank)

@@ -3,7 +3,9 @@
 // per rank. Sends overlap computes between their post and their wait; a transfer starts when
 // both its sender and its receiver have posted it and both their ports of its link class are
 // free (each rank has one outgoing and one incoming port per link class: concurrent transfers
-// on a port queue in the order they become ready, which shares its bandwidth); a wait holds the
+// on a port queue in the order they become ready, which shares its bandwidth; a port may carry
+// more than one pair's bandwidth, as an NVSwitch port does for an all-to-all, but a transfer
+// never arrives sooner than its pair's bandwidth allows); a wait holds the
 // compute stream until every transfer of its batch has arrived. Programs know nothing of
 // attention: cost_model.cpp translates schedules into them, tests write them by hand.
 #pragma once
@@ -42,11 +44,13 @@ struct SimOp {
   }
 };
 
-// Seconds a transfer of `bytes` holds its ports (bandwidth) and takes end to end (+ latency).
+// Seconds a transfer of `bytes` takes between one pair of ranks (bandwidth; + latency end to
+// end), and how many such transfers a rank's port of that class carries at once at full speed.
 struct LinkTiming {
   virtual ~LinkTiming() = default;
   virtual double occupancy_s(LinkClass link, double bytes) const = 0;
   virtual double latency_s(LinkClass link) const = 0;
+  virtual double port_pairs(LinkClass) const { return 1.0; }
 };
 
 struct SimResult {
