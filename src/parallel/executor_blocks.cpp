@@ -184,16 +184,36 @@ StatusOr<Executor::Stored*> Executor::held_result(const Block& b) {
 }
 
 // The home result's head parts, copied (O, LSE: disjoint heads) or added (dQ, dK/dV: GQA may
-// give two parts one K/V head) into the whole-heads result, and released.
+// give two parts one K/V head) into the whole-heads result, and released. Where every part is
+// here with heads of its own and the result is new (Ulysses' results), each is copied into its
+// heads and nothing is cleared first.
 Status Executor::join_parts(const Block& whole) {
-  for (int p = 0; p < plan_.schedule.head_parts && plan_.schedule.head_parts > 1; ++p) {
+  const int parts = plan_.schedule.head_parts;
+  if (parts <= 1) return Status::Ok();
+  const std::vector<PartShape> shapes = part_shapes(whole, 0);
+  bool every_part = true;
+  std::vector<int64_t> heads(shapes.size(), 0);  // each part kind's heads summed over the parts
+  for (int p = 0; p < parts; ++p) {
+    every_part = every_part && store_.count({whole.kind, whole.shard, 1, p});
+    for (size_t i = 0; i < shapes.size(); ++i) heads[i] += heads_of(shapes[i].heads, p).count();
+  }
+  bool disjoint = every_part;
+  for (size_t i = 0; i < shapes.size(); ++i) disjoint = disjoint && heads[i] == heads_of(shapes[i].heads, kAllHeads).count();
+  Stored* into = nullptr;
+  bool fresh = false;
+  if (disjoint) {
+    SP_ASSIGN_OR_RETURN(into, result(whole, &fresh));
+  }
+  const bool overwrite = disjoint && fresh;
+  for (int p = 0; p < parts; ++p) {
     auto it = store_.find({whole.kind, whole.shard, 1, p});
     if (it == store_.end()) continue;
-    SP_ASSIGN_OR_RETURN(Stored* into, cleared_result(whole));
-    const std::vector<PartShape> shapes = part_shapes(whole, 0);
+    if (!into) {
+      SP_ASSIGN_OR_RETURN(into, cleared_result(whole));
+    }
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
-      if (whole.kind == BlockKind::kOutput) SP_RETURN_IF_ERROR(mem_.copy(it->second->parts[i], slice));
+      if (whole.kind == BlockKind::kOutput || overwrite) SP_RETURN_IF_ERROR(mem_.copy(it->second->parts[i], slice));
       else SP_RETURN_IF_ERROR(mem_.add(it->second->parts[i], slice));
     }
     release(std::move(it->second));
