@@ -204,10 +204,10 @@ TEST(Cli, PrintSchedule) {
 }
 
 TEST(Cli, NewAlgorithmsRunAndReportBytesPerCollective) {
-  for (const char* algo : {"ulysses", "ulysses-ring", "attention2d", "attention2d-overlap"}) {
+  for (const char* algo : {"ulysses", "ulysses-overlap", "ulysses-ring", "attention2d", "attention2d-overlap"}) {
     SCOPED_TRACE(algo);
     const Result r = run_tool(std::string("attn --algo ") + algo +
-                              " --ranks 4 --ranks-per-node 2 --layout striped --mask causal --seq 256 --heads 4 "
+                              " --ranks 4 --ranks-per-node 2 --layout striped --mask causal --seq 256 --heads 8 "
                               "--kv-heads 2 --head-dim 16 --check full --json");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = last_json_line(r.output);

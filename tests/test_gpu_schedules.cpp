@@ -243,6 +243,15 @@ std::vector<Case> cases() {
   // head groups and two batch entries with head parts; Attention2D's two variants at P = 4, 9.
   for (int P : {2, 4, 8}) all.push_back({"ulysses", P, Z, "causal", 125 * P + 3, 8, 2, 128});
   all.push_back({"ulysses", 4, St, "full", 1001, 8, 8, 64});
+  // Ulysses with its halves overlapped (two head parts a rank): zigzag causal with GQA (each K/V
+  // head to two parts), documents of lognormal lengths on the documents layout, the kept forward.
+  all.push_back({"ulysses-overlap", 4, Z, "causal", 1003, 8, 2, 128});
+  all.push_back({"ulysses-overlap", 4, LayoutKind::kDocuments, "docs-lognormal:200", 3001, 8, 8, 128});
+  {
+    Case c{"ulysses-overlap", 2, Z, "causal", 1003, 8, 2, 64, 2};
+    c.keep = true;
+    all.push_back(c);
+  }
   for (int P : {4, 8}) {
     Case c{"ulysses-ring", P, Z, "causal", 125 * P + 3, 8, 2, 128};
     c.ranks_per_node = P / 2;

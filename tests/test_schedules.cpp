@@ -58,6 +58,7 @@ TEST_P(AlgorithmVsOracle, SchedulesValidAndResultsMatchOracleAndWalkedBytes) {
   g.seq = 16 * P + 5;  // never divisible by P or 2P for P > 1
   g.kv_heads = P % 2 ? 1 : 2;  // GQA 4:1 and 4:2
   if (name.rfind("ulysses", 0) == 0) g.heads = std::max(4, P);  // head parts: 8:2 at P = 8 copies K/V heads
+  if (name == "ulysses-overlap") g.heads = std::max(4, 2 * P);   // two head parts a rank
   // Packed documents of random lengths: the documents layout balances them, the other layouts
   // ignore them; every mask below runs on the layout they make.
   const std::vector<int64_t> packed = random_document_offsets(g.seq, 100 * P + 7);
@@ -133,10 +134,11 @@ INSTANTIATE_TEST_SUITE_P(All, AlgorithmVsOracle,
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8)),
                          case_name);
 
-// Ulysses and Ulysses x ring (head parts; the hybrid's grid from the nodes: u = 2 at P = 4,
-// u = 4 at P = 8) at P in {1, 2, 4, 8}; Attention2D's two variants at P in {1, 4, 9, 16}.
+// Ulysses, its overlapped halves and Ulysses x ring (head parts; the hybrid's grid from the
+// nodes: u = 2 at P = 4, u = 4 at P = 8) at P in {1, 2, 4, 8}; Attention2D's two variants at P
+// in {1, 4, 9, 16}.
 INSTANTIATE_TEST_SUITE_P(Ulysses, AlgorithmVsOracle,
-                         ::testing::Combine(::testing::Values("ulysses", "ulysses-ring"),
+                         ::testing::Combine(::testing::Values("ulysses", "ulysses-overlap", "ulysses-ring"),
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kZigzag,
                                                               LayoutKind::kStriped, LayoutKind::kDocuments),
                                             ::testing::Values(1, 2, 4, 8)),

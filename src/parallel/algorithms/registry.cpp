@@ -5,7 +5,7 @@ namespace seqpar {
 
 // Each name N here is defined as `const Algorithm N` in N.cpp beside this file.
 #define SEQPAR_ALGORITHMS(X)                                                                   \
-  X(ring) X(burst) X(ring_return) X(burst_return) X(distflash) X(double_ring) X(ulysses) X(ulysses_ring) \
+  X(ring) X(burst) X(ring_return) X(burst_return) X(distflash) X(double_ring) X(ulysses) X(ulysses_overlap) X(ulysses_ring) \
   X(attention2d) X(attention2d_overlap)
 
 namespace parallel::algorithms {

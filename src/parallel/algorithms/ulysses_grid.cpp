@@ -31,57 +31,73 @@ bool any_in_column(const ScheduleRequest& req, int group, int u) {
   return false;
 }
 
-// The all-to-all from sequence shards to head parts: every other member of the group gets its
-// head part of this rank's `kinds`; then the span blocks are joined.
-void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
-                     int batch) {
+// The all-to-all from sequence shards to head parts `first` + member: every other member of
+// the group gets its head part of this rank's `kinds`.
+Step shards_to_parts_post(const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds, int batch, int first) {
   const int a = g.member(l), b = g.group(l);
   Step post;
   post.kind = StepKind::kPost, post.batch = batch, post.collective = Collective::kAllToAll;
   for (int m = 0; m < g.u; ++m) {
     if (m == a) continue;
     for (BlockKind k : kinds) {
-      post.sends.push_back({g.rank(m, b), {k, l, 1, m}});
-      post.recvs.push_back({g.rank(m, b), {k, g.rank(m, b), 1, a}});
+      post.sends.push_back({g.rank(m, b), {k, l, 1, first + m}});
+      post.recvs.push_back({g.rank(m, b), {k, g.rank(m, b), 1, first + a}});
     }
   }
-  steps.push_back(post);
-  steps.push_back(wait_step(batch, 0));
+  return post;
+}
+// The span blocks of head part `part` joined from the group's shards.
+void concat_part(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
+                 int part) {
   for (BlockKind k : kinds) {
     Step concat;
-    concat.kind = StepKind::kConcat, concat.block = {k, b * g.u, g.u, a};
+    concat.kind = StepKind::kConcat, concat.block = {k, g.group(l) * g.u, g.u, part};
     steps.push_back(concat);
   }
 }
+void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
+                     int batch) {
+  steps.push_back(shards_to_parts_post(g, l, kinds, batch, 0));
+  steps.push_back(wait_step(batch, 0));
+  concat_part(steps, g, l, kinds, g.member(l));
+}
 
-// The all-to-all back: each span result split into its shards' pieces, sent home.
-void parts_to_shards(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
-                     int batch, int round) {
+// The all-to-all back: each span result of head part `part` split into its shards' pieces,
+// sent home (no wait: the caller places it).
+void parts_to_shards_post(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
+                          int batch, int round, int part) {
   if (kinds.empty()) return;
   const int a = g.member(l), b = g.group(l);
   Step post;
   post.kind = StepKind::kPost, post.batch = batch, post.collective = Collective::kAllToAll, post.round = round;
   for (BlockKind k : kinds) {
     Step split;
-    split.kind = StepKind::kSplit, split.block = {k, b * g.u, g.u, a}, split.round = round;
+    split.kind = StepKind::kSplit, split.block = {k, b * g.u, g.u, part}, split.round = round;
     steps.push_back(split);
     for (int m = 0; m < g.u; ++m) {
       if (m == a) continue;
-      post.sends.push_back({g.rank(m, b), {k, g.rank(m, b), 1, a}});
-      post.recvs.push_back({g.rank(m, b), {k, l, 1, m}, k == BlockKind::kOutput ? Combine::kMerge : Combine::kAdd});
+      post.sends.push_back({g.rank(m, b), {k, g.rank(m, b), 1, part}});
+      post.recvs.push_back({g.rank(m, b), {k, l, 1, part - a + m}, k == BlockKind::kOutput ? Combine::kMerge : Combine::kAdd});
     }
   }
   steps.push_back(post);
+}
+void parts_to_shards(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
+                     int batch, int round) {
+  if (kinds.empty()) return;
+  parts_to_shards_post(steps, g, l, kinds, batch, round, g.member(l));
   steps.push_back(wait_step(batch, round));
 }
 
-// The ring dimension's steps of group b, widened to member a's span blocks and peers.
-void widen(std::vector<Step>& steps, const std::vector<Step>& inner, const UlyssesGrid& g, int a, int batch_base) {
-  const auto block = [&](Block x) { return Block{x.kind, x.shard * g.u, g.u, a}; };
+// The ring dimension's steps of group b, widened to member a's span blocks of head part `part`
+// and peers.
+void widen(std::vector<Step>& steps, const std::vector<Step>& inner, const UlyssesGrid& g, int a, int part,
+           int batch_base) {
+  const auto block = [&](Block x) { return Block{x.kind, x.shard * g.u, g.u, part}; };
   for (Step s : inner) {
     s.round += 1;
     if (s.kind == StepKind::kCompute) {
-      s.q_shard *= g.u, s.kv_shard *= g.u, s.q_span = s.kv_span = g.u, s.part = a;
+      s.q_shard *= g.u, s.kv_shard *= g.u, s.q_span = s.kv_span = g.u, s.part = part;
     } else if (s.kind == StepKind::kPost || s.kind == StepKind::kWait) {
       s.batch += batch_base;
       for (auto* list : {&s.sends, &s.recvs})
@@ -152,7 +168,7 @@ RankSchedule ulysses_schedule(const ScheduleRequest& req, int rank, int u, const
   out.head_parts = u;
   // Forward.
   shards_to_parts(out.forward, g, rank, {BlockKind::kQuery, BlockKind::kKV}, 0);
-  widen(out.forward, inner.forward, g, a, 1);
+  widen(out.forward, inner.forward, g, a, a, 1);
   int round = 2;
   for (const Step& s : out.forward) round = std::max(round, s.round + 1);
   std::vector<BlockKind> home;
@@ -169,13 +185,68 @@ RankSchedule ulysses_schedule(const ScheduleRequest& req, int rank, int u, const
   } else {
     shards_to_parts(out.backward, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, 0);
   }
-  widen(out.backward, inner.backward, g, a, 1);
+  widen(out.backward, inner.backward, g, a, a, 1);
   round = 2;
   for (const Step& s : out.backward) round = std::max(round, s.round + 1);
   home.clear();
   if (any_in_row(req, b, u)) home.push_back(BlockKind::kDQ);
   if (any_in_column(req, b, u)) home.push_back(BlockKind::kDKV);
   parts_to_shards(out.backward, g, rank, home, last_batch(out.backward) + 1, round);
+  return out;
+}
+
+std::string ulysses_overlap_refusal(const ScheduleRequest& req) {
+  if (req.ranks == 1) return {};
+  return head_parts_refusal(2 * req.ranks, req.heads, req.kv_heads);
+}
+
+RankSchedule ulysses_overlap_schedule(const ScheduleRequest& req, int rank) {
+  const int u = req.ranks;
+  const ScheduleRequest one_group = ring_dimension_request(req, u);
+  const RankSchedule inner = find_algorithm("ring")->make_schedule(one_group, 0);  // the whole-sequence compute
+  if (u == 1) return inner;
+  const UlyssesGrid g{u};
+  const int a = g.member(rank);
+  const int parts[2] = {a, u + a};  // this rank's head parts: one of each half of the heads
+  RankSchedule out;
+  out.head_parts = 2 * u;
+  const bool rows = any_in_row(req, 0, u), columns = any_in_column(req, 0, u);
+  // Both halves' all-to-alls go out first; each half computes once its own has arrived (the
+  // second's arriving under the first's compute), and sends its results home at once (under the
+  // second's compute); the pass ends waiting for both.
+  const auto pass = [&](std::vector<Step>& steps, const std::vector<Step>& computes, bool backward) {
+    const bool kept = backward && req.keep_forward_state;
+    for (int c = 0; c < 2; ++c) {
+      if (kept) steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kGradPack}, c, c * u));
+      else if (backward) steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, c, c * u));
+      else steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kQuery, BlockKind::kKV}, c, c * u));
+    }
+    std::vector<BlockKind> home;
+    if (rows) home.push_back(backward ? BlockKind::kDQ : BlockKind::kOutput);
+    if (backward && columns) home.push_back(BlockKind::kDKV);
+    for (int c = 0; c < 2; ++c) {
+      steps.push_back(wait_step(c, 0));
+      if (kept) {
+        concat_part(steps, g, rank, {BlockKind::kGradPack}, parts[c]);
+        Step pack;
+        pack.kind = StepKind::kPack, pack.block = {BlockKind::kQueryPack, 0, u, parts[c]};
+        steps.push_back(pack);
+      } else if (backward) {
+        concat_part(steps, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, parts[c]);
+      } else {
+        concat_part(steps, g, rank, {BlockKind::kQuery, BlockKind::kKV}, parts[c]);
+      }
+      widen(steps, computes, g, a, parts[c], 2);
+      parts_to_shards_post(steps, g, rank, home, 2 + c, 2 + c, parts[c]);
+    }
+    if (!home.empty())
+      for (int c = 0; c < 2; ++c) steps.push_back(wait_step(2 + c, 2 + c));
+  };
+  pass(out.forward, inner.forward, false);
+  pass(out.backward, inner.backward, true);
+  if (req.keep_forward_state)
+    for (int part : parts)
+      out.kept.insert(out.kept.end(), {{BlockKind::kQuery, 0, u, part}, {BlockKind::kKV, 0, u, part}});
   return out;
 }
 

@@ -29,5 +29,9 @@ const Algorithm* ring_dimension_algorithm(const ScheduleRequest& req, std::strin
 ScheduleRequest ring_dimension_request(const ScheduleRequest& req, int u);
 // Rank l's steps for degree u with `ring` along the ring dimension.
 RankSchedule ulysses_schedule(const ScheduleRequest& req, int rank, int u, const Algorithm& ring);
+// Ulysses over all ranks with the heads in two halves (2P head parts, two per rank) whose
+// all-to-alls overlap the other half's attention; empty when the heads split so, else why not.
+std::string ulysses_overlap_refusal(const ScheduleRequest& req);
+RankSchedule ulysses_overlap_schedule(const ScheduleRequest& req, int rank);
 
 }  // namespace seqpar::parallel
