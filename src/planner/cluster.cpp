@@ -72,6 +72,9 @@ std::vector<AttentionRate> cudnn_step_rates() {
       {"cudnn", 128, 32, 32768, true, 592.0, 486.1, t64},
       {"cudnn", 128, 32, 23170, false, 637.9, 516.3, t64},
       {"cudnn", 128, 32, 131072, true, 556.0, 529.0, k22 + ":19"},
+      // One call over a whole 512K causal sequence, 8 heads: Ulysses' local step on 4 x H100
+      // (ulysses-overlap, the Hopper kernels under auto), 906 ms forward and 2661 backward with the all-to-alls.
+      {"cudnn", 128, 8, 524288, true, 620.0, 526.0, "docs/results/h100x4_j3_causal_2026-11-28.jsonl:15"},
       {"cudnn", 128, 32, 131072, false, 590.0, 543.0, k22 + ":21"},
   };
 }
