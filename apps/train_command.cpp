@@ -30,6 +30,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_SUPPORTED(c.device == "cpu", "seqpar was built without CUDA: --device cpu");
 #endif
   SP_CHECK_ARG(c.lm_head_chunk >= 0, "--lm-head-chunk must not be negative (0: all rows at once)");
+  SP_CHECK_ARG(c.tile_tokens >= 0, "--tile-tokens must not be negative (0: all rows at once)");
   TrainOptions o;
   o.device = c.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   if (!c.config.empty()) {
@@ -73,6 +74,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_RETURN_IF_ERROR(validate_adamw(o.optimizer));
   o.seed = c.seed;
   o.lm_head_chunk = c.lm_head_chunk;
+  o.tile_tokens = c.tile_tokens;
   o.deterministic = c.deterministic;
   SP_CHECK_ARG(c.pack >= -1, "--pack takes a token id (the end-of-document token)");
   SP_CHECK_ARG(c.pack < 0 || c.pack < o.model.vocab, "--pack " + std::to_string(c.pack) +
@@ -463,6 +465,12 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                 "through cuDNN's deterministic algorithm, whose workspace grows as the square of a call's rows)");
   cmd->add_option("--lm-head-chunk", o.lm_head_chunk,
                   "cuda: rows of logits the fused LM head + loss makes at once (0: all rows, an unfused head)")
+      ->capture_default_str();
+  cmd->add_option("--tile-tokens", o.tile_tokens,
+                  "a rank's rows the MLP runs at a time (DeepSpeed ALST's tiled MLP): its gate, up and their "
+                  "gradients exist for one tile at a time and the backward recomputes them tile by tile; 0: all "
+                  "rows at once, the MLP's activations kept for the backward. The same losses and gradients to "
+                  "round-off (the products' rows and the MLP's weight gradients sum tile by tile)")
       ->capture_default_str();
   cmd->callback([&o, exit_code, ranks] {
     o.ranks_given = ranks->count() > 0;

@@ -7,7 +7,8 @@
 // the same bits, and a run resumed from its checkpoint equals a straight one bit for bit;
 // linear-attention (TNL) and hybrid models follow the CPU run too, under LASP and under its
 // ulysses baseline; so do packed documents on the documents layout, which changes with every
-// batch; checkpoints offloaded to host memory give the same bits as kept on the device.
+// batch; checkpoints offloaded to host memory give the same bits as kept on the device; the tiled
+// MLP follows the CPU run as the untiled one does, with a lower peak.
 // Skipped without a GPU (the two-GPU cases without two GPUs and NCCL).
 #include <gtest/gtest.h>
 
@@ -375,6 +376,53 @@ TEST_F(GpuTrain, OffloadedCheckpointsGiveTheSameBits) {
         EXPECT_EQ(offloaded.losses, kept.losses);
         EXPECT_TRUE(offloaded.weights == kept.weights) << what << ": the offloaded run's weights differ";
       }
+}
+
+// The tiled MLP (--tile-tokens; issue 39): 5 steps with the MLP run 100 of a rank's 1024 rows at a
+// time (11 tiles, the last short), its inner activations recomputed tile by tile in the backward,
+// follow the CPU trainer's untiled run at most twice as far as the untiled GPU run does: softmax
+// and linear (tnl) models, attention checkpointing offloaded to host memory (the tnl-1b run's
+// flags), one rank and 2 thread ranks sharing the GPU (ZeRO-3 over them); and the device's peak
+// falls (the MLP's [rows, ffn] arrays no longer kept nor made for all rows at once).
+TEST_F(GpuTrain, TiledMlpFollowsTheCpuRunAsUntiledDoes) {
+  for (bool linear : {false, true})
+    for (int ranks : {1, 2}) {
+      const std::string what = std::string(linear ? "tnl" : "softmax") + ", " + std::to_string(ranks) + " ranks";
+      SCOPED_TRACE(what);
+      TrainOptions o = linear ? linear_options(5, false) : options(5);
+      o.model.ffn = 2048;  // the MLP's arrays dominate, as in tnl-1b
+      o.checkpointing = Checkpointing::kAttention;
+      o.offload_checkpoints = true;
+      o.tile_tokens = 0;
+      Reference ref;
+      ASSERT_NO_FATAL_FAILURE(reference(o, &ref));
+      o.tile_tokens = 100;
+      o.zero_stage = ranks == 2 ? 3 : 0;
+      Record r;
+      const Status s = run(o, ranks, &r);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      std::string which;
+      EXPECT_LE(worst(o.model, r.weights, ref.cpu.weights, &which), 2 * ref.weights) << what << " " << which;
+      EXPECT_LE(loss_error(r, ref.cpu), 2 * ref.losses + 1e-6) << what;
+    }
+  // One rank, one step each, in a trainer of its own: the device's peak with tiles is lower.
+  TrainOptions o = linear_options(1, false);
+  o.model.ffn = 2048, o.seq = 8192, o.batch = 1;
+  o.checkpointing = Checkpointing::kAttention;
+  o.offload_checkpoints = true;
+  int64_t peak[2] = {0, 0};
+  for (int tiled : {0, 1}) {
+    o.tile_tokens = tiled ? 1024 : 0;
+    auto comms = make_local_communicators(1);
+    auto trainer = Trainer::create(o, *comms[0]);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().to_string();
+    StepReport r;
+    ASSERT_TRUE(trainer.value()->step(&r).ok());
+    peak[tiled] = trainer.value()->peak_device_bytes();
+  }
+  // Untiled, a layer's backward holds g, u (bf16) and act, dact, dg, du: 8192 rows x 2048 x
+  // (2 + 2 + 2 + 4 + 2 + 2) bytes = 224 MiB beyond one tile's eighth of it.
+  EXPECT_LT(peak[1], peak[0] - (128 << 20)) << peak[0] << " -> " << peak[1];
 }
 
 // A checkpoint continues on another number of GPUs (issue 38): 4 steps on one GPU, 3 on two

@@ -43,11 +43,12 @@ inline double counted_targets(const std::vector<std::vector<int32_t>>& targets) 
   return n;
 }
 
-// Loss (mean) and the gradient summed over the ranks, for P ranks (linear layers split by `linear`).
+// Loss (mean) and the gradient summed over the ranks, for P ranks (linear layers split by `linear`;
+// the MLP `tile_tokens` rows at a time, 0: all).
 template <class T>
 Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, LayoutKind layout, Checkpointing policy,
                      const std::string& algo, int64_t seq, double* loss, std::vector<T>* grad,
-                     LaspAlgorithm linear = LaspAlgorithm::kAuto) {
+                     LaspAlgorithm linear = LaspAlgorithm::kAuto, int64_t tile_tokens = 0) {
   std::vector<std::vector<int32_t>> inputs, targets;
   make_batch(2, seq, c.vocab, &inputs, &targets);
   const double count = counted_targets(targets);
@@ -56,7 +57,8 @@ Status loss_and_grad(const ModelConfig& c, const std::vector<T>& params, int P, 
   std::vector<std::vector<T>> grads(static_cast<size_t>(P));
   std::vector<double> losses(static_cast<size_t>(P), 0.0);
   const Status s = run_local_ranks(P, [&](Communicator& comm) -> Status {
-    SP_ASSIGN_OR_RETURN(auto model, Transformer<T>::create(c, policy, PlanOptions(algo), lay, 2, comm, linear));
+    SP_ASSIGN_OR_RETURN(auto model, Transformer<T>::create(c, policy, PlanOptions(algo), lay, 2, comm, linear,
+                                                                 /*offload_checkpoints=*/false, tile_tokens));
     std::vector<T> g(params.size(), T(0));
     StepLoss l;
     SP_RETURN_IF_ERROR(model->forward_backward(params.data(), g.data(), shard_batch(lay, comm.rank(), inputs, targets),

@@ -17,6 +17,14 @@
 // comes first) waits in host memory (host_offload.hpp): copied out under layer l+1's forward, its
 // device arrays given back after it, and copied back under layer l+1's backward, so the device
 // holds about two layers' checkpoints at a time.
+// With tile_rows > 0 the MLP runs that many rows at a time (DeepSpeed ALST's tiled MLP): its
+// inner activations (the norm's output, gate, up, their product and their gradients, [rows, ffn]
+// each) exist for one tile at a time and are never kept; the backward recomputes them tile by
+// tile from x_mid, so a checkpointing recompute stops at x_mid. Every row is the same function of
+// its input row as untiled, but not the same bits: a product's rows round by how many rows the call
+// has (OpenBLAS's tail kernels, cuBLAS's choice of algorithm), and the MLP's weight gradients sum
+// over the rows tile by tile; so losses and gradients agree with untiled to round-off (one tile of
+// every row: the same bits).
 #pragma once
 
 #include <algorithm>
@@ -60,12 +68,14 @@ class LayerPass {
   // documents plan a mask a sequence). chunk: rows of logits the fused LM head makes at once.
   // linear: how linear layers split over the ranks (LASP's chain or all-gather, or ulysses).
   // offload: the policy's checkpoints wait in host memory (a policy other than none).
+  // tile_rows: the MLP's rows at a time (0: all of them).
   LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan& plan,
-            const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear, bool offload = false)
+            const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear, bool offload = false,
+            int64_t tile_rows = 0)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
         early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk), linear_(linear),
-        offload_checkpoints_(offload), at_(parameter_offsets(config)), units_(weight_units(config)),
-        lasp_(size_t(config.layers)) {}
+        offload_checkpoints_(offload), tile_rows_(tile_rows), at_(parameter_offsets(config)),
+        units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
   // The attention over another layout of the same length and ranks from the next pass on (the
@@ -168,6 +178,7 @@ class LayerPass {
                                                dhf.p(), d_head));
       SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(x.p(), final_norm, rstd_f.p(), dhf.p(), dx.p(),
                                                d_fin + (at_.final_norm - f0), rows_, hid()));
+      dhf.buffer.reset(), hf.buffer.reset();  // read for the last time: not held under the layers' backward
       SP_RETURN_IF_ERROR(store.gradient_done(f0, f1));
       SP_RETURN_IF_ERROR(store.release(f0, f1));
       if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
@@ -181,11 +192,12 @@ class LayerPass {
         const int64_t kept_l = a.bytes();
         const auto [u0, u1] = units_[size_t(1 + l)];
         SP_ASSIGN_OR_RETURN(const W* unit, weights(u0, u1));
-        if (policy_ != Checkpointing::kNone)  // recompute what the policy dropped
+        if (policy_ != Checkpointing::kNone)  // recompute what the policy dropped (a tiled MLP: nothing)
           SP_RETURN_IF_ERROR(layer_forward(l, slots(unit, u0, l), a, x,
                                            linear(l) || policy_ == Checkpointing::kAttention ? Attn::kKept
                                            : policy_ == Checkpointing::kSequence            ? Attn::kFirstHalf
-                                                                                            : Attn::kRun));
+                                                                                            : Attn::kRun,
+                                           /*mlp=*/tile_rows_ == 0));
         peak = std::max(peak, kept_bytes - kept_l + a.bytes());
         SP_ASSIGN_OR_RETURN(R* grad_unit, gradient(u0, u1));
         SP_RETURN_IF_ERROR(layer_backward(l, slots(unit, u0, l), slots(grad_unit, u0, l), a, dx));
@@ -207,6 +219,7 @@ class LayerPass {
     SP_ASSIGN_OR_RETURN(loss->loss_sum, dev_.loss_sum(parts));  // waits for the pass
     loss->counted = 0;
     for (int32_t t : b.targets) loss->counted += t >= 0;
+    // Counted for the whole pass, though the backward's layers run without hf and dhf.
     const int64_t held = int64_t((2 * x.n + lse.n + rstd_f.n) * sizeof(R) + hf.n * sizeof(A)) + backward_bytes;
     loss->activation_bytes_peak = dev_.activation_peak(peak + held);
     return Status::Ok();
@@ -416,8 +429,10 @@ class LayerPass {
                                      &lasp_[size_t(l)], LinearMixerRun{true, o_given});
   }
 
-  // The layer's forward from a.x_in; fills every activation and writes the output to x_out.
-  Status layer_forward(int64_t l, const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from) {
+  // The layer's forward from a.x_in; fills every activation and writes the output to x_out. Without
+  // `mlp` it stops at x_mid (a tiled MLP's backward recomputes the rest itself; x_out unwritten).
+  Status layer_forward(int64_t l, const Slots<const W*>& w, Acts& a, Array<R>& x_out, Attn attention_from,
+                       bool mlp = true) {
     const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim();
     const double eps = c_.norm_eps;
     SP_ASSIGN_OR_RETURN(a.h1, mem_.template make<A>(rows * hid));
@@ -426,7 +441,7 @@ class LayerPass {
     SP_ASSIGN_OR_RETURN(a.x_mid, mem_.template make<R>(rows * hid));
     if (linear(l)) {
       SP_RETURN_IF_ERROR(linear_mixer_forward(l, w, a, attention_from == Attn::kKept));
-      return mlp_forward(w, a, x_out);
+      return mlp ? mlp_forward(w, a, x_out) : Status::Ok();
     }
     SP_ASSIGN_OR_RETURN(a.q, mem_.template make<A>(rows * H * D));
     SP_ASSIGN_OR_RETURN(a.k, mem_.template make<A>(rows * Hkv * D));
@@ -448,43 +463,109 @@ class LayerPass {
     // x_mid = x_in + o_proj(o).
     SP_RETURN_IF_ERROR(mem_.copy(a.x_mid.p(), a.x_in.p(), size_t(rows * hid) * sizeof(R)));
     SP_RETURN_IF_ERROR(dev_.linear_forward_add(a.o.p(), w.wo, a.x_mid.p(), rows, H * D, hid));
-    return mlp_forward(w, a, x_out);
+    return mlp ? mlp_forward(w, a, x_out) : Status::Ok();
   }
 
-  // x_out = x_mid + down(silu(gate) * up).
+  // Rows [r0, r0 + n) of the MLP's inner activations (kept arrays of `a` untiled, else one tile's).
+  struct MlpRows {
+    A *h2, *g, *u, *act;
+    R* rstd2;
+  };
+  // One tile's MLP arrays: the inner activations, and the backward's gradients of them (dy: the
+  // products' dy where Act is narrower than Acc, taken at the first tile).
+  struct MlpTile {
+    Array<A> h2, g, u, act, dg, du, dy;
+    Array<R> rstd2, dact, dh;
+    MlpRows rows() const { return {h2.p(), g.p(), u.p(), act.p(), rstd2.p()}; }
+  };
+  int64_t mlp_tile_rows() const { return tile_rows_ > 0 ? std::min(tile_rows_, rows_) : rows_; }
+  // The arrays of `rows` rows: the inner activations (with `inner`) and the gradients (`grads`).
+  StatusOr<MlpTile> make_mlp_tile(int64_t rows, bool inner, bool grads) {
+    const int64_t hid = c_.hidden, F = c_.ffn;
+    MlpTile t;
+    if (inner) {
+      SP_ASSIGN_OR_RETURN(t.h2, mem_.template make<A>(rows * hid));
+      SP_ASSIGN_OR_RETURN(t.rstd2, mem_.template make<R>(rows));
+      SP_ASSIGN_OR_RETURN(t.g, mem_.template make<A>(rows * F));
+      SP_ASSIGN_OR_RETURN(t.u, mem_.template make<A>(rows * F));
+    }
+    SP_ASSIGN_OR_RETURN(t.act, mem_.template make<A>(rows * F));
+    if (grads) {
+      SP_ASSIGN_OR_RETURN(t.dact, mem_.template make<R>(rows * F));
+      SP_ASSIGN_OR_RETURN(t.dg, mem_.template make<A>(rows * F));
+      SP_ASSIGN_OR_RETURN(t.du, mem_.template make<A>(rows * F));
+      SP_ASSIGN_OR_RETURN(t.dh, mem_.template make<R>(rows * hid));
+    }
+    return t;
+  }
+  // h2 = norm2(x_mid), g = gate(h2), u = up(h2), act = silu(g) * u over rows [r0, r0 + n) into t.
+  Status mlp_inner_forward(const Slots<const W*>& w, const Acts& a, const MlpRows& t, int64_t r0, int64_t n) {
+    const int64_t hid = c_.hidden, F = c_.ffn;
+    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_mid.p() + r0 * hid, w.n2, t.h2, t.rstd2, n, hid, c_.norm_eps));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(t.h2, w.wg, t.g, n, hid, F));
+    SP_RETURN_IF_ERROR(dev_.linear_forward(t.h2, w.wu, t.u, n, hid, F));
+    return dev_.swiglu_forward(t.g, t.u, t.act, n * F);
+  }
+
+  // x_out = x_mid + down(silu(gate) * up), over all rows at once (the inner activations kept in
+  // a) or tile by tile (none kept).
   Status mlp_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out) {
     const int64_t rows = rows_, hid = c_.hidden, F = c_.ffn;
-    const double eps = c_.norm_eps;
-    SP_ASSIGN_OR_RETURN(a.h2, mem_.template make<A>(rows * hid));
-    SP_ASSIGN_OR_RETURN(a.rstd2, mem_.template make<R>(rows));
-    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_mid.p(), w.n2, a.h2.p(), a.rstd2.p(), rows, hid, eps));
-    SP_ASSIGN_OR_RETURN(a.g, mem_.template make<A>(rows * F));
-    SP_ASSIGN_OR_RETURN(a.u, mem_.template make<A>(rows * F));
-    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h2.p(), w.wg, a.g.p(), rows, hid, F));
-    SP_RETURN_IF_ERROR(dev_.linear_forward(a.h2.p(), w.wu, a.u.p(), rows, hid, F));
-    SP_ASSIGN_OR_RETURN(Array<A> act, mem_.template make<A>(rows * F));
-    SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), act.p(), rows * F));
     SP_RETURN_IF_ERROR(mem_.copy(x_out.p(), a.x_mid.p(), size_t(rows * hid) * sizeof(R)));
-    return dev_.linear_forward_add(act.p(), w.wd, x_out.p(), rows, F, hid);
+    if (tile_rows_ == 0) {
+      SP_ASSIGN_OR_RETURN(MlpTile t, make_mlp_tile(rows, true, false));
+      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), 0, rows));
+      SP_RETURN_IF_ERROR(dev_.linear_forward_add(t.act.p(), w.wd, x_out.p(), rows, F, hid));
+      a.h2 = std::move(t.h2), a.rstd2 = std::move(t.rstd2), a.g = std::move(t.g), a.u = std::move(t.u);
+      return Status::Ok();
+    }
+    const int64_t tile = mlp_tile_rows();
+    SP_ASSIGN_OR_RETURN(const MlpTile t, make_mlp_tile(tile, true, false));
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const int64_t n = std::min(tile, rows - r0);
+      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), r0, n));
+      SP_RETURN_IF_ERROR(dev_.linear_forward_add(t.act.p(), w.wd, x_out.p() + r0 * hid, n, F, hid));
+    }
+    return Status::Ok();
+  }
+
+  // The MLP's backward over rows [r0, r0 + n) from its inner activations `in`: dx's rows, in the
+  // gradient at x_out, out at x_mid; adds the MLP's weights' gradients. g: the tile's gradients.
+  Status mlp_rows_backward(const Slots<const W*>& w, const Slots<R*>& dw, const Acts& a, const MlpRows& in,
+                           MlpTile& g, int64_t r0, int64_t n, Array<R>& dx) {
+    const int64_t hid = c_.hidden, F = c_.ffn;
+    R* dx_rows = dx.p() + r0 * hid;
+    SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx_rows, n * hid, g.dy));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(in.act, w.wd, dy, g.dact.p(), dw.wd, n, F, hid, false));
+    SP_RETURN_IF_ERROR(dev_.swiglu_backward(in.g, in.u, g.dact.p(), g.dg.p(), g.du.p(), n * F));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wg, g.dg.p(), g.dh.p(), dw.wg, n, hid, F, false));
+    SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wu, g.du.p(), g.dh.p(), dw.wu, n, hid, F, true));
+    return dev_.rmsnorm_backward(a.x_mid.p() + r0 * hid, w.n2, in.rstd2, g.dh.p(), dx_rows, dw.n2, n, hid);
+  }
+  // MLP: x_out = x_mid + down(silu(g) * u). dx: in, the gradient at x_out; out, at x_mid. Untiled
+  // from the kept h2, g, u (act recomputed); tiled, each tile's inner activations recomputed.
+  Status mlp_backward(const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
+    const int64_t rows = rows_, F = c_.ffn;
+    const int64_t tile = mlp_tile_rows();
+    SP_ASSIGN_OR_RETURN(MlpTile t, make_mlp_tile(tile, tile_rows_ > 0, true));
+    if (tile_rows_ == 0) {
+      SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), t.act.p(), rows * F));
+      return mlp_rows_backward(w, dw, a, {a.h2.p(), a.g.p(), a.u.p(), t.act.p(), a.rstd2.p()}, t, 0, rows, dx);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const int64_t n = std::min(tile, rows - r0);
+      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), r0, n));
+      SP_RETURN_IF_ERROR(mlp_rows_backward(w, dw, a, t.rows(), t, r0, n, dx));
+    }
+    return Status::Ok();
   }
 
   // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
   Status layer_backward(int64_t l, const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
-    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim(), F = c_.ffn;
+    const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim();
+    SP_RETURN_IF_ERROR(mlp_backward(w, dw, a, dx));  // its scratch given back before the mixer's
     Array<A> scratch;  // the products' dy where Act is narrower than Acc
-    SP_ASSIGN_OR_RETURN(Array<A> act, mem_.template make<A>(rows * F));
-    SP_ASSIGN_OR_RETURN(Array<R> dact, mem_.template make<R>(rows * F));
-    SP_ASSIGN_OR_RETURN(Array<A> dg, mem_.template make<A>(rows * F));
-    SP_ASSIGN_OR_RETURN(Array<A> du, mem_.template make<A>(rows * F));
     SP_ASSIGN_OR_RETURN(Array<R> dh, mem_.template make<R>(rows * hid));
-    // MLP: x_out = x_mid + down(silu(g) * u).
-    SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), act.p(), rows * F));
-    SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx.p(), rows * hid, scratch));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(act.p(), w.wd, dy, dact.p(), dw.wd, rows, F, hid, false));
-    SP_RETURN_IF_ERROR(dev_.swiglu_backward(a.g.p(), a.u.p(), dact.p(), dg.p(), du.p(), rows * F));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wg, dg.p(), dh.p(), dw.wg, rows, hid, F, false));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(a.h2.p(), w.wu, du.p(), dh.p(), dw.wu, rows, hid, F, true));
-    SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(a.x_mid.p(), w.n2, a.rstd2.p(), dh.p(), dx.p(), dw.n2, rows, hid));
     if (linear(l)) {  // x_mid = x_in + mixer(h1): dh = the mixer's dx (overwritten)
       SP_ASSIGN_OR_RETURN(const A* dy_mix, dev_.as_act(dx.p(), rows * hid, scratch));
       SP_RETURN_IF_ERROR(dev_.linear_mixer_backward(dev_.session().comm(), plan_->layout, mixer_params(l),
@@ -497,7 +578,7 @@ class LayerPass {
     SP_ASSIGN_OR_RETURN(Array<A> dq, mem_.template make<A>(rows * H * D));
     SP_ASSIGN_OR_RETURN(Array<A> dk, mem_.template make<A>(rows * Hkv * D));
     SP_ASSIGN_OR_RETURN(Array<A> dv, mem_.template make<A>(rows * Hkv * D));
-    SP_ASSIGN_OR_RETURN(dy, dev_.as_act(dx.p(), rows * hid, scratch));
+    SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx.p(), rows * hid, scratch));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.o.p(), w.wo, dy, dout_acc.p(), dw.wo, rows, H * D, hid, false));
     Array<A> dout_scratch;
     SP_ASSIGN_OR_RETURN(const A* dout, dev_.as_act(dout_acc.p(), rows * H * D, dout_scratch));
@@ -585,6 +666,7 @@ class LayerPass {
   int64_t chunk_;
   LaspAlgorithm linear_;
   bool offload_checkpoints_;
+  int64_t tile_rows_;  // the MLP's rows at a time (0: all)
   std::unique_ptr<HostOffload> offload_;  // made at the first pass that offloads
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units

@@ -185,8 +185,10 @@ template <class T>
 StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConfig& config, Checkpointing policy,
                                                                  const PlanOptions& options, const Layout& layout,
                                                                  int64_t batch, Communicator& comm,
-                                                                 LaspAlgorithm linear, bool offload_checkpoints) {
+                                                                 LaspAlgorithm linear, bool offload_checkpoints,
+                                                                 int64_t tile_tokens) {
   SP_RETURN_IF_ERROR(config.validate());
+  SP_CHECK_ARG(tile_tokens >= 0, "the MLP's tile must not be negative (0: all rows at once)");
   SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
                                                   " ranks, the communicator has " + std::to_string(comm.size()));
   auto impl = std::make_unique<Impl>(comm, options);
@@ -210,7 +212,8 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
     SP_ASSIGN_OR_RETURN(early, model::plan_causal(impl->layers, config, half, batch, S / 2));
   }
   impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
-                                                                         1024, linear, offload_checkpoints);
+                                                                         1024, linear, offload_checkpoints,
+                                                                         tile_tokens);
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
