@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <vector>
 
 #include "core/cuda_check.hpp"
 #include "kernels/cuda/flash_common.cuh"
@@ -271,33 +270,6 @@ __global__ void cast_kernel(const In* src, const AddT* add, Out* dst, int64_t n,
 
 namespace {
 
-// Two views of one shape (contiguous last dim) as `rows` rows of `width` contiguous elements at
-// the given pitches (in elements), where their dims merge so: a head slice [1, S, h, D] of
-// [1, S, H, D] is S rows of h D elements; stats [1, h, S] are h rows of S. A same-dtype copy of
-// such views is one cudaMemcpy2DAsync, at copy speed rather than the cast kernels' (whose 64-bit
-// index divisions held Ulysses' head-part copies to a few hundred GB/s).
-bool as_rows(const TensorView& a, const TensorView& b, int64_t* rows, int64_t* width, int64_t* a_pitch,
-             int64_t* b_pitch) {
-  struct Dim {
-    int64_t size, as, bs;
-  };
-  std::vector<Dim> dims;  // innermost first, size-1 dims dropped, mergeable dims merged
-  for (int i = a.ndim - 1; i >= 0; --i) {
-    if (a.shape[i] == 1) continue;
-    const Dim d{a.shape[i], a.strides[i], b.strides[i]};
-    if (!dims.empty() && d.as == dims.back().size * dims.back().as && d.bs == dims.back().size * dims.back().bs)
-      dims.back().size *= d.size;
-    else
-      dims.push_back(d);
-  }
-  if (dims.empty() || dims.size() > 2 || dims[0].as != 1 || dims[0].bs != 1) return false;
-  *width = dims[0].size;
-  *rows = dims.size() == 2 ? dims[1].size : 1;
-  *a_pitch = dims.size() == 2 ? dims[1].as : *width;
-  *b_pitch = dims.size() == 2 ? dims[1].bs : *width;
-  return *a_pitch >= *width && *b_pitch >= *width;
-}
-
 // dst = src (+ add, a view of the same shape in fp32 or dst's dtype, when add.data is set).
 // add may be dst itself (an in-place sum): every element is read before it is written.
 Status cast_add(const TensorView& src, const TensorView& add, const TensorView& dst, void* stream) {
@@ -317,15 +289,6 @@ Status cast_add(const TensorView& src, const TensorView& add, const TensorView& 
   const int64_t n = src.numel();
   if (n == 0) return Status::Ok();
   const auto s = static_cast<cudaStream_t>(stream);
-  if (!adding && src.dtype == dst.dtype) {
-    int64_t rows = 0, width = 0, src_pitch = 0, dst_pitch = 0;
-    if (as_rows(src, dst, &rows, &width, &src_pitch, &dst_pitch)) {
-      const size_t e = dtype_size(src.dtype);
-      SP_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst_pitch) * e, src.data, size_t(src_pitch) * e, size_t(width) * e,
-                                      size_t(rows), cudaMemcpyDeviceToDevice, s));
-      return Status::Ok();
-    }
-  }
   const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
   const bool flat = src.is_contiguous() && dst.is_contiguous() && (!adding || add.is_contiguous());
   // View as 4-D: pad leading dims with size 1.
