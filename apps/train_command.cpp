@@ -468,9 +468,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--tile-tokens", o.tile_tokens,
                   "a rank's rows the MLP runs at a time (DeepSpeed ALST's tiled MLP): its gate, up and their "
-                  "gradients exist for one tile at a time and the backward recomputes them tile by tile; 0: all "
-                  "rows at once, the MLP's activations kept for the backward. The same losses and gradients to "
-                  "round-off (the products' rows and the MLP's weight gradients sum tile by tile)")
+                  "gradients exist for one tile at a time and the backward recomputes them tile by tile; a linear "
+                  "mixer's backward steps before LASP go tile by tile too; 0: all rows at once, the MLP's "
+                  "activations kept for the backward. The same losses and gradients to round-off (a product's "
+                  "rows round by the call's row count; the tiled products' weight gradients sum tile by tile)")
       ->capture_default_str();
   cmd->callback([&o, exit_code, ranks] {
     o.ranks_given = ranks->count() > 0;

@@ -378,12 +378,13 @@ TEST_F(GpuTrain, OffloadedCheckpointsGiveTheSameBits) {
       }
 }
 
-// The tiled MLP (--tile-tokens; issue 39): 5 steps with the MLP run 100 of a rank's 1024 rows at a
-// time (11 tiles, the last short), its inner activations recomputed tile by tile in the backward,
-// follow the CPU trainer's untiled run at most twice as far as the untiled GPU run does: softmax
-// and linear (tnl) models, attention checkpointing offloaded to host memory (the tnl-1b run's
-// flags), one rank and 2 thread ranks sharing the GPU (ZeRO-3 over them); and the device's peak
-// falls (the MLP's [rows, ffn] arrays no longer kept nor made for all rows at once).
+// The tiles (--tile-tokens; issue 39): 5 steps with the MLP, and a linear mixer's backward before
+// LASP, run 100 of a rank's 1024 rows at a time (11 tiles, the last short), the MLP's inner
+// activations recomputed tile by tile in the backward, follow the CPU trainer's untiled run at
+// most twice as far as the untiled GPU run does: softmax and linear (tnl) models, attention
+// checkpointing offloaded to host memory (the tnl-1b run's flags), one rank and 2 thread ranks
+// sharing the GPU (ZeRO-3 over them); and the device's peak falls (the MLP's [rows, ffn] arrays
+// no longer kept nor made for all rows at once).
 TEST_F(GpuTrain, TiledMlpFollowsTheCpuRunAsUntiledDoes) {
   for (bool linear : {false, true})
     for (int ranks : {1, 2}) {
@@ -421,7 +422,7 @@ TEST_F(GpuTrain, TiledMlpFollowsTheCpuRunAsUntiledDoes) {
     peak[tiled] = trainer.value()->peak_device_bytes();
   }
   // Untiled, a layer's backward holds g, u (bf16) and act, dact, dg, du: 8192 rows x 2048 x
-  // (2 + 2 + 2 + 4 + 2 + 2) bytes = 224 MiB beyond one tile's eighth of it.
+  // (2 + 2 + 2 + 4 + 2 + 2) bytes = 224 MiB, where tiled it holds one tile's eighth of it.
   EXPECT_LT(peak[1], peak[0] - (128 << 20)) << peak[0] << " -> " << peak[1];
 }
 

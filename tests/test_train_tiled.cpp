@@ -1,12 +1,12 @@
-// The tiled MLP (--tile-tokens, layer_pass.hpp; issues 39 and 36) on CPU ranks, for the Llama
-// tiny preset and tnl-tiny, in fp32 and fp64, every checkpointing policy that linear layers take:
-// with the MLP run 7 or 32 rows at a time the loss and every gradient agree with the untiled
-// pass to the dtype's round-off, not bit for bit: OpenBLAS's product gives a row bits that depend
-// on how many rows the call has (its kernels for a block's tail rows round otherwise; 32-row tiles
-// of 120 rows change about half the tensors' bits, 7-row tiles all), and the MLP's weight
-// gradients sum over the rows tile by tile. One tile holding every row changes no bit. The
-// activations counted fall by exactly the MLP's kept arrays; training with tiles follows training
-// without.
+// The tiled MLP and linear mixer backward (--tile-tokens, layer_pass.hpp; issues 39 and 36) on
+// CPU ranks, for the Llama tiny preset and tnl-tiny, in fp32 and fp64, every checkpointing policy
+// that linear layers take: with 7 or 32 rows at a time the loss and every gradient agree with the
+// untiled pass to the dtype's round-off, not bit for bit: OpenBLAS's product gives a row bits that
+// depend on how many rows the call has (its kernels for a block's tail rows round otherwise;
+// 32-row tiles of 120 rows change about half the tensors' bits, 7-row tiles all), and the tiled
+// products' weight gradients (the MLP's, the mixer's output) sum over the rows tile by tile. One
+// tile holding every row changes no bit. The activations counted fall by exactly the MLP's kept
+// arrays; training with tiles follows training without.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -58,7 +58,8 @@ struct TrainOptions {
   bool pack_global_positions = false;
   int64_t lm_head_chunk = 1024;  // GPU: rows of logits made at once (0: all of them, the unfused head)
   // A rank's rows the MLP runs at a time, its inner activations made and recomputed one tile at a
-  // time (layer_pass.hpp; 0: all rows at once, the inner activations kept for the backward).
+  // time, and a linear mixer's backward steps before LASP too (layer_pass.hpp; 0: all rows at
+  // once, the MLP's inner activations kept for the backward).
   int64_t tile_tokens = 8192;
   // GPU: the same bits every run, so that a resumed run equals a straight one (the attention's
   // backward through cuDNN's deterministic algorithm: Session::deterministic says its cost).

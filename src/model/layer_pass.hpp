@@ -17,14 +17,15 @@
 // comes first) waits in host memory (host_offload.hpp): copied out under layer l+1's forward, its
 // device arrays given back after it, and copied back under layer l+1's backward, so the device
 // holds about two layers' checkpoints at a time.
-// With tile_rows > 0 the MLP runs that many rows at a time (DeepSpeed ALST's tiled MLP): its
-// inner activations (the norm's output, gate, up, their product and their gradients, [rows, ffn]
-// each) exist for one tile at a time and are never kept; the backward recomputes them tile by
-// tile from x_mid, so a checkpointing recompute stops at x_mid. Every row is the same function of
-// its input row as untiled, but not the same bits: a product's rows round by how many rows the call
-// has (OpenBLAS's tail kernels, cuBLAS's choice of algorithm), and the MLP's weight gradients sum
-// over the rows tile by tile; so losses and gradients agree with untiled to round-off (one tile of
-// every row: the same bits).
+// With tile_rows > 0 the MLP runs that many rows at a time (DeepSpeed ALST's tiled MLP), and so do
+// a linear mixer's backward steps before LASP (linear_attention_layer.hpp: LinearMixerShape). The
+// MLP's inner activations (the norm's output, gate, up, their product and their gradients,
+// [rows, ffn] each) exist for one tile at a time and are never kept; the backward recomputes them
+// tile by tile from x_mid, so a checkpointing recompute stops at x_mid. Every row is the same
+// function of its input row as untiled, but not the same bits: a product's rows round by how many
+// rows the call has (OpenBLAS's tail kernels, cuBLAS's choice of algorithm), and the weight
+// gradients of the tiled products sum over the rows tile by tile; so losses and gradients agree
+// with untiled to round-off (one tile of every row: the same bits).
 #pragma once
 
 #include <algorithm>
@@ -398,6 +399,7 @@ class LayerPass {
     m.batch = B_, m.seq = S_, m.hidden = c_.hidden, m.heads = c_.heads, m.head_dim = c_.head_dim();
     m.norm_eps = c_.norm_eps;
     m.gate = c_.linear_silu_gate ? MixerGate::kSilu : MixerGate::kIdentity;
+    m.tile_rows = tile_rows_;  // the backward's row-wise steps before LASP, as the MLP
     return m;
   }
   LinearAttentionParams mixer_params(int64_t l) const {

@@ -111,23 +111,29 @@ Status linear_mixer_backward(Communicator& comm, const Layout& layout,
                              const LinearMixerSlots<T*>& dw, LaspContext* ctx) {
   SP_RETURN_IF_ERROR(check_linear_mixer(layout, comm.rank(), s, params));
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
-  // [rows, H * D] scratch: `first` holds gated, then dnormed; `second` dgated, then do (each
-  // dead once the next step has read it); dq, dk, dv from the attention; dg until the end.
-  const size_t count = static_cast<size_t>(n);
-  std::vector<T> first(count), second(count), dq(count), dk(count), dv(count), dg(count);
-  // y = gated Wo^T: gated is recomputed (elementwise) rather than kept.
-  gate_forward(s.gate, a.g, a.normed, first.data(), n);
-  linear_backward(first.data(), w.wo, dy, second.data(), dw.wo, rows, width, s.hidden, false);
-  T* dnormed = first.data();
-  gate_backward(s.gate, a.g, a.normed, second.data(), dg.data(), dnormed, n);
-  // The norm: do = 0 + d(normed)/do^T dnormed; its weight's gradient is dropped (there is none).
+  const int64_t tile = s.tile_rows > 0 ? std::min(s.tile_rows, rows) : rows;
+  // [rows, H * D]: d_o (LASP's dout), dq, dk, dv from the attention, dg until the end. A tile's
+  // scratch: `first` holds gated, then dnormed; `second` dgated (each dead once the next step has
+  // read it).
+  const size_t count = static_cast<size_t>(n), tile_count = static_cast<size_t>(tile * width);
+  std::vector<T> d_o(count, T(0)), dq(count), dk(count), dv(count), dg(count);
+  std::vector<T> first(tile_count), second(tile_count);
+  // TNL's norm has no weight: rmsnorm.cpp's with w = 1, its weight's gradient dropped.
   const std::vector<T> ones(size_t(width), T(1));
   std::vector<T> unused_weight_grad(size_t(width), T(0));
-  T* d_o = second.data();
-  std::fill(d_o, d_o + n, T(0));
-  rmsnorm_backward(a.o, ones.data(), a.rstd, dnormed, d_o, unused_weight_grad.data(), rows, width);
+  for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+    const int64_t tile_rows = std::min(tile, rows - r0), m = tile_rows * width, at = r0 * width;
+    // y = gated Wo^T: gated is recomputed (elementwise) rather than kept.
+    gate_forward(s.gate, a.g + at, a.normed + at, first.data(), m);
+    linear_backward(first.data(), w.wo, dy + r0 * s.hidden, second.data(), dw.wo, tile_rows, width, s.hidden, false);
+    T* dnormed = first.data();
+    gate_backward(s.gate, a.g + at, a.normed + at, second.data(), dg.data() + at, dnormed, m);
+    // The norm: do = 0 + d(normed)/do^T dnormed.
+    rmsnorm_backward(a.o + at, ones.data(), a.rstd + r0, dnormed, d_o.data() + at, unused_weight_grad.data(),
+                     tile_rows, width);
+  }
   SP_RETURN_IF_ERROR(lasp_backward(comm, layout, params, ctx, heads_view(s, a.q),
-                                   heads_view(s, a.k), heads_view(s, a.v), heads_view(s, d_o),
+                                   heads_view(s, a.k), heads_view(s, a.v), heads_view(s, d_o.data()),
                                    heads_view(s, dq.data()), heads_view(s, dk.data()),
                                    heads_view(s, dv.data())));
   // Through SiLU back to the projections' outputs (in place: dq, dk become d(q_in), d(k_in)).

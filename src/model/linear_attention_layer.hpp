@@ -36,6 +36,10 @@ struct LinearMixerShape {
   int64_t hidden = 0, heads = 0, head_dim = 0;
   double norm_eps = 1e-6;  // TNL's SimpleRMSNorm eps
   MixerGate gate = MixerGate::kIdentity;
+  // Rows the backward's row-wise steps before LASP (the output product's backward, the gate's and
+  // the norm's) take at a time, their scratch one tile's (0: all rows at once). Wo's gradient then
+  // sums tile by tile: the same to round-off.
+  int64_t tile_rows = 0;
 
   int64_t rows() const { return batch * seq; }
   int64_t width() const { return heads * head_dim; }  // H * D

@@ -2,6 +2,7 @@
 // half's steps in the same order, each a CUDA layer piece or LASP on device tensors.
 #include "model/linear_attention_layer_cuda.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace seqpar::model::cuda {
@@ -74,36 +75,43 @@ Status LinearMixer::backward(Communicator& comm, const Layout& layout,
   void* stream = memory_.stream();
   const int64_t rows = s.rows(), width = s.width(), n = rows * width;
   const bool silu_gate = s.gate == MixerGate::kSilu;
-  // [rows, H * D] scratch: `gated` holds the recomputed gate output, then do in bf16 (LASP's
-  // dout); `grad` da, then do in fp32 (each dead once the next step has read it).
-  SP_ASSIGN_OR_RETURN(const Array<bf16_t> gated, memory_.make<bf16_t>(n));
-  SP_ASSIGN_OR_RETURN(const Array<float> grad, memory_.make<float>(n));
+  const int64_t tile = s.tile_rows > 0 ? std::min(s.tile_rows, rows) : rows;
+  // [rows, H * D] bf16: d_o (LASP's dout) and dg (until the end).
+  SP_ASSIGN_OR_RETURN(const Array<bf16_t> d_o, memory_.make<bf16_t>(n));
   SP_ASSIGN_OR_RETURN(const Array<bf16_t> dg, memory_.make<bf16_t>(n));
-  // y = gated Wo^T: gated is recomputed (elementwise) rather than kept.
-  SP_RETURN_IF_ERROR(mixer_gate_forward(silu_gate, a.g, a.normed, gated.p(), n, stream));
-  SP_RETURN_IF_ERROR(
-      linear_backward(gated.p(), w.wo, dy, grad.p(), dw.wo, rows, width, s.hidden, false, stream));
   {
-    SP_ASSIGN_OR_RETURN(const Array<float> dnormed, memory_.make<float>(n));
-    SP_RETURN_IF_ERROR(
-        mixer_gate_backward(silu_gate, a.g, a.normed, grad.p(), dg.p(), dnormed.p(), n, stream));
-    // The norm: do = 0 + d(normed)/do^T dnormed; the weight's gradient goes to scratch (there is
-    // no weight).
+    // A tile's scratch: `gated` the recomputed gate output; `grad` da, then do in fp32 (each dead
+    // once the next step has read it); dnormed; o widened to fp32.
+    const int64_t tn = tile * width;
+    SP_ASSIGN_OR_RETURN(const Array<bf16_t> gated, memory_.make<bf16_t>(tn));
+    SP_ASSIGN_OR_RETURN(const Array<float> grad, memory_.make<float>(tn));
+    SP_ASSIGN_OR_RETURN(const Array<float> dnormed, memory_.make<float>(tn));
+    SP_ASSIGN_OR_RETURN(const Array<float> o32, memory_.make<float>(tn));
+    // The norm's weight is ones; its gradient goes to scratch (there is no weight).
     SP_ASSIGN_OR_RETURN(const bf16_t* ones, norm_weight(width));
     SP_ASSIGN_OR_RETURN(const Array<float> unused_weight_grad, memory_.make_zeroed<float>(width));
-    SP_ASSIGN_OR_RETURN(const Array<float> o32, widened(a.o, n));
-    SP_RETURN_IF_ERROR(memory_.zero(grad.p(), size_t(n) * sizeof(float)));
-    SP_RETURN_IF_ERROR(rmsnorm_backward(o32.p(), ones, a.rstd, dnormed.p(), grad.p(),
-                                        unused_weight_grad.p(), rows, width, stream));
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const int64_t tile_rows = std::min(tile, rows - r0), m = tile_rows * width, at = r0 * width;
+      // y = gated Wo^T: gated is recomputed (elementwise) rather than kept.
+      SP_RETURN_IF_ERROR(mixer_gate_forward(silu_gate, a.g + at, a.normed + at, gated.p(), m, stream));
+      SP_RETURN_IF_ERROR(linear_backward(gated.p(), w.wo, dy + r0 * s.hidden, grad.p(), dw.wo, tile_rows, width,
+                                         s.hidden, false, stream));
+      SP_RETURN_IF_ERROR(
+          mixer_gate_backward(silu_gate, a.g + at, a.normed + at, grad.p(), dg.p() + at, dnormed.p(), m, stream));
+      // The norm: do = 0 + d(normed)/do^T dnormed.
+      SP_RETURN_IF_ERROR(to_f32(a.o + at, o32.p(), m, stream));
+      SP_RETURN_IF_ERROR(memory_.zero(grad.p(), size_t(m) * sizeof(float)));
+      SP_RETURN_IF_ERROR(rmsnorm_backward(o32.p(), ones, a.rstd + r0, dnormed.p(), grad.p(), unused_weight_grad.p(),
+                                          tile_rows, width, stream));
+      SP_RETURN_IF_ERROR(to_bf16(grad.p(), d_o.p() + at, m, stream));
+    }
   }
-  const bf16_t* d_o = gated.p();
-  SP_RETURN_IF_ERROR(to_bf16(grad.p(), gated.p(), n, stream));
   SP_ASSIGN_OR_RETURN(const Array<bf16_t> dq, memory_.make<bf16_t>(n));
   SP_ASSIGN_OR_RETURN(const Array<bf16_t> dk, memory_.make<bf16_t>(n));
   SP_ASSIGN_OR_RETURN(const Array<bf16_t> dv, memory_.make<bf16_t>(n));
   const auto view = [&](const bf16_t* p) { return heads_view(s, p, device_); };
   SP_RETURN_IF_ERROR(lasp_backward(comm, layout, params, ctx, view(a.q), view(a.k), view(a.v),
-                                   view(d_o), view(dq.p()), view(dk.p()), view(dv.p()), stream));
+                                   view(d_o.p()), view(dq.p()), view(dk.p()), view(dv.p()), stream));
   // Through SiLU back to the projections' outputs (in place: dq, dk become d(q_in), d(k_in)).
   SP_RETURN_IF_ERROR(silu_backward(a.q_in, dq.p(), dq.p(), n, stream));
   SP_RETURN_IF_ERROR(silu_backward(a.k_in, dk.p(), dk.p(), n, stream));
