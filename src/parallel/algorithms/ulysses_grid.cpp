@@ -1,5 +1,6 @@
 // Ulysses x ring schedules (ulysses_grid.hpp): the all-to-alls around a ring-family schedule
-// whose steps are widened from one rank's shard to a Ulysses group's head-part span.
+// whose steps are widened from one rank's shard to a Ulysses group's head-part span; and
+// Ulysses with its heads in two halves whose all-to-alls overlap the other half's attention.
 #include "parallel/algorithms/ulysses_grid.hpp"
 
 namespace seqpar::parallel {
