@@ -255,9 +255,9 @@ TEST(PlannerBytes, PredictedEqualMeasuredOnCpuRanksOnTheDocumentsLayout) {
 // Order: measured fwd+bwd, ring-return 126.7 ms against Ulysses 148.2 at 256K, 1084.0 against
 // 974.7 at 1M; the planner ranks them the same way. `auto` given the layout took ring-return at
 // 256K (before, it priced no candidate on a documents layout and fell back to the busiest-rank
-// rule, which ran Ulysses); with Ulysses' spans in position order (one launch, 124.1 ms) and its
-// halves overlapped it takes ulysses-overlap (predicted 120.1 ms; measured in session j's last
-// 4-GPU call, docs/RESULTS.md).
+// rule, which ran Ulysses); with Ulysses' spans in position order (one call a step) and its
+// halves overlapped it takes ulysses-overlap: predicted 120.1 ms, measured 123.2 (as `auto`
+// 123.8), 1.1% behind the fastest, ulysses at 121.9 (4 x H100, session j, docs/PLANNER.md).
 TEST(PlannerDocuments, IssueRowsOnFourH100s) {
   const Cluster cluster = cluster_preset("h100x4").value();
   const BlockBytes wire{1, 32, 8, 128, DType::kBF16, DType::kF32, DType::kF32, true, true};
