@@ -566,6 +566,7 @@ class LayerPass {
   Status layer_backward(int64_t l, const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
     const int64_t rows = rows_, hid = c_.hidden, H = c_.heads, Hkv = c_.kv_heads, D = c_.head_dim();
     SP_RETURN_IF_ERROR(mlp_backward(w, dw, a, dx));  // its scratch given back before the mixer's
+    a.x_mid = {}, a.h2 = {}, a.g = {}, a.u = {}, a.rstd2 = {};  // read for the last time
     Array<A> scratch;  // the products' dy where Act is narrower than Acc
     SP_ASSIGN_OR_RETURN(Array<R> dh, mem_.template make<R>(rows * hid));
     if (linear(l)) {  // x_mid = x_in + mixer(h1): dh = the mixer's dx (overwritten)
