@@ -131,6 +131,42 @@ TEST(UlyssesBytes, KeptForwardStateLeavesFourAllToAllsAPass) {
       }
 }
 
+// ulysses-overlap's order is its point: both halves' all-to-alls are posted before either is
+// waited for, the first half computes before the second half's wait, and the first half's
+// results are posted home before the second half computes; the bytes are Ulysses' where the
+// K/V heads split into 2P parts (no K/V head copied twice).
+TEST(UlyssesBytes, OverlapPostsTheSecondHalfBeforeTheFirstComputes) {
+  const int P = 4;
+  Problem g;
+  g.seq = 8 * P, g.heads = 16, g.kv_heads = 8, g.head_dim = 4;
+  const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, P).value();
+  const ScheduleRequest req = make_schedule_request(layout, MaskSpec::causal(), g.heads, g.kv_heads);
+  for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+    const std::vector<Step> steps = find_algorithm("ulysses-overlap")->make_schedule(req, 1).pass(pass);
+    std::vector<std::string> order;  // post b / wait b / compute part
+    for (const Step& s : steps) {
+      if (s.kind == StepKind::kPost) order.push_back("post " + std::to_string(s.batch));
+      if (s.kind == StepKind::kWait) order.push_back("wait " + std::to_string(s.batch));
+      if (s.kind == StepKind::kCompute) order.push_back("compute " + std::to_string(s.part));
+    }
+    EXPECT_EQ(order, (std::vector<std::string>{"post 0", "post 1", "wait 0", "compute 1", "post 2", "wait 1", "compute 5",
+                                               "post 3", "wait 2", "wait 3"}));
+  }
+  Status status;
+  const Inputs in(g);
+  PlanOptions overlap{"ulysses-overlap"}, plain{"ulysses"};
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const RankResults a = run_ranks(g, layout, params, overlap, in.q, in.k, in.v, in.dout, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  expect_oracle(a, in, params);
+  const RankResults b = run_ranks(g, layout, params, plain, in.q, in.k, in.v, in.dout, &status);
+  ASSERT_TRUE(status.ok()) << status.to_string();
+  for (int r = 0; r < P; ++r)
+    for (Phase phase : {Phase::kForward, Phase::kBackward})
+      EXPECT_EQ(a.counters[r].sent(phase), b.counters[r].sent(phase)) << "rank " << r;
+}
+
 // Ulysses x ring with a returning ring across the groups: the ring dimension's blocks span u
 // shards, so its returns carry every row (the per-shard row hulls that trim ring-return's and
 // burst-return's returns do not apply to group spans). The oracle to 1e-10, valid schedules,
