@@ -107,8 +107,13 @@ TEST(TrainTiled, TrainingWithTilesFollowsTrainingWithout) {
   }
   const int64_t rows = o.batch * o.seq;
   EXPECT_EQ(counted[0] - counted[1], rows * (o.model.hidden + 2 * o.model.ffn + 1) * int64_t(sizeof(float)));
+  o.tile_tokens = -2;
+  EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("the MLP's tile must be"), std::string::npos);
+  // The default: tiles under a checkpointing policy, none without one.
   o.tile_tokens = -1;
-  EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("must not be negative"), std::string::npos);
+  EXPECT_EQ(o.tile_rows(), 8192);
+  o.checkpointing = Checkpointing::kNone;
+  EXPECT_EQ(o.tile_rows(), 0);
 }
 
 }  // namespace

@@ -168,7 +168,7 @@ class CudaModelPass final : public ModelPass {
     }
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
     pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk,
-                                                    o.linear_sp, o.offload_checkpoints, o.tile_tokens);
+                                                    o.linear_sp, o.offload_checkpoints, o.tile_rows());
     return Status::Ok();
   }
   Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) override {

@@ -198,7 +198,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   SP_CHECK_ARG(options.zero_stage >= 0 && options.zero_stage <= 3,
                "ZeRO stage " + std::to_string(options.zero_stage) + " does not exist (0, 1, 2 or 3)");
   SP_CHECK_ARG(options.lm_head_chunk >= 0, "the LM head's chunk must not be negative (0: all rows at once)");
-  SP_CHECK_ARG(options.tile_tokens >= 0, "the MLP's tile must not be negative (0: all rows at once)");
+  SP_CHECK_ARG(options.tile_tokens >= -1, "the MLP's tile must be rows, 0 (all rows at once) or -1 (the default)");
   SP_CHECK_ARG(!options.offload_checkpoints || options.checkpointing != Checkpointing::kNone,
                "offloading checkpoints needs a checkpointing policy that keeps some (full, attention or sequence), "
                "not none");
@@ -432,7 +432,7 @@ StatusOr<std::unique_ptr<ModelPass>> make_model_pass(const TrainOptions& o, cons
   if (o.device == DeviceKind::kCuda) return make_cuda_model_pass(o, layout, group, memory);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer<float>> model,
                       Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group,
-                                                 o.linear_sp, o.offload_checkpoints, o.tile_tokens));
+                                                 o.linear_sp, o.offload_checkpoints, o.tile_rows()));
   return std::unique_ptr<ModelPass>(std::make_unique<CpuModelPass>(std::move(model)));
 }
 
