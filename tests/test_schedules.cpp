@@ -412,7 +412,7 @@ TEST(MaskSkipsTransfers, BlockSparseSendsLessThanCausal) {
 
 TEST(AlgorithmRegistry, NamesAndRefusals) {
   EXPECT_EQ(algorithm_names(),
-            "ring|burst|ring-return|burst-return|distflash|double-ring|ulysses|ulysses-ring|attention2d|"
+            "ring|burst|ring-return|burst-return|distflash|double-ring|ulysses|ulysses-overlap|ulysses-ring|attention2d|"
             "attention2d-overlap");
   const Layout layout = Layout::create(LayoutKind::kZigzag, 64, 4).value();
   AttentionParams causal;
