@@ -40,6 +40,8 @@ def refusal(algo, layout, ranks, mask, heads):
         return "distflash"
     if algo == "ulysses" and heads % ranks:
         return "do not split into"  # the Ulysses degree must divide the heads
+    if algo == "ulysses-overlap" and ranks > 1 and heads % (2 * ranks):
+        return "do not split into"  # two head parts a rank
     if algo.startswith("attention2d") and int(ranks ** 0.5) ** 2 != ranks:
         return "square number of ranks"
     return None
