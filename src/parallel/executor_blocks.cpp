@@ -199,18 +199,18 @@ Status Executor::join_parts(const Block& whole) {
   }
   bool disjoint = every_part;
   for (size_t i = 0; i < shapes.size(); ++i) disjoint = disjoint && heads[i] == heads_of(shapes[i].heads, kAllHeads).count();
+  // The caller takes the result cleared where no part reached it (executor.cpp), so making it
+  // here first changes nothing but the clear that new disjoint parts make needless.
   Stored* into = nullptr;
-  bool fresh = false;
+  bool overwrite = false;
   if (disjoint) {
-    SP_ASSIGN_OR_RETURN(into, result(whole, &fresh));
+    SP_ASSIGN_OR_RETURN(into, result(whole, &overwrite));
+  } else {
+    SP_ASSIGN_OR_RETURN(into, cleared_result(whole));
   }
-  const bool overwrite = disjoint && fresh;
   for (int p = 0; p < parts; ++p) {
     auto it = store_.find({whole.kind, whole.shard, 1, p});
     if (it == store_.end()) continue;
-    if (!into) {
-      SP_ASSIGN_OR_RETURN(into, cleared_result(whole));
-    }
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
       if (whole.kind == BlockKind::kOutput || overwrite) SP_RETURN_IF_ERROR(mem_.copy(it->second->parts[i], slice));

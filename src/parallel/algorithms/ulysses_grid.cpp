@@ -34,7 +34,7 @@ bool any_in_column(const ScheduleRequest& req, int group, int u) {
 
 // The all-to-all from sequence shards to head parts `first` + member: every other member of
 // the group gets its head part of this rank's `kinds`.
-Step shards_to_parts_post(const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds, int batch, int first) {
+Step shards_to_parts_post(const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds, int batch, int first) {
   const int a = g.member(l), b = g.group(l);
   Step post;
   post.kind = StepKind::kPost, post.batch = batch, post.collective = Collective::kAllToAll;
@@ -48,7 +48,7 @@ Step shards_to_parts_post(const UlyssesGrid& g, int l, std::initializer_list<Blo
   return post;
 }
 // The span blocks of head part `part` joined from the group's shards.
-void concat_part(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
+void concat_part(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
                  int part) {
   for (BlockKind k : kinds) {
     Step concat;
@@ -56,7 +56,7 @@ void concat_part(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::ini
     steps.push_back(concat);
   }
 }
-void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, std::initializer_list<BlockKind> kinds,
+void shards_to_parts(std::vector<Step>& steps, const UlyssesGrid& g, int l, const std::vector<BlockKind>& kinds,
                      int batch) {
   steps.push_back(shards_to_parts_post(g, l, kinds, batch, 0));
   steps.push_back(wait_step(batch, 0));
@@ -217,25 +217,22 @@ RankSchedule ulysses_overlap_schedule(const ScheduleRequest& req, int rank) {
   // second's compute); the pass ends waiting for both.
   const auto pass = [&](std::vector<Step>& steps, const std::vector<Step>& computes, bool backward) {
     const bool kept = backward && req.keep_forward_state;
-    for (int c = 0; c < 2; ++c) {
-      if (kept) steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kGradPack}, c, c * u));
-      else if (backward) steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, c, c * u));
-      else steps.push_back(shards_to_parts_post(g, rank, {BlockKind::kQuery, BlockKind::kKV}, c, c * u));
-    }
+    // What crosses to head parts: the forward's Q and K/V; the backward's query pack and K/V, or
+    // with the forward's kept, dO and the row stats (the grad pack) alone.
+    const std::vector<BlockKind> in = kept       ? std::vector<BlockKind>{BlockKind::kGradPack}
+                                      : backward ? std::vector<BlockKind>{BlockKind::kQueryPack, BlockKind::kKV}
+                                                 : std::vector<BlockKind>{BlockKind::kQuery, BlockKind::kKV};
+    for (int c = 0; c < 2; ++c) steps.push_back(shards_to_parts_post(g, rank, in, c, c * u));
     std::vector<BlockKind> home;
     if (rows) home.push_back(backward ? BlockKind::kDQ : BlockKind::kOutput);
     if (backward && columns) home.push_back(BlockKind::kDKV);
     for (int c = 0; c < 2; ++c) {
       steps.push_back(wait_step(c, 0));
+      concat_part(steps, g, rank, in, parts[c]);
       if (kept) {
-        concat_part(steps, g, rank, {BlockKind::kGradPack}, parts[c]);
         Step pack;
         pack.kind = StepKind::kPack, pack.block = {BlockKind::kQueryPack, 0, u, parts[c]};
         steps.push_back(pack);
-      } else if (backward) {
-        concat_part(steps, g, rank, {BlockKind::kQueryPack, BlockKind::kKV}, parts[c]);
-      } else {
-        concat_part(steps, g, rank, {BlockKind::kQuery, BlockKind::kKV}, parts[c]);
       }
       widen(steps, computes, g, a, parts[c], 2);
       parts_to_shards_post(steps, g, rank, home, 2 + c, 2 + c, parts[c]);
