@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <limits>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "kernels/cudnn/cudnn_attention.hpp"
 #include "kernels/cuda/flash_cuda.hpp"
@@ -375,6 +377,61 @@ TensorView middle_heads(TensorView v) {
   v.data = static_cast<char*>(v.data) + v.shape[3] * 2;
   v.shape[2] = 2;
   return v;
+}
+
+// flash_copy_many against the CPU: contiguous rows (16-byte units), head slices (one strided
+// level), row statistics [B, H, S] cut by rows at odd offsets (4-byte units), bf16 rows starting
+// 2 bytes off (2-byte units), a view of two strided levels and a cast (both through flash_cast),
+// and more copies than one launch's list takes; everything outside the destinations untouched.
+TEST(FlashSmallKernels, CopyManyWritesEachDestinationAndNothingElse) {
+  SKIP_WITHOUT_GPU();
+  const HostTensor a = testing::random_tensor(DType::kBF16, {2, 37, 4, 64}, 81);
+  const HostTensor st = testing::random_tensor(DType::kF32, {1, 4, 1001}, 82);
+  auto ga = to_device(a), gst = to_device(st);
+  auto out = device_zeros(DType::kBF16, {2, 37, 4, 64});
+  auto out_st = device_zeros(DType::kF32, {1, 4, 1001});
+  auto out_f = device_zeros(DType::kF32, {2, 37, 4, 64});
+  auto out2 = device_zeros(DType::kBF16, {2, 37, 4, 64});
+  std::vector<std::pair<TensorView, TensorView>> pairs;
+  const TensorView a0 = ga->view.narrow(0, 0, 1), o0 = out->view.narrow(0, 0, 1);
+  const TensorView a1 = ga->view.narrow(0, 1, 2), o1 = out->view.narrow(0, 1, 2);
+  pairs.emplace_back(a0.narrow(1, 0, 10), o0.narrow(1, 0, 10));                              // contiguous rows
+  pairs.emplace_back(middle_heads(a0.narrow(1, 10, 20)), middle_heads(o0.narrow(1, 10, 20)));  // head slice
+  TensorView cols_src = a0.narrow(1, 20, 37), cols_dst = o0.narrow(1, 20, 37);  // columns 1..63: 2-byte units
+  cols_src.data = static_cast<char*>(cols_src.data) + 2, cols_dst.data = static_cast<char*>(cols_dst.data) + 2;
+  cols_src.shape[3] = cols_dst.shape[3] = 63;
+  pairs.emplace_back(cols_src, cols_dst);
+  pairs.emplace_back(middle_heads(a1.narrow(1, 0, 30)), middle_heads(o1.narrow(1, 0, 30)));
+  pairs.emplace_back(a1.narrow(1, 30, 37), o1.narrow(1, 30, 37));
+  // Rows 0..29 of both batches, heads 1 and 2: two strided levels.
+  pairs.emplace_back(middle_heads(ga->view.narrow(1, 0, 30)), middle_heads(out2->view.narrow(1, 0, 30)));
+  for (int64_t i = 0; i < 1001; ++i)  // 1,001 one-element rows of stats: more than one launch's list
+    pairs.emplace_back(gst->view.narrow(2, i, i + 1), out_st->view.narrow(2, i, i + 1));
+  pairs.emplace_back(ga->view.narrow(1, 36, 37), out_f->view.narrow(1, 36, 37));  // a cast
+  ASSERT_TRUE(flash_copy_many(pairs).ok());
+  const HostTensor got = cast(to_host(out->view).value(), DType::kF32), want_src = cast(a, DType::kF32);
+  const HostTensor got2 = cast(to_host(out2->view).value(), DType::kF32);
+  int64_t wrong = 0, wrong2 = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 37; ++i)
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t d = 0; d < 64; ++d) {
+          const int64_t e = ((b * 37 + i) * 4 + h) * 64 + d;
+          const bool mid = h == 1 || h == 2;
+          const bool inside = b == 0 ? (i < 10 || (i < 20 && mid) || (i >= 20 && d >= 1)) : ((i < 30 && mid) || i >= 30);
+          if (got.data<float>()[e] != (inside ? want_src.data<float>()[e] : 0.f)) ++wrong;
+          if (got2.data<float>()[e] != (i < 30 && mid ? want_src.data<float>()[e] : 0.f)) ++wrong2;
+        }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(wrong2, 0);
+  EXPECT_EQ(testing::max_abs_diff(to_host(out_st->view).value(), st), 0.0);
+  const HostTensor got_f = to_host(out_f->view).value();
+  int64_t wrong_f = 0;
+  for (int64_t e = 0; e < got_f.numel(); ++e) {
+    const int64_t i = (e / (4 * 64)) % 37;
+    if (got_f.data<float>()[e] != (i == 36 ? want_src.data<float>()[e] : 0.f)) ++wrong_f;
+  }
+  EXPECT_EQ(wrong_f, 0);
 }
 
 // accumulate (dst += src) and add_cast (dst = src + acc) on strided head slices, both with the

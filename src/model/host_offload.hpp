@@ -34,6 +34,16 @@ class HostOffload {
   virtual int64_t host_bytes() const = 0;
 };
 
+// Pinned host memory (the CUDA half; host_offload_cuda.cpp says how it is pinned and why):
+// `threads` fault its pages in at once. Given back by unpin_host_bytes.
+struct PinnedHostBytes {
+  void* data = nullptr;
+  size_t bytes = 0;
+  bool mapped = false;  // an mmap registered with CUDA, else cudaHostAlloc's
+};
+StatusOr<PinnedHostBytes> pin_host_bytes(size_t bytes, int threads);
+void unpin_host_bytes(PinnedHostBytes& p);
+
 // For `memory`'s device: plain host copies, or pinned slots and a copy stream on its GPU.
 StatusOr<std::unique_ptr<HostOffload>> make_host_offload(TrainingMemory& memory);
 // The CUDA half (refused without CUDA).

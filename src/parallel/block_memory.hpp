@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "seqpar/status.hpp"
 #include "seqpar/tensor.hpp"
@@ -36,6 +38,13 @@ class BlockMemory {
 
   // dst = src, cast to dst's dtype (views of one shape, up to 4 dims, contiguous last dim).
   [[nodiscard]] virtual Status copy(const TensorView& src, const TensorView& dst) = 0;
+  // dst = src for each pair; no destination overlaps another pair's source or destination.
+  // A device does them in one launch (a span step copies hundreds of pieces, and a launch each
+  // made it launch-bound); the host one by one.
+  [[nodiscard]] virtual Status copy_many(std::span<const std::pair<TensorView, TensorView>> pairs) {
+    for (const auto& [src, dst] : pairs) SP_RETURN_IF_ERROR(copy(src, dst));
+    return Status::Ok();
+  }
   // Every element of dst set to value.
   [[nodiscard]] virtual Status fill(const TensorView& dst, float value) = 0;
   // dst += src (dst in the accumulators' dtype, src in it or the inputs').

@@ -141,7 +141,7 @@ Status Executor::run_group(int g, PassStats* stats) {
   const auto qh = [&](const TensorView& t) { return t.narrow(2, g * Hg_, (g + 1) * Hg_); };
   const auto kvh = [&](const TensorView& t) { return t.narrow(2, g * Hkg_, (g + 1) * Hkg_); };
   const auto stat_h = [&](const TensorView& t) { return t.narrow(1, g * Hg_, (g + 1) * Hg_); };
-  home_.clear();
+  home_.clear(), joined_home_.clear();
   if (pass_ == Pass::kForward) {
     home_[BlockKind::kOutput] = {qh(t_.o), stat_h(t_.lse)};
   } else {
@@ -190,7 +190,7 @@ Status Executor::run_group(int g, PassStats* stats) {
     const Block own{kind, me_};
     SP_RETURN_IF_ERROR(join_parts(own));
     SP_ASSIGN_OR_RETURN(Stored* r, cleared_result(own));
-    if (in_callers(own)) continue;
+    if (in_callers(own) || joined_home_.count(own)) continue;
     for (size_t i = 0; i < callers.size(); ++i) SP_RETURN_IF_ERROR(mem_.copy(r->parts[i], callers[i]));
   }
   return mark(g, steps_.size(), "out");

@@ -108,6 +108,7 @@ class Executor {
   ForwardState* state_;
   std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
   std::set<Block> rounded_;                        // results held in the inputs' dtype
+  std::set<Block> joined_home_;                    // own results join_parts put in the caller's tensors
   std::map<BlockKind, std::vector<TensorView>> home_;  // the caller's tensors for the group's own results
 };
 

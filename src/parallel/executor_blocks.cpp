@@ -155,10 +155,12 @@ StatusOr<Executor::Stored*> Executor::input(const Block& b) {
   const size_t first = source->first_part;
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> part, make_block(b));
   const std::vector<PartShape> shapes = part_shapes(b, 0);
+  std::vector<std::pair<TensorView, TensorView>> copies;
   for (size_t i = 0; i < shapes.size(); ++i)
-    SP_RETURN_IF_ERROR(mem_.copy(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
-                                                        heads_of(shapes[i].heads, b.part)),
-                                  part->parts[i]));
+    copies.emplace_back(parallel::heads_slice(w->second->parts[first + i], shapes[i].heads,
+                                              heads_of(shapes[i].heads, b.part)),
+                        part->parts[i]);
+  SP_RETURN_IF_ERROR(mem_.copy_many(copies));
   return (store_[b] = std::move(part)).get();
 }
 
@@ -169,9 +171,9 @@ Status Executor::pack(const Step& s) {
   SP_ASSIGN_OR_RETURN(Stored* from_q, input(q));
   SP_ASSIGN_OR_RETURN(Stored* from_grads, input(grads));
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> made, make_block(s.block));
-  SP_RETURN_IF_ERROR(mem_.copy(from_q->parts[0], made->parts[0]));
-  for (size_t i = 1; i < made->parts.size(); ++i)
-    SP_RETURN_IF_ERROR(mem_.copy(from_grads->parts[i - 1], made->parts[i]));
+  std::vector<std::pair<TensorView, TensorView>> copies{{from_q->parts[0], made->parts[0]}};
+  for (size_t i = 1; i < made->parts.size(); ++i) copies.emplace_back(from_grads->parts[i - 1], made->parts[i]);
+  SP_RETURN_IF_ERROR(mem_.copy_many(copies));
   store_[s.block] = std::move(made);
   return Status::Ok();
 }
@@ -186,7 +188,9 @@ StatusOr<Executor::Stored*> Executor::held_result(const Block& b) {
 // The home result's head parts, copied (O, LSE: disjoint heads) or added (dQ, dK/dV: GQA may
 // give two parts one K/V head) into the whole-heads result, and released. Where every part is
 // here with heads of its own and the result is new (Ulysses' results), each is copied into its
-// heads and nothing is cleared first.
+// heads and nothing is cleared first: the rank's own result straight into the caller's tensors
+// (joined_home_), since every head there comes from one part, the parts that travelled already
+// rounded to the inputs' dtype and the rank's own rounded once, as through a whole result.
 Status Executor::join_parts(const Block& whole) {
   const int parts = plan_.schedule.head_parts;
   if (parts <= 1) return Status::Ok();
@@ -203,22 +207,33 @@ Status Executor::join_parts(const Block& whole) {
   // here first changes nothing but the clear that new disjoint parts make needless.
   Stored* into = nullptr;
   bool overwrite = false;
-  if (disjoint) {
+  if (disjoint && !store_.count(whole) && whole.shard == me_ && home_.count(whole.kind)) {
+    auto callers = std::make_unique<Stored>();
+    callers->parts = home_.at(whole.kind);
+    into = (store_[whole] = std::move(callers)).get();
+    joined_home_.insert(whole);
+    overwrite = true;
+  } else if (disjoint) {
     SP_ASSIGN_OR_RETURN(into, result(whole, &overwrite));
   } else {
     SP_ASSIGN_OR_RETURN(into, cleared_result(whole));
   }
+  const bool copying = whole.kind == BlockKind::kOutput || overwrite;  // disjoint heads: copies in one batch
+  std::vector<std::pair<TensorView, TensorView>> copies;
+  std::vector<std::unique_ptr<Stored>> joined;
   for (int p = 0; p < parts; ++p) {
     auto it = store_.find({whole.kind, whole.shard, 1, p});
     if (it == store_.end()) continue;
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView slice = parallel::heads_slice(into->parts[i], shapes[i].heads, heads_of(shapes[i].heads, p));
-      if (whole.kind == BlockKind::kOutput || overwrite) SP_RETURN_IF_ERROR(mem_.copy(it->second->parts[i], slice));
+      if (copying) copies.emplace_back(it->second->parts[i], slice);
       else SP_RETURN_IF_ERROR(mem_.add(it->second->parts[i], slice));
     }
-    release(std::move(it->second));
+    joined.push_back(std::move(it->second));
     store_.erase(it);
   }
+  SP_RETURN_IF_ERROR(mem_.copy_many(copies));
+  for (auto& st : joined) release(std::move(st));
   return Status::Ok();
 }
 
@@ -245,13 +260,15 @@ Status Executor::regroup(const Step& s) {
       parts[x] = (store_[piece] = std::move(made)).get();
     }
   }
-  for (const SpanPositions::Piece& p : positions_.pieces(b))  // the span's rows from (or to) its shards' rows
+  std::vector<std::pair<TensorView, TensorView>> copies;  // the span's rows from (or to) its shards' rows
+  for (const SpanPositions::Piece& p : positions_.pieces(b))
     for (size_t i = 0; i < shapes.size(); ++i) {
       const TensorView span_rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, p.to, p.rows);
       const TensorView shard_rows = parallel::rows_slice(parts[p.shard]->parts[i], shapes[i].heads, p.from, p.rows);
-      if (s.kind == StepKind::kConcat) SP_RETURN_IF_ERROR(mem_.copy(shard_rows, span_rows));
-      else SP_RETURN_IF_ERROR(mem_.copy(span_rows, shard_rows));
+      if (s.kind == StepKind::kConcat) copies.emplace_back(shard_rows, span_rows);
+      else copies.emplace_back(span_rows, shard_rows);
     }
+  SP_RETURN_IF_ERROR(mem_.copy_many(copies));
   if (s.kind == StepKind::kConcat)
     for (int x = b.shard; x < b.shard + b.span; ++x) {
       const Block piece{b.kind, x, 1, b.part};

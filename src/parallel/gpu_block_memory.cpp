@@ -42,7 +42,15 @@ class CudaBlockMemory final : public BlockMemory {
     if (block) static_cast<CudaBlock&>(*block).release(s_);
   }
 
-  Status copy(const TensorView& src, const TensorView& dst) override { return flash_cast(src, dst, s_); }
+  // A same-dtype copy through the row-copying kernel (16-byte units, no per-element index
+  // arithmetic), a cast through flash_cast.
+  Status copy(const TensorView& src, const TensorView& dst) override {
+    const std::pair<TensorView, TensorView> pair{src, dst};
+    return flash_copy_many({&pair, 1}, s_);
+  }
+  Status copy_many(std::span<const std::pair<TensorView, TensorView>> pairs) override {
+    return flash_copy_many(pairs, s_);
+  }
   Status fill(const TensorView& dst, float value) override { return flash_fill(dst, value, s_); }
   Status add(const TensorView& src, const TensorView& dst) override { return flash_accumulate(src, dst, s_); }
 

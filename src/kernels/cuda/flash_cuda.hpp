@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
 
 #include "seqpar/attention.hpp"
 #include "seqpar/status.hpp"
@@ -62,6 +64,11 @@ Status flash_attention_delta(const TensorView& o, const TensorView& dout, const 
 // Element-wise dtype conversion between device tensors of one shape (fp32, bf16, fp16; any
 // strides with a contiguous last dim), e.g. the fp32 gradients to the model's bf16.
 Status flash_cast(const TensorView& src, const TensorView& dst, void* stream = nullptr);
+
+// dst = src for each pair, in one launch where the pairs are device views of one dtype that
+// flatten to rows at one pitch (copy_many.cu); others go through flash_cast one by one. No
+// pair's destination may overlap another pair's source or destination.
+Status flash_copy_many(std::span<const std::pair<TensorView, TensorView>> pairs, void* stream = nullptr);
 
 // dst (fp32) += src (fp32, bf16 or fp16), views of one shape (contiguous last dim).
 Status flash_accumulate(const TensorView& src, const TensorView& dst, void* stream = nullptr);
