@@ -30,7 +30,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_SUPPORTED(c.device == "cpu", "seqpar was built without CUDA: --device cpu");
 #endif
   SP_CHECK_ARG(c.lm_head_chunk >= 0, "--lm-head-chunk must not be negative (0: all rows at once)");
-  SP_CHECK_ARG(c.tile_tokens >= -1, "--tile-tokens takes rows, 0 (all rows at once, the default) or -1 (8192 under a checkpointing policy)");
+  SP_CHECK_ARG(c.tile_tokens >= -1, "--tile-tokens takes rows, 0 (all rows at once) or -1 (the default: 8192 under a checkpointing policy)");
   TrainOptions o;
   o.device = c.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   if (!c.config.empty()) {
@@ -472,8 +472,7 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "mixer's backward steps before LASP go tile by tile too; 0: all rows at once, the MLP's "
                   "activations kept for the backward. The same losses and gradients to round-off (a product's "
                   "rows round by the call's row count; the tiled products' weight gradients sum tile by tile). "
-                  "-1: 8192 with a --checkpointing policy (whose recompute the tiles shorten), 0 without. Default 0 "
-                  "until a GPU run has measured the tiles (CPU-tested; on a GPU, compiled but not yet run)")
+                  "-1: 8192 with a --checkpointing policy (whose recompute the tiles shorten), 0 without")
       ->capture_default_str();
   cmd->callback([&o, exit_code, ranks] {
     o.ranks_given = ranks->count() > 0;

@@ -48,7 +48,7 @@ struct TrainCliOptions {
   bool json = false;
   std::string device = "cpu";
   int64_t lm_head_chunk = 1024;
-  int64_t tile_tokens = 0;
+  int64_t tile_tokens = -1;
   bool deterministic = false;
   int32_t pack = -1;
   bool pack_global_positions = false;

@@ -198,7 +198,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   SP_CHECK_ARG(options.zero_stage >= 0 && options.zero_stage <= 3,
                "ZeRO stage " + std::to_string(options.zero_stage) + " does not exist (0, 1, 2 or 3)");
   SP_CHECK_ARG(options.lm_head_chunk >= 0, "the LM head's chunk must not be negative (0: all rows at once)");
-  SP_CHECK_ARG(options.tile_tokens >= -1, "the MLP's tile must be rows, 0 (all rows at once, the default) or -1 (8192 under a checkpointing policy)");
+  SP_CHECK_ARG(options.tile_tokens >= -1, "the MLP's tile must be rows, 0 (all rows at once) or -1 (the default: 8192 under a checkpointing policy)");
   SP_CHECK_ARG(!options.offload_checkpoints || options.checkpointing != Checkpointing::kNone,
                "offloading checkpoints needs a checkpointing policy that keeps some (full, attention or sequence), "
                "not none");
