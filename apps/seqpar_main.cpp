@@ -5,6 +5,7 @@
 #include "attn_command.hpp"
 #include "linear_attn_command.hpp"
 #include "plan_command.hpp"
+#include "probe_command.hpp"
 #include "train_command.hpp"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,8 @@ int main(int argc, char** argv) {
   seqpar::app::add_linear_attn_command(app, linear_attn_options, &exit_code);
   seqpar::app::PlanCliOptions plan_options;
   seqpar::app::add_plan_command(app, plan_options, &exit_code);
+  seqpar::app::ProbeCliOptions probe_options;
+  seqpar::app::add_probe_command(app, probe_options, &exit_code);
 #ifdef SEQPAR_HAVE_MODEL
   seqpar::app::TrainCliOptions train_options;
   seqpar::app::add_train_command(app, train_options, &exit_code);

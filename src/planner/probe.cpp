@@ -1,0 +1,145 @@
+// `seqpar probe`'s device-independent part (probe.hpp): the options' defaults and checks, the
+// fits of the link samples, and the cluster description made of the measurements.
+#include "planner/probe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+#include "seqpar/gpu.hpp"
+
+namespace seqpar::planner {
+namespace {
+
+constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
+
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d", &utc);
+  return text;
+}
+
+}  // namespace
+
+StatusOr<ProbeOptions> probe_defaults(ProbeOptions o) {
+  SP_CHECK_ARG(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '" + o.device + "'");
+  const bool gpu = o.device == "cuda";
+  // GPU: the shape the presets were measured at (H = 32, D = 128, GQA 4:1) and the lengths a
+  // rank's calls have from 8K to 128K tokens a GPU. CPU: small enough for CI's two cores.
+  if (o.heads == 0) o.heads = gpu ? 32 : (o.quick ? 2 : 4);
+  if (o.kv_heads == 0) o.kv_heads = gpu ? 8 : (o.quick ? 1 : 2);
+  if (o.head_dim == 0) o.head_dim = gpu ? 128 : (o.quick ? 32 : 64);
+  if (o.tokens.empty())
+    o.tokens = gpu ? (o.quick ? std::vector<int64_t>{4096, 16384} : std::vector<int64_t>{8192, 32768, 131072})
+                   : (o.quick ? std::vector<int64_t>{64, 128} : std::vector<int64_t>{256, 512, 1024});
+  if (o.message_bytes.empty()) {
+    const int64_t smallest = gpu ? 8 * kKiB : kKiB, largest = gpu ? (o.quick ? 16 * kMiB : 256 * kMiB)
+                                                                 : (o.quick ? 64 * kKiB : 4 * kMiB);
+    for (int64_t b = smallest; b <= largest; b *= 8) o.message_bytes.push_back(b);
+  }
+  if (o.gemm_size == 0) o.gemm_size = gpu ? (o.quick ? 4096 : 8192) : (o.quick ? 64 : 512);
+  if (o.copy_bytes == 0) o.copy_bytes = gpu ? (o.quick ? 256 * kMiB : 1024 * kMiB) : (o.quick ? kMiB : 64 * kMiB);
+  if (o.repeats == 0) o.repeats = o.quick ? 2 : (gpu ? 5 : 3);
+  if (o.ranks == 0) o.ranks = gpu ? std::max(1, cuda_device_count()) : 2;
+
+  SP_CHECK_ARG(o.ranks >= 1, "--ranks/--gpus must be at least 1");
+  SP_CHECK_ARG(o.heads >= 1 && o.kv_heads >= 1 && o.head_dim >= 1, "--heads, --kv-heads and --head-dim must be positive");
+  SP_CHECK_ARG(o.heads % o.kv_heads == 0, "--heads (" + std::to_string(o.heads) + ") must be a multiple of --kv-heads (" +
+                                              std::to_string(o.kv_heads) + ")");
+  for (const int64_t s : o.tokens) SP_CHECK_ARG(s >= 1, "--tokens must be positive, got " + std::to_string(s));
+  for (const int64_t b : o.message_bytes)
+    SP_CHECK_ARG(b >= 1, "--message-bytes must be positive, got " + std::to_string(b));
+  std::sort(o.message_bytes.begin(), o.message_bytes.end());
+  o.message_bytes.erase(std::unique(o.message_bytes.begin(), o.message_bytes.end()), o.message_bytes.end());
+  SP_CHECK_ARG(o.gemm_size >= 1 && o.copy_bytes >= 1, "--gemm-size and --copy-bytes must be positive");
+  SP_CHECK_ARG(o.repeats >= 1, "--repeats must be at least 1");
+  return o;
+}
+
+LinkSpec fit_link(std::span<const LinkSample> samples) {
+  std::vector<LinkSample> sorted(samples.begin(), samples.end());
+  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.bytes < b.bytes; });
+  LinkSpec link;
+  // Latency: least squares of time = latency + bytes * seconds_per_byte over the three smallest
+  // sizes, where the fixed cost shows. Noise can push the intercept to zero or below: then half
+  // the smallest message's time stands in (a latency cannot exceed that time, nor be nothing).
+  const size_t n = std::min<size_t>(3, sorted.size());
+  double latency = 0;
+  if (n >= 2) {
+    double mx = 0, my = 0;
+    for (size_t i = 0; i < n; ++i) mx += sorted[i].bytes / n, my += sorted[i].seconds / n;
+    double sxy = 0, sxx = 0;
+    for (size_t i = 0; i < n; ++i)
+      sxy += (sorted[i].bytes - mx) * (sorted[i].seconds - my), sxx += (sorted[i].bytes - mx) * (sorted[i].bytes - mx);
+    latency = sxx > 0 ? my - sxy / sxx * mx : 0;
+  }
+  const double smallest_s = sorted.front().seconds;
+  if (!(latency > 0) || latency > smallest_s) latency = 0.5 * smallest_s;
+  link.latency_s = latency;
+  // Each point is the bandwidth that LinkSpec::seconds turns back into the measured time. A small
+  // message is mostly latency, so its transfer is a sliver of its time; only noise that leaves
+  // none (a time under the fitted latency) is held at a thousandth of the time.
+  for (const LinkSample& s : sorted) {
+    const double transfer_s = std::max(s.seconds - latency, 1e-3 * s.seconds);
+    link.bandwidth.push_back({s.bytes, s.bytes / transfer_s / 1e9});
+  }
+  return link;
+}
+
+double fit_port_pairs(const LinkSpec& pair_link, double bytes_per_peer, double seconds, int ranks) {
+  if (ranks < 3 || bytes_per_peer <= 0 || seconds <= 0) return 1.0;
+  const double all_to_all_gbps = bytes_per_peer * (ranks - 1) / seconds / 1e9;
+  return std::clamp(all_to_all_gbps / pair_link.gbps_at(bytes_per_peer), 1.0, double(ranks - 1));
+}
+
+Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) {
+  const std::string by = "measured by seqpar probe on " + m.device_name + " " + date;
+  Cluster c;
+  c.name = "probe " + m.device_name + " x" + std::to_string(m.ranks);
+  c.gpus_per_node = m.ranks;
+  c.nodes = 1;
+  c.attention = m.attention;
+  c.backend = m.backend;
+  c.sources.push_back("attention (" + m.backend + " and the rows' backends), launch, GEMM, memory copy, memory: " + by);
+  if (!m.pair.empty()) {
+    c.intra = fit_link(m.pair);
+    c.intra.port_pairs = fit_port_pairs(c.intra, m.all_to_all_bytes_per_peer, m.all_to_all_seconds, m.ranks);
+    c.sources.push_back("intra-node link (" + m.comm_name + ", " + std::to_string(m.ranks) +
+                        " ranks in pairs, both directions at once), post and wait: " + by);
+    if (m.ranks >= 3)
+      c.sources.push_back("port_pairs " + fixed(c.intra.port_pairs, 2) + ": an all-to-all of " +
+                          std::to_string(int64_t(m.all_to_all_bytes_per_peer)) + " bytes a peer against one pair's "
+                          "bandwidth at that size, " + by);
+  } else {
+    c.intra = cluster_preset("h100x2").value().intra;
+    c.sources.push_back("intra-node link: not measured (one rank): the h100x2 preset's NVLink figures");
+  }
+  c.inter = cluster_preset("generic:16").value().inter;
+  c.sources.push_back("inter-node link: not measured (one node): the generic 50 GB/s network");
+  c.launch_s = m.launch_s;
+  c.post_s = m.post_s;
+  c.wait_s = m.wait_s;
+  c.gemm_tflops = m.gemm_tflops;
+  c.hbm_gbps = m.hbm_gbps;
+  c.memory_bytes = m.memory_bytes;
+  c.sources.insert(c.sources.end(), m.notes.begin(), m.notes.end());
+  return c;
+}
+
+StatusOr<Cluster> probe_cluster(const ProbeOptions& options, const ProbeLog& log) {
+  SP_ASSIGN_OR_RETURN(const ProbeOptions o, probe_defaults(options));
+  SP_ASSIGN_OR_RETURN(const ProbeMeasurements m, o.device == "cuda" ? measure_cuda(o, log) : measure_cpu(o, log));
+  return cluster_from_probe(m, utc_date());
+}
+
+}  // namespace seqpar::planner

@@ -1,0 +1,57 @@
+// The measurements of `seqpar probe` that are the same on every device: the attention sweep
+// (a backend over lengths, causal and full, forward and backward) and the link sweep (pairwise
+// exchanges at each size, an all-to-all, the host time to post and wait for a batch). Each
+// device half hands them its memory and its clock (ProbeMemory).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "planner/probe.hpp"
+#include "seqpar/backend.hpp"
+#include "seqpar/comm.hpp"
+
+namespace seqpar::planner {
+
+// Where the attention sweep's tensors live and how its calls are timed.
+class ProbeMemory {
+ public:
+  virtual ~ProbeMemory() = default;
+  // A contiguous tensor of uniform values in [-1, 1) (inputs alike on every device: see
+  // CONVENTIONS.md, benchmarks), held until release().
+  virtual StatusOr<TensorView> random(DType dtype, const std::vector<int64_t>& shape) = 0;
+  virtual void release() = 0;
+  // Median seconds of call() over `repeats` runs after one untimed run (plans built, caches warm);
+  // device work is timed on the stream the calls are queued on.
+  virtual StatusOr<double> median_seconds(const std::function<Status()>& call, int repeats) = 0;
+  virtual void* stream() const { return nullptr; }
+};
+
+// Rates of `backend` on inputs of dtype `input` (accumulators and row stats fp32), B = 1, the
+// options' heads and head dim, for each length, causal and full: one AttentionRate each (a length
+// or mask the backend refuses is logged and left out). `source` goes into each row.
+StatusOr<std::vector<AttentionRate>> sweep_attention(const AttentionBackend& backend, DType input,
+                                                     ProbeMemory& memory, const ProbeOptions& options,
+                                                     const std::string& source, const ProbeLog& log);
+
+// What the link sweep measured, as rank 0 saw it.
+struct LinkSweep {
+  std::vector<LinkSample> pair;
+  double all_to_all_bytes_per_peer = 0, all_to_all_seconds = 0;  // 0: fewer than three ranks
+  double post_s = 0, wait_s = 0;  // host seconds to post a tiny batch, and to wait for it
+};
+
+// Collective: every rank of `comm` calls it with buffers (host or device, as the communicator
+// moves them) of at least the largest message size each. Ranks pair up (0-1, 2-3, ...; an odd
+// last rank idles) and exchange each size, all pairs at once as in a ring step. Rank 0's result
+// is returned; on the other ranks it is empty.
+StatusOr<LinkSweep> sweep_links(Communicator& comm, void* send, void* recv, const ProbeOptions& options,
+                                const ProbeLog& log);
+
+// Seconds of `fn` on the host clock.
+double host_seconds(const std::function<void()>& fn);
+// The median of a non-empty list.
+double median(std::vector<double> values);
+
+}  // namespace seqpar::planner

@@ -1,0 +1,168 @@
+// `seqpar probe` (src/planner/probe*): the link fits on samples of a known latency and bandwidth,
+// the options' checks, the CPU probe at tiny sizes (its cluster description read back through
+// load_cluster, every figure positive and finite, the link table in increasing sizes), and the
+// tool end to end: `seqpar plan --cluster FILE` answers on the file `seqpar probe` writes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "cli_test_util.hpp"
+#include "planner/probe.hpp"
+#include "seqpar/gpu.hpp"
+
+namespace seqpar::planner {
+namespace {
+
+void expect_positive_finite(double value, const std::string& what) {
+  EXPECT_TRUE(std::isfinite(value) && value > 0) << what << " = " << value;
+}
+
+TEST(Probe, LinkFitRecoversLatencyAndBandwidth) {
+  const double latency = 7e-6, gbps = 20;
+  std::vector<LinkSample> samples;
+  for (const double bytes : {16777216.0, 4096.0, 1048576.0, 65536.0})  // out of order: the fit sorts
+    samples.push_back({bytes, latency + bytes / (gbps * 1e9)});
+  const LinkSpec link = fit_link(samples);
+  EXPECT_NEAR(link.latency_s, latency, 1e-10);
+  ASSERT_EQ(link.bandwidth.size(), 4u);
+  for (size_t i = 0; i < link.bandwidth.size(); ++i) {
+    if (i > 0) {
+      EXPECT_LT(link.bandwidth[i - 1].bytes, link.bandwidth[i].bytes);
+    }
+    EXPECT_NEAR(link.bandwidth[i].gbps, gbps, 1e-4 * gbps);
+  }
+  for (const LinkSample& s : samples) EXPECT_NEAR(link.seconds(s.bytes), s.seconds, 1e-6 * s.seconds);
+}
+
+// Times with no fixed cost (or noise that makes the fitted intercept negative): the latency
+// stays positive and within the smallest time, and each measured time still comes back.
+TEST(Probe, LinkFitWithoutVisibleLatencyStaysPositive) {
+  std::vector<LinkSample> samples;
+  for (const double bytes : {1000.0, 8000.0, 64000.0, 512000.0}) samples.push_back({bytes, bytes / 1e9 * (1 + 1e-3 * (bytes < 5000))});
+  const LinkSpec link = fit_link(samples);
+  expect_positive_finite(link.latency_s, "latency");
+  EXPECT_LE(link.latency_s, samples.front().seconds);
+  for (const LinkSample& s : samples) EXPECT_NEAR(link.seconds(s.bytes), s.seconds, 1e-6 * s.seconds);
+}
+
+TEST(Probe, PortPairsIsAllToAllOverOnePair) {
+  LinkSpec pair;
+  pair.bandwidth = {{1e6, 10.0}};
+  // 3 ranks: 2 MB out of each rank (1 MB a peer) in 0.1 ms is 20 GB/s, twice one pair's 10.
+  EXPECT_NEAR(fit_port_pairs(pair, 1e6, 1e-4, 3), 2.0, 1e-9);
+  EXPECT_NEAR(fit_port_pairs(pair, 1e6, 2e-4, 3), 1.0, 1e-9);
+  EXPECT_EQ(fit_port_pairs(pair, 1e6, 1e-5, 3), 2.0);  // at most the peers
+  EXPECT_EQ(fit_port_pairs(pair, 1e6, 1e-4, 2), 1.0);  // two ranks: one pair
+}
+
+TEST(Probe, BadOptionsAreRefusedWithTheOptionNamed) {
+  ProbeOptions o;
+  o.device = "tpu";
+  EXPECT_NE(probe_defaults(o).status().message().find("--device"), std::string::npos);
+  o.device = "cpu", o.heads = 3, o.kv_heads = 2;
+  EXPECT_NE(probe_defaults(o).status().message().find("--kv-heads"), std::string::npos);
+  o.heads = 4, o.tokens = {128, 0};
+  EXPECT_NE(probe_defaults(o).status().message().find("--tokens"), std::string::npos);
+  o.tokens = {}, o.message_bytes = {-5};
+  EXPECT_NE(probe_defaults(o).status().message().find("--message-bytes"), std::string::npos);
+  o.message_bytes = {}, o.quick = true;
+  StatusOr<ProbeOptions> filled = probe_defaults(o);
+  ASSERT_TRUE(filled.ok()) << filled.status().to_string();
+  EXPECT_TRUE(std::is_sorted(filled->message_bytes.begin(), filled->message_bytes.end()));
+  EXPECT_EQ(filled->ranks, 2);
+}
+
+// Three thread ranks, so that the all-to-all (port_pairs) is measured too.
+TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
+  ProbeOptions o;
+  o.device = "cpu", o.quick = true, o.ranks = 3;
+  std::vector<std::string> lines;
+  StatusOr<Cluster> probed = probe_cluster(o, [&](const std::string& line) { lines.push_back(line); });
+  ASSERT_TRUE(probed.ok()) << probed.status().to_string();
+  const std::string path = ::testing::TempDir() + "seqpar_probe_round_trip.json";
+  std::ofstream(path) << cluster_to_json(probed.value());
+  StatusOr<Cluster> loaded = load_cluster(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const Cluster& c = loaded.value();
+
+  EXPECT_EQ(c.name, probed->name);
+  EXPECT_EQ(c.gpus(), 3);
+  EXPECT_EQ(c.backend, "cpu");
+  const ProbeOptions defaults = probe_defaults(o).value();
+  ASSERT_EQ(c.attention.size(), 2 * defaults.tokens.size());  // causal and full at each length
+  for (size_t i = 0; i < c.attention.size(); ++i) {
+    const AttentionRate& r = c.attention[i];
+    SCOPED_TRACE(std::to_string(r.tokens) + (r.causal ? " causal" : " full"));
+    EXPECT_EQ(r.backend, "cpu");
+    EXPECT_EQ(r.head_dim, defaults.head_dim);
+    EXPECT_EQ(r.heads, defaults.heads);
+    EXPECT_DOUBLE_EQ(r.fwd_tflops, probed->attention[i].fwd_tflops);
+    expect_positive_finite(r.fwd_tflops, "fwd TFLOP/s");
+    expect_positive_finite(r.bwd_tflops, "bwd TFLOP/s");
+    EXPECT_NE(r.source.find("seqpar probe on"), std::string::npos) << r.source;
+    // The planner prices a call of this row's shape at this row's rate.
+    EXPECT_NEAR(c.attention_seconds(r.flops(false), r.heads, r.causal, r.head_dim, false),
+                r.flops(false) / (r.fwd_tflops * 1e12), 1e-9 * r.flops(false) / (r.fwd_tflops * 1e12));
+  }
+  ASSERT_EQ(c.intra.bandwidth.size(), defaults.message_bytes.size());
+  for (size_t i = 0; i < c.intra.bandwidth.size(); ++i) {
+    EXPECT_EQ(c.intra.bandwidth[i].bytes, double(defaults.message_bytes[i]));
+    if (i > 0) {
+      EXPECT_LT(c.intra.bandwidth[i - 1].bytes, c.intra.bandwidth[i].bytes);
+    }
+    expect_positive_finite(c.intra.bandwidth[i].gbps, "GB/s");
+  }
+  expect_positive_finite(c.intra.latency_s, "latency");
+  EXPECT_GE(c.intra.port_pairs, 1.0);
+  EXPECT_LE(c.intra.port_pairs, 2.0);
+  for (const auto& [what, value] : {std::pair{"launch", c.launch_s}, {"post", c.post_s}, {"wait", c.wait_s},
+                                    {"gemm", c.gemm_tflops}, {"hbm", c.hbm_gbps}})
+    expect_positive_finite(value, what);
+  EXPECT_GT(c.memory_bytes, 0);
+  EXPECT_TRUE(std::any_of(c.sources.begin(), c.sources.end(),
+                          [](const std::string& s) { return s.find("measured by seqpar probe on") != std::string::npos; }));
+  // Progress lines name each step as it runs.
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.rfind("probe: attention cpu causal 64", 0) == 0;
+  }));
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("probe: all-to-all", 0) == 0; }));
+}
+
+TEST(ProbeCli, PlanReadsTheClusterProbeWrites) {
+  const std::string path = ::testing::TempDir() + "seqpar_probe_cli.json";
+  std::remove(path.c_str());
+  const testing::CliResult probe = testing::run_cli("probe --device cpu --quick --ranks 2 --out " + path);
+  ASSERT_EQ(probe.exit_code, 0) << probe.output;
+  EXPECT_NE(probe.output.find("probe: attention cpu full 128"), std::string::npos) << probe.output;
+  EXPECT_NE(probe.output.find("fwd TFLOP/s"), std::string::npos) << probe.output;  // the table on stderr
+  const testing::CliResult plan =
+      testing::run_cli("plan --cluster " + path + " --seq 4096 --heads 2 --kv-heads 1 --head-dim 32 --json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const nlohmann::json j = testing::last_json_line(plan.output);
+  EXPECT_EQ(j["gpus"], 2);
+  EXPECT_EQ(j["cluster"].get<std::string>().rfind("probe ", 0), 0u) << j["cluster"];
+  EXPECT_FALSE(j["pick"].get<std::string>().empty());
+  for (const auto& row : j["rows"])
+    if (!row.contains("refusal")) expect_positive_finite(row["fwdbwd_ms"].get<double>(), row["label"]);
+}
+
+TEST(ProbeCli, BadOptionsExitTwoWithTheReason) {
+  const testing::CliResult gpus_on_cpu = testing::run_cli("probe --device cpu --gpus 2");
+  EXPECT_EQ(gpus_on_cpu.exit_code, 2);
+  EXPECT_NE(gpus_on_cpu.output.find("--gpus"), std::string::npos) << gpus_on_cpu.output;
+  const testing::CliResult heads = testing::run_cli("probe --device cpu --quick --heads 3 --kv-heads 2");
+  EXPECT_EQ(heads.exit_code, 2);
+  EXPECT_NE(heads.output.find("multiple of --kv-heads"), std::string::npos) << heads.output;
+  const testing::CliResult device = testing::run_cli("probe --device tpu");
+  EXPECT_EQ(device.exit_code, 2);
+  if (cuda_device_count() == 0) {  // no GPU here (or no CUDA in the build): a clear refusal
+    const testing::CliResult cuda = testing::run_cli("probe --device cuda --quick");
+    EXPECT_NE(cuda.exit_code, 0);
+    EXPECT_NE(cuda.output.find("seqpar probe:"), std::string::npos) << cuda.output;
+  }
+}
+
+}  // namespace
+}  // namespace seqpar::planner
