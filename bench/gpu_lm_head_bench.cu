@@ -1,6 +1,8 @@
 // Benchmark of the fused LM head + cross-entropy on one GPU (src/model/lm_head_loss.cu) called as
-// the trainer calls it (layer_pass.hpp): forward, then backward with scale = 1 / counted rows, dx
-// (fp32) written and dw (fp32) added, here zeroed inside the timed call as Liger's zeros_like is.
+// the trainer calls it (layer_pass.hpp): the loss with its gradient in one pass, scale = 1 /
+// counted rows, dx (fp32) written and dw (fp32) added, here zeroed inside the timed call as
+// Liger's zeros_like is; and the loss alone (an evaluation's forward). Each chunk size is timed
+// with fp32 logits (the trainer's) and, with --logits, bf16 logits as Liger keeps them.
 // The peer is bench/liger_flce_peer.py. Inputs: x = sqrt(3) u (std 1, like an RMSNorm output),
 // w = 0.02 sqrt(3) u (std 0.02, Llama's init), u uniform in [-1, 1) from a splitmix hash of
 // (seed, index) rounded once to bf16, targets = hash mod vocab. `--dump DIR` writes these bits
@@ -91,11 +93,15 @@ int main(int argc, char** argv) {
   int iters = 10, warmup = 3;
   uint64_t seed = 1;
   std::string dump_dir;
+  std::vector<std::string> logit_kinds{"f32"};
   app.add_option("--tokens", tokens, "rows (tokens)")->check(CLI::PositiveNumber);
   app.add_option("--hidden", hidden, "hidden size")->check(CLI::PositiveNumber);
   app.add_option("--vocab", vocab, "vocabulary size")->check(CLI::PositiveNumber);
   app.add_option("--chunks", chunks, "rows of logits made at once (0: all); each value is timed")
       ->delimiter(',');
+  app.add_option("--logits", logit_kinds, "scratch logits, each timed: f32 (the trainer's), bf16")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--iters", iters, "timed iterations (median)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations first");
   app.add_option("--seed", seed, "input seed (x: seed, w: seed + 1, targets: seed + 2)");
@@ -129,38 +135,38 @@ int main(int argc, char** argv) {
   const int64_t counted = tokens;  // every target counted (none negative)
   const double scale = 1.0 / double(counted);
   int failures = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) {
+  for (size_t c = 0; c < chunks.size() * logit_kinds.size(); ++c) {
+    const std::string& kind_name = logit_kinds[c % logit_kinds.size()];
+    const cu::Logits kind = kind_name == "bf16" ? cu::Logits::kBf16 : cu::Logits::kF32;
     const int64_t chunk =
-        chunks[c] > 0 ? chunks[c] : tokens;  // 0: all rows at once, as the trainer reads it
+        chunks[c / logit_kinds.size()] > 0 ? chunks[c / logit_kinds.size()] : tokens;  // 0: all rows at once, as the trainer reads it
     // Extra memory: what this call allocates beyond the inputs (outputs included), by our
     // allocator's counters (the head's scratch is a DeviceBuffer) and by cudaMemGetInfo (adds
     // cuBLAS's workspace and lazily loaded modules, on the first chunk only).
     const int64_t base_tracked = seqpar::device_memory_stats(0).current;
     const int64_t base_free = seqpar::cuda_free_memory();
     seqpar::reset_device_memory_peak(0);
-    DeviceBuffer lse, row_loss, dx, dw;
-    bool ok = lse.reserve(size_t(tokens) * 4).ok() && row_loss.reserve(size_t(tokens) * 4).ok() &&
-              dx.reserve(nx * 4).ok() && dw.reserve(nw * 4).ok();
-    auto* lsep = static_cast<float*>(lse.data());
+    DeviceBuffer row_loss, dx, dw;
+    bool ok = row_loss.reserve(size_t(tokens) * 4).ok() && dx.reserve(nx * 4).ok() && dw.reserve(nw * 4).ok();
     auto* lossp = static_cast<float*>(row_loss.data());
     auto* dxp = static_cast<float*>(dx.data());
     auto* dwp = static_cast<float*>(dw.data());
     auto fwd = [&] {
-      return cu::lm_head_loss_forward(xp, wp, tp, tokens, hidden, vocab, chunk, lsep, lossp,
-                                      nullptr);
+      return cu::lm_head_loss(xp, wp, tp, tokens, hidden, vocab, chunk, lossp, 0.0, nullptr, nullptr,
+                              nullptr, kind);
     };
     auto fwd_bwd = [&]() -> Status {
       if (cudaMemsetAsync(dwp, 0, nw * 4) != cudaSuccess)
         return SP_STATUS(seqpar::StatusCode::kInternal, "memset");
-      SP_RETURN_IF_ERROR(fwd());
-      return cu::lm_head_loss_backward(xp, wp, tp, lsep, tokens, hidden, vocab, chunk, scale, dxp,
-                                       dwp, nullptr);
+      return cu::lm_head_loss(xp, wp, tp, tokens, hidden, vocab, chunk, lossp, scale, dxp, dwp,
+                              nullptr, kind);
     };
     nlohmann::json j{{"kind", "seqpar_lm_head"},
                      {"tokens", tokens},
                      {"hidden", hidden},
                      {"vocab", vocab},
-                     {"chunk", chunk}};
+                     {"chunk", chunk},
+                     {"logits", kind_name}};
     const Status first =
         ok ? fwd_bwd() : SP_STATUS(seqpar::StatusCode::kInternal, "OOM for the outputs");
     ok = ok && first.ok() && cudaDeviceSynchronize() == cudaSuccess;
@@ -214,14 +220,14 @@ int main(int argc, char** argv) {
     j["ms_fwd_bwd"] = t_fb;
     j["ms_fwd"] = t_f;
     j["tflops_fwd_bwd"] =
-        3 * matmul_flops / t_fb / 1e9;  // model FLOPs: logits, dx, dw (our backward remakes logits)
+        3 * matmul_flops / t_fb / 1e9;  // the 3 products: logits, dx, dw
     j["ok"] = ok;
     if (!ok) ++failures;
     std::printf("%s\n", j.dump().c_str());
     std::fprintf(
         stderr,
-        "chunk %6ld  fwd+bwd %8.2f ms  fwd %8.2f ms  %6.1f TFLOP/s  extra %.2f GiB  loss %.6f\n",
-        long(chunk), t_fb, t_f, 3 * matmul_flops / t_fb / 1e9,
+        "chunk %6ld  %4s logits  fwd+bwd %8.2f ms  fwd %8.2f ms  %6.1f TFLOP/s  extra %.2f GiB  loss %.6f\n",
+        long(chunk), kind_name.c_str(), t_fb, t_f, 3 * matmul_flops / t_fb / 1e9,
         double(j["peak_extra_bytes"].get<int64_t>()) / (1 << 30), j["loss"].get<double>());
     std::fflush(stdout);
   }

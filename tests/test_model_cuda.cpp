@@ -236,31 +236,102 @@ TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {
   expect_close("du", down_bf16(dDU, size_t(n)), du, 1);
 }
 
+std::vector<double> round_bf16(std::vector<double> v) {
+  std::vector<float> f(v.begin(), v.end());
+  std::vector<bf16_t> b(v.size());
+  convert(f.data(), DType::kF32, b.data(), DType::kBF16, v.size());
+  convert(b.data(), DType::kBF16, v.data(), DType::kF64, v.size());
+  return v;
+}
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
+}
+
+// The head with bf16 logits as a plain bf16 program computes it (fp64 sums, logits and the
+// gradient rounded to bf16): the baseline of the bf16 rule for the kBf16 scratch.
+struct PlainHead {
+  double loss_sum = 0;
+  std::vector<double> dx, dw;
+};
+PlainHead plain_bf16_head(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int32_t>& targets,
+                          int64_t dim, int64_t vocab, double scale) {
+  const int64_t rows = int64_t(targets.size());
+  PlainHead p{0, std::vector<double>(x.size()), std::vector<double>(w.size())};
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t t = targets[size_t(r)];
+    if (t < 0) continue;
+    std::vector<double> logit(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v)
+      for (int64_t d = 0; d < dim; ++d) logit[size_t(v)] += x[size_t(r * dim + d)] * w[size_t(v * dim + d)];
+    logit = round_bf16(logit);
+    double m = -INFINITY, z = 0;
+    for (double l : logit) m = std::max(m, l);
+    for (double l : logit) z += std::exp(l - m);
+    const double lse = m + std::log(z);
+    p.loss_sum += lse - logit[size_t(t)];
+    std::vector<double> g(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) g[size_t(v)] = scale * (std::exp(logit[size_t(v)] - lse) - (v == t ? 1 : 0));
+    g = round_bf16(g);
+    for (int64_t v = 0; v < vocab; ++v)
+      for (int64_t d = 0; d < dim; ++d) {
+        p.dx[size_t(r * dim + d)] += g[size_t(v)] * w[size_t(v * dim + d)];
+        p.dw[size_t(v * dim + d)] += g[size_t(v)] * x[size_t(r * dim + d)];
+      }
+  }
+  return p;
+}
+
+// Both scratch kinds, forward alone and with the gradient (dw added to what it held), several
+// chunks, rows not counted, a vocabulary that is no multiple of the kernel's segment (the fp32
+// scratch turns into the gradient in place across segments): against the fp64 head.
 TEST_F(ModelCuda, FusedLmHeadLoss) {
-  const int64_t rows = 45, dim = 64, vocab = 1000, chunk = 16;
+  const int64_t rows = 45, dim = 64, vocab = 3001, chunk = 16;
   auto x = bf16_values(size_t(rows * dim), 12, 2.0), w = bf16_values(size_t(vocab * dim), 13);
   std::vector<int32_t> targets(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 5 == 3 ? -1 : int32_t((r * 131) % vocab);
   const double scale = 1.0 / 36.0;
-  std::vector<double> lse(static_cast<size_t>(rows)), dx(x.size()), dw(w.size(), 0.0);
+  std::vector<double> dx(x.size()), dw(w.size(), 0.0);
   double loss_sum = 0;
   int64_t counted = 0;
-  lm_head_loss_forward(x.data(), w.data(), targets.data(), rows, dim, vocab, chunk, lse.data(), &loss_sum, &counted);
-  lm_head_loss_backward(x.data(), w.data(), targets.data(), lse.data(), rows, dim, vocab, chunk, scale, dx.data(), dw.data());
+  lm_head_loss(x.data(), w.data(), targets.data(), rows, dim, vocab, chunk, &loss_sum, &counted, scale, dx.data(),
+               dw.data());
+  ASSERT_EQ(counted, 36);
+  const PlainHead plain = plain_bf16_head(x, w, targets, dim, vocab, scale);
+  const std::vector<double> dw0 = bf16_values(w.size(), 14, 0.01);  // what dw held before
   auto dX = up_bf16(x), dW = up_bf16(w);
   auto dT = up_raw(targets);
-  auto dLse = up_f32(std::vector<double>(lse.size())), dLoss = up_f32(std::vector<double>(lse.size())),
-       dDX = up_f32(std::vector<double>(dx.size())), dDW = up_f32(std::vector<double>(dw.size(), 0.0));
-  ASSERT_TRUE(cuda::lm_head_loss_forward(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLse.ptr(), dLoss.ptr(), nullptr).ok());
-  ASSERT_TRUE(cuda::lm_head_loss_backward(dX.ptr(), dW.ptr(), dT.ptr(), dLse.ptr(), rows, dim, vocab, chunk, scale, dDX.ptr(),
-                                          dDW.ptr(), nullptr).ok());
-  const std::vector<double> row_loss = down_f32(dLoss, lse.size());
-  double got = 0;
-  for (double l : row_loss) got += l;
-  EXPECT_NEAR(got, loss_sum, 1e-4 * loss_sum);
-  expect_close("lse", down_f32(dLse, lse.size()), lse, 0.01);
-  expect_close("dx", down_f32(dDX, dx.size()), dx, 4);
-  expect_close("dw", down_f32(dDW, dw.size()), dw, 4);
+  for (const cuda::Logits kind : {cuda::Logits::kF32, cuda::Logits::kBf16}) {
+    const bool f32 = kind == cuda::Logits::kF32;
+    SCOPED_TRACE(f32 ? "fp32 logits" : "bf16 logits");
+    auto dLoss = up_f32(std::vector<double>(size_t(rows))), dDX = up_f32(std::vector<double>(dx.size())),
+         dDW = up_f32(dw0);
+    const auto loss_of = [&] {
+      double got = 0;
+      for (double l : down_f32(dLoss, size_t(rows))) got += l;
+      return got;
+    };
+    ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLoss.ptr(), 0.0, nullptr,
+                                   nullptr, nullptr, kind).ok());
+    const double forward_loss = loss_of();
+    ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLoss.ptr(), scale, dDX.ptr(),
+                                   dDW.ptr(), nullptr, kind).ok());
+    EXPECT_EQ(loss_of(), forward_loss);  // the same logits and sums with or without the gradient
+    std::vector<double> got_dw = down_f32(dDW, dw.size());
+    for (size_t i = 0; i < got_dw.size(); ++i) got_dw[i] -= dw0[i];
+    const std::vector<double> got_dx = down_f32(dDX, dx.size());
+    if (f32) {
+      EXPECT_NEAR(forward_loss, loss_sum, 1e-4 * loss_sum);
+      expect_close("dx", got_dx, dx, 4);
+      expect_close("dw", got_dw, dw, 4);
+    } else {  // the bf16 rule against the plain bf16-logits program
+      EXPECT_LE(std::abs(forward_loss - loss_sum), 2 * std::abs(plain.loss_sum - loss_sum) + 1e-4 * loss_sum);
+      EXPECT_LE(max_diff(got_dx, dx), 2 * max_diff(plain.dx, dx) + max_diff(round_bf16(dx), dx));
+      EXPECT_LE(max_diff(got_dw, dw), 2 * max_diff(plain.dw, dw) + max_diff(round_bf16(dw), dw));
+    }
+  }
 }
 
 }  // namespace

@@ -152,7 +152,6 @@ class LayerPass {
     }
     SP_ASSIGN_OR_RETURN(Array<A> hf, mem_.template make<A>(rows_ * hid()));
     SP_ASSIGN_OR_RETURN(Array<R> rstd_f, mem_.template make<R>(rows_));
-    SP_ASSIGN_OR_RETURN(Array<R> lse, mem_.template make<R>(rows_));
     SP_ASSIGN_OR_RETURN(const W* fin, weights(f0, f1));
     const W* head = c_.tied ? nullptr : fin + (at_.head - f0);
     if (c_.tied) {
@@ -163,7 +162,6 @@ class LayerPass {
     SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(x.p(), final_norm, hf.p(), rstd_f.p(), rows_, hid(), c_.norm_eps));
     const int64_t chunk = chunk_ > 0 ? chunk_ : rows_;
     typename Dev::LossParts parts;
-    SP_RETURN_IF_ERROR(dev_.lm_head_forward(hf.p(), head, tok.targets, rows_, hid(), c_.vocab, chunk, lse.p(), &parts));
     int64_t backward_bytes = 0;
     if (backward) {
       SP_ASSIGN_OR_RETURN(Array<R> dhf, mem_.template make<R>(rows_ * hid()));
@@ -175,8 +173,9 @@ class LayerPass {
         SP_ASSIGN_OR_RETURN(d_embed, gradient(e0, e1));
       }
       R* d_head = c_.tied ? d_embed + (at_.head - e0) : d_fin + (at_.head - f0);
-      SP_RETURN_IF_ERROR(dev_.lm_head_backward(hf.p(), head, tok.targets, lse.p(), rows_, hid(), c_.vocab, chunk, scale,
-                                               dhf.p(), d_head));
+      // The loss and its gradient in one pass over the logits.
+      SP_RETURN_IF_ERROR(dev_.lm_head(hf.p(), head, tok.targets, rows_, hid(), c_.vocab, chunk, &parts, scale, dhf.p(),
+                                      d_head));
       SP_RETURN_IF_ERROR(dev_.rmsnorm_backward(x.p(), final_norm, rstd_f.p(), dhf.p(), dx.p(),
                                                d_fin + (at_.final_norm - f0), rows_, hid()));
       dhf.buffer.reset(), hf.buffer.reset();  // read for the last time: not held under the layers' backward
@@ -214,6 +213,8 @@ class LayerPass {
       SP_RETURN_IF_ERROR(dev_.embedding_backward(b.inputs.data(), dx.p(), d_embed + (at_.embed - e0), rows_, hid()));
       SP_RETURN_IF_ERROR(store.gradient_done(e0, e1));
     } else {
+      SP_RETURN_IF_ERROR(dev_.lm_head(hf.p(), head, tok.targets, rows_, hid(), c_.vocab, chunk, &parts, 0.0, nullptr,
+                                      nullptr));
       SP_RETURN_IF_ERROR(store.release(f0, f1));
       if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
     }
@@ -221,7 +222,7 @@ class LayerPass {
     loss->counted = 0;
     for (int32_t t : b.targets) loss->counted += t >= 0;
     // Counted for the whole pass, though the backward's layers run without hf and dhf.
-    const int64_t held = int64_t((2 * x.n + lse.n + rstd_f.n) * sizeof(R) + hf.n * sizeof(A)) + backward_bytes;
+    const int64_t held = int64_t((2 * x.n + rstd_f.n) * sizeof(R) + hf.n * sizeof(A)) + backward_bytes;
     loss->activation_bytes_peak = dev_.activation_peak(peak + held);
     return Status::Ok();
   }

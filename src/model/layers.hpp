@@ -56,16 +56,14 @@ template <class T>
 void swiglu_backward(const T* g, const T* u, const T* da, T* dg, T* du, int64_t n);
 
 // The LM head and cross-entropy, fused: logits x w^T are made `chunk` rows at a time and never
-// all at once. Rows whose target is negative are not counted. The forward returns the sum of
-// (logsumexp - logit[target]) over counted rows and keeps each row's logsumexp; the backward
-// recomputes each chunk's logits and writes dx = scale (softmax - onehot) w and adds
-// dw += scale (softmax - onehot)^T x (scale: 1 / the global count of counted rows).
+// all at once. Rows whose target is negative are not counted. Returns the sum of (logsumexp -
+// logit[target]) over counted rows and their count; with dx and dw (training, else null) each
+// chunk's logits become scale (softmax - onehot) in the same pass, dx = that w is written and
+// dw += that^T x added (scale: 1 / the global count of counted rows).
 template <class T>
-void lm_head_loss_forward(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
-                          int64_t chunk, T* lse, double* loss_sum, int64_t* counted);
-template <class T>
-void lm_head_loss_backward(const T* x, const T* w, const int32_t* targets, const T* lse, int64_t rows, int64_t dim,
-                           int64_t vocab, int64_t chunk, double scale, T* dx, T* dw);
+void lm_head_loss(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                  int64_t chunk, double* loss_sum, int64_t* counted, double scale = 0, T* dx = nullptr,
+                  T* dw = nullptr);
 
 // One AdamW step's coefficients, the same on every device: the rate of the step, the gradient's
 // clipping scale (clip_norm / norm when the norm is above it) and the bias corrections 1 - beta^t

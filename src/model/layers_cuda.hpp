@@ -65,13 +65,13 @@ Status mixer_gate_backward(bool silu_gate, const bf16_t* g, const bf16_t* normed
                            float* dnormed, int64_t n, void* stream);
 
 // The fused LM head + cross-entropy (lm_head_loss.cpp's algorithm): logits of `chunk` rows at a
-// time in fp32 scratch; row_loss[r] (fp32) = lse - logit[target] for counted rows, else 0; lse
-// fp32 [rows]. The backward writes dx (fp32) and adds dw (fp32), scale (softmax - onehot) in bf16.
-Status lm_head_loss_forward(const bf16_t* x, const bf16_t* w, const int32_t* targets, int64_t rows, int64_t dim,
-                            int64_t vocab, int64_t chunk, float* lse, float* row_loss, void* stream);
-Status lm_head_loss_backward(const bf16_t* x, const bf16_t* w, const int32_t* targets, const float* lse, int64_t rows,
-                             int64_t dim, int64_t vocab, int64_t chunk, double scale, float* dx, float* dw,
-                             void* stream);
+// time in scratch, fp32 or (kBf16, as Liger-Kernel keeps them) bf16; row_loss[r] (fp32) = lse -
+// logit[target] for counted rows, else 0. With dx and dw (training) the gradient comes in the same
+// pass: dx (fp32) written, dw (fp32) added, scale (softmax - onehot) made in bf16.
+enum class Logits { kF32, kBf16 };
+Status lm_head_loss(const bf16_t* x, const bf16_t* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                    int64_t chunk, float* row_loss, double scale, float* dx, float* dw, void* stream,
+                    Logits logits = Logits::kF32);
 
 // fp32 <-> bf16 copies (weights' compute copies, activations into products).
 Status to_bf16(const float* x, bf16_t* y, int64_t n, void* stream);

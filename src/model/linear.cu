@@ -15,11 +15,11 @@ cublasHandle_t cublas_for(void* stream) {
 }
 
 Status gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A, const bf16_t* B,
-                 float beta, void* C, cudaDataType_t ctype, void* stream) {
+                 float beta, void* C, cudaDataType_t ctype, void* stream, int64_t lda_a) {
   cublasHandle_t h = cublas_for(stream);
   SP_CHECK_ARG(h != nullptr, "cannot create a cuBLAS handle");
   // Column-major view: C^T[N, M] = op(B)^T[N, K] op(A)^T[K, M]; a row-major X[r, c] is X^T.
-  const int lda = int(ta ? M : K), ldb = int(tb ? K : N);
+  const int lda = int(lda_a > 0 ? lda_a : ta ? M : K), ldb = int(tb ? K : N);
   SP_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
                                &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, ctype, int(N),
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

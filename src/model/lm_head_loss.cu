@@ -1,6 +1,8 @@
-// The CUDA half of lm_head_loss.cpp: a chunk's logits by cuBLAS into fp32 scratch, one block per
-// row for its logsumexp and loss; the backward turns the scratch into bf16 scale * (softmax -
-// onehot) and multiplies back (dx fp32, dw fp32 added). Scratch: chunk x vocab fp32 and bf16.
+// The CUDA half of lm_head_loss.cpp: a chunk's logits by cuBLAS into scratch (fp32, or bf16 as
+// Liger-Kernel keeps them), one block per row for its logsumexp (max and sum in one pass) and loss;
+// in training the same block then turns its row in place into bf16 scale * (softmax - onehot),
+// and the chunk is multiplied back at once (dx fp32 written, dw fp32 added): three products a
+// row, the logits never remade. Scratch: chunk x vocab logits, nothing else.
 #include <algorithm>
 
 #include "model/cuda_common.cuh"
@@ -10,89 +12,111 @@ namespace seqpar::model::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kPerThread = 4;  // elements a thread holds between the read and the write of a segment
 
-__device__ float block_reduce(float v, bool take_max) {
-  __shared__ float partial[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = take_max ? fmaxf(v, other) : v + other;
-  }
+__device__ float load(const float* p) { return *p; }
+__device__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
+// A running (max, sum of exp(x - max)); empty: (-inf, 0).
+struct MaxSum {
+  float m, s;
+};
+__device__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};  // both empty: no -inf - -inf
+  return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+
+// The block's (max, sum), in a fixed order (the same bits every run), given to every thread.
+__device__ MaxSum block_max_sum(MaxSum v) {
+  __shared__ MaxSum partial[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1)
+    v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
-  float total = partial[0];
-  for (int w = 1; w < kThreads / 32; ++w) total = take_max ? fmaxf(total, partial[w]) : total + partial[w];
-  __syncthreads();
+  MaxSum total = partial[0];
+  for (int w = 1; w < kThreads / 32; ++w) total = combine(total, partial[w]);
+  __syncthreads();  // partial may be written again
   return total;
 }
 
-__global__ void row_loss_kernel(const float* logits, const int32_t* targets, int64_t vocab, float* lse, float* loss) {
-  const float* row = logits + blockIdx.x * vocab;
-  float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < vocab; v += kThreads) m = fmaxf(m, row[v]);
-  m = block_reduce(m, true);
-  float z = 0;
-  for (int64_t v = threadIdx.x; v < vocab; v += kThreads) z += __expf(row[v] - m);
-  z = block_reduce(z, false);
-  if (threadIdx.x == 0) {
-    const float l = m + logf(z);
-    lse[blockIdx.x] = l;
-    const int32_t t = targets[blockIdx.x];
-    loss[blockIdx.x] = t >= 0 ? l - row[t] : 0.0f;
-  }
-}
-
-__global__ void dlogits_kernel(const float* logits, const int32_t* targets, const float* lse, int64_t vocab,
-                               float scale, __nv_bfloat16* d) {
-  const float* row = logits + blockIdx.x * vocab;
-  __nv_bfloat16* out = d + blockIdx.x * vocab;
+// One block per row of logits (row stride vocab): row_loss = lse - logit[target] (0 for rows not
+// counted), and with `gradient` the row overwritten by bf16 scale (softmax - onehot) from its
+// first byte on (bf16 row stride: vocab * sizeof(L) / 2 elements).
+template <class L>
+__global__ void __launch_bounds__(kThreads)
+    loss_kernel(L* logits, const int32_t* targets, int64_t vocab, float scale, bool gradient, float* row_loss) {
+  L* row = logits + blockIdx.x * vocab;
   const int32_t t = targets[blockIdx.x];
-  const float l = lse[blockIdx.x];
+  const float target_logit = t >= 0 ? load(row + t) : 0.0f;  // read before any write (barriers below)
+  MaxSum acc{-INFINITY, 0.0f};
   for (int64_t v = threadIdx.x; v < vocab; v += kThreads) {
-    const float p = t >= 0 ? scale * (__expf(row[v] - l) - (v == t ? 1.0f : 0.0f)) : 0.0f;
-    out[v] = __float2bfloat16(p);
+    const float x = load(row + v);
+    if (x > acc.m) {
+      acc.s = acc.s * __expf(acc.m - x) + 1.0f;
+      acc.m = x;
+    } else {
+      acc.s += __expf(x - acc.m);
+    }
+  }
+  acc = block_max_sum(acc);
+  const float lse = acc.m + logf(acc.s);
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = t >= 0 ? lse - target_logit : 0.0f;
+  if (!gradient) return;
+  // In place: a segment's bf16 values land on fp32 elements of this or earlier segments, which
+  // every thread has read once the barrier is passed (bf16 logits: each thread its own element).
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(row);
+  for (int64_t base = 0; base < vocab; base += int64_t(kThreads) * kPerThread) {
+    float x[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t v = base + k * kThreads + threadIdx.x;
+      x[k] = v < vocab ? load(row + v) : 0.0f;
+    }
+    if constexpr (sizeof(L) > 2) __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t v = base + k * kThreads + threadIdx.x;
+      if (v < vocab)
+        out[v] = __float2bfloat16(t >= 0 ? scale * (__expf(x[k] - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f);
+    }
   }
 }
 
-// Scratch for one chunk's logits (fp32) and their gradient (bf16), per thread.
-struct Scratch {
-  DeviceBuffer logits, dlogits;
-};
-StatusOr<Scratch*> scratch(int64_t chunk, int64_t vocab) {
-  thread_local Scratch s;
-  SP_RETURN_IF_ERROR(s.logits.reserve(size_t(chunk * vocab) * 4));
-  SP_RETURN_IF_ERROR(s.dlogits.reserve(size_t(chunk * vocab) * 2));
-  return &s;
+// One chunk's logits, per thread (a rank is a thread).
+StatusOr<void*> scratch(size_t bytes) {
+  thread_local DeviceBuffer s;
+  SP_RETURN_IF_ERROR(s.reserve(bytes));
+  return s.data();
 }
 
 }  // namespace
 
-Status lm_head_loss_forward(const bf16_t* x, const bf16_t* w, const int32_t* targets, int64_t rows, int64_t dim,
-                            int64_t vocab, int64_t chunk, float* lse, float* row_loss, void* stream) {
-  SP_ASSIGN_OR_RETURN(Scratch * s, scratch(std::min(chunk, rows), vocab));
-  float* logits = static_cast<float*>(s->logits.data());
+Status lm_head_loss(const bf16_t* x, const bf16_t* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                    int64_t chunk, float* row_loss, double scale, float* dx, float* dw, void* stream, Logits logits) {
+  SP_CHECK_ARG(rows >= 0 && dim > 0 && vocab > 0 && chunk > 0, "the LM head needs dim, vocab and chunk > 0");
+  SP_CHECK_ARG((dx == nullptr) == (dw == nullptr), "the LM head's gradient needs both dx and dw");
+  const bool f32 = logits == Logits::kF32;
+  const int64_t elem = f32 ? 4 : 2;
+  SP_ASSIGN_OR_RETURN(void* buf, scratch(size_t(std::min(chunk, rows) * vocab * elem)));
+  const int64_t grad_ld = vocab * elem / 2;  // the in-place gradient's row stride, bf16 elements
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t n = std::min(chunk, rows - r0);
-    SP_RETURN_IF_ERROR(gemm_bf16(false, true, n, vocab, dim, 1.0f, x + r0 * dim, w, 0.0f, logits, CUDA_R_32F, stream));
-    row_loss_kernel<<<unsigned(n), kThreads, 0, as_stream(stream)>>>(logits, targets + r0, vocab, lse + r0, row_loss + r0);
+    SP_RETURN_IF_ERROR(gemm_bf16(false, true, n, vocab, dim, 1.0f, x + r0 * dim, w, 0.0f, buf,
+                                 f32 ? CUDA_R_32F : CUDA_R_16BF, stream));
+    if (f32)
+      loss_kernel<<<unsigned(n), kThreads, 0, as_stream(stream)>>>(static_cast<float*>(buf), targets + r0, vocab,
+                                                                   float(scale), dx != nullptr, row_loss + r0);
+    else
+      loss_kernel<<<unsigned(n), kThreads, 0, as_stream(stream)>>>(static_cast<__nv_bfloat16*>(buf), targets + r0,
+                                                                   vocab, float(scale), dx != nullptr, row_loss + r0);
     SP_CUDA_CHECK(cudaGetLastError());
-  }
-  return Status::Ok();
-}
-
-Status lm_head_loss_backward(const bf16_t* x, const bf16_t* w, const int32_t* targets, const float* lse, int64_t rows,
-                             int64_t dim, int64_t vocab, int64_t chunk, double scale, float* dx, float* dw,
-                             void* stream) {
-  SP_ASSIGN_OR_RETURN(Scratch * s, scratch(std::min(chunk, rows), vocab));
-  float* logits = static_cast<float*>(s->logits.data());
-  bf16_t* d = static_cast<bf16_t*>(s->dlogits.data());
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, rows - r0);
-    SP_RETURN_IF_ERROR(gemm_bf16(false, true, n, vocab, dim, 1.0f, x + r0 * dim, w, 0.0f, logits, CUDA_R_32F, stream));
-    dlogits_kernel<<<unsigned(n), kThreads, 0, as_stream(stream)>>>(logits, targets + r0, lse + r0, vocab, float(scale),
-                                                                    as_bf16(d));
-    SP_CUDA_CHECK(cudaGetLastError());
-    SP_RETURN_IF_ERROR(gemm_bf16(false, false, n, dim, vocab, 1.0f, d, w, 0.0f, dx + r0 * dim, CUDA_R_32F, stream));
-    SP_RETURN_IF_ERROR(gemm_bf16(true, false, vocab, dim, n, 1.0f, d, x + r0 * dim, 1.0f, dw, CUDA_R_32F, stream));
+    if (!dx) continue;
+    const auto* g = static_cast<const bf16_t*>(buf);
+    SP_RETURN_IF_ERROR(
+        gemm_bf16(false, false, n, dim, vocab, 1.0f, g, w, 0.0f, dx + r0 * dim, CUDA_R_32F, stream, grad_ld));
+    SP_RETURN_IF_ERROR(
+        gemm_bf16(true, false, vocab, dim, n, 1.0f, g, x + r0 * dim, 1.0f, dw, CUDA_R_32F, stream, grad_ld));
   }
   return Status::Ok();
 }

@@ -96,14 +96,11 @@ class CudaLayers {
   Status swiglu_backward(const Half* g, const Half* u, const float* da, Half* dg, Half* du, int64_t n) {
     return cu::swiglu_backward(g, u, da, dg, du, n, s_);
   }
-  Status lm_head_forward(const Half* x, const Half* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
-                         int64_t chunk, float* lse, LossParts* parts) {
+  // The loss, and with dx and dw (else null) its gradient in the same pass.
+  Status lm_head(const Half* x, const Half* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                 int64_t chunk, LossParts* parts, double scale, float* dx, float* dw) {
     SP_ASSIGN_OR_RETURN(parts->row_loss, memory_.make<float>(rows));
-    return cu::lm_head_loss_forward(x, w, targets, rows, dim, vocab, chunk, lse, parts->row_loss.p(), s_);
-  }
-  Status lm_head_backward(const Half* x, const Half* w, const int32_t* targets, const float* lse, int64_t rows,
-                          int64_t dim, int64_t vocab, int64_t chunk, double scale, float* dx, float* dw) {
-    return cu::lm_head_loss_backward(x, w, targets, lse, rows, dim, vocab, chunk, scale, dx, dw, s_);
+    return cu::lm_head_loss(x, w, targets, rows, dim, vocab, chunk, parts->row_loss.p(), scale, dx, dw, s_);
   }
   // The rows' losses summed on the host in row order (waits for the pass).
   StatusOr<double> loss_sum(const LossParts& parts) {

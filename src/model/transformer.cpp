@@ -102,15 +102,11 @@ class HostLayers {
     model::swiglu_backward(g, u, da, dg, du, n);
     return Status::Ok();
   }
-  Status lm_head_forward(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
-                         int64_t chunk, T* lse, LossParts* parts) {
+  // The loss, and with dx and dw (else null) its gradient in the same pass.
+  Status lm_head(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
+                 int64_t chunk, LossParts* parts, double scale, T* dx, T* dw) {
     int64_t counted = 0;
-    model::lm_head_loss_forward(x, w, targets, rows, dim, vocab, chunk, lse, &parts->sum, &counted);
-    return Status::Ok();
-  }
-  Status lm_head_backward(const T* x, const T* w, const int32_t* targets, const T* lse, int64_t rows, int64_t dim,
-                          int64_t vocab, int64_t chunk, double scale, T* dx, T* dw) {
-    model::lm_head_loss_backward(x, w, targets, lse, rows, dim, vocab, chunk, scale, dx, dw);
+    model::lm_head_loss(x, w, targets, rows, dim, vocab, chunk, &parts->sum, &counted, scale, dx, dw);
     return Status::Ok();
   }
   Status linear_mixer_forward(Communicator& comm, const Layout& layout, LaspAlgorithm algorithm,
