@@ -3,7 +3,9 @@
 // instantiations). Names: basic (no overlap), overlap (intra-warpgroup overlap), pingpong
 // (overlap + ping-pong between the consumer warpgroups), pingpong3 (same, 3 K/V stages),
 // pp176 (pingpong with 176-key tiles), pp192 (192-key tiles, D = 128), m192 (D = 64:
-// three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers).
+// three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers);
+// persist192 / persist_m192: pp192 / m192 as a persistent kernel with a TMA store of O
+// (hopper_fwd_persist.cuh).
 // The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
 // src/ on the include path); the backend runs pp192 (D = 128), m192 (D = 64) and backward base.
 #pragma once
@@ -12,6 +14,7 @@
 
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
+#include "kernels/hopper/hopper_fwd_persist.cuh"
 
 namespace hopper_attn {
 using namespace seqpar::hopper;
@@ -24,12 +27,14 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "pingpong3") return launch_fwd<128, 128, 3, true, true>(a, st);
     if (v == "pp176") return launch_fwd<128, 176, 2, true, true>(a, st);
     if (v == "pp192") return launch_fwd<128, 192, 2, true, true>(a, st);
+    if (v == "persist192") return launch_fwd_persist<128, 192, 2>(a, st);
   } else if (a.head_dim == 64) {
     if (v == "basic") return launch_fwd<64, 128, 2, false, false>(a, st);
     if (v == "pingpong") return launch_fwd<64, 128, 2, true, true>(a, st);
     if (v == "pingpong3") return launch_fwd<64, 128, 3, true, true>(a, st);
     if (v == "pp176") return launch_fwd<64, 176, 2, true, true>(a, st);
     if (v == "m192") return launch_fwd<64, 128, 2, true, true, 3>(a, st);
+    if (v == "persist_m192") return launch_fwd_persist<64, 128, 3>(a, st);
   }
   std::fprintf(stderr, "no variant %s at D = %d\n", v.c_str(), a.head_dim);
   return cudaErrorInvalidValue;
