@@ -76,6 +76,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.lm_head_chunk = c.lm_head_chunk;
   o.tile_tokens = c.tile_tokens;
   o.deterministic = c.deterministic;
+  o.profile = c.profile;
   SP_CHECK_ARG(c.pack >= -1, "--pack takes a token id (the end-of-document token)");
   SP_CHECK_ARG(c.pack < 0 || c.pack < o.model.vocab, "--pack " + std::to_string(c.pack) +
                                                         " is outside the model's vocabulary of " + std::to_string(o.model.vocab));
@@ -95,6 +96,32 @@ std::string mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f MiB", double(bytes) / (1 << 20));
   return buf;
+}
+
+// --profile: the step's work by kind (StepReport::work_ms, whose last entry is the pass's span),
+// and "outside_pass": the step's wall clock less that span (batch, gradient sums, optimizer).
+nlohmann::ordered_json work_object(const StepReport& r) {
+  nlohmann::ordered_json w = nlohmann::ordered_json::object();
+  for (const auto& [kind, ms] : r.work_ms) w[kind] = ms;
+  w["outside_pass"] = r.seconds * 1e3 - r.work_ms.back().second;
+  w["step"] = r.seconds * 1e3;
+  return w;
+}
+
+// The same as one line: each kind's share of the step, the largest first, none under 0.5%.
+std::string work_line(const StepReport& r) {
+  std::vector<std::pair<std::string, double>> parts(r.work_ms.begin(), r.work_ms.end() - 1);
+  parts.emplace_back("outside_pass", r.seconds * 1e3 - r.work_ms.back().second);
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string line;
+  for (const auto& [kind, ms] : parts) {
+    if (ms < 0.005 * r.seconds * 1e3) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%s%s %.1f%% (%.1f ms)", line.empty() ? "" : ", ", kind.c_str(),
+                  100 * ms / (r.seconds * 1e3), ms);
+    line += buf;
+  }
+  return line;
 }
 
 // The loss curve as a small standalone SVG (a polyline over step and loss axes).
@@ -261,6 +288,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
                                           {"tokens_per_s", double(r.tokens) / r.seconds},
                                           {"activation_bytes", r.activation_bytes}, {"bytes_sent", r.bytes_sent}};
         nlohmann::ordered_json line = j;
+        if (!r.work_ms.empty()) line["work_ms"] = work_object(r);
         if (c.device == "cuda") {
           line["device_peak_bytes"] = r.activation_bytes;
           line["gpus"] = gpus;
@@ -271,6 +299,7 @@ Status train_rank(Communicator& comm, const TrainCliOptions& c, const TrainOptio
         std::printf("step %4ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tokens/s  %s %s  sent %s\n",
                     long(r.step + 1), long(o.steps), r.loss, r.lr, r.grad_norm, double(r.tokens) / r.seconds,
                     o.device == DeviceKind::kCuda ? "device peak" : "activations", mib(r.activation_bytes).c_str(), mib(r.bytes_sent).c_str());
+        if (!r.work_ms.empty()) std::printf("  work: %s\n", work_line(r).c_str());
       }
       std::fflush(stdout);
     }
@@ -460,6 +489,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                   "target (the next document's first token) is not counted");
   cmd->add_flag("--pack-global-positions", o.pack_global_positions,
                 "with --pack: RoPE at the sequence's positions rather than restarting in each document");
+  cmd->add_flag("--profile", o.profile,
+                "time each step's work by kind (attention, products, LM head, norms, RoPE, SwiGLU, embedding, "
+                "linear mixer, casts; between the ops; outside the pass): a work_ms object in --json's lines, a "
+                "line per step otherwise (GPU: an event pair a device op)");
   cmd->add_flag("--deterministic", o.deterministic,
                 "cuda: the same bits every run, so --resume continues a run exactly (the attention's backward "
                 "through cuDNN's deterministic algorithm, whose workspace grows as the square of a call's rows)");

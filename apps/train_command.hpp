@@ -50,6 +50,7 @@ struct TrainCliOptions {
   int64_t lm_head_chunk = 1024;
   int64_t tile_tokens = -1;
   bool deterministic = false;
+  bool profile = false;  // --profile: each step's work by kind
   int32_t pack = -1;
   bool pack_global_positions = false;
 };

@@ -385,6 +385,43 @@ TEST_F(GpuTrain, OffloadedCheckpointsGiveTheSameBits) {
 // checkpointing offloaded to host memory (the tnl-1b run's flags), one rank and 2 thread ranks
 // sharing the GPU (ZeRO-3 over them); and the device's peak falls (the MLP's [rows, ffn] arrays
 // no longer kept nor made for all rows at once).
+// --profile on a GPU (events on the pass's stream): a hybrid model's every kind of work is timed,
+// the kinds and the gaps make up the pass's span within the step's wall clock, and the run keeps
+// its bits (deterministic, so two runs compare).
+TEST_F(GpuTrain, ProfileTimesTheStepWithoutChangingIt) {
+  TrainOptions o = options(2);
+  o.model.mixers = {MixerKind::kLinear, MixerKind::kSoftmax};
+  o.layout = LayoutKind::kContiguous;
+  o.deterministic = true;
+  Record plain, profiled;
+  Status s = run(o, 2, &plain);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  o.profile = true;
+  s = run(o, 2, &profiled);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(profiled.losses, plain.losses);
+  EXPECT_TRUE(profiled.weights == plain.weights);
+  s = run_local_ranks(1, [&](Communicator& comm) -> Status {
+    SP_ASSIGN_OR_RETURN(auto trainer, Trainer::create(o, comm));
+    StepReport r;
+    SP_RETURN_IF_ERROR(trainer->step(&r));
+    EXPECT_EQ(r.work_ms.size(), 11u);
+    if (r.work_ms.size() != 11u) return Status::Ok();
+    double ops = 0;
+    for (size_t i = 0; i + 2 < r.work_ms.size(); ++i) {
+      EXPECT_GE(r.work_ms[i].second, 0.0) << r.work_ms[i].first;
+      ops += r.work_ms[i].second;
+    }
+    for (size_t i : {0, 1, 2, 3, 7, 8})  // attention, products, lm_head, norms, linear_mixer, casts
+      EXPECT_GT(r.work_ms[i].second, 0.0) << r.work_ms[i].first;
+    EXPECT_NEAR(ops + r.work_ms[9].second, r.work_ms[10].second, 1e-3);
+    EXPECT_GE(r.work_ms[9].second, -1e-3);  // events on one stream: the ops do not overlap
+    EXPECT_LE(r.work_ms[10].second, r.seconds * 1e3);
+    return Status::Ok();
+  });
+  ASSERT_TRUE(s.ok()) << s.to_string();
+}
+
 TEST_F(GpuTrain, TiledMlpFollowsTheCpuRunAsUntiledDoes) {
   for (bool linear : {false, true})
     for (int ranks : {1, 2}) {

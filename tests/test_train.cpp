@@ -5,6 +5,7 @@
 // task learned across ranks; offloaded checkpoints the same bits; bad input refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
@@ -126,6 +127,49 @@ TEST(Train, OffloadedCheckpointsGiveTheSameBits) {
   EXPECT_EQ(counted[0] - counted[1], 2 * 4 * 64 * (32 + 32 + 4) * int64_t(sizeof(float)));
   o.checkpointing = Checkpointing::kNone;
   EXPECT_NE(Trainer::create(o, *comms[0]).status().message().find("not none"), std::string::npos);
+}
+
+// --profile: every kind of work is reported (a hybrid model has each), each is non-negative, the
+// ops and the time between them make up the pass's span, which the step's wall clock contains;
+// and the run is the same bits with it as without.
+TEST(Train, ProfileTimesEachKindOfWorkWithoutChangingTheRun) {
+  TrainOptions o = small_run(2);
+  o.model.layers = 2;
+  o.model.mixers = {MixerKind::kLinear, MixerKind::kSoftmax};
+  o.layout = LayoutKind::kContiguous;
+  std::vector<double> plain_losses, profiled_losses;
+  std::vector<float> plain_params, profiled_params;
+  Status s = train(o, 2, 2, "", "", &plain_losses, &plain_params);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  o.profile = true;
+  s = train(o, 2, 2, "", "", &profiled_losses, &profiled_params);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(profiled_losses, plain_losses);
+  EXPECT_EQ(profiled_params, plain_params);
+  auto comms = make_local_communicators(1);
+  o.layout = LayoutKind::kContiguous;
+  auto trainer = Trainer::create(o, *comms[0]);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().to_string();
+  StepReport r;
+  ASSERT_TRUE(trainer.value()->step(&r).ok());
+  const std::vector<std::string> kinds{"attention", "products", "lm_head", "norms", "rope", "swiglu",
+                                       "embedding", "linear_mixer", "casts", "between_ops", "pass"};
+  ASSERT_EQ(r.work_ms.size(), kinds.size());
+  double ops = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    EXPECT_EQ(r.work_ms[i].first, kinds[i]);
+    EXPECT_GE(r.work_ms[i].second, 0.0) << kinds[i];
+    if (i + 2 < kinds.size()) ops += r.work_ms[i].second;
+  }
+  for (const char* done : {"attention", "products", "lm_head", "norms", "embedding", "linear_mixer"})
+    EXPECT_GT(r.work_ms[size_t(std::find(kinds.begin(), kinds.end(), done) - kinds.begin())].second, 0.0) << done;
+  EXPECT_NEAR(ops + r.work_ms[kinds.size() - 2].second, r.work_ms.back().second, 1e-9);
+  EXPECT_LE(r.work_ms.back().second, r.seconds * 1e3);
+  o.profile = false;
+  auto quiet = Trainer::create(o, *comms[0]);
+  ASSERT_TRUE(quiet.ok());
+  ASSERT_TRUE(quiet.value()->step(&r).ok());
+  EXPECT_TRUE(r.work_ms.empty());
 }
 
 // The recall task: the query (last position) and the key (second quarter) sit on different

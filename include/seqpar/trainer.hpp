@@ -66,6 +66,8 @@ struct TrainOptions {
   // GPU: the same bits every run, so that a resumed run equals a straight one (the attention's
   // backward through cuDNN's deterministic algorithm: Session::deterministic says its cost).
   bool deterministic = false;
+  // Time each step's work by kind (StepReport::work_ms): an event pair a device op on a GPU.
+  bool profile = false;
 
   // The tile tile_tokens makes: -1 takes 8192 rows under a checkpointing policy, where a tiled
   // backward also skips the MLP's recompute (its down product), and none without one, where
@@ -97,6 +99,8 @@ struct StepReport {
   double seconds = 0;         // this step, wall clock
   int64_t activation_bytes = 0;  // this rank's peak of activations (GPU: of the device's memory)
   int64_t bytes_sent = 0;     // this rank's attention traffic this step
+  // With TrainOptions::profile: this rank's milliseconds by kind of work (StepLoss::work_ms).
+  std::vector<std::pair<std::string, double>> work_ms;
 };
 
 class Trainer {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/distributed_attention.hpp"
@@ -50,6 +51,9 @@ struct StepLoss {
   double loss_sum = 0;   // sum over this rank's counted targets
   int64_t counted = 0;   // this rank's counted targets
   int64_t activation_bytes_peak = 0;  // activations and recomputation buffers, at most
+  // With step profiling on: milliseconds by kind of work (attention, products, lm_head, ...),
+  // then "between_ops" (the pass's span less its ops) and "pass" (that span).
+  std::vector<std::pair<std::string, double>> work_ms;
 };
 
 // Where the model's weights and gradients live, unit by unit (weight_units: the embedding, each
@@ -115,6 +119,8 @@ class Transformer {
   // Plans the attention over another layout of the same length and ranks (the documents layout of
   // the next batch's packed documents); later passes take shards of that layout.
   Status use_layout(const Layout& layout);
+  // Times each pass's work by kind into StepLoss::work_ms (host clock), from the next pass on.
+  void profile_steps(bool on);
 
   struct Impl;
 

@@ -35,6 +35,7 @@
 #include "model/fault_injection.hpp"
 #include "model/host_offload.hpp"
 #include "model/linear_attention_layer.hpp"
+#include "model/step_profile.hpp"
 #include "model/training_memory.hpp"
 #include "parallel/linear_ulysses.hpp"
 #include "seqpar/session.hpp"
@@ -219,6 +220,16 @@ class LayerPass {
       if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
     }
     SP_ASSIGN_OR_RETURN(loss->loss_sum, dev_.loss_sum(parts));  // waits for the pass
+    loss->work_ms.clear();
+    if (const WorkTimes w = dev_.take_profile(); w.valid) {
+      double ops = 0;
+      for (int k = 0; k < int(Work::kCount); ++k) {
+        loss->work_ms.emplace_back(work_name(Work(k)), w.ms[size_t(k)]);
+        ops += w.ms[size_t(k)];
+      }
+      loss->work_ms.emplace_back("between_ops", w.span_ms - ops);
+      loss->work_ms.emplace_back("pass", w.span_ms);
+    }
     loss->counted = 0;
     for (int32_t t : b.targets) loss->counted += t >= 0;
     // Counted for the whole pass, though the backward's layers run without hf and dhf.
@@ -345,6 +356,7 @@ class LayerPass {
   // One pass of the attention; with packed documents, one call a sequence under its documents'
   // mask (the Session plans each mask once and keeps it).
   Status attention(const AttentionPlan& plan, Pass pass, const ShardTensors& t) {
+    const auto timed = dev_.time(Work::kAttention);
     if (!documents_) return dev_.session().run(plan, pass, t, {dev_.stream()});
     for (int64_t e = 0; e < B_; ++e) {
       const auto one = [&](const TensorView& v) { return v.data ? v.narrow(0, e, e + 1) : v; };

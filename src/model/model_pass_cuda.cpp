@@ -9,6 +9,7 @@
 #include "model/layers_cuda.hpp"
 #include "model/linear_attention_layer_cuda.hpp"
 #include "model/model_pass.hpp"
+#include "model/step_profile.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar::model {
@@ -37,11 +38,15 @@ class CudaLayers {
 
   CudaLayers(TrainingMemory& memory, Session& session, int device)
       : memory_(memory), session_(session), s_(memory.stream()), device_(device),
-        mixer_(memory, Device{DeviceKind::kCuda, device}) {}
+        mixer_(memory, Device{DeviceKind::kCuda, device}), profile_(s_) {}
   TrainingMemory& memory() { return memory_; }
   Session& session() { return session_; }
   void* stream() const { return s_; }
   Device device() const { return Device{DeviceKind::kCuda, device_}; }
+  // The step's work by kind (step_profile.hpp): off unless enabled.
+  void enable_profile(bool on) { profile_.enable(on); }
+  StepProfile::Scope time(Work w) { return profile_.time(w); }
+  WorkTimes take_profile() { return profile_.take(); }
   Status set_positions(const std::vector<int64_t>& positions) {
     SP_ASSIGN_OR_RETURN(positions_, memory_.make<int64_t>(int64_t(positions.size())));
     return memory_.from_host(positions_.p(), positions.data(), positions.size() * sizeof(int64_t));
@@ -65,40 +70,53 @@ class CudaLayers {
   }
 
   Status embedding_forward(const int32_t* tokens, const Half* table, float* x, int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kEmbedding);
     return cu::embedding_forward(tokens, table, x, rows, dim, s_);
   }
   // host_tokens: the batch's (the rows are grouped by token on the host: no atomics).
   Status embedding_backward(const int32_t* host_tokens, const float* dx, float* dtable, int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kEmbedding);
     return cu::embedding_backward(host_tokens, dx, dtable, rows, dim, s_);
   }
   Status rmsnorm_forward(const float* x, const Half* w, Half* y, float* rstd, int64_t rows, int64_t dim, double eps) {
+    const auto timed = time(Work::kNorms);
     return cu::rmsnorm_forward(x, w, y, rstd, rows, dim, eps, s_);
   }
   Status rmsnorm_backward(const float* x, const Half* w, const float* rstd, const float* dy, float* dx, float* dw,
                           int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kNorms);
     return cu::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, dim, s_);
   }
   Status linear_forward(const Half* x, const Half* w, Half* y, int64_t rows, int64_t in, int64_t out) {
+    const auto timed = time(Work::kProducts);
     return cu::linear_forward(x, w, y, rows, in, out, s_);
   }
   Status linear_forward_add(const Half* x, const Half* w, float* y, int64_t rows, int64_t in, int64_t out) {
+    const auto timed = time(Work::kProducts);
     return cu::linear_forward_add(x, w, y, rows, in, out, s_);
   }
   Status linear_backward(const Half* x, const Half* w, const Half* dy, float* dx, float* dw, int64_t rows, int64_t in,
                          int64_t out, bool accumulate_dx) {
+    const auto timed = time(Work::kProducts);
     return cu::linear_backward(x, w, dy, dx, dw, rows, in, out, accumulate_dx, s_);
   }
   Status rope_apply(Half* x, const int64_t* positions, int64_t B, int64_t S, int64_t H, int64_t D, double theta,
                     bool inverse) {
+    const auto timed = time(Work::kRope);
     return cu::rope_apply(x, positions, B, S, H, D, theta, inverse, s_);
   }
-  Status swiglu_forward(const Half* g, const Half* u, Half* a, int64_t n) { return cu::swiglu_forward(g, u, a, n, s_); }
+  Status swiglu_forward(const Half* g, const Half* u, Half* a, int64_t n) {
+    const auto timed = time(Work::kSwiglu);
+    return cu::swiglu_forward(g, u, a, n, s_);
+  }
   Status swiglu_backward(const Half* g, const Half* u, const float* da, Half* dg, Half* du, int64_t n) {
+    const auto timed = time(Work::kSwiglu);
     return cu::swiglu_backward(g, u, da, dg, du, n, s_);
   }
   // The loss, and with dx and dw (else null) its gradient in the same pass.
   Status lm_head(const Half* x, const Half* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
                  int64_t chunk, LossParts* parts, double scale, float* dx, float* dw) {
+    const auto timed = time(Work::kLmHead);
     SP_ASSIGN_OR_RETURN(parts->row_loss, memory_.make<float>(rows));
     return cu::lm_head_loss(x, w, targets, rows, dim, vocab, chunk, parts->row_loss.p(), scale, dx, dw, s_);
   }
@@ -115,16 +133,19 @@ class CudaLayers {
                               const LinearMixerSlots<const Half*>& w, const Half* x,
                               const LinearMixerActs<Half, float>& acts, float* y, LaspContext* ctx,
                               LinearMixerRun run) {
+    const auto timed = time(Work::kLinearMixer);
     return mixer_.forward(comm, layout, algorithm, params, shape, w, x, acts, y, ctx, run);
   }
   Status linear_mixer_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                                const LinearMixerShape& shape, const LinearMixerSlots<const Half*>& w, const Half* x,
                                const LinearMixerActs<Half, float>& acts, const Half* dy, float* dx,
                                const LinearMixerSlots<float*>& dw, LaspContext* ctx) {
+    const auto timed = time(Work::kLinearMixer);
     return mixer_.backward(comm, layout, params, shape, w, x, acts, dy, dx, dw, ctx);
   }
   // The products' dy in bf16, rounded from the fp32 accumulator into `scratch`.
   StatusOr<const Half*> as_act(const float* x, int64_t n, Array<Half>& scratch) {
+    const auto timed = time(Work::kCasts);
     if (scratch.n < n) {
       SP_ASSIGN_OR_RETURN(scratch, memory_.make<Half>(n));
     }
@@ -140,6 +161,7 @@ class CudaLayers {
   void* s_;
   int device_;
   cu::LinearMixer mixer_;         // the linear-attention layers' token mixer
+  StepProfile profile_;           // the step's work by kind, on s_
   Array<int64_t> positions_;      // this rank's global positions (RoPE)
   Array<int64_t> row_positions_;  // this batch's per-row positions (packed documents)
 };
@@ -164,6 +186,7 @@ class CudaModelPass final : public ModelPass {
       SP_ASSIGN_OR_RETURN(early, plan_causal(layers_, c, half, o.batch, S / 2));
     }
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
+    layers_.enable_profile(o.profile);
     pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk,
                                                     o.linear_sp, o.offload_checkpoints, o.tile_rows());
     return Status::Ok();

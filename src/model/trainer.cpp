@@ -334,6 +334,7 @@ Status Trainer::step(StepReport* report) {
   report->lr = a.lr;
   report->tokens = G * I.o.batch * I.o.seq;
   report->activation_bytes = loss.activation_bytes_peak;
+  report->work_ms = std::move(loss.work_ms);
   ++I.steps;
   report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::Ok();
@@ -433,6 +434,7 @@ StatusOr<std::unique_ptr<ModelPass>> make_model_pass(const TrainOptions& o, cons
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer<float>> model,
                       Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group,
                                                  o.linear_sp, o.offload_checkpoints, o.tile_rows()));
+  model->profile_steps(o.profile);
   return std::unique_ptr<ModelPass>(std::make_unique<CpuModelPass>(std::move(model)));
 }
 

@@ -5,6 +5,7 @@
 
 #include "model/layer_pass.hpp"
 #include "model/layers.hpp"
+#include "model/step_profile.hpp"
 #include "model/training_memory.hpp"
 
 namespace seqpar {
@@ -55,56 +56,71 @@ class HostLayers {
   Session& session() { return session_; }
   void* stream() const { return nullptr; }
   Device device() const { return Device{}; }
+  // The step's work by kind (step_profile.hpp), by the host clock: off unless enabled.
+  void enable_profile(bool on) { profile_.enable(on); }
+  StepProfile::Scope time(Work w) { return profile_.time(w); }
+  WorkTimes take_profile() { return profile_.take(); }
   StatusOr<Tokens> tokens(const ShardBatch& b) const { return Tokens{b.inputs.data(), b.targets.data()}; }
   StatusOr<const int64_t*> positions(const ShardBatch& b) const {
     return b.rope_positions.empty() ? b.positions.data() : b.rope_positions.data();
   }
 
   Status embedding_forward(const int32_t* tokens, const T* table, T* x, int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kEmbedding);
     model::embedding_forward(tokens, table, x, rows, dim);
     return Status::Ok();
   }
   Status embedding_backward(const int32_t* tokens, const T* dx, T* dtable, int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kEmbedding);
     model::embedding_backward(tokens, dx, dtable, rows, dim);
     return Status::Ok();
   }
   Status rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps) {
+    const auto timed = time(Work::kNorms);
     model::rmsnorm_forward(x, w, y, rstd, rows, dim, eps);
     return Status::Ok();
   }
   Status rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t rows, int64_t dim) {
+    const auto timed = time(Work::kNorms);
     model::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, dim);
     return Status::Ok();
   }
   Status linear_forward(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out) {
+    const auto timed = time(Work::kProducts);
     model::linear_forward(x, w, y, rows, in, out);
     return Status::Ok();
   }
   Status linear_forward_add(const T* x, const T* w, T* y, int64_t rows, int64_t in, int64_t out) {
+    const auto timed = time(Work::kProducts);
     model::linear_forward_add(x, w, y, rows, in, out);
     return Status::Ok();
   }
   Status linear_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t in, int64_t out,
                          bool accumulate_dx) {
+    const auto timed = time(Work::kProducts);
     model::linear_backward(x, w, dy, dx, dw, rows, in, out, accumulate_dx);
     return Status::Ok();
   }
   Status rope_apply(T* x, const int64_t* positions, int64_t B, int64_t S, int64_t H, int64_t D, double theta,
                     bool inverse) {
+    const auto timed = time(Work::kRope);
     model::rope_apply(x, positions, B, S, H, D, theta, inverse);
     return Status::Ok();
   }
   Status swiglu_forward(const T* g, const T* u, T* a, int64_t n) {
+    const auto timed = time(Work::kSwiglu);
     model::swiglu_forward(g, u, a, n);
     return Status::Ok();
   }
   Status swiglu_backward(const T* g, const T* u, const T* da, T* dg, T* du, int64_t n) {
+    const auto timed = time(Work::kSwiglu);
     model::swiglu_backward(g, u, da, dg, du, n);
     return Status::Ok();
   }
   // The loss, and with dx and dw (else null) its gradient in the same pass.
   Status lm_head(const T* x, const T* w, const int32_t* targets, int64_t rows, int64_t dim, int64_t vocab,
                  int64_t chunk, LossParts* parts, double scale, T* dx, T* dw) {
+    const auto timed = time(Work::kLmHead);
     int64_t counted = 0;
     model::lm_head_loss(x, w, targets, rows, dim, vocab, chunk, &parts->sum, &counted, scale, dx, dw);
     return Status::Ok();
@@ -113,12 +129,14 @@ class HostLayers {
                               const LinearAttentionParams& params, const LinearMixerShape& shape,
                               const LinearMixerSlots<const T*>& w, const T* x, const LinearMixerActs<T>& acts, T* y,
                               LaspContext* ctx, LinearMixerRun run) {
+    const auto timed = time(Work::kLinearMixer);
     return model::linear_mixer_forward(comm, layout, algorithm, params, shape, w, x, acts, y, ctx, run);
   }
   Status linear_mixer_backward(Communicator& comm, const Layout& layout, const LinearAttentionParams& params,
                                const LinearMixerShape& shape, const LinearMixerSlots<const T*>& w, const T* x,
                                const LinearMixerActs<T>& acts, const T* dy, T* dx, const LinearMixerSlots<T*>& dw,
                                LaspContext* ctx) {
+    const auto timed = time(Work::kLinearMixer);
     return model::linear_mixer_backward(comm, layout, params, shape, w, x, acts, dy, dx, dw, ctx);
   }
   StatusOr<double> loss_sum(const LossParts& parts) const { return parts.sum; }
@@ -129,6 +147,7 @@ class HostLayers {
  private:
   TrainingMemory& memory_;
   Session& session_;
+  StepProfile profile_{nullptr};
 };
 
 }  // namespace
@@ -235,6 +254,11 @@ template <class T>
 Status Transformer<T>::forward(const T* params, const ShardBatch& batch, StepLoss* loss) {
   FlatWeights<T> store(params, nullptr);
   return impl_->pass->run(store, false, batch, 0.0, loss);
+}
+
+template <class T>
+void Transformer<T>::profile_steps(bool on) {
+  impl_->layers.enable_profile(on);
 }
 
 template <class T>
