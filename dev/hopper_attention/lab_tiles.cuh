@@ -19,8 +19,8 @@ namespace lab {
 inline void fwd_tile(const std::string& variant, int D, int* bm, int* bn) {
   *bm = 128, *bn = 128;
   if (variant == "pp176") *bn = 176;
-  if (variant == "pp192" || variant == "persist192") *bn = 192;
-  if (variant == "m192" || variant == "persist_m192") *bm = 192;
+  if (variant == "pp192" || variant.rfind("persist192", 0) == 0) *bn = 192;
+  if (variant == "m192" || variant.rfind("persist_m192", 0) == 0) *bm = 192;
   (void)D;
 }
 

@@ -2,45 +2,45 @@
 # run_persist.sh: the one-call GPU script of the persistent forward (issue 34, next steps 1;
 # README section "Persistent forward"), from the repository root on an H100/H200 with CUDA 13 and
 # torch, carry [".carry"]: the library's test_backends in the background; the lab's build; the
-# checks (CPU fp64 oracle, dense and masked) of persist192 and pp192 (D = 128), persist_m192 and
-# m192 (D = 64); standalone benches old vs new (dense full and causal at 8K-32K with H = 32 and
-# at 128K with H = 8; docs:256, bigbird:128, docs:16 at 32K; D = 64 at 8K and 32K), each case
-# old, new, new, old; ab_compare.py (old, new and cuDNN SDPA interleaved in one process) at
-# 8K-32K, full and causal, H 32:32 and 32:8 (D = 128) and 32:32 (D = 64); the backend's ctest
-# cases in the time left. About 380 s; logs in $OUT (8 files).
+# checks (CPU fp64 oracle, dense and masked) of every variant in VARS (D = 128) and VARS64
+# (D = 64); standalone benches of those variants (dense full and causal at 8K-32K with H = 32 and
+# at 128K with H = 8; docs:256, bigbird:128, docs:16 at 32K; D = 64 at 8K and 32K), each case in
+# the list's order then reversed; ab_compare.py (AB / AB64 variants and cuDNN SDPA interleaved in
+# one process) at 8K-32K, full and causal, H 32:32 and 32:8 (D = 128) and 32:32 (D = 64); the
+# backend's ctest cases in the time left. About 380 s at most; logs in $OUT (8 files).
 set -u
 out=${OUT:-out_persist}; t0=$(date +%s); deadline=$((t0 + 380))
 left() { echo $((deadline - $(date +%s))); }
-OLD=${OLD:-pp192}; NEW=${NEW:-persist192}; OLD64=${OLD64:-m192}; NEW64=${NEW64:-persist_m192}
+VARS=${VARS:-"pp192 persist192"}; VARS64=${VARS64:-"m192 persist_m192"}
+AB=${AB:-pp192,persist192}; AB64=${AB64:-m192,persist_m192}
+both() { echo "$1 $(echo $1 | tr ' ' '\n' | tac | tr '\n' ' ')"; }  # the list, then reversed
 source dev/hopper_attention/lab_start.sh
 {
-  timeout 60 $fwd check $NEW 128 all || echo "CHECK-FAILED fwd $NEW"
-  timeout 60 $fwd check $OLD 128 all || echo "CHECK-FAILED fwd $OLD"
-  timeout 60 $fwd check $NEW64 64 all || echo "CHECK-FAILED fwd $NEW64"
-  timeout 60 $fwd check $OLD64 64 all || echo "CHECK-FAILED fwd $OLD64"
+  for v in $VARS; do timeout 60 $fwd check $v 128 all || echo "CHECK-FAILED fwd $v"; done
+  for v in $VARS64; do timeout 60 $fwd check $v 64 all || echo "CHECK-FAILED fwd $v"; done
 } > "$out/checks.log" 2>&1
 say "checks: $(grep -c '^PASS' $out/checks.log) PASS, $(grep -c '^FAIL' $out/checks.log) FAIL; $(grep -E 'cases pass|CHECK-FAILED' $out/checks.log | tr '\n' ';')"
 {
   for S in 8192 16384 32768; do for c in 0 1; do
-    for v in $OLD $NEW $NEW $OLD; do timeout 30 $fwd bench $v $S $c 32 32 128 10 || echo "BENCH-FAILED $v $S $c"; done
+    for v in $(both "$VARS"); do timeout 30 $fwd bench $v $S $c 32 32 128 10 || echo "BENCH-FAILED $v $S $c"; done
   done; done
   for m in docs:256 bigbird:128 docs:16; do
-    for v in $OLD $NEW $NEW $OLD; do timeout 30 $fwd benchmask $v 32768 $m 32 32 128 10 || echo "BENCH-FAILED $v $m"; done
+    for v in $(both "$VARS"); do timeout 30 $fwd benchmask $v 32768 $m 32 32 128 10 || echo "BENCH-FAILED $v $m"; done
   done
   for c in 0 1; do
-    for v in $OLD $NEW $NEW $OLD; do timeout 40 $fwd bench $v 131072 $c 8 8 128 5 || echo "BENCH-FAILED $v 128K $c"; done
+    for v in $(both "$VARS"); do timeout 40 $fwd bench $v 131072 $c 8 8 128 5 || echo "BENCH-FAILED $v 128K $c"; done
   done
   for S in 8192 32768; do for c in 0 1; do
-    for v in $OLD64 $NEW64 $NEW64 $OLD64; do timeout 30 $fwd bench $v $S $c 32 32 64 10 || echo "BENCH-FAILED $v $S $c"; done
+    for v in $(both "$VARS64"); do timeout 30 $fwd bench $v $S $c 32 32 64 10 || echo "BENCH-FAILED $v $S $c"; done
   done; done
 } > "$out/bench.log" 2>&1
 say "benches done"
 grep -hE "^BENCH|BENCH-FAILED" "$out/bench.log" | sed 's/ (min [0-9.]* max [0-9.]*)//; s/visible=.*boundary=[0-9]* //' >> "$out/summary.txt"
 timeout 160 python3 $here/ab_compare.py --lib $here/build/libhopper_fwd.so --seqs 8192,16384,32768 \
-  --variants $OLD,$NEW --kv-heads 32,8 --dim 128 --rounds 8 --reps 4 > "$out/ab128.log" 2>&1 || echo "A/B rc=$?" >> "$out/ab128.log"
+  --variants $AB --kv-heads 32,8 --dim 128 --rounds 8 --reps 4 > "$out/ab128.log" 2>&1 || echo "A/B rc=$?" >> "$out/ab128.log"
 say "A/B D=128:"; grep -E "^AB |CHECKBIG|A/B rc|Error" "$out/ab128.log" | sed 's/ (min [0-9.]* max [0-9.]*)//' >> "$out/summary.txt"
 l=$(left); [ $l -gt 30 ] && { timeout $((l < 90 ? l : 90)) python3 $here/ab_compare.py --lib $here/build/libhopper_fwd.so \
-  --seqs 8192,16384,32768 --variants $OLD64,$NEW64 --kv-heads 32 --dim 64 --rounds 8 --reps 4 > "$out/ab64.log" 2>&1 || echo "A/B rc=$?" >> "$out/ab64.log"; }
+  --seqs 8192,16384,32768 --variants $AB64 --kv-heads 32 --dim 64 --rounds 8 --reps 4 > "$out/ab64.log" 2>&1 || echo "A/B rc=$?" >> "$out/ab64.log"; }
 say "A/B D=64:"; grep -E "^AB |CHECKBIG|A/B rc|Error" "$out/ab64.log" 2>/dev/null | sed 's/ (min [0-9.]* max [0-9.]*)//' >> "$out/summary.txt"
 t=build-gpu/tests/test_backends; [ -x $t ] || t=build-gpu/test_backends
 l=$(left)

@@ -5,7 +5,8 @@
 // pp176 (pingpong with 176-key tiles), pp192 (192-key tiles, D = 128), m192 (D = 64:
 // three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers);
 // persist192 / persist_m192: pp192 / m192 as a persistent kernel with a TMA store of O
-// (hopper_fwd_persist.cuh).
+// (hopper_fwd_persist.cuh), units from a global counter; persist192s / persist_m192s: the same
+// with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store).
 // The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
 // src/ on the include path); the backend runs pp192 (D = 128), m192 (D = 64) and backward base.
 #pragma once
@@ -28,6 +29,8 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "pp176") return launch_fwd<128, 176, 2, true, true>(a, st);
     if (v == "pp192") return launch_fwd<128, 192, 2, true, true>(a, st);
     if (v == "persist192") return launch_fwd_persist<128, 192, 2>(a, st);
+    if (v == "persist192s") return launch_fwd_persist<128, 192, 2>(a, st, false);
+    if (v == "persist192r") return launch_fwd_persist<128, 192, 2, false>(a, st);
   } else if (a.head_dim == 64) {
     if (v == "basic") return launch_fwd<64, 128, 2, false, false>(a, st);
     if (v == "pingpong") return launch_fwd<64, 128, 2, true, true>(a, st);
@@ -35,6 +38,8 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "pp176") return launch_fwd<64, 176, 2, true, true>(a, st);
     if (v == "m192") return launch_fwd<64, 128, 2, true, true, 3>(a, st);
     if (v == "persist_m192") return launch_fwd_persist<64, 128, 3>(a, st);
+    if (v == "persist_m192s") return launch_fwd_persist<64, 128, 3>(a, st, false);
+    if (v == "persist_m192r") return launch_fwd_persist<64, 128, 3, false>(a, st);
   }
   std::fprintf(stderr, "no variant %s at D = %d\n", v.c_str(), a.head_dim);
   return cudaErrorInvalidValue;

@@ -3,10 +3,16 @@
 // that walks work tiles (query tile, head, batch) in the order the one-CTA-per-tile grids launch
 // them, and an O epilogue through shared memory with a TMA store.
 //
-// - Schedule: static stride. CTA i takes units i, i + G, i + 2G, ... of the linear launch order
-//   of fwd_kernel's grid (query tile fastest, then head, then batch; within a head the heaviest
-//   causal tile first; with tile lists, listed_unit's order): the CTAs busy at one moment hold
-//   neighbouring units, one or two heads' tiles, so K/V stay in L2 as before.
+// - Schedule: units in the linear launch order of fwd_kernel's grid (query tile fastest, then
+//   head, then batch; within a head the heaviest causal tile first; with tile lists,
+//   listed_unit's order). CTA i takes unit i first, then (dynamic, the default) the next unit
+//   of a global counter (an atomic add by the producer thread, fetched one tile ahead), as the
+//   hardware hands out the blocks of a one-CTA-per-tile grid; or (static) units i + G, i + 2G, ...
+//   Either way the CTAs busy at one moment hold neighbouring units, one or two heads' tiles, so
+//   K/V stay in L2 as before. The producer writes each unit's tile (query block, head, batch,
+//   key-block count, first list entry) into one of two shared-memory slots before its Q load;
+//   the consumers read it there after the Q barrier, so they hold no scheduling state in the
+//   registers their main loop needs.
 // - Q: one buffer with a full and an empty barrier. The consumers free it as soon as the last
 //   S = Q K^T of a tile is done, so the producer loads the next tile's Q (and its first K/V
 //   stages) while the consumers finish the last softmax, P V and the epilogue. The K/V rings'
@@ -26,6 +32,9 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/hopper/hopper_fwd.cuh"
 
@@ -51,7 +60,8 @@ struct PersistSmem {
   static constexpr int o = Base::bar;  // the separate O buffer (unused with kOInV)
   static constexpr int bar = kOInV ? Base::bar : Base::bar + kTileO;
   static constexpr int kBars = Base::kBars + 1;  // fwd_kernel's, then q_empty
-  static constexpr int bytes = bar + 8 * kBars + 1024;
+  static constexpr int slots = bar + 8 * kBars;  // two unit slots (kSlotBytes each)
+  static constexpr int bytes = slots + 2 * 32 + 1024;
   static_assert(bytes <= kMaxSmem, "shared memory");
 };
 
@@ -72,7 +82,11 @@ __device__ __forceinline__ FwdUnit fwd_unit(int u, int m_tiles, const FwdParams&
   w.h = y;
   if (listed) listed_unit(x, y, m_tiles, p.heads, p.tiles.heavy, &rank, &w.h);
   w.m_block = listed ? __ldg(p.tiles.order + rank) : rank;
-  w.n_blocks = (p.seq_k + kBN - 1) / kBN;
+  // S_k through an opaque move, so the compiler does not hoist the key-block count out of the
+  // producer's loop and keep it in one of its 24 registers (it spilled 4 bytes).
+  int seq_k;
+  asm volatile("mov.b32 %0, %1;" : "=r"(seq_k) : "r"(p.seq_k));
+  w.n_blocks = (seq_k + kBN - 1) / kBN;
   w.e0 = 0;
   if (listed) {
     w.e0 = __ldg(p.tiles.begin + w.m_block);
@@ -84,11 +98,22 @@ __device__ __forceinline__ FwdUnit fwd_unit(int u, int m_tiles, const FwdParams&
   return w;
 }
 
-template <int kD, int kBN, int kC>
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+// A unit's slot in shared memory: m_block, h, b, n_blocks (-1: no more units), e0.
+enum : int { kSlotM = 0, kSlotH = 4, kSlotB = 8, kSlotN = 12, kSlotE0 = 16, kSlotBytes = 32 };
+
+// next_unit: a counter that is 0 at launch (the dynamic schedule), or nullptr (static stride).
+// kTmaO: O through shared memory and a TMA store (else 4-byte stores from registers, as
+// fwd_kernel: the ablation that tells the store's share).
+template <int kD, int kBN, int kC, bool kTmaO>
 __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     fwd_persist_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
-                       const FwdParams p) {
+                       const FwdParams p, int* next_unit) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kBN % 16 == 0 && kBN <= 256, "key tile: whole wgmma k-steps, one TMA box");
 #ifdef SEQPAR_HOPPER_STUB
@@ -106,7 +131,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sBar = base + L::bar;
-  const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars;
+  const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars, sSlots = base + L::slots;
   auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
   auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
   auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
@@ -137,10 +162,22 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kProducerRegs));
     if (tid == 0) {
       int kv_it = 0, t = 0;
-      for (int u = blockIdx.x; u < units; u += gridDim.x, ++t) {
+      for (int u = blockIdx.x;; ++t) {
+        const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
+        mbar_wait(q_empty, (t & 1) ^ 1);  // the consumers are done with the previous tile's Q
+        if (u >= units) {  // no more: tell the consumers
+          st_shared_u32(slot + kSlotN, uint32_t(-1));
+          mbar_arrive(q_full);
+          break;
+        }
         const FwdUnit w = fwd_unit<kBM, kBN>(u, m_tiles, p);
         const int kvh = w.h / (p.heads / p.kv_heads);
-        mbar_wait(q_empty, (t & 1) ^ 1);  // the consumers are done with the previous tile's Q
+        st_shared_u32(slot + kSlotM, w.m_block);
+        st_shared_u32(slot + kSlotH, w.h);
+        st_shared_u32(slot + kSlotB, w.b);
+        st_shared_u32(slot + kSlotN, w.n_blocks);
+        st_shared_u32(slot + kSlotE0, w.e0);
+        // The arrival below releases the slot's stores to the consumers' wait on q_full.
         mbar_expect_tx(q_full, L::Base::kTileQ);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
@@ -161,6 +198,8 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
             tma_load_4d(sV + st * kTileKV + cb * kBN * 128, &tm_v, v_full(st), cb * 64, kvh, n_block * kBN, w.b);
         }
         kv_it += w.n_blocks;
+        // The next unit; the atomic's latency hides behind the wait for q_empty above.
+        u = next_unit ? int(gridDim.x) + atomicAdd(next_unit, 1) : u + int(gridDim.x);
       }
     }
     return;
@@ -183,10 +222,13 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   if (c == kC - 1) named_bar_arrive(1, 256);  // consumer 0 takes the first turn
   using WithPattern = std::true_type;
 
-  int kv_it = 0, t = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x, ++t) {
-    const FwdUnit w = fwd_unit<kBM, kBN>(u, m_tiles, p);
-    const int m0 = w.m_block * kBM, n_blocks = w.n_blocks, e0 = w.e0;
+  int kv_it = 0;
+  for (int t = 0;; ++t) {
+    const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
+    mbar_wait(q_full, t & 1);
+    const int n_blocks = ld_shared_s32(slot + kSlotN);
+    if (n_blocks < 0) break;
+    const int m0 = ld_shared_s32(slot + kSlotM) * kBM, e0 = ld_shared_s32(slot + kSlotE0);
     const int row0 = m0 + c * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
 
     float o[kD / 2];
@@ -219,19 +261,19 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     };
     auto pattern_step = [&](int it) { return listed && (__ldg(p.tiles.entries + e0 + it) & kTilePatternMask); };
 
-    mbar_wait(q_full, t & 1);
     if (n_blocks == 0) {
       // No visible key: O = 0, LSE = -inf, plain stores (no V stage to stage O in).
       if (is_signaller) mbar_arrive(q_empty);
+      const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int row = row0 + 8 * x;
         if (row < p.seq_q) {
-          const int64_t orow = w.b * p.o_sb + row * p.o_ss + w.h * p.o_sh;
+          const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
 #pragma unroll
           for (int j = 0; j < kD / 8; ++j)
             *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + 8 * j + 2 * (lane % 4)) = 0u;
-          if (lane % 4 == 0) p.lse[w.b * p.lse_sb + w.h * p.lse_sh + row] = -INFINITY;
+          if (lane % 4 == 0) p.lse[b * p.lse_sb + h * p.lse_sh + row] = -INFINITY;
         }
       }
       continue;
@@ -311,11 +353,12 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
-      if (!L::kOInV && is_signaller) mbar_arrive(v_empty(st_last));
+      if ((!kTmaO || !L::kOInV) && is_signaller) mbar_arrive(v_empty(st_last));
     }
     kv_it += n_blocks;
 
     // ---------------- epilogue: LSE, O / l to bf16 through shared memory, TMA store ----------------
+    const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
     float inv[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
@@ -325,8 +368,22 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       inv[x] = lx > 0.f ? 1.f / lx : 0.f;
       const int row = row0 + 8 * x;
       if (row < p.seq_q && lane % 4 == 0)
-        p.lse[w.b * p.lse_sb + w.h * p.lse_sh + row] =
+        p.lse[b * p.lse_sb + h * p.lse_sh + row] =
             lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
+    }
+    if constexpr (!kTmaO) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int row = row0 + 8 * x;
+        if (row < p.seq_q) {
+          const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j)
+            *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + 8 * j + 2 * (lane % 4)) =
+                pack_bf16(o[4 * j + 2 * x] * inv[x], o[4 * j + 2 * x + 1] * inv[x]);
+        }
+      }
+      continue;
     }
     uint32_t so;  // this consumer's staging rows: kCB boxes of [64 rows][128 bytes], swizzled
     if constexpr (L::kOInV) {
@@ -353,7 +410,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     if (is_signaller) {
       if (tile_row_lo < p.seq_q) {
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_store_4d(&tm_o, so + cb * 64 * 128, cb * 64, w.h, tile_row_lo, w.b);
+        for (int cb = 0; cb < kCB; ++cb) tma_store_4d(&tm_o, so + cb * 64 * 128, cb * 64, h, tile_row_lo, b);
       }
       bulk_commit();
       if constexpr (L::kOInV) {
@@ -369,11 +426,30 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 
 // ---- host side ---------------------------------------------------------------------------
 
+// The dynamic schedule's counter of stream `stream` on the current device: one int, allocated on
+// first use and kept (launches on one stream run in order, so they can share it).
+inline cudaError_t persist_counter(cudaStream_t stream, int** counter) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  const std::lock_guard<std::mutex> lock(mu);
+  int*& c = counters[{device, stream}];
+  if (!c && (e = cudaMalloc(&c, sizeof(int))) != cudaSuccess) {
+    c = nullptr;
+    return e;
+  }
+  *counter = c;
+  return cudaSuccess;
+}
+
 // The persistent forward: fwd_kernel<kD, kBN, 2, overlap, ping-pong, kC>'s tiles on a grid of
-// (CTAs that fit per SM) x SMs. O must be bf16 with 16-byte aligned strides (the TMA store);
+// (CTAs that fit per SM) x SMs; dynamic: units from a counter (zeroed on the stream before the
+// launch), else a static stride. O must be bf16 with 16-byte aligned strides (the TMA store);
 // otherwise this launches fwd_kernel.
-template <int kD, int kBN, int kC>
-cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream) {
+template <int kD, int kBN, int kC, bool kTmaO = true>
+cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream, bool dynamic = true) {
   constexpr int kBM = Cfg<kC>::kBM;
   const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
   if (a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
@@ -399,7 +475,7 @@ cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream) {
   const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.tiles = a.tiles;
-  auto kernel = fwd_persist_kernel<kD, kBN, kC>;
+  auto kernel = fwd_persist_kernel<kD, kBN, kC, kTmaO>;
   constexpr int smem = PersistSmem<kD, kBN, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -411,7 +487,13 @@ cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream) {
   const int64_t units = int64_t((a.seq_q + kBM - 1) / kBM) * a.heads * a.batch;
   if (units == 0) return cudaSuccess;
   const int grid = int(std::min<int64_t>(units, int64_t(sms) * std::max(per_sm, 1)));
-  kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, to, p);
+  int* counter = nullptr;
+  if (dynamic && grid < units) {
+    if ((e = persist_counter(stream, &counter)) != cudaSuccess ||
+        (e = cudaMemsetAsync(counter, 0, sizeof(int), stream)) != cudaSuccess)
+      return e;
+  }
+  kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, to, p, counter);
   return cudaGetLastError();
 }
 
