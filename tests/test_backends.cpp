@@ -539,5 +539,47 @@ TEST(AutoBackend, HandsEachCallToTheBackendThatTakesIt) {
   EXPECT_EQ(chosen->calls_by_backend(), want);
 }
 
+// The variant made with backward_from_o takes O in the backward (caps) and is the one for head
+// dims where the table puts cuDNN's backward first (D = 64): a dense call's backward runs on
+// cuDNN, a masked one on the Hopper kernels with D made from O for its rows. (Its results are
+// checked against the oracle with every backend's, above.)
+TEST(AutoBackend, TakesOWhereCudnnsBackwardLeads) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  const std::unique_ptr<AttentionBackend> chosen = make_auto_backend(0, 0, true);
+  if (!chosen) GTEST_SKIP() << "no Hopper or cuDNN backend in this build, or GPU 0 is not sm_90";
+  EXPECT_FALSE(chosen->caps().takes_delta);
+  EXPECT_TRUE(auto_backward_from_o(64));
+  EXPECT_FALSE(auto_backward_from_o(128));
+  const int64_t S = 256, H = 4, D = 64;
+  auto q = device_zeros(DType::kBF16, {1, S, H, D}).value(), kv = device_zeros(DType::kBF16, {1, S, H, D}).value();
+  auto o = device_zeros(DType::kBF16, {1, S, H, D}).value(), lse = device_zeros(DType::kF32, {1, H, S}).value();
+  auto dq = device_zeros(DType::kBF16, {1, S, H, D}).value(), dk = device_zeros(DType::kBF16, {1, S, H, D}).value();
+  auto dv = device_zeros(DType::kBF16, {1, S, H, D}).value();
+  std::vector<int64_t> zigzag;
+  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(i);
+  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(1000 + i);
+  const auto run = [&](const AttentionParams& params) {
+    ASSERT_TRUE(chosen->supports(q.view, params).empty()) << chosen->supports(q.view, params);
+    const Status f = chosen->forward(q.view, kv.view, kv.view, params, o.view, lse.view, FreshOutputs{true, false, false}, nullptr);
+    ASSERT_TRUE(f.ok()) << f.to_string();
+    const Status b = chosen->backward(q.view, kv.view, kv.view, q.view, lse.view, o.view, params, dq.view, dk.view,
+                                      dv.view, FreshOutputs{false, true, true}, nullptr);
+    ASSERT_TRUE(b.ok()) << b.to_string();
+    ASSERT_TRUE(stream_synchronize(nullptr).ok());
+  };
+  using Calls = std::vector<std::pair<std::string, int64_t>>;
+  AttentionParams causal;
+  causal.mask = MaskSpec::causal();
+  causal.q_positions = causal.k_positions = zigzag.data();
+  run(causal);
+  EXPECT_EQ(chosen->calls_by_backend(), (Calls{{"forward cudnn", 1}, {"backward cudnn", 1}}));
+  AttentionParams docs;
+  docs.mask = MaskSpec::documents({0, 100, 1050, 2000});
+  docs.q_positions = docs.k_positions = zigzag.data();
+  run(docs);
+  EXPECT_EQ(chosen->calls_by_backend(),
+            (Calls{{"forward cudnn", 1}, {"forward hopper", 1}, {"backward cudnn", 1}, {"backward hopper", 1}}));
+}
+
 }  // namespace
 }  // namespace seqpar

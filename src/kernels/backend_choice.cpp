@@ -6,8 +6,12 @@
 // One contract for both passes, so a step's forward and backward may run on different kernels:
 // results as fp32 or input-dtype (O, LSE) parts that continue a running result (caps:
 // writes_parts), and the backward against the global LSE and D (caps: takes_delta). Hopper and
-// our kernels take D; cuDNN computes D from O itself and cannot take it, so cuDNN runs forward
-// calls only (measured, the Hopper backward is 0.97-1.10x cuDNN's at D = 128; docs/RESULTS.md).
+// our kernels take D; cuDNN computes D from O itself and cannot take it. So the backward goes to
+// cuDNN only in the variant made with backward_from_o, whose backward gets O (caps: !takes_delta;
+// the schedules' query packs carry O) and makes D from it for the call's rows where another
+// kernel runs it: that variant serves the head dims where the table puts cuDNN's backward first
+// (auto_backward_from_o; measured, D = 64), the other one the rest (at D = 128 the Hopper
+// backward is 0.97-1.10x cuDNN's; docs/RESULTS.md).
 // Our kernels write fp32 only: where the executor hands this backend outputs in the inputs' dtype,
 // their calls go through fp32 parts merged or added in (as the Hopper backend does).
 #include "seqpar/backend.hpp"
@@ -35,27 +39,31 @@ bool dense_mask(const MaskSpec& m) { return !m.has_documents() && !m.has_block_p
 // Measured (docs/RESULTS.md, "Issue 34"): the Hopper forward is 1.03-1.15x cuDNN's from 8K to 32K
 // (one H200) and 1.01x / 1.18x at 32K / 128K causal (one H100); below 8K nothing was measured, so
 // cuDNN keeps those calls as the default before this table did. cuDNN refuses documents, windows
-// and block patterns; there the Hopper kernels run 3-5x ours. The backward never goes to cuDNN
-// (see the top of the file); the Hopper backward is 2x ours and more. A backend whose supports()
-// takes a call may still refuse it once it sees K/V (kUnsupported, having written nothing): the
-// call then goes to the next.
+// and block patterns; there the Hopper kernels run 3-5x ours. The backward: Hopper at D = 128
+// (0.97-1.10x cuDNN's), cuDNN at D = 64 where the call has O (the Hopper backward is 0.86-0.99x
+// cuDNN's there, on one H200, and 0.83-0.95x on one H100); the Hopper backward is 2x ours and
+// more. A backend whose supports() takes a call may still refuse it once it sees K/V
+// (kUnsupported, having written nothing): the call then goes to the next.
 struct Preference {
   bool backward, dense;
   int64_t min_rows;  // the row at which this line starts (the longest line that applies wins)
+  int64_t head_dim;  // 0: any (a line for the call's head dim wins over those)
   std::array<Which, kBackends> order;
 };
 constexpr Preference kPreferences[] = {
-    {false, true, 0, {kCudnn, kHopper, kCuda}},
-    {false, true, 8192, {kHopper, kCudnn, kCuda}},
-    {false, false, 0, {kHopper, kCudnn, kCuda}},
-    {true, true, 0, {kHopper, kCuda, kNone}},
-    {true, false, 0, {kHopper, kCuda, kNone}},
+    {false, true, 0, 0, {kCudnn, kHopper, kCuda}},
+    {false, true, 8192, 0, {kHopper, kCudnn, kCuda}},
+    {false, false, 0, 0, {kHopper, kCudnn, kCuda}},
+    {true, true, 0, 0, {kHopper, kCuda, kNone}},
+    {true, true, 0, 64, {kCudnn, kHopper, kCuda}},
+    {true, false, 0, 0, {kHopper, kCuda, kNone}},
 };
-const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows) {
+const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows, int64_t head_dim) {
   const Preference* best = nullptr;
+  const auto rank = [](const Preference& p) { return std::pair(p.head_dim != 0, p.min_rows); };
   for (const Preference& p : kPreferences)
     if (p.backward == backward && p.dense == dense_mask(mask) && rows >= p.min_rows &&
-        (!best || p.min_rows > best->min_rows))
+        (p.head_dim == 0 || p.head_dim == head_dim) && (!best || rank(p) > rank(*best)))
       best = &p;
   return *best;
 }
@@ -63,13 +71,14 @@ const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows) 
 class ChoosingBackend : public cuda::CudaKernelBackend {
  public:
   ChoosingBackend(std::unique_ptr<AttentionBackend> cudnn, std::unique_ptr<AttentionBackend> hopper,
-                  std::unique_ptr<AttentionBackend> own) {
+                  std::unique_ptr<AttentionBackend> own, bool backward_from_o)
+      : from_o_(backward_from_o) {
     held_[kCudnn] = std::move(cudnn), held_[kHopper] = std::move(hopper), held_[kCuda] = std::move(own);
   }
   const char* name() const override { return "auto"; }
   BackendCaps caps() const override {
     BackendCaps c;
-    c.takes_delta = true;
+    c.takes_delta = !from_o_;
     c.writes_parts = true;
     c.device = true;
     return c;
@@ -99,8 +108,20 @@ class ChoosingBackend : public cuda::CudaKernelBackend {
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& delta, const AttentionParams& params, const TensorView& dq,
                   const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
-    return delegate(true, q, k, params, [&](const AttentionBackend& b) {
-      return backward_on(b, q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
+    if (!from_o_)
+      return delegate(true, q, k, params, [&](const AttentionBackend& b) {
+        return backward_on(b, q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
+      });
+    // `delta` is O: cuDNN takes it as it is; the kernels that take D get it made for these rows.
+    PartLease lease(stream);
+    TensorView d;
+    return delegate(true, q, k, params, [&](const AttentionBackend& b) -> Status {
+      if (!b.caps().takes_delta) return backward_on(b, q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
+      if (!d.data) {
+        SP_ASSIGN_OR_RETURN(d, lease.take(DType::kF32, {q.shape[0], q.shape[2], q.shape[1]}, q));
+        SP_RETURN_IF_ERROR(CudaKernelBackend::delta(delta, dout, d, stream));
+      }
+      return backward_on(b, q, k, v, dout, lse, d, params, dq, dk, dv, fresh, stream);
     });
   }
 
@@ -113,15 +134,15 @@ class ChoosingBackend : public cuda::CudaKernelBackend {
   }
 
  private:
-  // Runs the call on the first backend of its preference order that takes it (cuDNN never in
-  // the backward) and counts it.
+  // Runs the call on the first backend of its preference order that takes it (cuDNN in the
+  // backward only where the call has O) and counts it.
   template <class Call>
   Status delegate(bool backward, const TensorView& q, const TensorView& k, const AttentionParams& params,
                   const Call& call) const {
     const int64_t rows = std::max(q.ndim > 1 ? q.shape[1] : 0, k.ndim > 1 ? k.shape[1] : 0);
     std::string why = "no backend takes this call:";
-    for (Which w : preference(backward, params.mask, rows).order) {
-      if (w == kNone || !held_[w] || (backward && w == kCudnn)) continue;
+    for (Which w : preference(backward, params.mask, rows, q.ndim > 3 ? q.shape[3] : 0).order) {
+      if (w == kNone || !held_[w] || (backward && w == kCudnn && !from_o_)) continue;
       std::string no = held_[w]->supports(q, params);
       if (no.empty()) {
         Status s = call(*held_[w]);
@@ -179,21 +200,36 @@ class ChoosingBackend : public cuda::CudaKernelBackend {
 
 
   std::unique_ptr<AttentionBackend> held_[kBackends];
+  bool from_o_;  // the backward gets O (the packs carry it), so cuDNN may take backward calls
   mutable int64_t calls_[2][kBackends] = {};
 };
 
 }  // namespace
 #endif
 
-std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call_rows) {
+std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call_rows, bool backward_from_o) {
 #ifdef SEQPAR_HAVE_HOPPER
   std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
   if (!hopper || *hopper::device_refusal(device) != 0) return nullptr;  // not an sm_90 device
-  return std::make_unique<ChoosingBackend>(make_cudnn_backend(max_call_rows), std::move(hopper), make_cuda_backend());
+  std::unique_ptr<AttentionBackend> cudnn = make_cudnn_backend(max_call_rows);
+  if (backward_from_o && !cudnn) return nullptr;  // O in the packs would buy nothing
+  return std::make_unique<ChoosingBackend>(std::move(cudnn), std::move(hopper), make_cuda_backend(), backward_from_o);
 #else
-  (void)device, (void)max_call_rows;
+  (void)device, (void)max_call_rows, (void)backward_from_o;
   return nullptr;
 #endif
+}
+
+bool auto_backward_from_o(int64_t head_dim) {
+#ifdef SEQPAR_HAVE_HOPPER
+  for (const Preference& p : kPreferences)
+    if (p.backward && p.head_dim == head_dim && p.order[0] == kCudnn) {
+      static const bool has_cudnn = make_cudnn_backend() != nullptr;
+      return has_cudnn;
+    }
+#endif
+  (void)head_dim;
+  return false;
 }
 
 }  // namespace seqpar

@@ -60,9 +60,11 @@ std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const At
                                                    bool prefer_cudnn, int64_t max_call_rows) {
   StatusOr<std::string> forced = forced_gpu_backend();
   if (!forced.ok()) return nullptr;
-  if (!forced.value().empty()) return make_gpu_backend_named(forced.value(), q.device.index, max_call_rows);
-  if (prefer_cudnn) {
-    std::unique_ptr<AttentionBackend> chosen = make_auto_backend(q.device.index, max_call_rows);
+  if (!forced.value().empty() && forced.value() != "auto")
+    return make_gpu_backend_named(forced.value(), q.device.index, max_call_rows);
+  if (prefer_cudnn || !forced.value().empty()) {  // forced "auto": the same choice
+    std::unique_ptr<AttentionBackend> chosen =
+        make_auto_backend(q.device.index, max_call_rows, q.ndim > 3 && auto_backward_from_o(q.shape[3]));
     if (chosen && chosen->supports(q, params).empty()) return chosen;
     std::unique_ptr<AttentionBackend> cudnn = make_cudnn_backend(max_call_rows);
     if (cudnn && cudnn->supports(q, params).empty()) return cudnn;
@@ -73,8 +75,9 @@ std::unique_ptr<AttentionBackend> make_gpu_backend(const TensorView& q, const At
 std::vector<const AttentionBackend*> all_backends() {
   std::vector<const AttentionBackend*> all{&cpu_kernel_backend(), &cpu_oracle_backend()};
   static const std::unique_ptr<AttentionBackend> own = make_cuda_backend(), cudnn = make_cudnn_backend(),
-                                                 hopper = make_hopper_backend(), chosen = make_auto_backend(0);
-  for (const auto* gpu : {own.get(), cudnn.get(), hopper.get(), chosen.get()})
+                                                 hopper = make_hopper_backend(), chosen = make_auto_backend(0),
+                                                 chosen_from_o = make_auto_backend(0, 0, true);
+  for (const auto* gpu : {own.get(), cudnn.get(), hopper.get(), chosen.get(), chosen_from_o.get()})
     if (gpu) all.push_back(gpu);
   return all;
 }

@@ -37,8 +37,9 @@ struct Session::Impl {
   Communicator& comm;
   SessionOptions options;
   int device = -1;  // the GPU this session's device state lives on, once it has any
-  std::unique_ptr<AttentionBackend> cudnn, cuda, chosen, forced;  // chosen: "auto" (nullptr off sm_90)
-  bool chosen_made = false;
+  std::unique_ptr<AttentionBackend> cudnn, cuda, forced;
+  std::unique_ptr<AttentionBackend> chosen[2];  // "auto", D in the packs or O (nullptr off sm_90)
+  bool chosen_made[2] = {false, false};
 #ifdef SEQPAR_HAVE_CUDA
   std::unique_ptr<GpuWorkspace> workspace;
 #endif
@@ -52,7 +53,7 @@ struct Session::Impl {
     device = q.device.index;
     // SEQPAR_ATTN_BACKEND forces one backend (A/B runs), whatever the options prefer.
     SP_ASSIGN_OR_RETURN(const std::string forced_name, forced_gpu_backend());
-    if (!forced_name.empty() && !options.deterministic) {
+    if (!forced_name.empty() && forced_name != "auto" && !options.deterministic) {
       if (!forced) forced = make_gpu_backend_named(forced_name, device, options.max_call_rows);
       SP_CHECK_SUPPORTED(forced != nullptr, "SEQPAR_ATTN_BACKEND=" + forced_name + ": this build or GPU lacks it");
       const std::string why_not = forced->supports(q, params);
@@ -60,9 +61,13 @@ struct Session::Impl {
       return forced.get();
     }
     // The fastest: per call among cuDNN, Hopper and our kernels on sm_90 devices.
-    if (options.prefer_cudnn && !options.deterministic) {
-      if (!chosen_made) chosen = make_auto_backend(device, options.max_call_rows), chosen_made = true;
-      if (chosen && chosen->supports(q, params).empty()) return chosen.get();
+    const bool forced_auto = forced_name == "auto" && !options.deterministic;
+    if ((options.prefer_cudnn || forced_auto) && !options.deterministic) {
+      const int o = q.ndim > 3 && auto_backward_from_o(q.shape[3]) ? 1 : 0;  // cuDNN's backward wins there
+      if (!chosen_made[o]) chosen[o] = make_auto_backend(device, options.max_call_rows, o == 1), chosen_made[o] = true;
+      const std::string why_not = chosen[o] ? chosen[o]->supports(q, params) : "this build or GPU lacks it";
+      if (why_not.empty()) return chosen[o].get();
+      SP_CHECK_SUPPORTED(!forced_auto, "SEQPAR_ATTN_BACKEND=auto: " + why_not);
     }
     if (options.prefer_cudnn || options.deterministic) {
       if (!cudnn) cudnn = make_cudnn_backend(options.max_call_rows, options.deterministic);
