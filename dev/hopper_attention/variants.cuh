@@ -8,7 +8,8 @@
 // (hopper_fwd_persist.cuh), units from a global counter; persist192s / persist_m192s: the same
 // with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store).
 // The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
-// src/ on the include path); the backend runs pp192 (D = 128), m192 (D = 64) and backward base.
+// src/ on the include path); the backend runs persist192 or pp192 (D = 128), persist_m192 (D = 64)
+// and backward base.
 #pragma once
 #include <cstdio>
 #include <string>
