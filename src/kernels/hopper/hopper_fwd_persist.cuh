@@ -427,7 +427,9 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 // ---- host side ---------------------------------------------------------------------------
 
 // The dynamic schedule's counter of stream `stream` on the current device: one int, allocated on
-// first use and kept (launches on one stream run in order, so they can share it).
+// first use and kept (launches on one stream run in order, so they can share it). Limits: the
+// first launch on a stream allocates (cudaMalloc: not inside a stream capture), and two host
+// threads launching on one stream at once could interleave one's memset with the other's kernel.
 inline cudaError_t persist_counter(cudaStream_t stream, int** counter) {
   static std::mutex mu;
   static std::map<std::pair<int, cudaStream_t>, int*> counters;
