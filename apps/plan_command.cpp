@@ -9,6 +9,7 @@
 #include "planner/planner.hpp"
 #include "seqpar/schedule.hpp"
 #ifdef SEQPAR_HAVE_MODEL
+#include "seqpar/backend.hpp"
 #include "seqpar/model.hpp"
 #endif
 
@@ -83,7 +84,8 @@ int run_plan(const PlanCliOptions& o) {
   planner::Problem problem;
   problem.seq = o.seq, problem.batch = o.batch, problem.heads = o.heads;
   problem.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads, problem.head_dim = o.head_dim, problem.mask = o.mask;
-  problem.wire.pack_has_delta = o.pack_delta;
+  problem.wire.pack_has_delta =
+      o.backend == "hopper" || (o.backend == "auto" && !auto_backward_from_o(problem.head_dim));
   planner::PlannerOptions options;
   options.algorithms = o.algos;
   options.head_groups = o.head_groups;
@@ -137,8 +139,11 @@ void add_plan_command(CLI::App& app, PlanCliOptions& o, int* exit_code) {
   cmd->add_option("--layout", o.layout,
                   "every candidate on this layout: contiguous, zigzag, striped, documents (the documents layout "
                   "of the mask's documents, as the executors build it); default: each algorithm's own");
-  cmd->add_flag("--pack-delta", o.pack_delta,
-               "the backward's query pack carries D, not O (the Hopper backend, auto's on H100; default cuDNN's)");
+  cmd->add_option("--backend", o.backend,
+                  "the GPU backend whose query packs the backward moves: auto (D; O at head dims where its backward "
+                  "runs cuDNN's, 64), cudnn (O) or hopper (D)")
+      ->check(CLI::IsMember({"auto", "cudnn", "hopper"}))
+      ->capture_default_str();
   cmd->add_option("--algos", o.algos, "only these algorithms (comma list)")->delimiter(',');
   cmd->add_option("--head-groups", o.head_groups, "head groups (0: the fewest that fit)")->capture_default_str();
   cmd->add_option("--max-simulated-ranks", o.max_simulated_ranks,

@@ -19,7 +19,7 @@ struct PlanCliOptions {
   int64_t seq = 131072, batch = 1, heads = 32, kv_heads = 0, head_dim = 128;
   std::string mask = "causal";
   std::string layout;              // every candidate on this layout (empty: each its own)
-  bool pack_delta = false;         // the query pack carries D (Hopper, auto's GPU backend), not O (cuDNN)
+  std::string backend = "auto";   // whose packs: auto (D, O where its backward runs cuDNN), cudnn (O), hopper (D)
   std::vector<std::string> algos;  // empty: all
   int head_groups = 0;
   int max_simulated_ranks = 64;

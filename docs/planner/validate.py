@@ -9,8 +9,9 @@ import json
 import subprocess
 import sys
 
-# (result file, the cluster preset of the machine it ran on)
+# (result file, the cluster of the machine it ran on: a preset or a file `seqpar probe` wrote there)
 RUNS = [
+    ("docs/results/h200x2_l1_causal_gqa_all_algos_2026-11-28.jsonl", "docs/results/h200x2_l1_probe_2026-11-28.json"),
     ("docs/results/attention_ab_2026-11-27f_h100x4_new.jsonl", "h100x4"),
     ("docs/results/attention_ab_2026-11-27f_h100x2_new.jsonl", "h100x2"),
     ("docs/results/h100x2_attn_ours_torch_cp_2026-11-27.jsonl", "h100x2"),
@@ -23,7 +24,10 @@ GIB = 1024.0**3
 def predict(cli, preset, d):
     cmd = [cli, "plan", "--json", "--cluster", preset, "--seq", str(d["seq"]), "--heads", str(d["heads"]),
            "--kv-heads", str(d["kv_heads"]), "--head-dim", str(d["head_dim"]), "--mask", d["mask"],
-           "--algos", d["ran"], "--head-groups", str(d["head_groups"])]
+           "--algos", d["ran"], "--head-groups", str(d["head_groups"]),
+           # whose query packs the run moved: cuDNN's carry O, the Hopper kernels' and ours D, auto's
+           # D or O by head dim
+           "--backend", {"cuda": "hopper"}.get(d.get("backend", "cudnn"), d.get("backend", "cudnn"))]
     out = subprocess.run(cmd, capture_output=True, text=True)
     rows = json.loads(out.stdout)["rows"] if out.stdout else []
     return rows[0] if rows else {"refusal": out.stderr.strip()}
@@ -45,7 +49,7 @@ def main():
                 d = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if d.get("kind") != "seqpar_ring" or d.get("keep_forward_state"):
+            if d.get("kind") != "seqpar_ring" or d.get("keep_forward_state") or "fwd_ms" not in d:
                 continue
             p = predict(cli, preset, d)
             src = f"{path.split('/')[-1]}:{number}"

@@ -98,14 +98,13 @@ std::unique_ptr<AttentionBackend> make_hopper_backend();
 // "auto": cuDNN, Hopper and our kernels behind one backend that hands each forward and backward
 // call to the fastest that takes it (src/kernels/backend_choice.cpp has the measured table), under
 // one contract (caps: fp32 or input-dtype parts). Its backward takes D, so it never runs on cuDNN,
-// unless made with backward_from_o: then it takes O (the schedules' query packs carry O, more
-// bytes than D), cuDNN may run it, and the other kernels get D made for the call's rows. nullptr
-// where this build lacks the Hopper kernels (or, with backward_from_o, cuDNN) or GPU `device` is
-// not sm_90.
+// unless made with backward_from_o (and the build has cuDNN): then it takes O (the schedules'
+// query packs carry O, more bytes than D), cuDNN may run it, and the other kernels get D made for
+// the call's rows. nullptr where this build lacks the Hopper kernels or GPU `device` is not sm_90.
 std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call_rows = 0,
                                                     bool backward_from_o = false);
 // Whether auto's table puts cuDNN's backward first for this head dim (measured: D = 64), so that
-// problems of it take the backward_from_o variant.
+// problems of it take the backward_from_o variant (any build: the planner prices its packs).
 bool auto_backward_from_o(int64_t head_dim);
 // The GPU backend the environment forces: SEQPAR_ATTN_BACKEND = cudnn, hopper, cuda or auto
 // (unset or empty: none, returns ""); an error for any other value.

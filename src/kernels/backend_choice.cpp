@@ -16,24 +16,25 @@
 // their calls go through fp32 parts merged or added in (as the Hopper backend does).
 #include "seqpar/backend.hpp"
 
+#include <array>
+#include <utility>
+
 #ifdef SEQPAR_HAVE_HOPPER  // (which implies CUDA)
 #include <algorithm>
-#include <array>
 
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/hopper/hopper_args.hpp"
 #endif
 
 namespace seqpar {
-#ifdef SEQPAR_HAVE_HOPPER
 namespace {
 
 enum Which { kCudnn, kHopper, kCuda, kBackends, kNone = kBackends };
-constexpr const char* kNames[kBackends] = {"cudnn", "hopper", "cuda"};
+[[maybe_unused]] constexpr const char* kNames[kBackends] = {"cudnn", "hopper", "cuda"};
 
 // The masks the table tells apart: dense (full, or a causal band: what cuDNN plans into dense
 // calls) and the rest (documents, left-bounded windows, block patterns).
-bool dense_mask(const MaskSpec& m) { return !m.has_documents() && !m.has_block_pattern() && m.window_left < 0; }
+[[maybe_unused]] bool dense_mask(const MaskSpec& m) { return !m.has_documents() && !m.has_block_pattern() && m.window_left < 0; }
 
 // The order of preference for a call, by pass, mask class and the call's longer side (rows).
 // Measured (docs/RESULTS.md, "Issue 34"): the Hopper forward is 1.03-1.15x cuDNN's from 8K to 32K
@@ -58,7 +59,7 @@ constexpr Preference kPreferences[] = {
     {true, true, 0, 64, {kCudnn, kHopper, kCuda}},
     {true, false, 0, 0, {kHopper, kCuda, kNone}},
 };
-const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows, int64_t head_dim) {
+[[maybe_unused]] const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows, int64_t head_dim) {
   const Preference* best = nullptr;
   const auto rank = [](const Preference& p) { return std::pair(p.head_dim != 0, p.min_rows); };
   for (const Preference& p : kPreferences)
@@ -67,6 +68,11 @@ const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows, 
       best = &p;
   return *best;
 }
+
+}  // namespace
+
+#ifdef SEQPAR_HAVE_HOPPER
+namespace {
 
 class ChoosingBackend : public cuda::CudaKernelBackend {
  public:
@@ -212,8 +218,8 @@ std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call
   std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
   if (!hopper || *hopper::device_refusal(device) != 0) return nullptr;  // not an sm_90 device
   std::unique_ptr<AttentionBackend> cudnn = make_cudnn_backend(max_call_rows);
-  if (backward_from_o && !cudnn) return nullptr;  // O in the packs would buy nothing
-  return std::make_unique<ChoosingBackend>(std::move(cudnn), std::move(hopper), make_cuda_backend(), backward_from_o);
+  const bool from_o = backward_from_o && cudnn;  // without cuDNN, O in the packs would buy nothing
+  return std::make_unique<ChoosingBackend>(std::move(cudnn), std::move(hopper), make_cuda_backend(), from_o);
 #else
   (void)device, (void)max_call_rows, (void)backward_from_o;
   return nullptr;
@@ -221,14 +227,8 @@ std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call
 }
 
 bool auto_backward_from_o(int64_t head_dim) {
-#ifdef SEQPAR_HAVE_HOPPER
   for (const Preference& p : kPreferences)
-    if (p.backward && p.head_dim == head_dim && p.order[0] == kCudnn) {
-      static const bool has_cudnn = make_cudnn_backend() != nullptr;
-      return has_cudnn;
-    }
-#endif
-  (void)head_dim;
+    if (p.backward && p.head_dim == head_dim && p.order[0] == kCudnn) return true;
   return false;
 }
 
