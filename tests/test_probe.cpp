@@ -148,6 +148,29 @@ TEST(ProbeCli, PlanReadsTheClusterProbeWrites) {
     if (!row.contains("refusal")) expect_positive_finite(row["fwdbwd_ms"].get<double>(), row["label"]);
 }
 
+// `seqpar plan --backend`: the backward's query packs as each GPU backend moves them. Burst's
+// packs travel: with O (cuDNN; auto at head dim 64, where its backward runs cuDNN's) they cost
+// more than with D (the Hopper kernels; auto at 128); the forward is the same either way.
+TEST(PlanCli, BackendPricesTheQueryPacksItMoves) {
+  const auto bytes = [](int64_t head_dim, const std::string& backend) {
+    const testing::CliResult r = testing::run_cli("plan --cluster h100x2 --seq 65536 --heads 8 --kv-heads 8 --algos "
+                                                  "burst-return --head-groups 1 --json --head-dim " +
+                                                  std::to_string(head_dim) + " --backend " + backend);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json row = testing::last_json_line(r.output)["rows"][0];
+    return std::pair(row["bytes_per_rank"]["forward"].get<int64_t>(), row["bytes_per_rank"]["backward"].get<int64_t>());
+  };
+  for (int64_t d : {64, 128}) {
+    const auto hopper = bytes(d, "hopper"), cudnn = bytes(d, "cudnn"), chosen = bytes(d, "auto");
+    EXPECT_EQ(cudnn.first, hopper.first);
+    EXPECT_GT(cudnn.second, hopper.second) << "D = " << d;
+    EXPECT_EQ(chosen, d == 64 ? cudnn : hopper) << "D = " << d;
+  }
+  const testing::CliResult bad = testing::run_cli("plan --cluster h100x2 --seq 4096 --backend tpu");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--backend"), std::string::npos) << bad.output;
+}
+
 TEST(ProbeCli, BadOptionsExitTwoWithTheReason) {
   const testing::CliResult gpus_on_cpu = testing::run_cli("probe --device cpu --gpus 2");
   EXPECT_EQ(gpus_on_cpu.exit_code, 2);
