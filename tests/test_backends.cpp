@@ -489,6 +489,35 @@ TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
   }
 }
 
+// One forward and one backward call of an "auto" backend on zero tensors [1, 256, 4, D] (the
+// backward given D or, where its caps say so, O), for the routing tests below.
+struct AutoCalls {
+  static constexpr int64_t S = 256, H = 4;
+  explicit AutoCalls(int64_t D)
+      : q(device_zeros(DType::kBF16, {1, S, H, D}).value()), kv(device_zeros(DType::kBF16, {1, S, H, D}).value()),
+        o(device_zeros(DType::kBF16, {1, S, H, D}).value()), lse(device_zeros(DType::kF32, {1, H, S}).value()),
+        dq(device_zeros(DType::kBF16, {1, S, H, D}).value()), dk(device_zeros(DType::kBF16, {1, S, H, D}).value()),
+        dv(device_zeros(DType::kBF16, {1, S, H, D}).value()), delta(device_zeros(DType::kF32, {1, H, S}).value()) {}
+  void run(const AttentionBackend& chosen, const AttentionParams& params) {
+    ASSERT_TRUE(chosen.supports(q.view, params).empty()) << chosen.supports(q.view, params);
+    const Status f = chosen.forward(q.view, kv.view, kv.view, params, o.view, lse.view, FreshOutputs{true, false, false}, nullptr);
+    ASSERT_TRUE(f.ok()) << f.to_string();
+    const TensorView d_or_o = chosen.caps().takes_delta ? delta.view : o.view;
+    const Status b = chosen.backward(q.view, kv.view, kv.view, q.view, lse.view, d_or_o, params, dq.view, dk.view,
+                                     dv.view, FreshOutputs{false, true, true}, nullptr);
+    ASSERT_TRUE(b.ok()) << b.to_string();
+    ASSERT_TRUE(stream_synchronize(nullptr).ok());
+  }
+  // Rows 0..127, then 1000..1127: two runs, as a zigzag shard.
+  static std::vector<int64_t> zigzag() {
+    std::vector<int64_t> positions;
+    for (int64_t i = 0; i < S / 2; ++i) positions.push_back(i);
+    for (int64_t i = 0; i < S / 2; ++i) positions.push_back(1000 + i);
+    return positions;
+  }
+  DeviceTensor q, kv, o, lse, dq, dk, dv, delta;
+};
+
 // "auto" hands each call to the backend its table names: masked calls on shards of several runs
 // to the Hopper kernels (forward and backward), calls the Hopper kernels refuse (more segments of
 // positions than they take) to ours, through fp32 parts where the outputs are bf16, and it says
@@ -499,23 +528,10 @@ TEST(AutoBackend, HandsEachCallToTheBackendThatTakesIt) {
   if (!chosen) GTEST_SKIP() << "no Hopper backend in this build, or GPU 0 is not sm_90";
   EXPECT_STREQ(chosen->name(), "auto");
   EXPECT_TRUE(chosen->caps().takes_delta);
-  const int64_t S = 256, H = 4, D = 128;
-  auto q = device_zeros(DType::kBF16, {1, S, H, D}).value(), kv = device_zeros(DType::kBF16, {1, S, H, D}).value();
-  auto o = device_zeros(DType::kBF16, {1, S, H, D}).value(), lse = device_zeros(DType::kF32, {1, H, S}).value();
-  auto dq = device_zeros(DType::kBF16, {1, S, H, D}).value(), dk = device_zeros(DType::kBF16, {1, S, H, D}).value();
-  auto dv = device_zeros(DType::kBF16, {1, S, H, D}).value(), delta = device_zeros(DType::kF32, {1, H, S}).value();
-  const auto run = [&](const AttentionParams& params) {
-    ASSERT_TRUE(chosen->supports(q.view, params).empty()) << chosen->supports(q.view, params);
-    const Status f = chosen->forward(q.view, kv.view, kv.view, params, o.view, lse.view, FreshOutputs{true, false, false}, nullptr);
-    ASSERT_TRUE(f.ok()) << f.to_string();
-    const Status b = chosen->backward(q.view, kv.view, kv.view, q.view, lse.view, delta.view, params, dq.view, dk.view,
-                                      dv.view, FreshOutputs{false, true, true}, nullptr);
-    ASSERT_TRUE(b.ok()) << b.to_string();
-    ASSERT_TRUE(stream_synchronize(nullptr).ok());
-  };
-  std::vector<int64_t> zigzag, gathered;
-  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(i);
-  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(1000 + i);
+  const int64_t S = AutoCalls::S;
+  AutoCalls calls(128);
+  const auto run = [&](const AttentionParams& params) { calls.run(*chosen, params); };
+  std::vector<int64_t> zigzag = AutoCalls::zigzag(), gathered;
   for (int64_t i = 0; i < S; ++i) gathered.push_back(2 * S - 2 * (i / 2) * 2 + i % 2);  // 128 segments of 2 rows
   using Calls = std::vector<std::pair<std::string, int64_t>>;
   AttentionParams docs;
@@ -550,23 +566,9 @@ TEST(AutoBackend, TakesOWhereCudnnsBackwardLeads) {
   EXPECT_FALSE(chosen->caps().takes_delta);
   EXPECT_TRUE(auto_backward_from_o(64));
   EXPECT_FALSE(auto_backward_from_o(128));
-  const int64_t S = 256, H = 4, D = 64;
-  auto q = device_zeros(DType::kBF16, {1, S, H, D}).value(), kv = device_zeros(DType::kBF16, {1, S, H, D}).value();
-  auto o = device_zeros(DType::kBF16, {1, S, H, D}).value(), lse = device_zeros(DType::kF32, {1, H, S}).value();
-  auto dq = device_zeros(DType::kBF16, {1, S, H, D}).value(), dk = device_zeros(DType::kBF16, {1, S, H, D}).value();
-  auto dv = device_zeros(DType::kBF16, {1, S, H, D}).value();
-  std::vector<int64_t> zigzag;
-  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(i);
-  for (int64_t i = 0; i < S / 2; ++i) zigzag.push_back(1000 + i);
-  const auto run = [&](const AttentionParams& params) {
-    ASSERT_TRUE(chosen->supports(q.view, params).empty()) << chosen->supports(q.view, params);
-    const Status f = chosen->forward(q.view, kv.view, kv.view, params, o.view, lse.view, FreshOutputs{true, false, false}, nullptr);
-    ASSERT_TRUE(f.ok()) << f.to_string();
-    const Status b = chosen->backward(q.view, kv.view, kv.view, q.view, lse.view, o.view, params, dq.view, dk.view,
-                                      dv.view, FreshOutputs{false, true, true}, nullptr);
-    ASSERT_TRUE(b.ok()) << b.to_string();
-    ASSERT_TRUE(stream_synchronize(nullptr).ok());
-  };
+  AutoCalls calls(64);
+  const auto run = [&](const AttentionParams& params) { calls.run(*chosen, params); };
+  const std::vector<int64_t> zigzag = AutoCalls::zigzag();
   using Calls = std::vector<std::pair<std::string, int64_t>>;
   AttentionParams causal;
   causal.mask = MaskSpec::causal();

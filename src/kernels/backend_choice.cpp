@@ -114,20 +114,17 @@ class ChoosingBackend : public cuda::CudaKernelBackend {
   Status backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
                   const TensorView& lse, const TensorView& delta, const AttentionParams& params, const TensorView& dq,
                   const TensorView& dk, const TensorView& dv, FreshOutputs fresh, void* stream) const override {
-    if (!from_o_)
-      return delegate(true, q, k, params, [&](const AttentionBackend& b) {
-        return backward_on(b, q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
-      });
-    // `delta` is O: cuDNN takes it as it is; the kernels that take D get it made for these rows.
+    // With O in `delta` (from_o_): cuDNN takes it as it is, the kernels that take D get it made
+    // for these rows, once.
     PartLease lease(stream);
     TensorView d;
     return delegate(true, q, k, params, [&](const AttentionBackend& b) -> Status {
-      if (!b.caps().takes_delta) return backward_on(b, q, k, v, dout, lse, delta, params, dq, dk, dv, fresh, stream);
-      if (!d.data) {
+      const bool make_d = from_o_ && b.caps().takes_delta;
+      if (make_d && !d.data) {
         SP_ASSIGN_OR_RETURN(d, lease.take(DType::kF32, {q.shape[0], q.shape[2], q.shape[1]}, q));
         SP_RETURN_IF_ERROR(CudaKernelBackend::delta(delta, dout, d, stream));
       }
-      return backward_on(b, q, k, v, dout, lse, d, params, dq, dk, dv, fresh, stream);
+      return backward_on(b, q, k, v, dout, lse, make_d ? d : delta, params, dq, dk, dv, fresh, stream);
     });
   }
 
