@@ -220,16 +220,7 @@ class LayerPass {
       if (c_.tied) SP_RETURN_IF_ERROR(store.release(e0, e1));
     }
     SP_ASSIGN_OR_RETURN(loss->loss_sum, dev_.loss_sum(parts));  // waits for the pass
-    loss->work_ms.clear();
-    if (const WorkTimes w = dev_.take_profile(); w.valid) {
-      double ops = 0;
-      for (int k = 0; k < int(Work::kCount); ++k) {
-        loss->work_ms.emplace_back(work_name(Work(k)), w.ms[size_t(k)]);
-        ops += w.ms[size_t(k)];
-      }
-      loss->work_ms.emplace_back("between_ops", w.span_ms - ops);
-      loss->work_ms.emplace_back("pass", w.span_ms);
-    }
+    loss->work_ms = named(dev_.take_profile());
     loss->counted = 0;
     for (int32_t t : b.targets) loss->counted += t >= 0;
     // Counted for the whole pass, though the backward's layers run without hf and dhf.

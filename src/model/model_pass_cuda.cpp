@@ -18,7 +18,7 @@ namespace {
 namespace cu = cuda;
 using Half = cuda::bf16_t;  // bf16 storage
 
-class CudaLayers {
+class CudaLayers : public ProfiledDevice {
  public:
   using Weight = Half;
   using Act = Half;
@@ -37,16 +37,12 @@ class CudaLayers {
   }
 
   CudaLayers(TrainingMemory& memory, Session& session, int device)
-      : memory_(memory), session_(session), s_(memory.stream()), device_(device),
-        mixer_(memory, Device{DeviceKind::kCuda, device}), profile_(s_) {}
+      : ProfiledDevice(memory.stream()), memory_(memory), session_(session), s_(memory.stream()), device_(device),
+        mixer_(memory, Device{DeviceKind::kCuda, device}) {}
   TrainingMemory& memory() { return memory_; }
   Session& session() { return session_; }
   void* stream() const { return s_; }
   Device device() const { return Device{DeviceKind::kCuda, device_}; }
-  // The step's work by kind (step_profile.hpp): off unless enabled.
-  void enable_profile(bool on) { profile_.enable(on); }
-  StepProfile::Scope time(Work w) { return profile_.time(w); }
-  WorkTimes take_profile() { return profile_.take(); }
   Status set_positions(const std::vector<int64_t>& positions) {
     SP_ASSIGN_OR_RETURN(positions_, memory_.make<int64_t>(int64_t(positions.size())));
     return memory_.from_host(positions_.p(), positions.data(), positions.size() * sizeof(int64_t));
@@ -161,7 +157,6 @@ class CudaLayers {
   void* s_;
   int device_;
   cu::LinearMixer mixer_;         // the linear-attention layers' token mixer
-  StepProfile profile_;           // the step's work by kind, on s_
   Array<int64_t> positions_;      // this rank's global positions (RoPE)
   Array<int64_t> row_positions_;  // this batch's per-row positions (packed documents)
 };

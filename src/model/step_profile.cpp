@@ -63,6 +63,19 @@ double StepProfile::elapsed_ms(size_t from, size_t to) const {
   return double(ms);
 }
 
+std::vector<std::pair<std::string, double>> named(const WorkTimes& w) {
+  std::vector<std::pair<std::string, double>> out;
+  if (!w.valid) return out;
+  double ops = 0;
+  for (int k = 0; k < int(Work::kCount); ++k) {
+    out.emplace_back(work_name(Work(k)), w.ms[size_t(k)]);
+    ops += w.ms[size_t(k)];
+  }
+  out.emplace_back("between_ops", w.span_ms - ops);
+  out.emplace_back("pass", w.span_ms);
+  return out;
+}
+
 WorkTimes StepProfile::take() {
   WorkTimes t;
   const size_t marks = stream_ ? used_ : host_.size();

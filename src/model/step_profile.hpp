@@ -9,6 +9,8 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace seqpar::model {
@@ -32,6 +34,9 @@ struct WorkTimes {
   double span_ms = 0;  // from the first scope's start to the last one's end
   bool valid = false;  // false: profiling off, or an event could not be made
 };
+// As StepLoss::work_ms lists them: each kind by name, then "between_ops" (the span less the
+// kinds) and "pass" (the span); empty where not valid.
+std::vector<std::pair<std::string, double>> named(const WorkTimes& w);
 
 class StepProfile {
  public:
@@ -74,6 +79,19 @@ class StepProfile {
   std::vector<void*> events_;       // GPU: the pool of events, reused step after step
   size_t used_ = 0;                 // GPU: events marked this step
   std::vector<Clock::time_point> host_;  // CPU: the marks
+};
+
+// What a layer pass's device (layer_pass.hpp: HostLayers, CudaLayers) offers the pass: a profile
+// of its ops on its stream (null: the host clock).
+class ProfiledDevice {
+ public:
+  explicit ProfiledDevice(void* stream) : profile_(stream) {}
+  void enable_profile(bool on) { profile_.enable(on); }
+  StepProfile::Scope time(Work w) { return profile_.time(w); }
+  WorkTimes take_profile() { return profile_.take(); }
+
+ private:
+  StepProfile profile_;
 };
 
 }  // namespace seqpar::model

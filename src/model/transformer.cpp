@@ -34,7 +34,7 @@ namespace {
 
 // The CPU half of LayerPass: host arrays, every element T, each call done when it returns.
 template <class T>
-class HostLayers {
+class HostLayers : public ProfiledDevice {
  public:
   using Weight = T;
   using Act = T;
@@ -51,15 +51,12 @@ class HostLayers {
     return sizeof(X) == 8 ? DType::kF64 : DType::kF32;
   }
 
-  HostLayers(TrainingMemory& memory, Session& session) : memory_(memory), session_(session) {}
+  HostLayers(TrainingMemory& memory, Session& session)
+      : ProfiledDevice(nullptr), memory_(memory), session_(session) {}  // host clock
   TrainingMemory& memory() { return memory_; }
   Session& session() { return session_; }
   void* stream() const { return nullptr; }
   Device device() const { return Device{}; }
-  // The step's work by kind (step_profile.hpp), by the host clock: off unless enabled.
-  void enable_profile(bool on) { profile_.enable(on); }
-  StepProfile::Scope time(Work w) { return profile_.time(w); }
-  WorkTimes take_profile() { return profile_.take(); }
   StatusOr<Tokens> tokens(const ShardBatch& b) const { return Tokens{b.inputs.data(), b.targets.data()}; }
   StatusOr<const int64_t*> positions(const ShardBatch& b) const {
     return b.rope_positions.empty() ? b.positions.data() : b.rope_positions.data();
@@ -147,7 +144,6 @@ class HostLayers {
  private:
   TrainingMemory& memory_;
   Session& session_;
-  StepProfile profile_{nullptr};
 };
 
 }  // namespace
