@@ -8,18 +8,8 @@
 #     against SEQPAR_ATTN_BACKEND=hopper (the Hopper kernels both ways: what auto ran before), in
 #     turn, two rounds
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-out=$OUT; root=$PWD
-cd .carry/snap && ln -sfn "$root/.carry" .carry && mkdir -p "$root/build-gpu-l" && ln -sfn "$root/build-gpu-l" build-gpu
-t0=$SECONDS; budget=${BUDGET_S:-420}
-left() { echo $((budget - (SECONDS - t0))); }
-say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$out/summary.txt"; }
-pack() { (cd "$out" && tar czf all.tgz *.jsonl *.err *.log 2>/dev/null; rm -f *.jsonl *.err *.log); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/summary.txt" 2>&1
-BUILD_JOBS=16 BUILD_TARGETS="test_backends seqpar_cli" timeout 300 bash scripts/gpu_check.sh build > "$out/build.log" 2>&1
-rc=$?; say "build rc $rc"
-source scripts/gpu_env.sh
-[ $rc -ne 0 ] && { cmake --build build-gpu -j 16 2>&1 | grep -v 'ptxas info\|Wpsabi\|inline typename\|\^~' | grep -B3 -A12 -m3 ' error\|Error ' | head -80; pack; exit 1; }
+CALL_BUDGET_S=420
+source bench/device_calls/call_start.sh 16 "test_backends seqpar_cli"
 timeout 120 ./build-gpu/tests/test_backends > "$out/test_backends.log" 2>&1
 say "test_backends rc $?: $(grep -E '^\[  (PASSED|FAILED)' "$out/test_backends.log" | tr '\n' ' ') $(grep -E '^\[  FAILED' "$out/test_backends.log" | head -5 | tr '\n' ' ')"
 txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt

@@ -7,19 +7,9 @@
 #  2. both GPUs: seqpar probe --quick, then the probe proper, and seqpar plan on the file it wrote;
 #     then every algorithm and auto at 64K and 256K tokens, causal GQA 32:8, in the time left
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 SEQPAR_COMM_TIMEOUT_S=120
-out=$OUT; root=$PWD
-cd .carry/snap && ln -sfn "$root/.carry" .carry && mkdir -p "$root/build-gpu-l" && ln -sfn "$root/build-gpu-l" build-gpu
-t0=$SECONDS; budget=${BUDGET_S:-570}
-left() { echo $((budget - (SECONDS - t0))); }
-say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$out/summary.txt"; }
-pack() { (cd "$out" && tar czf all.tgz *.jsonl *.err *.log *.json 2>/dev/null; rm -f *.jsonl *.err *.log *.json); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/summary.txt" 2>&1
-BUILD_JOBS=32 BUILD_TARGETS="bench_gpu_lm_head test_model_cuda test_gpu_train seqpar_cli bench_gpu_ring" \
-  timeout 300 bash scripts/gpu_check.sh build > "$out/build.log" 2>&1
-rc=$?; say "build rc $rc"
-source scripts/gpu_env.sh
-[ $rc -ne 0 ] && { cmake --build build-gpu -j 32 2>&1 | grep -v 'ptxas info\|Wpsabi\|inline typename\|\^~' | grep -B3 -A12 -m3 ' error\|Error ' | head -80; pack; exit 1; }
+PACK_GLOBS="*.jsonl *.err *.log *.json"
+CALL_BUDGET_S=570
+source bench/device_calls/call_start.sh 32 "bench_gpu_lm_head test_model_cuda test_gpu_train seqpar_cli bench_gpu_ring"
 site=/tmp/liger_site; wheels=$(ls .carry/whl/liger_kernel-*.whl)
 python3 -c "import packaging" 2>/dev/null || wheels="$wheels $(ls .carry/whl/packaging-*.whl)"
 python3 -m pip install -q --no-deps --no-index --target "$site" $wheels > "$out/pip.log" 2>&1

@@ -6,18 +6,8 @@
 #  2. both GPUs: ours at 64K with --profile, without it (its cost), with 4,096-row LM head chunks;
 #     the peer at 64K; ours at 256K with --profile; the peer at 128K in the time left
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 SEQPAR_COMM_TIMEOUT_S=120
-out=$OUT; root=$PWD
-cd .carry/snap && ln -sfn "$root/.carry" .carry && mkdir -p "$root/build-gpu-l" && ln -sfn "$root/build-gpu-l" build-gpu
-t0=$SECONDS; budget=${BUDGET_S:-560}
-left() { echo $((budget - (SECONDS - t0))); }
-say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$out/summary.txt"; }
-pack() { (cd "$out" && tar czf all.tgz *.jsonl *.err *.log 2>/dev/null; rm -f *.jsonl *.err *.log); }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/summary.txt" 2>&1
-BUILD_JOBS=32 BUILD_TARGETS="seqpar_cli test_gpu_train" timeout 300 bash scripts/gpu_check.sh build > "$out/build.log" 2>&1
-rc=$?; say "build rc $rc"
-source scripts/gpu_env.sh
-[ $rc -ne 0 ] && { cmake --build build-gpu -j 32 2>&1 | grep -v 'ptxas info\|Wpsabi\|inline typename\|\^~' | grep -B3 -A12 -m3 ' error\|Error ' | head -80; pack; exit 1; }
+CALL_BUDGET_S=560
+source bench/device_calls/call_start.sh 32 "seqpar_cli test_gpu_train"
 CUDA_VISIBLE_DEVICES=0 timeout 90 ./build-gpu/tests/test_gpu_train --gtest_filter='GpuTrain.Profile*' > "$out/gpu_train_profile.log" 2>&1
 say "profile test: $(grep -E '^\[  (PASSED|FAILED)|Failure|Expected|Which is' "$out/gpu_train_profile.log" | head -8 | tr '\n' ' ')"
 txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt

@@ -1,0 +1,19 @@
+# call_start.sh: the start a device-call script shares (sourced from the repository root of the
+# machine's copy, as `source bench/device_calls/call_start.sh JOBS "TARGETS"`): the device
+# environment (no NVLink multicast), into the `git archive` snapshot in .carry/snap with the
+# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack, the GPUs
+# named in $OUT/summary.txt, the build of TARGETS with JOBS jobs, and scripts/gpu_env.sh; a failed
+# build prints its first errors, packs the logs and exits. BUDGET_S (seconds the script may take)
+# sets `budget`, CALL_BUDGET_S its default; PACK_GLOBS the files pack() tars into $OUT/all.tgz.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 SEQPAR_COMM_TIMEOUT_S=120
+out=$OUT; root=$PWD
+cd .carry/snap && ln -sfn "$root/.carry" .carry && mkdir -p "$root/build-gpu-l" && ln -sfn "$root/build-gpu-l" build-gpu
+t0=$SECONDS; budget=${BUDGET_S:-${CALL_BUDGET_S:-560}}
+left() { echo $((budget - (SECONDS - t0))); }
+say() { echo "[$((SECONDS - t0))s] $*" | tee -a "$out/summary.txt"; }
+pack() { (cd "$out" && tar czf all.tgz ${PACK_GLOBS:-*.jsonl *.err *.log} 2>/dev/null; rm -f ${PACK_GLOBS:-*.jsonl *.err *.log}); }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$out/summary.txt" 2>&1
+BUILD_JOBS=$1 BUILD_TARGETS="$2" timeout 300 bash scripts/gpu_check.sh build > "$out/build.log" 2>&1
+rc=$?; say "build rc $rc"
+source scripts/gpu_env.sh
+[ $rc -ne 0 ] && { cmake --build build-gpu -j "$1" 2>&1 | grep -v 'ptxas info\|Wpsabi\|inline typename\|\^~' | grep -B3 -A12 -m3 ' error\|Error ' | head -80; pack; exit 1; }
