@@ -18,6 +18,7 @@
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
 #include "train_checkpoints.hpp"
+#include "train_profile_report.hpp"
 
 namespace seqpar::app {
 namespace {
@@ -96,32 +97,6 @@ std::string mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f MiB", double(bytes) / (1 << 20));
   return buf;
-}
-
-// --profile: the step's work by kind (StepReport::work_ms, whose last entry is the pass's span),
-// and "outside_pass": the step's wall clock less that span (batch, gradient sums, optimizer).
-nlohmann::ordered_json work_object(const StepReport& r) {
-  nlohmann::ordered_json w = nlohmann::ordered_json::object();
-  for (const auto& [kind, ms] : r.work_ms) w[kind] = ms;
-  w["outside_pass"] = r.seconds * 1e3 - r.work_ms.back().second;
-  w["step"] = r.seconds * 1e3;
-  return w;
-}
-
-// The same as one line: each kind's share of the step, the largest first, none under 0.5%.
-std::string work_line(const StepReport& r) {
-  std::vector<std::pair<std::string, double>> parts(r.work_ms.begin(), r.work_ms.end() - 1);
-  parts.emplace_back("outside_pass", r.seconds * 1e3 - r.work_ms.back().second);
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  std::string line;
-  for (const auto& [kind, ms] : parts) {
-    if (ms < 0.005 * r.seconds * 1e3) continue;
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "%s%s %.1f%% (%.1f ms)", line.empty() ? "" : ", ", kind.c_str(),
-                  100 * ms / (r.seconds * 1e3), ms);
-    line += buf;
-  }
-  return line;
 }
 
 // The loss curve as a small standalone SVG (a polyline over step and loss axes).
