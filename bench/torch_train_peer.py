@@ -15,6 +15,10 @@ runs out of memory prints an error line and the job stops there).
 
   torchrun --standalone --nproc_per_node=2 bench/torch_train_peer.py --seqs 65536 --steps 4
 
+--replay DIR trains a `seqpar train --dump DIR` run instead: its model (config.json), starting
+weights, every step's batch, AdamW settings (decay on matrices only) and learning-rate schedule,
+so the two loss curves can be laid side by side (bench/train_curves.py).
+
 GQA: transformers passes enable_gqa to SDPA, which context parallel's cuDNN path does not take;
 the script makes transformers repeat K/V instead (as it does for masks), so the ring carries the
 repeated K/V. Positions travel as a context-parallel buffer beside the tokens and labels, so RoPE
@@ -52,6 +56,8 @@ def parse():
     p.add_argument("--no-ac", action="store_true", help="leave out selective activation checkpointing")
     p.add_argument("--model", choices=["1b", "8b"], default="1b",
                    help="`seqpar train --model`'s shape: 1b (Llama-3.2-1B) or 8b (Llama-3-8B, untied head)")
+    p.add_argument("--replay", default="", help="a `seqpar train --dump` folder: its model, starting weights, "
+                   "batches and optimizer (in place of --model, --seqs, --steps, --data and --lr)")
     return p.parse_args()
 
 
@@ -62,6 +68,28 @@ def llama_config(name):
     return LlamaConfig(vocab_size=128256, num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
                        max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa",
                        **shape[name])
+
+
+def replay_run(folder):
+    """A `seqpar train --dump` folder: (config, starting weights, batches, run settings)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = {k: v for k, v in json.load(f).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    with open(os.path.join(folder, "run.json")) as f:
+        run = json.load(f)
+    cfg.update(max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa")
+    return (LlamaConfig(**cfg), load_file(os.path.join(folder, "initial.safetensors")),
+            load_file(os.path.join(folder, "batches.safetensors")), run)
+
+
+def replay_optimizer(model, run):
+    """torch AdamW as `seqpar train` sets it up: decoupled decay on matrices only."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    rest = [p for p in model.parameters() if p.dim() != 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": run["weight_decay"]},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"], fused=True)
 
 
 def selective_checkpoint(layer):
@@ -106,9 +134,16 @@ def main():
             print(json.dumps(obj), flush=True)
 
     torch.manual_seed(0)
-    config = llama_config(args.model)
+    replay = replay_run(args.replay) if args.replay else None
+    config = replay[0] if replay else llama_config(args.model)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config)
+    if replay:
+        missing, unexpected = model.load_state_dict(replay[1], strict=False)
+        missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+        assert not missing and not unexpected, (missing, unexpected)
+        if config.tie_word_embeddings:
+            model.tie_weights()
     n_params = sum(p.numel() for p in model.parameters())
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.layers:
@@ -118,22 +153,32 @@ def main():
             layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, fused=True)
-    with open(args.data, "rb") as f:
-        data = torch.tensor(list(f.read()), dtype=torch.long)
+    if replay:
+        opt = replay_optimizer(model, replay[3])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, fused=True)
+        with open(args.data, "rb") as f:
+            data = torch.tensor(list(f.read()), dtype=torch.long)
     emit(dict(kind="torch_train_info", gpus=world, torch=torch.__version__, device=torch.cuda.get_device_name(),
               params=n_params, compile=not args.no_compile, selective_ac=not args.no_ac, fsdp=True,
-              context_parallel=world, sdpa="cudnn"))
+              context_parallel=world, sdpa="cudnn", replay=args.replay))
 
-    for S in [int(s) for s in args.seqs.split(",") if s.strip()]:
-        reps = S // data.numel() + 2
-        tokens = data.repeat(reps)
+    seqs = [replay[3]["seq"]] if replay else [int(s) for s in args.seqs.split(",") if s.strip()]
+    for S in seqs:
+        if not replay:
+            tokens = data.repeat(S // data.numel() + 2)
         flops = (6.0 * n_params + 6.0 * config.num_hidden_layers * config.hidden_size * S) * S
         torch.cuda.reset_peak_memory_stats()
-        for step in range(args.steps):
-            start = (step * 4099) % (tokens.numel() - S - 1)
-            chunk = tokens[start:start + S + 1].cuda()
-            ids, labels = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # shifted before sharding
+        for step in range(len(replay[3]["losses"]) if replay else args.steps):
+            if replay:  # the recorded batch (one sequence) and the run's learning rate
+                from hf_llama_check import learning_rate
+                ids, labels = (replay[2][f"{n}_{step}"][:1].long().cuda() for n in ("inputs", "targets"))
+                for g in opt.param_groups:
+                    g["lr"] = learning_rate(replay[3], step)
+            else:
+                start = (step * 4099) % (tokens.numel() - S - 1)
+                chunk = tokens[start:start + S + 1].cuda()
+                ids, labels = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # shifted before sharding
             pos = torch.arange(S, device="cuda").unsqueeze(0)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -142,10 +187,12 @@ def main():
                         sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                     logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
                     # This rank's share of the sequence mean: the ranks' gradients sum to the whole's.
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / world
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-1) / world
                     del logits
                     loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                clip = replay[3]["clip_norm"] if replay else 1.0
+                if clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.synchronize()
