@@ -1,15 +1,18 @@
 // `seqpar probe` (src/planner/probe*): the link fits on samples of a known latency and bandwidth,
-// the options' checks, the CPU probe at tiny sizes (its cluster description read back through
+// the options' checks, the workspace figure the attention sweep makes of what a device counts,
+// the CPU probe at tiny sizes (its cluster description read back through
 // load_cluster, every figure positive and finite, the link table in increasing sizes), and the
 // tool end to end: `seqpar plan --cluster FILE` answers on the file `seqpar probe` writes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <fstream>
 
 #include "cli_test_util.hpp"
 #include "planner/probe.hpp"
+#include "planner/probe_sweeps.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar::planner {
@@ -75,6 +78,60 @@ TEST(Probe, BadOptionsAreRefusedWithTheOptionNamed) {
 }
 
 // Three thread ranks, so that the all-to-all (port_pairs) is measured too.
+// Host tensors whose calls report a workspace of `extra` bytes, as a device that counts its memory
+// would (the GPU's ProbeMemory measures it; the host's cannot).
+class CountedHostMemory final : public ProbeMemory {
+ public:
+  explicit CountedHostMemory(int64_t extra) : extra_(extra) {}
+  StatusOr<TensorView> random(DType dtype, const std::vector<int64_t>& shape) override {
+    HostTensor& t = tensors_.emplace_back(dtype, shape);
+    std::vector<float> values(size_t(t.numel()), 0.25f);
+    convert(values.data(), DType::kF32, t.view().data, dtype, values.size());
+    return t.view();
+  }
+  void release() override { tensors_.clear(); }
+  StatusOr<double> median_seconds(const std::function<Status()>& call, int) override {
+    SP_RETURN_IF_ERROR(call());
+    return 1e-3;
+  }
+  StatusOr<int64_t> workspace_bytes(const std::function<Status()>& call) override {
+    SP_RETURN_IF_ERROR(call());
+    ++measured;
+    return extra_;
+  }
+  int measured = 0;
+
+ private:
+  int64_t extra_;
+  std::deque<HostTensor> tensors_;
+};
+
+TEST(Probe, WorkspaceIsTheGradientsAndTheLongestCallsOwnMemoryPerElement) {
+  ProbeOptions o;
+  o.device = "cpu", o.quick = true, o.ranks = 1;
+  o = probe_defaults(o).value();
+  const int64_t extra = 3 << 20, longest = o.tokens.back();
+  CountedHostMemory counted(extra);
+  StatusOr<AttentionSweep> sweep = sweep_attention(cpu_kernel_backend(), DType::kF32, counted, o, "test", [](const std::string&) {});
+  ASSERT_TRUE(sweep.ok()) << sweep.status().to_string();
+  EXPECT_EQ(sweep->workspace_tokens, longest);
+  const double elements = double(longest) * double(o.heads + 2 * o.kv_heads) * double(o.head_dim);
+  EXPECT_DOUBLE_EQ(sweep->workspace_bytes_per_element, 4.0 + double(extra) / elements);
+  EXPECT_EQ(counted.measured, 2 * int(o.tokens.size()));  // forward and backward, causal, each length in turn
+
+  // Measured, the cluster takes it; not measured (the host), the default stays and says so.
+  ProbeMeasurements m;
+  m.device_name = "test device", m.backend = "cpu";
+  m.workspace_bytes_per_element = sweep->workspace_bytes_per_element, m.workspace_tokens = longest;
+  EXPECT_DOUBLE_EQ(cluster_from_probe(m, "today").workspace_bytes_per_element, sweep->workspace_bytes_per_element);
+  m.workspace_bytes_per_element = 0;
+  const Cluster fallback = cluster_from_probe(m, "today");
+  EXPECT_DOUBLE_EQ(fallback.workspace_bytes_per_element, Cluster{}.workspace_bytes_per_element);
+  EXPECT_TRUE(std::any_of(fallback.sources.begin(), fallback.sources.end(), [](const std::string& s) {
+    return s.rfind("workspace_bytes_per_element: not measured", 0) == 0;
+  }));
+}
+
 TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
   ProbeOptions o;
   o.device = "cpu", o.quick = true, o.ranks = 3;

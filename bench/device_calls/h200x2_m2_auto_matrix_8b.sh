@@ -3,9 +3,10 @@
 # `auto` against every algorithm where the 2-GPU table had no rows (issue 35): window and
 # documents masks (GQA 32:8 and MHA), causal MHA.
 #  1. build; the 8B preset at 64K, ZeRO-3, --profile (where its step goes)
-#  2. bench_gpu_ring, every algorithm and auto, one process per (heads, mask): window 4K and 16
+#  2. seqpar probe on both GPUs (now with the backend's workspace measured)
+#  3. bench_gpu_ring, every algorithm and auto, one process per (heads, mask): window 4K and 16
 #     documents at 16K-256K, causal MHA at 16K-64K
-#  3. PyTorch's peer with the 8B model at 64K, in the time left (on 4 x H100 it ran out of memory)
+#  4. PyTorch's peer with the 8B model at 64K, in the time left (on 4 x H100 it ran out of memory)
 set -u
 CALL_BUDGET_S=470
 source bench/device_calls/call_start.sh 32 "seqpar_cli bench_gpu_ring"
@@ -14,6 +15,9 @@ timeout 140 ./build-gpu/seqpar train --device cuda --gpus 2 --model 8b --zero 3 
   --batch 1 --steps 4 --warmup 10 --lr 3e-5 --checkpointing attention --profile --json \
   > "$out/train_8b_64k.jsonl" 2> "$out/train_8b_64k.err"
 say "8B 64K rc $? $(tail -n 1 "$out/train_8b_64k.jsonl" | head -c 1200) $(grep -m1 -i 'error' "$out/train_8b_64k.err")"
+timeout 90 ./build-gpu/seqpar probe --device cuda --gpus 2 --out "$out/probe_2gpu.json" > "$out/probe.log" 2>&1
+say "probe rc $? $(grep -m2 'workspace' "$out/probe.log" | tr '\n' ' ') $(tail -n 1 "$out/probe.log")"
+[ -s "$out/probe_2gpu.json" ] && cp "$out/probe_2gpu.json" "$out/probe_2gpu.txt"
 algos=auto,ulysses-overlap,ulysses,ring-return,burst-return,ring,burst,distflash
 matrix() {  # kv_heads mask layout seqs tag
   local l=$(left); [ $l -lt 40 ] && { say "out of time before $5"; return 9; }

@@ -78,9 +78,8 @@ StatusOr<ProbeMeasurements> measure_cpu(const ProbeOptions& o, const ProbeLog& l
   for (const std::string& name : backends) {
     const AttentionBackend* backend = cpu_backend_named(name);
     SP_CHECK_ARG(backend != nullptr, "--backends: '" + name + "' is not a CPU backend (cpu, oracle)");
-    SP_ASSIGN_OR_RETURN(std::vector<AttentionRate> rows,
-                        sweep_attention(*backend, DType::kF32, memory, o, by + ", fp32", log));
-    m.attention.insert(m.attention.end(), rows.begin(), rows.end());
+    SP_ASSIGN_OR_RETURN(const AttentionSweep sweep, sweep_attention(*backend, DType::kF32, memory, o, by + ", fp32", log));
+    m.attention.insert(m.attention.end(), sweep.rows.begin(), sweep.rows.end());
   }
 
   // Launch: the time of the smallest attention call, its fixed cost.

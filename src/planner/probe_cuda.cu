@@ -79,6 +79,21 @@ class DeviceProbeMemory final : public ProbeMemory {
     }
     return median(times);
   }
+  // device_memory_stats counts what DeviceBuffers and the stream arenas hold: the backends'
+  // workspaces come from the arenas, which keep their segments after a call (so a first call's
+  // peak shows even when the memory is reused later), and the schedules' memory is counted the
+  // same way by the benchmarks this figure is checked against.
+  StatusOr<int64_t> workspace_bytes(const std::function<Status()>& call) override {
+    SP_CUDA_CHECK(cudaDeviceSynchronize());
+    SP_RETURN_IF_ERROR(trim_stream_arenas());  // segments kept from earlier calls would hide this one's
+    int device = 0;
+    SP_CUDA_CHECK(cudaGetDevice(&device));
+    const int64_t before = device_memory_stats(device).current;
+    reset_device_memory_peak(device);
+    SP_RETURN_IF_ERROR(call());
+    SP_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::max<int64_t>(0, device_memory_stats(device).peak - before);
+  }
 
  private:
   std::vector<DeviceTensor> tensors_;
@@ -203,9 +218,10 @@ StatusOr<ProbeMeasurements> measure_cuda(const ProbeOptions& o, const ProbeLog& 
     const std::unique_ptr<AttentionBackend> backend = make_gpu_backend_named(name, 0);
     SP_CHECK_ARG(backend != nullptr, "--backends: '" + name +
                                          "' is not a GPU backend of this build and device (cudnn, hopper, cuda, auto)");
-    SP_ASSIGN_OR_RETURN(std::vector<AttentionRate> rows,
-                        sweep_attention(*backend, DType::kBF16, memory, o, by + ", bf16", log));
-    m.attention.insert(m.attention.end(), rows.begin(), rows.end());
+    SP_ASSIGN_OR_RETURN(const AttentionSweep sweep, sweep_attention(*backend, DType::kBF16, memory, o, by + ", bf16", log));
+    m.attention.insert(m.attention.end(), sweep.rows.begin(), sweep.rows.end());
+    if (name == m.backend)
+      m.workspace_bytes_per_element = sweep.workspace_bytes_per_element, m.workspace_tokens = sweep.workspace_tokens;
   }
 
   // Links: a rank per GPU over NCCL, device buffers.

@@ -35,13 +35,14 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-StatusOr<std::vector<AttentionRate>> sweep_attention(const AttentionBackend& backend, DType input,
+StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType input,
                                                      ProbeMemory& memory, const ProbeOptions& o,
                                                      const std::string& source, const ProbeLog& log) {
   const int64_t H = o.heads, Hkv = o.kv_heads, D = o.head_dim;
   const bool takes_delta = backend.caps().takes_delta;
   void* stream = memory.stream();
-  std::vector<AttentionRate> rows;
+  AttentionSweep sweep;
+  std::vector<AttentionRate>& rows = sweep.rows;
   for (const bool causal : {true, false}) {
     for (const int64_t S : o.tokens) {
       const std::string what =
@@ -69,21 +70,29 @@ StatusOr<std::vector<AttentionRate>> sweep_attention(const AttentionBackend& bac
       SP_ASSIGN_OR_RETURN(const TensorView dv, memory.random(DType::kF32, {1, S, Hkv, D}));
 
       log("probe: " + what + " forward ...");
-      SP_ASSIGN_OR_RETURN(const double fwd_s, memory.median_seconds(
-                                                  [&] {
-                                                    return backend.forward(q, k, v, params, out, lse,
-                                                                           FreshOutputs{true, false, false}, stream);
-                                                  },
-                                                  o.repeats));
+      const auto forward = [&] {
+        return backend.forward(q, k, v, params, out, lse, FreshOutputs{true, false, false}, stream);
+      };
       // The backward reads the forward's LSE (finite rows), as a schedule's does.
+      const auto backward = [&] {
+        return backend.backward(q, k, v, dout, lse, delta, params, dq, dk, dv, FreshOutputs{false, true, true}, stream);
+      };
+      SP_ASSIGN_OR_RETURN(const double fwd_s, memory.median_seconds(forward, o.repeats));
       log("probe: " + what + " backward ...");
-      SP_ASSIGN_OR_RETURN(const double bwd_s, memory.median_seconds(
-                                                  [&] {
-                                                    return backend.backward(q, k, v, dout, lse, delta, params, dq,
-                                                                            dk, dv, FreshOutputs{false, true, true},
-                                                                            stream);
-                                                  },
-                                                  o.repeats));
+      SP_ASSIGN_OR_RETURN(const double bwd_s, memory.median_seconds(backward, o.repeats));
+      // Memory: the causal calls of the longest length measured (the last of the ascending list).
+      if (causal && S >= sweep.workspace_tokens) {
+        SP_ASSIGN_OR_RETURN(const int64_t fwd_extra, memory.workspace_bytes(forward));
+        SP_ASSIGN_OR_RETURN(const int64_t bwd_extra, memory.workspace_bytes(backward));
+        if (fwd_extra >= 0 && bwd_extra >= 0) {
+          const double elements = double(S) * double(H + 2 * Hkv) * double(D);
+          sweep.workspace_bytes_per_element = 4.0 + double(std::max(fwd_extra, bwd_extra)) / elements;
+          sweep.workspace_tokens = S;
+          log("probe: " + what + format(": workspace %.4g MiB forward, ", double(fwd_extra) / (1 << 20)) +
+              format("%.4g MiB backward: %.3g bytes an element with the fp32 gradients", double(bwd_extra) / (1 << 20),
+                     sweep.workspace_bytes_per_element));
+        }
+      }
       AttentionRate rate;
       rate.backend = backend.name();
       rate.head_dim = D, rate.heads = H, rate.tokens = S, rate.causal = causal;
@@ -99,7 +108,7 @@ StatusOr<std::vector<AttentionRate>> sweep_attention(const AttentionBackend& bac
   SP_CHECK_SUPPORTED(!rows.empty(), std::string("backend ") + backend.name() + " refused every probe shape (H = " +
                                         std::to_string(H) + ", H_kv = " + std::to_string(Hkv) +
                                         ", D = " + std::to_string(D) + ")");
-  return rows;
+  return sweep;
 }
 
 StatusOr<LinkSweep> sweep_links(Communicator& comm, void* send, void* recv, const ProbeOptions& o,

@@ -26,12 +26,28 @@ class ProbeMemory {
   // device work is timed on the stream the calls are queued on.
   virtual StatusOr<double> median_seconds(const std::function<Status()>& call, int repeats) = 0;
   virtual void* stream() const { return nullptr; }
+  // Device memory call() takes at its peak beyond what is held before it (the call's own
+  // workspace), once it is done; -1 where the device does not count its memory (the host).
+  virtual StatusOr<int64_t> workspace_bytes(const std::function<Status()>& /*call*/) { return int64_t(-1); }
+};
+
+// What the attention sweep measured: a rate per length and mask, and the memory a call takes
+// beyond its inputs and outputs (AttentionSweep::workspace_bytes_per_element).
+struct AttentionSweep {
+  std::vector<AttentionRate> rows;
+  // Cluster::workspace_bytes_per_element as the longest measured call shows it: the backward's
+  // fp32 dQ, dK, dV (4 bytes an element, which a schedule keeps beside its blocks) plus the
+  // larger of the forward's and the backward's own workspace, over S (H + 2 H_kv) D elements.
+  // 0: not measured.
+  double workspace_bytes_per_element = 0;
+  int64_t workspace_tokens = 0;  // the length it was measured at
 };
 
 // Rates of `backend` on inputs of dtype `input` (accumulators and row stats fp32), B = 1, the
 // options' heads and head dim, for each length, causal and full: one AttentionRate each (a length
-// or mask the backend refuses is logged and left out). `source` goes into each row.
-StatusOr<std::vector<AttentionRate>> sweep_attention(const AttentionBackend& backend, DType input,
+// or mask the backend refuses is logged and left out), and the workspace where `memory` counts
+// it. `source` goes into each row.
+StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType input,
                                                      ProbeMemory& memory, const ProbeOptions& options,
                                                      const std::string& source, const ProbeLog& log);
 
