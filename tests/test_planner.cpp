@@ -341,6 +341,26 @@ TEST(PlannerCluster, PresetsRoundTripThroughJson) {
   EXPECT_FALSE(cluster_from_json("{\"gpus_per_node\": 2}").ok());  // no links, no rates
 }
 
+// The backend's workspace: the fp32 gradients per (H + 2 H_kv) D element and the calls' own
+// (seqpar probe's measurement) per query element, both per token of the rank's shard; the call
+// term survives the cluster file.
+TEST(PlannerMemory, CallWorkspaceIsPricedPerQueryElement) {
+  Cluster cluster = cluster_preset("h200x2").value();
+  Problem problem;
+  problem.seq = 65536, problem.heads = 32, problem.kv_heads = 8, problem.head_dim = 128;
+  const Candidate cand{"ring-return", 0, "ring", 1, LayoutKind::kZigzag};
+  const Prediction without = predict(cluster, problem, cand);
+  ASSERT_TRUE(without.refusal.empty()) << without.refusal;
+  const double n = 65536 / 2;  // the shard of each of the 2 ranks
+  EXPECT_EQ(without.workspace_bytes, int64_t(cluster.workspace_bytes_per_element * n * (32 + 2 * 8) * 128));
+  cluster.call_workspace_bytes_per_query_element = 4.0625;
+  const Cluster read = cluster_from_json(cluster_to_json(cluster)).value();
+  EXPECT_DOUBLE_EQ(read.call_workspace_bytes_per_query_element, 4.0625);
+  const Prediction with = predict(read, problem, cand);
+  EXPECT_EQ(with.workspace_bytes - without.workspace_bytes, int64_t(4.0625 * n * 32 * 128));
+  EXPECT_EQ(with.peak_block_bytes, without.peak_block_bytes);
+}
+
 TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {
   const Cluster cluster = cluster_preset("h100x4").value();
   Problem problem;

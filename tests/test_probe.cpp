@@ -106,7 +106,7 @@ class CountedHostMemory final : public ProbeMemory {
   std::deque<HostTensor> tensors_;
 };
 
-TEST(Probe, WorkspaceIsTheGradientsAndTheLongestCallsOwnMemoryPerElement) {
+TEST(Probe, CallWorkspaceIsTheLongestCallsOwnMemoryPerQueryElement) {
   ProbeOptions o;
   o.device = "cpu", o.quick = true, o.ranks = 1;
   o = probe_defaults(o).value();
@@ -115,20 +115,21 @@ TEST(Probe, WorkspaceIsTheGradientsAndTheLongestCallsOwnMemoryPerElement) {
   StatusOr<AttentionSweep> sweep = sweep_attention(cpu_kernel_backend(), DType::kF32, counted, o, "test", [](const std::string&) {});
   ASSERT_TRUE(sweep.ok()) << sweep.status().to_string();
   EXPECT_EQ(sweep->workspace_tokens, longest);
-  const double elements = double(longest) * double(o.heads + 2 * o.kv_heads) * double(o.head_dim);
-  EXPECT_DOUBLE_EQ(sweep->workspace_bytes_per_element, 4.0 + double(extra) / elements);
+  const double query_elements = double(longest) * double(o.heads) * double(o.head_dim);
+  EXPECT_DOUBLE_EQ(sweep->call_workspace_bytes_per_query_element, double(extra) / query_elements);
   EXPECT_EQ(counted.measured, 2 * int(o.tokens.size()));  // forward and backward, causal, each length in turn
 
   // Measured, the cluster takes it; not measured (the host), the default stays and says so.
   ProbeMeasurements m;
   m.device_name = "test device", m.backend = "cpu";
-  m.workspace_bytes_per_element = sweep->workspace_bytes_per_element, m.workspace_tokens = longest;
-  EXPECT_DOUBLE_EQ(cluster_from_probe(m, "today").workspace_bytes_per_element, sweep->workspace_bytes_per_element);
-  m.workspace_bytes_per_element = 0;
+  m.call_workspace_bytes_per_query_element = sweep->call_workspace_bytes_per_query_element, m.workspace_tokens = longest;
+  EXPECT_DOUBLE_EQ(cluster_from_probe(m, "today").call_workspace_bytes_per_query_element,
+                   sweep->call_workspace_bytes_per_query_element);
+  m.call_workspace_bytes_per_query_element = -1;
   const Cluster fallback = cluster_from_probe(m, "today");
-  EXPECT_DOUBLE_EQ(fallback.workspace_bytes_per_element, Cluster{}.workspace_bytes_per_element);
+  EXPECT_DOUBLE_EQ(fallback.call_workspace_bytes_per_query_element, 0.0);
   EXPECT_TRUE(std::any_of(fallback.sources.begin(), fallback.sources.end(), [](const std::string& s) {
-    return s.rfind("workspace_bytes_per_element: not measured", 0) == 0;
+    return s.rfind("call_workspace_bytes_per_query_element: not measured", 0) == 0;
   }));
 }
 
@@ -206,8 +207,8 @@ TEST(ProbeCli, PlanReadsTheClusterProbeWrites) {
 }
 
 // `seqpar plan --backend`: the backward's query packs as each GPU backend moves them. Burst's
-// packs travel: with O (cuDNN; auto at head dim 64, where its backward runs cuDNN's) they cost
-// more than with D (the Hopper kernels; auto at 128); the forward is the same either way.
+// packs travel: with O (cuDNN) they cost more than with D (the Hopper kernels; auto, whose
+// backward runs the Hopper kernels at head dims 64 and 128); the forward is the same either way.
 TEST(PlanCli, BackendPricesTheQueryPacksItMoves) {
   const auto bytes = [](int64_t head_dim, const std::string& backend) {
     const testing::CliResult r = testing::run_cli("plan --cluster h100x2 --seq 65536 --heads 8 --kv-heads 8 --algos "
@@ -221,7 +222,7 @@ TEST(PlanCli, BackendPricesTheQueryPacksItMoves) {
     const auto hopper = bytes(d, "hopper"), cudnn = bytes(d, "cudnn"), chosen = bytes(d, "auto");
     EXPECT_EQ(cudnn.first, hopper.first);
     EXPECT_GT(cudnn.second, hopper.second) << "D = " << d;
-    EXPECT_EQ(chosen, d == 64 ? cudnn : hopper) << "D = " << d;
+    EXPECT_EQ(chosen, hopper) << "D = " << d;
   }
   const testing::CliResult bad = testing::run_cli("plan --cluster h100x2 --seq 4096 --backend tpu");
   EXPECT_NE(bad.exit_code, 0);

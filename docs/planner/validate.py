@@ -11,7 +11,9 @@ import sys
 
 # (result file, the cluster of the machine it ran on: a preset or a file `seqpar probe` wrote there)
 RUNS = [
-    ("docs/results/h200x2_l1_causal_gqa_all_algos_2026-11-28.jsonl", "docs/results/h200x2_l1_probe_2026-11-28.json"),
+    *[(f"docs/results/h200x2_m2_{t}_all_algos_2026-11-28.jsonl", "docs/results/h200x2_m2_probe_2026-11-28_split.json")
+      for t in ("mha_causal", "gqa_window4k", "mha_window4k", "gqa_docs16", "mha_docs16")],
+    ("docs/results/h200x2_l1_causal_gqa_all_algos_2026-11-28.jsonl", "docs/results/h200x2_m2_probe_2026-11-28_split.json"),
     ("docs/results/attention_ab_2026-11-27f_h100x4_new.jsonl", "h100x4"),
     ("docs/results/attention_ab_2026-11-27f_h100x2_new.jsonl", "h100x2"),
     ("docs/results/h100x2_attn_ours_torch_cp_2026-11-27.jsonl", "h100x2"),
@@ -24,7 +26,7 @@ GIB = 1024.0**3
 def predict(cli, preset, d):
     cmd = [cli, "plan", "--json", "--cluster", preset, "--seq", str(d["seq"]), "--heads", str(d["heads"]),
            "--kv-heads", str(d["kv_heads"]), "--head-dim", str(d["head_dim"]), "--mask", d["mask"],
-           "--algos", d["ran"], "--head-groups", str(d["head_groups"]),
+           "--algos", d["ran"], "--head-groups", str(d["head_groups"]), "--layout", d.get("layout", "zigzag"),
            # whose query packs the run moved: cuDNN's carry O, the Hopper kernels' and ours D, auto's
            # D or O by head dim
            "--backend", {"cuda": "hopper"}.get(d.get("backend", "cudnn"), d.get("backend", "cudnn"))]

@@ -199,6 +199,7 @@ std::string cluster_to_json(const Cluster& c) {
                             {"post_us", c.post_s * 1e6}, {"wait_us", c.wait_s * 1e6}, {"hbm_gbps", c.hbm_gbps},
                             {"gemm_tflops", c.gemm_tflops}, {"memory_bytes", c.memory_bytes},
                             {"workspace_bytes_per_element", c.workspace_bytes_per_element},
+                            {"call_workspace_bytes_per_query_element", c.call_workspace_bytes_per_query_element},
                             {"sources", c.sources}};
   return j.dump(2);
 }
@@ -225,6 +226,7 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
     c.gemm_tflops = j.value("gemm_tflops", 700.0);
     c.memory_bytes = j.value("memory_bytes", int64_t(80) << 30);
     c.workspace_bytes_per_element = j.value("workspace_bytes_per_element", 4.0);
+    c.call_workspace_bytes_per_query_element = j.value("call_workspace_bytes_per_query_element", 0.0);
     if (j.contains("sources")) c.sources = j.at("sources").get<std::vector<std::string>>();
     SP_CHECK_ARG(c.gpus_per_node >= 1 && c.nodes >= 1, "a cluster needs at least one GPU a node and one node");
     SP_CHECK_ARG(!c.intra.bandwidth.empty(), "the intra-node link needs a bandwidth table");

@@ -55,6 +55,10 @@ struct Cluster {
   // shard and per (query head + 2 K/V heads) x head dim: fp32 gradients of the whole shard, as
   // fitted on the 2- and 4-GPU runs of 2026-11-27 (docs/PLANNER.md), whatever the head groups.
   double workspace_bytes_per_element = 4.0;
+  // The backend calls' own workspace at its peak, in bytes per token of the rank's shard and per
+  // query head x head dim (the Hopper backward's fp32 dQ accumulator: 4 (D + 2) / D), as `seqpar
+  // probe` measures it on the longest call; 0 where not measured.
+  double call_workspace_bytes_per_query_element = 0.0;
   std::vector<std::string> sources;   // where the figures come from
 
   int gpus() const { return gpus_per_node * nodes; }

@@ -254,7 +254,9 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   out.tensor_bytes = n * problem.head_dim * (4 * problem.heads + 4 * problem.kv_heads) * int64_t(dtype_size(whole.input)) +
                      n * problem.heads * int64_t(dtype_size(whole.stats));
   out.workspace_bytes = int64_t(cluster.workspace_bytes_per_element * double(n) *
-                                double(problem.heads + 2 * problem.kv_heads) * double(problem.head_dim));
+                                    double(problem.heads + 2 * problem.kv_heads) * double(problem.head_dim) +
+                                cluster.call_workspace_bytes_per_query_element * double(n) * double(problem.heads) *
+                                    double(problem.head_dim));
   out.fits = out.tensor_bytes + out.extra_bytes() <= cluster.memory_bytes;
   return out;
 }

@@ -132,13 +132,13 @@ Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) 
   c.gemm_tflops = m.gemm_tflops;
   c.hbm_gbps = m.hbm_gbps;
   c.memory_bytes = m.memory_bytes;
-  if (m.workspace_bytes_per_element > 0) {
-    c.workspace_bytes_per_element = m.workspace_bytes_per_element;
-    c.sources.push_back("workspace_bytes_per_element: the fp32 gradients plus the " + m.backend +
-                        " calls' own peak at " + std::to_string(m.workspace_tokens) + " tokens, " + by);
+  if (m.call_workspace_bytes_per_query_element >= 0) {
+    c.call_workspace_bytes_per_query_element = m.call_workspace_bytes_per_query_element;
+    c.sources.push_back("call_workspace_bytes_per_query_element: the " + m.backend + " calls' own peak at " +
+                        std::to_string(m.workspace_tokens) + " tokens, " + by);
   } else {
-    c.sources.push_back("workspace_bytes_per_element: not measured (the device does not count its memory): "
-                        "the default " + fixed(c.workspace_bytes_per_element, 1));
+    c.sources.push_back("call_workspace_bytes_per_query_element: not measured (the device does not count its "
+                        "memory): 0");
   }
   c.sources.insert(c.sources.end(), m.notes.begin(), m.notes.end());
   return c;

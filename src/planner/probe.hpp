@@ -55,7 +55,7 @@ struct ProbeMeasurements {
   double launch_s = 0, post_s = 0, wait_s = 0;
   double gemm_tflops = 0, hbm_gbps = 0;
   int64_t memory_bytes = 0;
-  double workspace_bytes_per_element = 0;  // AttentionSweep's, of `backend`; 0: not measured
+  double call_workspace_bytes_per_query_element = -1;  // AttentionSweep's, of `backend`; -1: not measured
   int64_t workspace_tokens = 0;
   std::vector<std::string> notes;          // what was not measured, and what stands in for it
 };

@@ -85,12 +85,12 @@ StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType 
         SP_ASSIGN_OR_RETURN(const int64_t fwd_extra, memory.workspace_bytes(forward));
         SP_ASSIGN_OR_RETURN(const int64_t bwd_extra, memory.workspace_bytes(backward));
         if (fwd_extra >= 0 && bwd_extra >= 0) {
-          const double elements = double(S) * double(H + 2 * Hkv) * double(D);
-          sweep.workspace_bytes_per_element = 4.0 + double(std::max(fwd_extra, bwd_extra)) / elements;
+          const double query_elements = double(S) * double(H) * double(D);
+          sweep.call_workspace_bytes_per_query_element = double(std::max(fwd_extra, bwd_extra)) / query_elements;
           sweep.workspace_tokens = S;
           log("probe: " + what + format(": workspace %.4g MiB forward, ", double(fwd_extra) / (1 << 20)) +
-              format("%.4g MiB backward: %.3g bytes an element with the fp32 gradients", double(bwd_extra) / (1 << 20),
-                     sweep.workspace_bytes_per_element));
+              format("%.4g MiB backward: %.3g bytes a query element", double(bwd_extra) / (1 << 20),
+                     sweep.call_workspace_bytes_per_query_element));
         }
       }
       AttentionRate rate;

@@ -35,11 +35,10 @@ class ProbeMemory {
 // beyond its inputs and outputs (AttentionSweep::workspace_bytes_per_element).
 struct AttentionSweep {
   std::vector<AttentionRate> rows;
-  // Cluster::workspace_bytes_per_element as the longest measured call shows it: the backward's
-  // fp32 dQ, dK, dV (4 bytes an element, which a schedule keeps beside its blocks) plus the
-  // larger of the forward's and the backward's own workspace, over S (H + 2 H_kv) D elements.
-  // 0: not measured.
-  double workspace_bytes_per_element = 0;
+  // Cluster::call_workspace_bytes_per_query_element as the longest measured causal call shows
+  // it: the larger of the forward's and the backward's own workspace over S H D (query) elements.
+  // -1: not measured.
+  double call_workspace_bytes_per_query_element = -1;
   int64_t workspace_tokens = 0;  // the length it was measured at
 };
 
