@@ -17,9 +17,10 @@
 //          conversion) and the main kernel alone, with CUDA events (median). FLOPs = 2.5 x
 //          4 B S^2 H D (half for causal).
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
-// Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst.
-// Usage: hopper_bwd_test check [D] [base|defer|memset|sfirst|both] [all|dense|masks]
-//          (default: base and defer on the same inputs; masked cases run base only)
+// Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64).
+// Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
+//          (default: base and defer on the same inputs; masked cases run those of the given
+//          variants that take lists, base and q128, else base)
 //        hopper_bwd_test selftest          (CPU only: the oracle against finite differences)
 //        hopper_bwd_test bench <S> <causal 0|1> <H> <Hkv> <D> [reps] [variant number]
 //        hopper_bwd_test benchmask <S> <mask spec> <H> <Hkv> <D> [reps] [variant number]
@@ -323,15 +324,16 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   a.causal = c.causal;
   a.causal_offset = c.offset;
   a.accumulate = c.accumulate;
-  lab::DeviceTiles tiles;
-  if (c.mask) {
-    tiles = lab::upload_tiles(pm, 128, 192);  // (the forward's tiles are not used here)
-    a.tiles = tiles.bwd;
-  }
   long empty = 0;
   for (float l : g.lse) empty += l == -INFINITY;
   bool all_ok = true;
   for (int variant : variants) {
+  // The lists are made with the variant's query tile (the forward's tiles are not used here).
+  lab::DeviceTiles tiles;
+  if (c.mask) {
+    tiles = lab::upload_tiles(pm, 128, 192, hopper_attn::bwd_query_rows(variant));
+    a.tiles = tiles.bwd;
+  }
   // Poison: the launcher must zero the dQ accumulator itself, and an unwritten bf16 output
   // (0xFFFF is NaN) fails.
   CK(cudaMemset(ws, 0xFF, wsb));
@@ -363,10 +365,10 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
       ek.nan, ev.nan, empty);
   std::fflush(stdout);
   all_ok = all_ok && ok;
-  }
   if (c.mask)
     std::printf("     tiles: %lld listed (key side), %lld boundary\n", tiles.entries[1], tiles.boundary[1]);
   tiles.release();
+  }
   for (void* p : {d_q, d_k, d_v, d_o, d_do, d_dq, d_dk, d_dv, static_cast<void*>(d_lse), ws}) CK(cudaFree(p));
   return all_ok;
 }
@@ -395,6 +397,9 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
       {1, 2, 2, 129, 100, 128, 0, 0, 0},     {1, 4, 2, 777, 777, 128, 1, 0, 1},
       {1, 2, 2, 256, 256, 64, 0, 0, 0},      {2, 4, 2, 1000, 1000, 64, 1, 0, 0},
       {1, 4, 1, 777, 777, 64, 0, 0, 0},      {1, 2, 1, 640, 640, 64, 1, -200, 0},
+      {2, 4, 1, 777, 777, 64, 1, 0, 0},      {1, 2, 2, 1100, 300, 64, 1, 0, 0},
+      {1, 2, 2, 300, 1100, 64, 1, 500, 0},   {1, 2, 2, 129, 100, 64, 0, 0, 0},
+      {1, 4, 2, 777, 777, 64, 1, 0, 1},
   };
   if (which == "masks") cases.clear();
   const size_t n_dense = cases.size();
@@ -406,8 +411,12 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
     const Case& c = cases[i];
     if (only_d && c.D != only_d) continue;
     ++n;
-    // The masks' lists are the backend's variant's: base.
-    fails += !check_case(c, seed++, i < n_dense ? variants : std::vector<int>{0});
+    // Masked cases run the variants that take lists and run at this D (base, q128); else base.
+    std::vector<int> run;
+    for (int v : variants)
+      if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || v == 0 || v == 4)) run.push_back(v);
+    if (run.empty()) run.push_back(0);
+    fails += !check_case(c, seed++, run);
   }
   std::string names;
   for (int v : variants) names += std::string(names.empty() ? "" : ",") + hopper_attn::kBwdVariants[v];
@@ -464,7 +473,8 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   lab::DeviceTiles tiles;
   const char* fwd_variant = D == 128 ? "pp192" : "m192";
   if (mask) {
-    if (!lab::mask_tiles(mask, S, S, 0, 12345, fwd_variant, D, &pm, &tiles)) return 2;
+    if (!lab::mask_tiles(mask, S, S, 0, 12345, fwd_variant, D, &pm, &tiles, hopper_attn::bwd_query_rows(variant)))
+      return 2;
     f.tiles = tiles.fwd;
   }
   CK(hopper_attn::dispatch(fwd_variant, f, 0));
@@ -627,10 +637,17 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "check") {
     std::vector<int> variants = {0, 1};
     if (argc >= 4 && std::string(argv[3]) != "both") {
-      variants = {hopper_attn::bwd_variant(argv[3])};
-      if (variants[0] < 0) {
-        std::fprintf(stderr, "no backward variant %s\n", argv[3]);
-        return 2;
+      variants.clear();
+      std::string list = argv[3];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string name = list.substr(at, end - at);
+        variants.push_back(hopper_attn::bwd_variant(name));
+        if (variants.back() < 0) {
+          std::fprintf(stderr, "no backward variant %s\n", name.c_str());
+          return 2;
+        }
+        at = end + 1;
       }
     }
     return run_check(argc >= 3 ? std::atoi(argv[2]) : 0, variants, argc >= 5 ? argv[4] : "all");

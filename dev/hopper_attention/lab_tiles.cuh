@@ -47,9 +47,10 @@ inline seqpar::hopper::TileOrder lab_tile_order() {
                            : TileOrder::kNeighbours;
 }
 
-inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn) {
+// bwd_bm: the backward variant's query rows per tile (variants.cuh, bwd_query_rows).
+inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm = seqpar::hopper::bwd::kBM) {
   using namespace seqpar::hopper;
-  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd::kBM, bwd::kBN, lab_tile_order());
+  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd_bm, bwd::kBN, lab_tile_order());
   const PackedTiles k = pack_tiles(plan, m);
   DeviceTiles d;
   if (cudaMalloc(&d.blob, std::max<size_t>(16, k.blob.size() * 4)) != cudaSuccess ||
@@ -70,16 +71,17 @@ inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn) {
 
 // The drivers' one way to a mask: builds mask spec `spec` (lab_masks.hpp's make_mask, over
 // Sq x Sk tokens) into *pm and uploads its lists with the tiles of forward variant `fwd_variant`
-// at head dim D (and the backward's). False, with a message, for a spec make_mask does not know.
+// at head dim D (and the backward's, of bwd_bm query rows). False, with a message, for a spec
+// make_mask does not know.
 inline bool mask_tiles(const char* spec, int Sq, int Sk, int offset, uint64_t seed, const std::string& fwd_variant,
-                       int D, PairMask* pm, DeviceTiles* tiles) {
+                       int D, PairMask* pm, DeviceTiles* tiles, int bwd_bm = seqpar::hopper::bwd::kBM) {
   if (!make_mask(spec, Sq, Sk, offset, seed, pm)) {
     std::fprintf(stderr, "unknown mask %s\n", spec);
     return false;
   }
   int bm, bn;
   fwd_tile(fwd_variant, D, &bm, &bn);
-  *tiles = upload_tiles(*pm, bm, bn);
+  *tiles = upload_tiles(*pm, bm, bn, bwd_bm);
   return true;
 }
 

@@ -9,7 +9,7 @@
 // with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store).
 // The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
 // src/ on the include path); the backend runs persist192 or pp192 (D = 128), persist_m192 (D = 64)
-// and backward base.
+// and backward base (D = 128) / q128 (D = 64).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -50,13 +50,18 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // and dQ conversion (kPrologueBest in hopper_bwd_launch.cuh: the memset and the row-order
 // conversion); the base kernel with another prologue (issue 34 item 1): 2 "memset" (the
 // fragment-order conversion: the first version), 3 "sfirst" (row-order conversion, and the first
-// CTA to reach a dQ tile stores it, so the accumulator is not zeroed).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst"};
+// CTA to reach a dQ tile stores it, so the accumulator is not zeroed); 4 "q128" (D = 64 only:
+// base with 128-row query tiles, kQRows in hopper_bwd.cuh).
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128"};
 inline int bwd_variant(const std::string& name) {
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 5; ++i)
     if (name == kBwdVariants[i]) return i;
   return -1;
 }
+// Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
+// are made with them).
+inline bool bwd_variant_runs(int v, int D) { return v != 4 || D == 64; }
+inline int bwd_query_rows(int v) { return v == 4 ? 128 : bwd::kBM; }
 
 template <int kD>
 cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
@@ -65,6 +70,9 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case 1: return launch_bwd<kD, true>(a, stream);
     case 2: return launch_bwd<kD, false, 0>(a, stream);
     case 3: return launch_bwd<kD, false, kRowConvert | kStoreFirst>(a, stream);
+    case 4:
+      if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream);
+      break;
   }
   return cudaErrorInvalidValue;
 }

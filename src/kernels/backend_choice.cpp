@@ -10,8 +10,9 @@
 // cuDNN only in the variant made with backward_from_o, whose backward gets O (caps: !takes_delta;
 // the schedules' query packs carry O) and makes D from it for the call's rows where another
 // kernel runs it: that variant serves the head dims where the table puts cuDNN's backward first
-// (auto_backward_from_o; measured, D = 64), the other one the rest (at D = 128 the Hopper
-// backward is 0.97-1.10x cuDNN's; docs/RESULTS.md).
+// (auto_backward_from_o; none since the Hopper backward's 128-row query tiles at D = 64), the
+// other one the rest (the Hopper backward is 0.97-1.10x cuDNN's at D = 128 and 1.10-1.30x at
+// D = 64; docs/RESULTS.md, dev/hopper_attention/README.md).
 // Our kernels write fp32 only: where the executor hands this backend outputs in the inputs' dtype,
 // their calls go through fp32 parts merged or added in (as the Hopper backend does).
 #include "seqpar/backend.hpp"
@@ -41,9 +42,9 @@ enum Which { kCudnn, kHopper, kCuda, kBackends, kNone = kBackends };
 // (one H200) and 1.01x / 1.18x at 32K / 128K causal (one H100); below 8K nothing was measured, so
 // cuDNN keeps those calls as the default before this table did. cuDNN refuses documents, windows
 // and block patterns; there the Hopper kernels run 3-5x ours. The backward: Hopper at D = 128
-// (0.97-1.10x cuDNN's), cuDNN at D = 64 where the call has O (the Hopper backward is 0.86-0.99x
-// cuDNN's there, on one H200, and 0.83-0.95x on one H100); the Hopper backward is 2x ours and
-// more. A backend whose supports() takes a call may still refuse it once it sees K/V
+// (0.97-1.10x cuDNN's) and at D = 64 (1.10-1.30x cuDNN's with 128-row query tiles, 8K-32K, one
+// H200; cuDNN led there before them, the 64-row tiles running 0.83-0.99x), cuDNN second at D = 64
+// where the call has O; the Hopper backward is 2x ours and more. A backend whose supports() takes a call may still refuse it once it sees K/V
 // (kUnsupported, having written nothing): the call then goes to the next.
 struct Preference {
   bool backward, dense;
@@ -56,7 +57,7 @@ constexpr Preference kPreferences[] = {
     {false, true, 8192, 0, {kHopper, kCudnn, kCuda}},
     {false, false, 0, 0, {kHopper, kCudnn, kCuda}},
     {true, true, 0, 0, {kHopper, kCuda, kNone}},
-    {true, true, 0, 64, {kCudnn, kHopper, kCuda}},
+    {true, true, 0, 64, {kHopper, kCudnn, kCuda}},
     {true, false, 0, 0, {kHopper, kCuda, kNone}},
 };
 [[maybe_unused]] const Preference& preference(bool backward, const MaskSpec& mask, int64_t rows, int64_t head_dim) {

@@ -91,7 +91,7 @@ struct BwdArgs {
   int batch, heads, kv_heads, seq_q, seq_k, head_dim;
   int causal, causal_offset, accumulate;  // accumulate: add to dq, dk, dv (else write them)
   float scale;       // 0: 1/sqrt(D)
-  int variant;       // the lab's dispatch_bwd: 0 base, 1 defer (the backend runs base)
+  int variant;       // the lab's dispatch_bwd (variants.cuh); the backend runs base, q128 at D = 64
   int main_only;     // timing aid: 1, launch only the main kernel (the workspace must hold a
                      // previous call's LSE2 and D; dQ is then neither zeroed nor converted);
                      // 2, everything but the main kernel (zeroing, preprocessing, conversion)
@@ -103,8 +103,8 @@ struct BwdArgs {
 };
 
 // Host entry points (hopper_kernels.cu): the variants the backend runs (forward: 192-key tiles
-// at D = 128, 192 query rows at D = 64; backward: "base"). They return the cudaError_t of the
-// launches (0 on success) and launch nothing on a device they cannot run on.
+// at D = 128, 192 query rows at D = 64; backward: "base", and "q128" at D = 64). They return the
+// cudaError_t of the launches (0 on success) and launch nothing on a device they cannot run on.
 int forward(const FwdArgs& a, void* stream);
 int backward(const BwdArgs& a, void* stream);
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim);

@@ -42,7 +42,12 @@
 // - The preprocessing and dQ conversion kernels and the host launcher (launch_bwd) are in
 //   hopper_bwd_launch.cuh.
 // - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
-//   the backend runs), and kDefer = true, "defer" (below; the lab's dispatch_bwd picks by name).
+//   the backend runs at D = 128), and kDefer = true, "defer" (below; the lab's dispatch_bwd
+//   picks by name). kQRows = 128, "q128" (D = 64 only; FlashAttention-3's hdim-64 tile): 128-row
+//   query tiles, so each tile's fixed costs (barriers, waits, the exp and dS passes' overheads,
+//   the dQ hand-off) are paid once per twice the GEMM work. Each consumer then computes
+//   S^T, dP^T as m64n128 (its 64 keys x 128 queries), dV and dK over 8 k-steps, and dQ for 64 of
+//   the 128 query rows (all 64 columns, over all 128 keys) instead of half the columns.
 #pragma once
 
 #include <cmath>
@@ -57,7 +62,8 @@
 namespace seqpar::hopper {
 
 namespace bwd {
-constexpr int kBM = 64;    // query rows per tile (one wgmma M; the N of S^T)
+constexpr int kBM = 64;    // query rows per tile of base / defer, and per dQ accumulator tile
+constexpr int kSeqPad = 128;  // the workspace's rows are padded to this (any variant's tile)
 constexpr int kBN = 128;   // keys per CTA: 64 per consumer warpgroup
 constexpr int kThreads = 384;
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -68,10 +74,11 @@ constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 
 }  // namespace bwd
 
 struct BwdParams {
-  float* dq_acc;        // [B, H, n_mtiles, 64 * D] fp32; each tile in fragment order; zeroed
-                        // unless dq_state is given
-  int* dq_state;        // [B, H, n_mtiles], zeroed, or null: per dQ tile 0 untouched, 1 being
-                        // stored by its first contributor, 2 stored (later ones add)
+  float* dq_acc;        // [B, H, S_q_pad / 64, 64 * D] fp32; each 64-row tile in fragment order
+                        // (see the kernel's dQ store); zeroed unless dq_state is given
+  int* dq_state;        // [B, H, S_q_pad / 64], zeroed, or null (only with 64-row query tiles):
+                        // per dQ tile 0 untouched, 1 being stored by its first contributor, 2
+                        // stored (later ones add)
   const float* lse2;    // [B, H, S_q_pad]: LSE * log2(e); +inf for no-key rows and padding
   const float* dpsum;   // [B, H, S_q_pad]: D; 0 on padding
   void* dk;             // [B, S_k, H_kv, D]: bf16, or fp32 with out_f32; element strides dk_s*
@@ -85,21 +92,23 @@ struct BwdParams {
   TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
 };
 
-template <int kD>
+template <int kD, int kQRows>
 struct BwdSmem {
-  static constexpr int kTileQ = bwd::kBM * kD * 2;    // Q or dO tile, bf16
+  static constexpr int kTileQ = kQRows * kD * 2;      // Q or dO tile, bf16
   static constexpr int kTileK = bwd::kBN * kD * 2;    // K or V tile, bf16
-  static constexpr int kTileDS = bwd::kBN * bwd::kBM * 2;  // dS^T [128 keys][64 queries] bf16
-  static constexpr int kTileDQ = bwd::kBM * kD * 4;   // dQ tile fp32 (two consumer halves)
+  static constexpr int kTileDS = bwd::kBN * kQRows * 2;  // dS^T [128 keys][kQRows queries] bf16,
+                                                         // in blocks of 64 queries (128-byte rows)
+  static constexpr int kTileDQ = kQRows * kD * 4;     // dQ tile fp32 (two consumer halves)
+  static constexpr int kStat = kQRows * 4;            // one stage's LSE2 or D values
   static constexpr int k = 0;
   static constexpr int v = k + kTileK;
   static constexpr int q = v + kTileK;
   static constexpr int dO = q + 2 * kTileQ;
   static constexpr int ds = dO + 2 * kTileQ;
   static constexpr int dq = ds + 2 * kTileDS;
-  static constexpr int lse = dq + kTileDQ;            // 2 stages x 64 floats
-  static constexpr int dpsum = lse + 2 * 256;
-  static constexpr int bar = dpsum + 2 * 256;
+  static constexpr int lse = dq + kTileDQ;            // 2 stages x kQRows floats
+  static constexpr int dpsum = lse + 2 * kStat;
+  static constexpr int bar = dpsum + 2 * kStat;
   static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
   static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
@@ -128,6 +137,15 @@ __device__ __forceinline__ void add_out(void* out, int64_t off, float2 g, int ou
   }
 }
 
+// S^T or dP^T (64 keys x kQRows queries) += one k-step, both operands from shared memory.
+template <int kQRows>
+__device__ __forceinline__ void wgmma_st(float (&acc)[kQRows / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (kQRows == 128)
+    wgmma_ss_m64n128k16(acc, da, db, scale_d);
+  else
+    wgmma_ss_m64n64k16(acc, da, db, scale_d);
+}
+
 // ---- the kernel --------------------------------------------------------------------------
 
 // kDefer: leave the dK GEMM of query tile i in flight into tile i + 1 (waited for together with
@@ -135,19 +153,23 @@ __device__ __forceinline__ void add_out(void* out, int64_t off, float2 g, int ou
 // Q's stage is then released one tile later. dK then reads dS^T back from shared memory (SS)
 // rather than from registers: with dS^T pinned in registers across tiles, ptxas ran out of
 // registers and serialized the wgmmas (C7512).
-template <int kD, bool kDefer>
+// kQRows: query rows per tile, 64 (base, defer) or 128 ("q128", D = 64 without kDefer).
+template <int kD, bool kDefer, int kQRows = bwd::kBM>
 __global__ void __launch_bounds__(bwd::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const BwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+  static_assert(kQRows == 64 || (kQRows == 128 && kD == 64 && !kDefer), "128-row query tiles: D = 64, no defer");
 #ifdef SEQPAR_HOPPER_STUB
   __trap();  // a device pass without sm_90a features: never launched (device_refusal)
 #else
-  using L = BwdSmem<kD>;
+  using L = BwdSmem<kD, kQRows>;
   using namespace bwd;
   constexpr int kCB = kD / 64;   // 64-column (128-byte) blocks per row
-  constexpr int kDQN = kD / 2;   // dQ columns per consumer
+  // dQ per consumer: with 64-row tiles, all rows and half the columns; with 128, its 64 rows
+  // (queries w*64 ..) and all columns.
+  constexpr int kDQN = kQRows == 64 ? kD / 2 : kD;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
@@ -171,14 +193,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const int b = blockIdx.z;
   const int G = p.heads / p.kv_heads;
   const int n0 = n_block * kBN;
-  const int n_m_total = (p.seq_q + kBM - 1) / kBM;
+  const int n_m_total = (p.seq_q + kQRows - 1) / kQRows;
   int m_lo = 0, e0 = 0;  // first query tile with a row that sees a key of this tile; list start
   if (listed) {
     e0 = __ldg(p.tiles.begin + n_block);
     m_lo = n_m_total - (__ldg(p.tiles.begin + n_block + 1) - e0);  // so that n_m = the list's length
   } else if (p.causal) {
     const int x = n0 - p.causal_offset;
-    m_lo = x > 0 ? x / kBM : 0;
+    m_lo = x > 0 ? x / kQRows : 0;
   }
   const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
   const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
@@ -214,19 +236,19 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
         const int h = kvh * G + it / n_m, m = q_tile(it);
         const int st = it & 1;
         const uint32_t ph = (it >> 1) & 1;
-        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kBM;
+        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kQRows;
         mbar_wait(q_empty(st), ph ^ 1);
-        mbar_expect_tx(q_full(st), L::kTileQ + 256);
+        mbar_expect_tx(q_full(st), L::kTileQ + L::kStat);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sQ + st * L::kTileQ + cb * kBM * 128, &tm_q, q_full(st), cb * 64, h, m * kBM, b);
-        bulk_load(sLSE + st * 256, p.lse2 + row_stat, 256, q_full(st));
+          tma_load_4d(sQ + st * L::kTileQ + cb * kQRows * 128, &tm_q, q_full(st), cb * 64, h, m * kQRows, b);
+        bulk_load(sLSE + st * L::kStat, p.lse2 + row_stat, L::kStat, q_full(st));
         mbar_wait(do_empty(st), ph ^ 1);
-        mbar_expect_tx(do_full(st), L::kTileQ + 256);
+        mbar_expect_tx(do_full(st), L::kTileQ + L::kStat);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sdO + st * L::kTileQ + cb * kBM * 128, &tm_do, do_full(st), cb * 64, h, m * kBM, b);
-        bulk_load(sDP + st * 256, p.dpsum + row_stat, 256, do_full(st));
+          tma_load_4d(sdO + st * L::kTileQ + cb * kQRows * 128, &tm_do, do_full(st), cb * 64, h, m * kQRows, b);
+        bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
       }
     } else if (warp == 1 && n_iter > 0) {
       // dQ drain: after consumer w filled its half, add it to the global accumulator; hand the
@@ -240,15 +262,17 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       // swap for tile it + 1 is issued while tile it's copies run, and the mark of tile it is set
       // after tile it + 1's copies are issued. A CTA sets its pending mark before it waits on
       // another's, so no two CTAs wait on each other.
-      auto tile_of = [&](int it) {
-        return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * n_m_total + q_tile(it);
+      // The accumulator's tile rows (seq_q_pad is a multiple of 128: either tile size indexes it).
+      auto rows_of = [&](int it) {
+        return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kQRows;
       };
-      const bool store_first = p.dq_state != nullptr;
+      auto tile_of = [&](int it) { return rows_of(it) / kBM; };  // a 64-row tile's state
+      const bool store_first = kQRows == kBM && p.dq_state != nullptr;
       int64_t pending = -1;  // lane 0: a tile this CTA stored first, not yet marked
       bool first = store_first && lane == 0 && atomicCAS(p.dq_state + tile_of(0), 0, 1) == 0;
       for (int it = 0; it < n_iter; ++it) {
         const int64_t tile = tile_of(it);
-        float* gtile = p.dq_acc + tile * (kBM * kD);
+        float* gtile = p.dq_acc + rows_of(it) * kD;
         if (store_first && lane == 0 && !first && ld_acquire_gpu(p.dq_state + tile) != 2) {
           if (pending >= 0) {
             bulk_wait<0>();
@@ -266,9 +290,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
           named_bar_sync(kBarDqFull + w, 160);
           if (lane == 0) {
             if (first)
-              bulk_store(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
+              bulk_store(gtile + w * (kQRows * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
             else
-              bulk_reduce_add_f32(gtile + w * (kBM * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
+              bulk_reduce_add_f32(gtile + w * (kQRows * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
             bulk_commit();
           }
         }
@@ -311,8 +335,8 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   float dv[kD / 2], dk[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dv[i] = dk[i] = 0.f;
-  float s[kBM / 2], dp[kBM / 2], dq[kDQN / 2];
-  uint32_t pf[kBM / 16][4], dsf[kBM / 16][4];
+  float s[kQRows / 2], dp[kQRows / 2], dq[kDQN / 2];
+  uint32_t pf[kQRows / 16][4], dsf[kQRows / 16][4];
 
   // Descriptors. K-major operands (S^T, dP^T): 64-column blocks of [rows][128 B], SBO 1024, the
   // k-step inside a swizzle atom by +32 B. MN-major operands (dV, dK, dQ): rows are the K dim,
@@ -325,17 +349,20 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     return make_desc(tile + w * 64 * 128, 16, 1024) + (((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4);
   };
   auto desc_qk = [&](uint32_t tile, int kk) {  // Q or dO tile as B, K-major (N = queries)
-    return make_desc(tile, 16, 1024) + (((kk / 4) * kBM * 128 + (kk % 4) * 32) >> 4);
+    return make_desc(tile, 16, 1024) + (((kk / 4) * kQRows * 128 + (kk % 4) * 32) >> 4);
   };
   auto desc_qmn = [&](uint32_t tile, int kk) {  // Q or dO tile as B, MN-major (K = queries, N = d)
-    return make_desc(tile, kBM * 128, 1024) + ((kk * 16 * 128) >> 4);
+    return make_desc(tile, kQRows * 128, 1024) + ((kk * 16 * 128) >> 4);
   };
-  auto desc_ds = [&](uint32_t buf, int kk) {  // dS^T [keys][queries] as A = dS, M-major
-    return make_desc(buf, kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
+  auto desc_ds = [&](uint32_t buf, int kk) {  // dS^T [keys][queries] as A = dS, M-major: the 64
+    // queries of block w with 128-row tiles (this consumer's dQ rows), of the one block with 64
+    return make_desc(buf + (kQRows == 128 ? w * kBN * 128 : 0), kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
   };
-  auto desc_kmn = [&](uint32_t tk, int kk) {  // K as B of dQ, MN-major: this consumer's kD/2 columns
-    // D = 128: column block w; D = 64: one block, the consumer's 32 columns start 64 B into a row.
-    return make_desc(tk + (kD == 128 ? w * kBN * 128 : w * 64), kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
+  auto desc_kmn = [&](uint32_t tk, int kk) {  // K as B of dQ, MN-major: this consumer's kDQN columns
+    // 64-row tiles: D = 128, column block w; D = 64, one block, the consumer's 32 columns start
+    // 64 B into a row. 128-row tiles: all 64 columns.
+    const uint32_t col = kQRows == 128 ? 0u : kD == 128 ? w * kBN * 128 : w * 64;
+    return make_desc(tk + col, kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
   };
   auto opaque = [](uint32_t x) {
     uint32_t r;
@@ -347,7 +374,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
   for (int it = 0; it < n_iter; ++it) {
     const int m = q_tile(it);
-    const int q0 = m * kBM;
+    const int q0 = m * kQRows;
     const int st = it & 1;
     const uint32_t ph = (it >> 1) & 1;
     const uint32_t tQ = opaque(sQ + st * L::kTileQ), tdO = opaque(sdO + st * L::kTileQ);
@@ -359,17 +386,23 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n64k16(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_st<kQRows>(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
     mbar_wait(do_full(st), ph);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n64k16(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_st<kQRows>(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
 
-    // Row statistics of this thread's 16 query columns: 8 * j + 2 * (lane % 4) + {0, 1}.
-    float2 lse[kBM / 8];
+    // Row statistics of this thread's kQRows/4 query columns: 8 * j + 2 * (lane % 4) + {0, 1}.
+    // 64-row tiles read them while S^T runs; 128-row tiles at use (held across the wait, their
+    // 32 registers made ptxas spill).
+    constexpr bool kPreload = kQRows == 64;
+    auto stat = [&](uint32_t at, int j) { return ld_shared_f2(at + st * L::kStat + (8 * j + 2 * (lane % 4)) * 4); };
+    float2 lse[kPreload ? kQRows / 8 : 1];
+    if constexpr (kPreload) {
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) lse[j] = ld_shared_f2(sLSE + st * 256 + (8 * j + 2 * (lane % 4)) * 4);
+      for (int j = 0; j < kQRows / 8; ++j) lse[j] = stat(sLSE, j);
+    }
 
     wgmma_wait<1>();  // S^T done (and, with kDefer, the previous tile's dK)
     fence_regs(s);
@@ -383,17 +416,24 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     const bool need_mask =
         listed ? flags != 0 : n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j)
+    for (int j = 0; j < kQRows / 8; ++j) {
+      const float2 lj = kPreload ? lse[j] : stat(sLSE, j);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float l2 = (e & 1) ? lse[j].y : lse[j].x;
+        const float l2 = (e & 1) ? lj.y : lj.x;
         s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2));
       }
+    }
     if (need_mask && listed) {
-      apply_tile_mask_t<kBM, true>(s, p.tiles, q0, key_r0, p.seq_k, lane, flags);
+      // In 64-query halves (s[32h ..] is the m64n64 layout of queries q0 + 64h ..): over all
+      // 128 queries of a q128 tile at once, ptxas spilled 40 bytes.
+#pragma unroll
+      for (int h = 0; h < kQRows / 64; ++h)
+        apply_tile_mask_t<64, true>(*reinterpret_cast<float(*)[32]>(s + 32 * h), p.tiles, q0 + 64 * h, key_r0,
+                                    p.seq_k, lane, flags);
     } else if (need_mask) {
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j)
+      for (int j = 0; j < kQRows / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = key_r0 + 8 * (e >> 1);
@@ -401,22 +441,26 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
           if (key >= p.seq_k || (p.causal && key > q + p.causal_offset)) s[4 * j + e] = 0.f;
         }
     }
-    float2 dsum[kBM / 8];
+    float2 dsum[kPreload ? kQRows / 8 : 1];
+    if constexpr (kPreload) {
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) dsum[j] = ld_shared_f2(sDP + st * 256 + (8 * j + 2 * (lane % 4)) * 4);
+      for (int j = 0; j < kQRows / 8; ++j) dsum[j] = stat(sDP, j);
+    }
 
     wgmma_wait<0>();
     fence_regs(dp);
     // dS^T = P^T * (dP^T - D)
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j)
+    for (int j = 0; j < kQRows / 8; ++j) {
+      const float2 dj = kPreload ? dsum[j] : stat(sDP, j);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float dd = (e & 1) ? dsum[j].y : dsum[j].x;
+        const float dd = (e & 1) ? dj.y : dj.x;
         dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd);
       }
-    convert_p<kBM>(s, pf);
-    convert_p<kBM>(dp, dsf);
+    }
+    convert_p<kQRows>(s, pf);
+    convert_p<kQRows>(dp, dsf);
 
     // dV += P^T dO (P^T from registers).
     fence_regs(dv);
@@ -424,34 +468,36 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(dsf);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) wgmma_pv<kD>(dv, pf[kk], desc_qmn(tdO, kk));
+    for (int kk = 0; kk < kQRows / 16; ++kk) wgmma_pv<kD>(dv, pf[kk], desc_qmn(tdO, kk));
     wgmma_commit();
 
-    // dS^T to shared memory (buffer it % 2), rows = keys, 128 B = 64 queries per row, 128-byte
-    // swizzled as TMA would (16-byte chunk c of row r at c ^ (r % 8)). dsf[kk][r] holds key
-    // row (warp*16 + lane/4 + 8*(r&1)) and queries 8*(2kk + (r>>1)) + 2*(lane%4) + {0, 1}.
+    // dS^T to shared memory (buffer it % 2), rows = keys, 128 B = 64 queries per row (128-row
+    // tiles: two such blocks of [128 keys][64 queries]), 128-byte swizzled as TMA would (16-byte
+    // chunk c of row r at c ^ (r % 8)). dsf[kk][r] holds key row (warp*16 + lane/4 + 8*(r&1))
+    // and queries 8*(2kk + (r>>1)) + 2*(lane%4) + {0, 1}.
     {
       const uint32_t buf = tdS;
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
+      for (int kk = 0; kk < kQRows / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = w * 64 + warp * 16 + lane / 4 + 8 * (r & 1);
-          const int chunk = (2 * kk + (r >> 1)) ^ (row & 7);
-          st_shared_u32(buf + row * 128 + chunk * 16 + 4 * (lane % 4), dsf[kk][r]);
+          const int chunk = (2 * (kk % 4) + (r >> 1)) ^ (row & 7);
+          st_shared_u32(buf + (kk / 4) * (kBN * 128) + row * 128 + chunk * 16 + 4 * (lane % 4), dsf[kk][r]);
         }
     }
     fence_proxy_async();
     named_bar_sync(kBarDS, 256);
 
-    // dQ_w = dS K[:, w half] (both operands from shared memory, over all 128 keys), then
+    // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory,
+    // over all 128 keys; then
     // dK += dS^T Q (base: dS^T from registers; defer: from its shared-memory tile).
     fence_regs(dq);
     fence_regs(dk);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      if constexpr (kD == 128)
+      if constexpr (kDQN == 64)
         wgmma_ss_m64n64k16_tt(dq, desc_ds(tdS, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
       else
         wgmma_ss_m64n32k16_tt(dq, desc_ds(tdS, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
@@ -461,7 +507,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       // A = dS^T read back from shared memory (this consumer's 64 key rows; queries are the
       // contiguous K dimension here), so no registers stay pinned while dK runs into the next tile.
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
+      for (int kk = 0; kk < kQRows / 16; ++kk) {
         const uint64_t da = make_desc(tdS + w * 64 * 128, 16, 1024) + ((kk * 32) >> 4);
         if constexpr (kD == 128)
           wgmma_ss_m64n128k16_tb(dk, da, desc_qmn(tQ, kk));
@@ -470,7 +516,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
+      for (int kk = 0; kk < kQRows / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
     }
     wgmma_commit();
 
@@ -479,15 +525,20 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(pf);
     fence_regs(dq);
     if (is_signaller) mbar_arrive(do_empty(st));
-    // dQ half to shared memory in fragment order: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp
-    // at ((wp * kD/16 + jj) * 32 + l) * 16 B; each warp store is 512 contiguous bytes.
+    // dQ part to shared memory in the accumulator's fragment order of a 64-row tile: column half
+    // c (kD/2 columns; 64-row tiles: this consumer's, c = w), then warp, then jj (8 columns),
+    // then lane: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp at c * 64*kD*2 B + ((wp * kD/16 +
+    // jj % (kD/16)) * 32 + l) * 16 B, each warp store 512 contiguous bytes. With 128-row tiles a
+    // consumer's part is a whole 64-row tile (c = jj / (kD/16)), so both tile sizes leave one
+    // accumulator layout for the conversion kernels.
     named_bar_sync(kBarDqEmpty + w, 160);
     {
+      constexpr int kJJ = kD / 16;  // float4 column groups per column half
       const uint32_t buf = sDQ + w * (L::kTileDQ / 2);
 #pragma unroll
       for (int jj = 0; jj < kDQN / 8; ++jj)
-        st_shared_v4(buf + ((warp * (kDQN / 8) + jj) * 32 + lane) * 16, dq[4 * jj], dq[4 * jj + 1], dq[4 * jj + 2],
-                     dq[4 * jj + 3]);
+        st_shared_v4(buf + (jj / kJJ) * (kBM * kD * 2) + ((warp * kJJ + jj % kJJ) * 32 + lane) * 16, dq[4 * jj],
+                     dq[4 * jj + 1], dq[4 * jj + 2], dq[4 * jj + 3]);
     }
     fence_proxy_async();
     named_bar_arrive(kBarDqFull + w, 160);

@@ -1,7 +1,8 @@
 // The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
 // (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192", and its persistent
 // form "persist192"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
-// backward: "base"), behind the plain host interface of hopper_args.hpp, and the device check
+// backward: "base" at D = 128, "q128", 128-row query tiles, at D = 64), behind the plain host
+// interface of hopper_args.hpp, and the device check
 // (compute capability 9.0, sm_90a code in this build).
 #include <cuda_runtime.h>
 
@@ -40,13 +41,16 @@ int forward(const FwdArgs& a, void* stream) {
 int backward(const BwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (a.head_dim == 128) return launch_bwd<128, false>(a, s);
-  if (a.head_dim == 64) return launch_bwd<64, false>(a, s);
+  // D = 64: 128-row query tiles (dev/hopper_attention/README.md, "Backward at D = 64: 128-row
+  // query tiles").
+  if (a.head_dim == 64) return launch_bwd<64, false, kPrologueBest, 128>(a, s);
   return cudaErrorInvalidValue;
 }
 
 TileShape tile_shape(int head_dim) {
-  // Forward: pp192 (128 query rows, 192 keys) at D = 128, m192 (192 rows, 128 keys) at D = 64.
-  if (head_dim == 64) return {Cfg<3>::kBM, 128, bwd::kBM, bwd::kBN};
+  // Forward: pp192 (128 query rows, 192 keys) at D = 128, m192 (192 rows, 128 keys) at D = 64;
+  // backward: 64 query rows at D = 128, 128 at D = 64 (backward() above).
+  if (head_dim == 64) return {Cfg<3>::kBM, 128, 128, bwd::kBN};
   return {Cfg<2>::kBM, 192, bwd::kBM, bwd::kBN};
 }
 
