@@ -103,8 +103,9 @@ std::unique_ptr<AttentionBackend> make_hopper_backend();
 // the call's rows. nullptr where this build lacks the Hopper kernels or GPU `device` is not sm_90.
 std::unique_ptr<AttentionBackend> make_auto_backend(int device, int64_t max_call_rows = 0,
                                                     bool backward_from_o = false);
-// Whether auto's table puts cuDNN's backward first for this head dim (measured: D = 64), so that
-// problems of it take the backward_from_o variant (any build: the planner prices its packs).
+// Whether auto's table puts cuDNN's backward first for this head dim (none since the Hopper D = 64
+// backward's 128-row query tiles: the table is measured per head dim), so that problems of it take
+// the backward_from_o variant (any build: the planner prices its packs).
 bool auto_backward_from_o(int64_t head_dim);
 // The GPU backend the environment forces: SEQPAR_ATTN_BACKEND = cudnn, hopper, cuda or auto
 // (unset or empty: none, returns ""); an error for any other value.

@@ -63,7 +63,7 @@ struct Session::Impl {
     // The fastest: per call among cuDNN, Hopper and our kernels on sm_90 devices.
     const bool forced_auto = forced_name == "auto" && !options.deterministic;
     if ((options.prefer_cudnn || forced_auto) && !options.deterministic) {
-      const int o = q.ndim > 3 && auto_backward_from_o(q.shape[3]) ? 1 : 0;  // cuDNN's backward wins there
+      const int o = q.ndim > 3 && auto_backward_from_o(q.shape[3]) ? 1 : 0;  // where the table puts cuDNN's backward first
       if (!chosen_made[o]) chosen[o] = make_auto_backend(device, options.max_call_rows, o == 1), chosen_made[o] = true;
       const std::string why_not = chosen[o] ? chosen[o]->supports(q, params) : "this build or GPU lacks it";
       if (why_not.empty()) return chosen[o].get();
