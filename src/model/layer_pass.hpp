@@ -17,15 +17,10 @@
 // comes first) waits in host memory (host_offload.hpp): copied out under layer l+1's forward, its
 // device arrays given back after it, and copied back under layer l+1's backward, so the device
 // holds about two layers' checkpoints at a time.
-// With tile_rows > 0 the MLP runs that many rows at a time (DeepSpeed ALST's tiled MLP), and so do
-// a linear mixer's backward steps before LASP (linear_attention_layer.hpp: LinearMixerShape). The
-// MLP's inner activations (the norm's output, gate, up, their product and their gradients,
-// [rows, ffn] each) exist for one tile at a time and are never kept; the backward recomputes them
-// tile by tile from x_mid, so a checkpointing recompute stops at x_mid. Every row is the same
-// function of its input row as untiled, but not the same bits: a product's rows round by how many
-// rows the call has (OpenBLAS's tail kernels, cuBLAS's choice of algorithm), and the weight
-// gradients of the tiled products sum over the rows tile by tile; so losses and gradients agree
-// with untiled to round-off (one tile of every row: the same bits).
+// With tile_rows > 0 the MLP runs that many rows at a time (mlp_pass.hpp: none of its inner
+// activations kept, the backward recomputing each tile from x_mid, so a checkpointing recompute
+// stops at x_mid), and so do a linear mixer's backward steps before LASP
+// (linear_attention_layer.hpp: LinearMixerShape).
 #pragma once
 
 #include <algorithm>
@@ -35,6 +30,7 @@
 #include "model/fault_injection.hpp"
 #include "model/host_offload.hpp"
 #include "model/linear_attention_layer.hpp"
+#include "model/mlp_pass.hpp"
 #include "model/step_profile.hpp"
 #include "model/training_memory.hpp"
 #include "parallel/linear_ulysses.hpp"
@@ -76,8 +72,8 @@ class LayerPass {
             int64_t tile_rows = 0)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
         early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk), linear_(linear),
-        offload_checkpoints_(offload), tile_rows_(tile_rows), at_(parameter_offsets(config)),
-        units_(weight_units(config)), lasp_(size_t(config.layers)) {}
+        offload_checkpoints_(offload), tile_rows_(tile_rows), mlp_(config, dev, dev.memory(), tile_rows),
+        at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
   // The attention over another layout of the same length and ranks from the next pass on (the
@@ -472,98 +468,17 @@ class LayerPass {
     return mlp ? mlp_forward(w, a, x_out) : Status::Ok();
   }
 
-  // Rows [r0, r0 + n) of the MLP's inner activations (kept arrays of `a` untiled, else one tile's).
-  struct MlpRows {
-    A *h2, *g, *u, *act;
-    R* rstd2;
-  };
-  // One tile's MLP arrays: the inner activations, and the backward's gradients of them (dy: the
-  // products' dy where Act is narrower than Acc, taken at the first tile).
-  struct MlpTile {
-    Array<A> h2, g, u, act, dg, du, dy;
-    Array<R> rstd2, dact, dh;
-    MlpRows rows() const { return {h2.p(), g.p(), u.p(), act.p(), rstd2.p()}; }
-  };
-  int64_t mlp_tile_rows() const { return tile_rows_ > 0 ? std::min(tile_rows_, rows_) : rows_; }
-  // The arrays of `rows` rows: the inner activations (with `inner`) and the gradients (`grads`).
-  StatusOr<MlpTile> make_mlp_tile(int64_t rows, bool inner, bool grads) {
-    const int64_t hid = c_.hidden, F = c_.ffn;
-    MlpTile t;
-    if (inner) {
-      SP_ASSIGN_OR_RETURN(t.h2, mem_.template make<A>(rows * hid));
-      SP_ASSIGN_OR_RETURN(t.rstd2, mem_.template make<R>(rows));
-      SP_ASSIGN_OR_RETURN(t.g, mem_.template make<A>(rows * F));
-      SP_ASSIGN_OR_RETURN(t.u, mem_.template make<A>(rows * F));
-    }
-    SP_ASSIGN_OR_RETURN(t.act, mem_.template make<A>(rows * F));
-    if (grads) {
-      SP_ASSIGN_OR_RETURN(t.dact, mem_.template make<R>(rows * F));
-      SP_ASSIGN_OR_RETURN(t.dg, mem_.template make<A>(rows * F));
-      SP_ASSIGN_OR_RETURN(t.du, mem_.template make<A>(rows * F));
-      SP_ASSIGN_OR_RETURN(t.dh, mem_.template make<R>(rows * hid));
-    }
-    return t;
+  // The layer's MLP half (mlp_pass.hpp) on this call's rows; untiled, its inner activations kept in a.
+  typename MlpPass<Dev>::Kept mlp_kept(Acts& a) { return {a.h2, a.g, a.u, a.rstd2}; }
+  template <class P>
+  static typename MlpPass<Dev>::template Weights<P> mlp_weights(const Slots<P>& w) {
+    return {w.n2, w.wg, w.wu, w.wd};
   }
-  // h2 = norm2(x_mid), g = gate(h2), u = up(h2), act = silu(g) * u over rows [r0, r0 + n) into t.
-  Status mlp_inner_forward(const Slots<const W*>& w, const Acts& a, const MlpRows& t, int64_t r0, int64_t n) {
-    const int64_t hid = c_.hidden, F = c_.ffn;
-    SP_RETURN_IF_ERROR(dev_.rmsnorm_forward(a.x_mid.p() + r0 * hid, w.n2, t.h2, t.rstd2, n, hid, c_.norm_eps));
-    SP_RETURN_IF_ERROR(dev_.linear_forward(t.h2, w.wg, t.g, n, hid, F));
-    SP_RETURN_IF_ERROR(dev_.linear_forward(t.h2, w.wu, t.u, n, hid, F));
-    return dev_.swiglu_forward(t.g, t.u, t.act, n * F);
-  }
-
-  // x_out = x_mid + down(silu(gate) * up), over all rows at once (the inner activations kept in
-  // a) or tile by tile (none kept).
   Status mlp_forward(const Slots<const W*>& w, Acts& a, Array<R>& x_out) {
-    const int64_t rows = rows_, hid = c_.hidden, F = c_.ffn;
-    SP_RETURN_IF_ERROR(mem_.copy(x_out.p(), a.x_mid.p(), size_t(rows * hid) * sizeof(R)));
-    if (tile_rows_ == 0) {
-      SP_ASSIGN_OR_RETURN(MlpTile t, make_mlp_tile(rows, true, false));
-      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), 0, rows));
-      SP_RETURN_IF_ERROR(dev_.linear_forward_add(t.act.p(), w.wd, x_out.p(), rows, F, hid));
-      a.h2 = std::move(t.h2), a.rstd2 = std::move(t.rstd2), a.g = std::move(t.g), a.u = std::move(t.u);
-      return Status::Ok();
-    }
-    const int64_t tile = mlp_tile_rows();
-    SP_ASSIGN_OR_RETURN(const MlpTile t, make_mlp_tile(tile, true, false));
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-      const int64_t n = std::min(tile, rows - r0);
-      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), r0, n));
-      SP_RETURN_IF_ERROR(dev_.linear_forward_add(t.act.p(), w.wd, x_out.p() + r0 * hid, n, F, hid));
-    }
-    return Status::Ok();
+    return mlp_.forward(mlp_weights(w), a.x_mid.p(), rows_, mlp_kept(a), x_out.p());
   }
-
-  // The MLP's backward over rows [r0, r0 + n) from its inner activations `in`: dx's rows, in the
-  // gradient at x_out, out at x_mid; adds the MLP's weights' gradients. g: the tile's gradients.
-  Status mlp_rows_backward(const Slots<const W*>& w, const Slots<R*>& dw, const Acts& a, const MlpRows& in,
-                           MlpTile& g, int64_t r0, int64_t n, Array<R>& dx) {
-    const int64_t hid = c_.hidden, F = c_.ffn;
-    R* dx_rows = dx.p() + r0 * hid;
-    SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx_rows, n * hid, g.dy));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(in.act, w.wd, dy, g.dact.p(), dw.wd, n, F, hid, false));
-    SP_RETURN_IF_ERROR(dev_.swiglu_backward(in.g, in.u, g.dact.p(), g.dg.p(), g.du.p(), n * F));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wg, g.dg.p(), g.dh.p(), dw.wg, n, hid, F, false));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wu, g.du.p(), g.dh.p(), dw.wu, n, hid, F, true));
-    return dev_.rmsnorm_backward(a.x_mid.p() + r0 * hid, w.n2, in.rstd2, g.dh.p(), dx_rows, dw.n2, n, hid);
-  }
-  // MLP: x_out = x_mid + down(silu(g) * u). dx: in, the gradient at x_out; out, at x_mid. Untiled
-  // from the kept h2, g, u (act recomputed); tiled, each tile's inner activations recomputed.
   Status mlp_backward(const Slots<const W*>& w, const Slots<R*>& dw, Acts& a, Array<R>& dx) {
-    const int64_t rows = rows_, F = c_.ffn;
-    const int64_t tile = mlp_tile_rows();
-    SP_ASSIGN_OR_RETURN(MlpTile t, make_mlp_tile(tile, tile_rows_ > 0, true));
-    if (tile_rows_ == 0) {
-      SP_RETURN_IF_ERROR(dev_.swiglu_forward(a.g.p(), a.u.p(), t.act.p(), rows * F));
-      return mlp_rows_backward(w, dw, a, {a.h2.p(), a.g.p(), a.u.p(), t.act.p(), a.rstd2.p()}, t, 0, rows, dx);
-    }
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-      const int64_t n = std::min(tile, rows - r0);
-      SP_RETURN_IF_ERROR(mlp_inner_forward(w, a, t.rows(), r0, n));
-      SP_RETURN_IF_ERROR(mlp_rows_backward(w, dw, a, t.rows(), t, r0, n, dx));
-    }
-    return Status::Ok();
+    return mlp_.backward(mlp_weights(w), mlp_weights(dw), a.x_mid.p(), rows_, mlp_kept(a), dx.p());
   }
 
   // dx: in, the gradient at the layer's output; out, at its input. Adds the weights' gradients.
@@ -674,6 +589,7 @@ class LayerPass {
   LaspAlgorithm linear_;
   bool offload_checkpoints_;
   int64_t tile_rows_;  // the MLP's rows at a time (0: all)
+  MlpPass<Dev> mlp_;
   std::unique_ptr<HostOffload> offload_;  // made at the first pass that offloads
   ParameterOffsets at_;
   std::vector<std::pair<int64_t, int64_t>> units_;  // weight_units
