@@ -140,8 +140,8 @@ void add_plan_command(CLI::App& app, PlanCliOptions& o, int* exit_code) {
                   "every candidate on this layout: contiguous, zigzag, striped, documents (the documents layout "
                   "of the mask's documents, as the executors build it); default: each algorithm's own");
   cmd->add_option("--backend", o.backend,
-                  "the GPU backend whose query packs the backward moves: auto (D; O at head dims where its backward "
-                  "runs cuDNN's, 64), cudnn (O) or hopper (D)")
+                  "the GPU backend whose query packs the backward moves: auto (D; O at head dims where its table puts "
+                  "cuDNN's backward first), cudnn (O) or hopper (D)")
       ->check(CLI::IsMember({"auto", "cudnn", "hopper"}))
       ->capture_default_str();
   cmd->add_option("--algos", o.algos, "only these algorithms (comma list)")->delimiter(',');
