@@ -121,21 +121,37 @@ Status Executor::clear(const Block& b, const Stored& r) {
   return Status::Ok();
 }
 // This rank's own input block for head group g: the caller's slices where they can be used
-// as they are, copies (or, for D, computed rows) in a block buffer otherwise.
+// as they are, copies (or, for D, computed rows) in a block buffer otherwise. The buffer holds
+// only those parts: the backward's own query pack with D computed is D's rows alone, not Q and
+// dO beside it unused (which cost 2 n H D elements in the inputs' dtype a rank, GQA or not).
 Status Executor::make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part) {
-  bool all_usable = computed_part < 0;
-  for (const TensorView& t : slices) all_usable = all_usable && usable_as_is(t);
-  if (all_usable) {
-    auto st = std::make_unique<Stored>();
-    st->parts = slices;
-    store_[b] = std::move(st);
-    return Status::Ok();
-  }
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> st, make_block(b));
+  const std::vector<PartShape> shapes = part_shapes(b, block_rows(b, plan_.layout));
+  SP_CHECK_ARG(shapes.size() == slices.size(), "internal: " + block_name(b) + " takes " +
+                                                   std::to_string(shapes.size()) + " parts");
+  std::vector<bool> stored(slices.size());
+  size_t capacity = 0;
+  bool any = false;
   for (size_t i = 0; i < slices.size(); ++i) {
-    if (int(i) == computed_part) continue;
-    if (usable_as_is(slices[i])) st->parts[i] = slices[i];
-    else SP_RETURN_IF_ERROR(mem_.copy(slices[i], st->parts[i]));
+    stored[i] = int(i) == computed_part || !usable_as_is(slices[i]);
+    any = any || stored[i];
+    if (stored[i])
+      capacity += padded(TensorView::contiguous(nullptr, shapes[i].dtype, shapes[i].shape).numel() *
+                         dtype_size(shapes[i].dtype));
+  }
+  auto st = std::make_unique<Stored>();
+  char* at = nullptr;
+  if (any) {
+    SP_ASSIGN_OR_RETURN(st->buffer, mem_.allocate(capacity));
+    at = static_cast<char*>(st->buffer->data());
+  }
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (!stored[i]) {
+      st->parts.push_back(slices[i]);
+      continue;
+    }
+    st->parts.push_back(TensorView::contiguous(at, shapes[i].dtype, shapes[i].shape, t_.q.device));
+    at += padded(view_bytes(st->parts.back()));
+    if (int(i) != computed_part) SP_RETURN_IF_ERROR(mem_.copy(slices[i], st->parts.back()));
   }
   store_[b] = std::move(st);
   return Status::Ok();
