@@ -65,7 +65,8 @@ class Executor {
   std::vector<PartShape> part_shapes(const Block& b, int64_t rows, bool rounded = false) const;
   HeadRange heads_of(Heads h, int part) const;
   bool takes_delta() const { return plan_.backend->caps().takes_delta; }
-  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false, int64_t rows = -1);
+  StatusOr<std::unique_ptr<Stored>> make_block(const Block& b, bool rounded = false, int64_t rows = -1,
+                                               const std::vector<bool>* in_buffer = nullptr);
   void release(std::unique_ptr<Stored> st);
   void release_all();
   Status keep(int g);

@@ -46,17 +46,33 @@ HeadRange Executor::heads_of(Heads h, int part) const {
   return parallel::heads_of(h, part, plan_.schedule.head_parts, Hg_, Hkg_);
 }
 
-// Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one buffer.
-StatusOr<std::unique_ptr<Executor::Stored>> Executor::make_block(const Block& b, bool rounded, int64_t rows) {
+// Block b's parts (all its rows, or `rows` of them: a trimmed transfer's), in one buffer; with
+// `in_buffer`, only the parts it marks (the others empty views for the caller to fill, and no
+// buffer where it marks none).
+StatusOr<std::unique_ptr<Executor::Stored>> Executor::make_block(const Block& b, bool rounded, int64_t rows,
+                                                                  const std::vector<bool>* in_buffer) {
   auto st = std::make_unique<Stored>();
   if (rows < 0) rows = block_rows(b, plan_.layout);
+  const std::vector<PartShape> shapes = part_shapes(b, rows, rounded);
+  SP_CHECK_ARG(!in_buffer || in_buffer->size() == shapes.size(),
+               "internal: " + block_name(b) + " takes " + std::to_string(shapes.size()) + " parts");
+  const auto placed = [&](size_t i) { return !in_buffer || (*in_buffer)[i]; };
   size_t capacity = 0;
-  for (const PartShape& p : part_shapes(b, rows, rounded))
-    capacity += padded(TensorView::contiguous(nullptr, p.dtype, p.shape).numel() * dtype_size(p.dtype));
-  SP_ASSIGN_OR_RETURN(st->buffer, mem_.allocate(capacity));
-  char* at = static_cast<char*>(st->buffer->data());
-  for (const PartShape& p : part_shapes(b, rows, rounded)) {
-    st->parts.push_back(TensorView::contiguous(at, p.dtype, p.shape, t_.q.device));
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (placed(i))
+      capacity += padded(TensorView::contiguous(nullptr, shapes[i].dtype, shapes[i].shape).numel() *
+                         dtype_size(shapes[i].dtype));
+  char* at = nullptr;
+  if (!in_buffer || capacity > 0) {
+    SP_ASSIGN_OR_RETURN(st->buffer, mem_.allocate(capacity));
+    at = static_cast<char*>(st->buffer->data());
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (!placed(i)) {
+      st->parts.emplace_back();
+      continue;
+    }
+    st->parts.push_back(TensorView::contiguous(at, shapes[i].dtype, shapes[i].shape, t_.q.device));
     at += padded(view_bytes(st->parts.back()));
   }
   return st;
@@ -125,33 +141,12 @@ Status Executor::clear(const Block& b, const Stored& r) {
 // only those parts: the backward's own query pack with D computed is D's rows alone, not Q and
 // dO beside it unused (which cost 2 n H D elements in the inputs' dtype a rank, GQA or not).
 Status Executor::make_home(const Block& b, const std::vector<TensorView>& slices, int computed_part) {
-  const std::vector<PartShape> shapes = part_shapes(b, block_rows(b, plan_.layout));
-  SP_CHECK_ARG(shapes.size() == slices.size(), "internal: " + block_name(b) + " takes " +
-                                                   std::to_string(shapes.size()) + " parts");
   std::vector<bool> stored(slices.size());
-  size_t capacity = 0;
-  bool any = false;
+  for (size_t i = 0; i < slices.size(); ++i) stored[i] = int(i) == computed_part || !usable_as_is(slices[i]);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> st, make_block(b, false, -1, &stored));
   for (size_t i = 0; i < slices.size(); ++i) {
-    stored[i] = int(i) == computed_part || !usable_as_is(slices[i]);
-    any = any || stored[i];
-    if (stored[i])
-      capacity += padded(TensorView::contiguous(nullptr, shapes[i].dtype, shapes[i].shape).numel() *
-                         dtype_size(shapes[i].dtype));
-  }
-  auto st = std::make_unique<Stored>();
-  char* at = nullptr;
-  if (any) {
-    SP_ASSIGN_OR_RETURN(st->buffer, mem_.allocate(capacity));
-    at = static_cast<char*>(st->buffer->data());
-  }
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (!stored[i]) {
-      st->parts.push_back(slices[i]);
-      continue;
-    }
-    st->parts.push_back(TensorView::contiguous(at, shapes[i].dtype, shapes[i].shape, t_.q.device));
-    at += padded(view_bytes(st->parts.back()));
-    if (int(i) != computed_part) SP_RETURN_IF_ERROR(mem_.copy(slices[i], st->parts.back()));
+    if (!stored[i]) st->parts[i] = slices[i];
+    else if (int(i) != computed_part) SP_RETURN_IF_ERROR(mem_.copy(slices[i], st->parts[i]));
   }
   store_[b] = std::move(st);
   return Status::Ok();
