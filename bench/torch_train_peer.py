@@ -36,6 +36,7 @@ import datetime
 import json
 import sys
 import time
+from collections import namedtuple
 from functools import partial
 
 import torch
@@ -70,8 +71,11 @@ def llama_config(name):
                        **shape[name])
 
 
+Replay = namedtuple("Replay", "config weights batches run")
+
+
 def replay_run(folder):
-    """A `seqpar train --dump` folder: (config, starting weights, batches, run settings)."""
+    """A `seqpar train --dump` folder: its config, starting weights, batches and run settings."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig
     with open(os.path.join(folder, "config.json")) as f:
@@ -79,8 +83,8 @@ def replay_run(folder):
     with open(os.path.join(folder, "run.json")) as f:
         run = json.load(f)
     cfg.update(max_position_embeddings=1 << 22, attention_dropout=0.0, attn_implementation="sdpa")
-    return (LlamaConfig(**cfg), load_file(os.path.join(folder, "initial.safetensors")),
-            load_file(os.path.join(folder, "batches.safetensors")), run)
+    return Replay(LlamaConfig(**cfg), load_file(os.path.join(folder, "initial.safetensors")),
+                  load_file(os.path.join(folder, "batches.safetensors")), run)
 
 
 def replay_optimizer(model, run):
@@ -135,11 +139,13 @@ def main():
 
     torch.manual_seed(0)
     replay = replay_run(args.replay) if args.replay else None
-    config = replay[0] if replay else llama_config(args.model)
+    if replay:
+        from hf_llama_check import learning_rate  # seqpar train's schedule, as the fp32 replay uses it
+    config = replay.config if replay else llama_config(args.model)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config)
     if replay:
-        missing, unexpected = model.load_state_dict(replay[1], strict=False)
+        missing, unexpected = model.load_state_dict(replay.weights, strict=False)
         missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
         assert not missing and not unexpected, (missing, unexpected)
         if config.tie_word_embeddings:
@@ -154,7 +160,7 @@ def main():
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     if replay:
-        opt = replay_optimizer(model, replay[3])
+        opt = replay_optimizer(model, replay.run)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, fused=True)
         with open(args.data, "rb") as f:
@@ -163,18 +169,17 @@ def main():
               params=n_params, compile=not args.no_compile, selective_ac=not args.no_ac, fsdp=True,
               context_parallel=world, sdpa="cudnn", replay=args.replay))
 
-    seqs = [replay[3]["seq"]] if replay else [int(s) for s in args.seqs.split(",") if s.strip()]
+    seqs = [replay.run["seq"]] if replay else [int(s) for s in args.seqs.split(",") if s.strip()]
     for S in seqs:
         if not replay:
             tokens = data.repeat(S // data.numel() + 2)
         flops = (6.0 * n_params + 6.0 * config.num_hidden_layers * config.hidden_size * S) * S
         torch.cuda.reset_peak_memory_stats()
-        for step in range(len(replay[3]["losses"]) if replay else args.steps):
+        for step in range(len(replay.run["losses"]) if replay else args.steps):
             if replay:  # the recorded batch (one sequence) and the run's learning rate
-                from hf_llama_check import learning_rate
-                ids, labels = (replay[2][f"{n}_{step}"][:1].long().cuda() for n in ("inputs", "targets"))
+                ids, labels = (replay.batches[f"{n}_{step}"][:1].long().cuda() for n in ("inputs", "targets"))
                 for g in opt.param_groups:
-                    g["lr"] = learning_rate(replay[3], step)
+                    g["lr"] = learning_rate(replay.run, step)
             else:
                 start = (step * 4099) % (tokens.numel() - S - 1)
                 chunk = tokens[start:start + S + 1].cuda()
@@ -190,7 +195,7 @@ def main():
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-1) / world
                     del logits
                     loss.backward()
-                clip = replay[3]["clip_norm"] if replay else 1.0
+                clip = replay.run["clip_norm"] if replay else 1.0
                 if clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 opt.step()

@@ -56,7 +56,7 @@ struct ProbeMeasurements {
   double gemm_tflops = 0, hbm_gbps = 0;
   int64_t memory_bytes = 0;
   double call_workspace_bytes_per_query_element = -1;  // AttentionSweep's, of `backend`; -1: not measured
-  int64_t workspace_tokens = 0;
+  int64_t workspace_tokens = 0;                        // the length it was measured at
   std::vector<std::string> notes;          // what was not measured, and what stands in for it
 };
 

@@ -220,9 +220,10 @@ StatusOr<ProbeMeasurements> measure_cuda(const ProbeOptions& o, const ProbeLog& 
                                          "' is not a GPU backend of this build and device (cudnn, hopper, cuda, auto)");
     SP_ASSIGN_OR_RETURN(const AttentionSweep sweep, sweep_attention(*backend, DType::kBF16, memory, o, by + ", bf16", log));
     m.attention.insert(m.attention.end(), sweep.rows.begin(), sweep.rows.end());
-    if (name == m.backend)
-      m.call_workspace_bytes_per_query_element = sweep.call_workspace_bytes_per_query_element,
+    if (name == m.backend) {
+      m.call_workspace_bytes_per_query_element = sweep.call_workspace_bytes_per_query_element;
       m.workspace_tokens = sweep.workspace_tokens;
+    }
   }
 
   // Links: a rank per GPU over NCCL, device buffers.

@@ -32,7 +32,7 @@ class ProbeMemory {
 };
 
 // What the attention sweep measured: a rate per length and mask, and the memory a call takes
-// beyond its inputs and outputs (AttentionSweep::workspace_bytes_per_element).
+// beyond its inputs and outputs (call_workspace_bytes_per_query_element).
 struct AttentionSweep {
   std::vector<AttentionRate> rows;
   // Cluster::call_workspace_bytes_per_query_element as the longest measured causal call shows
