@@ -18,11 +18,11 @@ int usage_error(const std::string& message) {
 
 void print_summary(const planner::Cluster& c) {
   std::fprintf(stderr, "\n%s: %d rank(s)\n", c.name.c_str(), c.gpus());
-  std::fprintf(stderr, "%-8s %5s %6s %9s %7s %12s %12s\n", "backend", "D", "heads", "tokens", "mask", "fwd TFLOP/s",
+  std::fprintf(stderr, "%-8s %5s %6s %9s %9s %12s %12s\n", "backend", "D", "heads", "tokens", "mask", "fwd TFLOP/s",
                "bwd TFLOP/s");
   for (const planner::AttentionRate& r : c.attention)
-    std::fprintf(stderr, "%-8s %5lld %6lld %9lld %7s %12.4g %12.4g\n", r.backend.c_str(), (long long)r.head_dim,
-                 (long long)r.heads, (long long)r.tokens, r.causal ? "causal" : "full", r.fwd_tflops, r.bwd_tflops);
+    std::fprintf(stderr, "%-8s %5lld %6lld %9lld %9s %12.4g %12.4g\n", r.backend.c_str(), (long long)r.head_dim,
+                 (long long)r.heads, (long long)r.tokens, planner::rate_mask_name(r.mask), r.fwd_tflops, r.bwd_tflops);
   std::fprintf(stderr, "link: latency %.3g us, port_pairs %.2f;", c.intra.latency_s * 1e6, c.intra.port_pairs);
   for (const planner::LinkSpec::Point& p : c.intra.bandwidth)
     std::fprintf(stderr, " %.0f B: %.4g GB/s;", p.bytes, p.gbps);
@@ -94,6 +94,10 @@ void add_probe_command(CLI::App& app, ProbeCliOptions& o, int* exit_code) {
   cmd->add_option("--tokens", o.probe.tokens,
                   "lengths of the square attention calls (default: cuda 8192,32768,131072; cpu 256,512,1024)")
       ->delimiter(',');
+  cmd->add_option("--masks", o.probe.masks,
+                  "masks the attention calls are timed under, causal among them (default: causal,full,"
+                  "window:4096,0,docs:16 on cuda; a window of a quarter of the shortest call and docs:4 on cpu)")
+      ->delimiter(';');
   cmd->add_option("--message-bytes", o.probe.message_bytes,
                   "pairwise message sizes (default: cuda 8 KiB to 256 MiB, cpu 1 KiB to 4 MiB, x8 apart)")
       ->delimiter(',');

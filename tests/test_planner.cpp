@@ -333,7 +333,8 @@ TEST(PlannerCluster, PresetsRoundTripThroughJson) {
     EXPECT_EQ(back->gpus(), c->gpus());
     EXPECT_EQ(back->attention.size(), c->attention.size());
     EXPECT_DOUBLE_EQ(back->intra.gbps_at(1e8), c->intra.gbps_at(1e8));
-    EXPECT_DOUBLE_EQ(back->attention_seconds(1e13, 32, true, 128, true), c->attention_seconds(1e13, 32, true, 128, true));
+    EXPECT_DOUBLE_EQ(back->attention_seconds(1e13, 32, RateMask::kCausal, 128, true),
+                     c->attention_seconds(1e13, 32, RateMask::kCausal, 128, true));
   }
   EXPECT_EQ(cluster_preset("generic:4096")->nodes, 512);
   EXPECT_FALSE(cluster_preset("generic:12").ok());  // not whole nodes of 8
@@ -359,6 +360,51 @@ TEST(PlannerMemory, CallWorkspaceIsPricedPerQueryElement) {
   const Prediction with = predict(read, problem, cand);
   EXPECT_EQ(with.workspace_bytes - without.workspace_bytes, int64_t(4.0625 * n * 32 * 128));
   EXPECT_EQ(with.peak_block_bytes, without.peak_block_bytes);
+}
+
+// A window's or documents' partly visible steps are priced at the rows of their own kind where the
+// cluster has them (written out and read back with their visible share), and at the causal rows
+// where it has none; a causal problem never reads them.
+TEST(PlannerRates, WindowAndDocumentStepsTakeTheRowsOfTheirKind) {
+  const Cluster plain = cluster_preset("h200x2").value();
+  Cluster slow = plain;
+  for (const AttentionRate& r : plain.attention)
+    if (r.mask == RateMask::kCausal)
+      for (RateMask kind : {RateMask::kWindow, RateMask::kDocuments}) {
+        AttentionRate half = r;
+        half.mask = kind, half.visible = 0.5, half.fwd_tflops /= 2, half.bwd_tflops /= 2;
+        slow.attention.push_back(half);
+      }
+  const Cluster read = cluster_from_json(cluster_to_json(slow)).value();
+  ASSERT_EQ(read.attention.size(), slow.attention.size());
+  EXPECT_EQ(read.attention.back().mask, RateMask::kDocuments);
+  EXPECT_DOUBLE_EQ(read.attention.back().visible, 0.5);
+  EXPECT_DOUBLE_EQ(read.attention_seconds(1e12, 32, RateMask::kWindow, 128, false),
+                   2 * plain.attention_seconds(1e12, 32, RateMask::kCausal, 128, false));
+
+  const Candidate cand{"ring", 0, "ring", 1, LayoutKind::kZigzag};
+  for (const char* mask : {"causal", "window:4096,0", "docs:16"}) {
+    SCOPED_TRACE(mask);
+    Problem problem;
+    problem.seq = 65536, problem.mask = mask;
+    const Prediction base = predict(plain, problem, cand), halved = predict(read, problem, cand);
+    ASSERT_TRUE(base.refusal.empty() && halved.refusal.empty()) << base.refusal << halved.refusal;
+    if (std::string(mask) == "causal") {
+      EXPECT_DOUBLE_EQ(halved.fwd_s, base.fwd_s);
+      EXPECT_DOUBLE_EQ(halved.bwd_s, base.bwd_s);
+    } else {  // the steps' compute doubles; copies and transfers do not
+      EXPECT_GT(halved.fwd_s, 1.1 * base.fwd_s);
+      EXPECT_LE(halved.fwd_s, 2.0 * base.fwd_s);
+      EXPECT_GT(halved.bwd_s, 1.1 * base.bwd_s);
+      EXPECT_LE(halved.bwd_s, 2.0 * base.bwd_s);
+    }
+  }
+  const auto with_mask = [](const std::string& mask) {
+    return cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
+        "attention": [{"tokens": 8, "mask": ")" + mask + R"(", "fwd_tflops": 1, "bwd_tflops": 1}]})");
+  };
+  EXPECT_TRUE(with_mask("window").ok()) << with_mask("window").status().to_string();
+  EXPECT_FALSE(with_mask("bigbird").ok());
 }
 
 TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {

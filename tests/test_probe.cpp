@@ -68,7 +68,11 @@ TEST(Probe, BadOptionsAreRefusedWithTheOptionNamed) {
   EXPECT_NE(probe_defaults(o).status().message().find("--kv-heads"), std::string::npos);
   o.heads = 4, o.tokens = {128, 0};
   EXPECT_NE(probe_defaults(o).status().message().find("--tokens"), std::string::npos);
-  o.tokens = {}, o.message_bytes = {-5};
+  o.tokens = {}, o.masks = {"full"};
+  EXPECT_NE(probe_defaults(o).status().message().find("--masks"), std::string::npos);  // no causal
+  o.masks = {"causal", "window:x"};
+  EXPECT_NE(probe_defaults(o).status().message().find("--masks"), std::string::npos);
+  o.masks = {}, o.message_bytes = {-5};
   EXPECT_NE(probe_defaults(o).status().message().find("--message-bytes"), std::string::npos);
   o.message_bytes = {}, o.quick = true;
   StatusOr<ProbeOptions> filled = probe_defaults(o);
@@ -149,10 +153,17 @@ TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
   EXPECT_EQ(c.gpus(), 3);
   EXPECT_EQ(c.backend, "cpu");
   const ProbeOptions defaults = probe_defaults(o).value();
-  ASSERT_EQ(c.attention.size(), 2 * defaults.tokens.size());  // causal and full at each length
+  ASSERT_EQ(c.attention.size(), defaults.masks.size() * defaults.tokens.size());  // each mask at each length
   for (size_t i = 0; i < c.attention.size(); ++i) {
     const AttentionRate& r = c.attention[i];
-    SCOPED_TRACE(std::to_string(r.tokens) + (r.causal ? " causal" : " full"));
+    SCOPED_TRACE(std::to_string(r.tokens) + " " + rate_mask_name(r.mask));
+    // In the masks' order, each at every length; the sparse rows carry their call's visible share.
+    const MaskSpec spec = parse_mask(defaults.masks[i / defaults.tokens.size()], r.tokens).value();
+    EXPECT_EQ(r.mask, rate_mask_of(spec));
+    if (r.mask == RateMask::kWindow || r.mask == RateMask::kDocuments)
+      EXPECT_DOUBLE_EQ(r.flops(false), 4.0 * spec.visible_pairs(r.tokens) * double(r.heads * r.head_dim));
+    else
+      EXPECT_EQ(r.visible, 0.0);
     EXPECT_EQ(r.backend, "cpu");
     EXPECT_EQ(r.head_dim, defaults.head_dim);
     EXPECT_EQ(r.heads, defaults.heads);
@@ -161,7 +172,7 @@ TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
     expect_positive_finite(r.bwd_tflops, "bwd TFLOP/s");
     EXPECT_NE(r.source.find("seqpar probe on"), std::string::npos) << r.source;
     // The planner prices a call of this row's shape at this row's rate.
-    EXPECT_NEAR(c.attention_seconds(r.flops(false), r.heads, r.causal, r.head_dim, false),
+    EXPECT_NEAR(c.attention_seconds(r.flops(false), r.heads, r.mask, r.head_dim, false),
                 r.flops(false) / (r.fwd_tflops * 1e12), 1e-9 * r.flops(false) / (r.fwd_tflops * 1e12));
   }
   ASSERT_EQ(c.intra.bandwidth.size(), defaults.message_bytes.size());

@@ -66,16 +66,16 @@ std::vector<AttentionRate> cudnn_step_rates() {
   return {
       // 16K on 2 GPUs: a step of two 4096-row chunks each (0.55 TFLOP forward): 1.212 / 0.876 ms
       // forward and 3.531 / 2.923 ms backward, diagonal / off-diagonal.
-      {"cudnn", 128, 32, 8192, true, 453.5, 389.3, t16},
-      {"cudnn", 128, 32, 5793, false, 627.5, 470.2, t16},
+      {"cudnn", 128, 32, 8192, RateMask::kCausal, 453.5, 389.3, t16},
+      {"cudnn", 128, 32, 5793, RateMask::kFull, 627.5, 470.2, t16},
       // 64K on 2 GPUs, one head group: 14.858 / 13.788 ms and 45.247 / 42.597 ms.
-      {"cudnn", 128, 32, 32768, true, 592.0, 486.1, t64},
-      {"cudnn", 128, 32, 23170, false, 637.9, 516.3, t64},
-      {"cudnn", 128, 32, 131072, true, 556.0, 529.0, k22 + ":19"},
+      {"cudnn", 128, 32, 32768, RateMask::kCausal, 592.0, 486.1, t64},
+      {"cudnn", 128, 32, 23170, RateMask::kFull, 637.9, 516.3, t64},
+      {"cudnn", 128, 32, 131072, RateMask::kCausal, 556.0, 529.0, k22 + ":19"},
       // One call over a whole 512K causal sequence, 8 heads: Ulysses' local step on 4 x H100
       // (ulysses-overlap, the Hopper kernels under auto), 906 ms forward and 2661 backward with the all-to-alls.
-      {"cudnn", 128, 8, 524288, true, 620.0, 526.0, "docs/results/h100x4_j3_causal_2026-11-28.jsonl:15"},
-      {"cudnn", 128, 32, 131072, false, 590.0, 543.0, k22 + ":21"},
+      {"cudnn", 128, 8, 524288, RateMask::kCausal, 620.0, 526.0, "docs/results/h100x4_j3_causal_2026-11-28.jsonl:15"},
+      {"cudnn", 128, 32, 131072, RateMask::kFull, 590.0, 543.0, k22 + ":21"},
   };
 }
 
@@ -107,23 +107,50 @@ double LinkSpec::gbps_at(double bytes) const {
                          [](const Point& p) { return p.gbps; });
 }
 
+const char* rate_mask_name(RateMask mask) {
+  switch (mask) {
+    case RateMask::kFull: return "full";
+    case RateMask::kCausal: return "causal";
+    case RateMask::kWindow: return "window";
+    case RateMask::kDocuments: return "documents";
+  }
+  return "causal";
+}
+
+std::optional<RateMask> rate_mask_from(const std::string& name) {
+  for (RateMask m : {RateMask::kFull, RateMask::kCausal, RateMask::kWindow, RateMask::kDocuments})
+    if (name == rate_mask_name(m)) return m;
+  return std::nullopt;
+}
+
+RateMask rate_mask_of(const MaskSpec& mask) {
+  if (mask.has_documents()) return RateMask::kDocuments;
+  if (mask.window_left >= 0) return RateMask::kWindow;
+  return mask.is_full() ? RateMask::kFull : RateMask::kCausal;
+}
+
 double AttentionRate::flops(bool backward) const {
-  const double fwd = 4.0 * double(tokens) * double(tokens) * double(heads) * double(head_dim) * (causal ? 0.5 : 1.0);
+  const double fraction = visible > 0 ? visible : mask == RateMask::kFull ? 1.0 : 0.5;
+  const double fwd = 4.0 * double(tokens) * double(tokens) * double(heads) * double(head_dim) * fraction;
   return backward ? 2.5 * fwd : fwd;
 }
 
-double Cluster::attention_seconds(double flops, int64_t heads, bool causal, int64_t head_dim, bool backward) const {
+double Cluster::attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward) const {
   if (flops <= 0) return 0;
+  const auto has_rows = [&](RateMask m) {
+    return std::any_of(attention.begin(), attention.end(), [&](const AttentionRate& r) { return r.backend == backend && r.mask == m; });
+  };
+  if ((mask == RateMask::kWindow || mask == RateMask::kDocuments) && !has_rows(mask)) mask = RateMask::kCausal;
   // The entries of this backend and mask kind at the nearest head dim.
   std::vector<const AttentionRate*> rows;
   int64_t best_dim = -1;
   for (const AttentionRate& r : attention)
-    if (r.backend == backend && r.causal == causal &&
+    if (r.backend == backend && r.mask == mask &&
         (best_dim < 0 || std::llabs(r.head_dim - head_dim) < std::llabs(best_dim - head_dim)))
       best_dim = r.head_dim;
   for (const AttentionRate& r : attention)
-    if (r.backend == backend && r.causal == causal && r.head_dim == best_dim) rows.push_back(&r);
-  if (rows.empty())  // no table of that mask kind: the other one
+    if (r.backend == backend && r.mask == mask && r.head_dim == best_dim) rows.push_back(&r);
+  if (rows.empty())  // no table of that mask kind: every row of the backend
     for (const AttentionRate& r : attention)
       if (r.backend == backend) rows.push_back(&r);
   if (rows.empty()) return flops / 500e12;  // an empty description: a nominal Hopper rate
@@ -191,8 +218,10 @@ std::string cluster_to_json(const Cluster& c) {
   nlohmann::json rates = nlohmann::json::array();
   for (const AttentionRate& r : c.attention)
     rates.push_back({{"backend", r.backend}, {"head_dim", r.head_dim}, {"heads", r.heads}, {"tokens", r.tokens},
-                     {"mask", r.causal ? "causal" : "full"}, {"fwd_tflops", r.fwd_tflops},
+                     {"mask", rate_mask_name(r.mask)}, {"fwd_tflops", r.fwd_tflops},
                      {"bwd_tflops", r.bwd_tflops}, {"source", r.source}});
+  for (size_t i = 0; i < c.attention.size(); ++i)
+    if (c.attention[i].visible > 0) rates[i]["visible"] = c.attention[i].visible;
   const nlohmann::json j = {{"name", c.name}, {"gpus_per_node", c.gpus_per_node}, {"nodes", c.nodes},
                             {"links", {{"intra", link_json(c.intra)}, {"inter", link_json(c.inter)}}},
                             {"attention", rates}, {"backend", c.backend}, {"launch_us", c.launch_s * 1e6},
@@ -213,11 +242,15 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
     c.nodes = j.value("nodes", 1);
     c.intra = link_from(j.at("links").at("intra"));
     c.inter = j.at("links").contains("inter") ? link_from(j.at("links").at("inter")) : network_50gbps();
-    for (const auto& r : j.at("attention"))
+    for (const auto& r : j.at("attention")) {
+      const std::string mask = r.value("mask", std::string("causal"));
+      const std::optional<RateMask> kind = rate_mask_from(mask);
+      SP_CHECK_ARG(kind.has_value(), "attention rate mask '" + mask + "': expected full, causal, window or documents");
       c.attention.push_back({r.value("backend", std::string("cudnn")), r.value("head_dim", int64_t(128)),
-                             r.value("heads", int64_t(32)), r.at("tokens").get<int64_t>(),
-                             r.value("mask", std::string("causal")) == "causal", r.at("fwd_tflops").get<double>(),
-                             r.at("bwd_tflops").get<double>(), r.value("source", std::string())});
+                             r.value("heads", int64_t(32)), r.at("tokens").get<int64_t>(), *kind,
+                             r.at("fwd_tflops").get<double>(), r.at("bwd_tflops").get<double>(),
+                             r.value("source", std::string()), r.value("visible", 0.0)});
+    }
     c.backend = j.value("backend", std::string("cudnn"));
     c.launch_s = j.value("launch_us", 10.0) * 1e-6;
     c.post_s = j.value("post_us", 5.0) * 1e-6;

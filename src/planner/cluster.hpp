@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "seqpar/mask.hpp"
 #include "seqpar/schedule.hpp"
 #include "seqpar/status.hpp"
 
@@ -27,15 +29,27 @@ struct LinkSpec {
   double seconds(double bytes) const { return bytes <= 0 ? 0 : latency_s + bytes / (gbps_at(bytes) * 1e9); }
 };
 
+// The kind of call a rate was measured on. A sliding window's or documents' call runs well below
+// the causal rate for the same visible pairs (tiles at the band's or documents' edges do full
+// work for few pairs; a backend without tile lists cuts the call into many small ones), so those
+// two have rates of their own; a partly visible call under any other mask is priced as causal.
+enum class RateMask { kFull, kCausal, kWindow, kDocuments };
+const char* rate_mask_name(RateMask mask);                            // "full", "causal", "window", "documents"
+std::optional<RateMask> rate_mask_from(const std::string& name);      // the inverse; nullopt for other text
+RateMask rate_mask_of(const MaskSpec& mask);                          // documents, a bounded window, full, else causal
+
 // Local attention throughput of one backend at one head dim, mask kind and length (a square
 // call of `tokens` queries and keys, `heads` heads): the planner prices a call of any shape by
 // its FLOPs, interpolating between the entries of the same backend, head dim and mask kind.
 struct AttentionRate {
   std::string backend = "cudnn";
   int64_t head_dim = 128, heads = 32, tokens = 0;
-  bool causal = true;       // a diagonal (causal) call; else full
-  double fwd_tflops = 0, bwd_tflops = 0;  // causal counted at half the FLOPs
+  RateMask mask = RateMask::kCausal;
+  double fwd_tflops = 0, bwd_tflops = 0;  // FLOPs of the visible pairs only
   std::string source;       // the measurement it comes from (file:line)
+  // The visible fraction of the tokens^2 pairs; 0: the mask's own (full 1, causal 1/2). Window
+  // and documents rows carry the one their measured call had.
+  double visible = 0;
   double flops(bool backward) const;  // of that call, as counted
 };
 
@@ -65,10 +79,11 @@ struct Cluster {
   Topology topology() const { return {nodes > 1 ? gpus_per_node : 0}; }
   const LinkSpec& link(LinkClass c) const { return c == LinkClass::kIntra ? intra : inter; }
   // Seconds of a local attention call of `flops` FLOPs (counted as AttentionRate counts them)
-  // over `heads` heads, causal (a diagonal block) or not, head dim `head_dim`. Entries are
-  // matched by FLOPs per head: heads are independent work of the same tile shapes, so a head
-  // group's call of fewer heads runs at the rate of its tokens, not of its smaller total.
-  double attention_seconds(double flops, int64_t heads, bool causal, int64_t head_dim, bool backward) const;
+  // over `heads` heads, of mask kind `mask`, head dim `head_dim`. Entries are matched by FLOPs
+  // per head: heads are independent work of the same tile shapes, so a head group's call of
+  // fewer heads runs at the rate of its tokens, not of its smaller total. A window or documents
+  // call with no rows of its kind takes the causal rows.
+  double attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward) const;
 };
 
 // Presets: "h100x2", "h100x4", "h200x2", "h200x4" (one node, NVLink between every pair), and

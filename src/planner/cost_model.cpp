@@ -99,6 +99,7 @@ struct PassPricing {
   const std::vector<std::vector<double>>& vis;
   double pair_scale;  // proxy visible pairs -> real ones (k^2)
   int head_parts;
+  RateMask sparse;    // the rate kind of a partly visible step under the problem's mask
 };
 
 double copy_seconds(const Cluster& c, double bytes) { return 2.0 * bytes / (c.hbm_gbps * 1e9); }
@@ -135,7 +136,8 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
                            double(p.problem.head_dim) * (backward ? 2.5 : 1.0);
       op.kind = SimOp::kCompute;
       op.seconds = p.cluster.launch_s +
-                   p.cluster.attention_seconds(flops, heads, vis < all, p.problem.head_dim, backward);
+                   p.cluster.attention_seconds(flops, heads, vis < all ? p.sparse : RateMask::kFull,
+                                               p.problem.head_dim, backward);
     } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
       op.kind = SimOp::kCompute;
       op.seconds = copy_seconds(p.cluster, double(p.group.of(s.block, p.layout, p.head_parts)));
@@ -223,7 +225,8 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   group.heads /= g, group.kv_heads /= g, group.head_groups = 1;
 
   const auto vis = visible_pairs(layout, proxy, req);
-  const PassPricing pricing{cluster, problem, layout, topology, group, vis, double(k) * double(k), parts};
+  const PassPricing pricing{cluster, problem, layout, topology, group, vis, double(k) * double(k), parts,
+                            rate_mask_of(mask)};
   const ClusterLinks links(cluster);
   Prediction out;
   out.simulated_ranks = ranks;

@@ -23,6 +23,9 @@ struct ProbeOptions {
   std::vector<std::string> backends;       // attention backends to time; empty: the device's default
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   std::vector<int64_t> tokens;             // lengths of the square attention calls timed
+  // Masks the calls are timed under (parse_mask's syntax), each at every length; its kind
+  // (rate_mask_of) names its rows. Must hold "causal" (the workspace and the fallback rows).
+  std::vector<std::string> masks;
   std::vector<int64_t> message_bytes;      // sizes of the pairwise messages timed
   int64_t gemm_size = 0;                   // M = N = K of the GEMM timed
   int64_t copy_bytes = 0;                  // bytes of the memory copy timed

@@ -43,12 +43,13 @@ StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType 
   void* stream = memory.stream();
   AttentionSweep sweep;
   std::vector<AttentionRate>& rows = sweep.rows;
-  for (const bool causal : {true, false}) {
+  for (const std::string& mask_text : o.masks) {
     for (const int64_t S : o.tokens) {
-      const std::string what =
-          std::string("attention ") + backend.name() + (causal ? " causal " : " full ") + std::to_string(S);
+      const std::string what = std::string("attention ") + backend.name() + " " + mask_text + " " + std::to_string(S);
       AttentionParams params;
-      params.mask = causal ? MaskSpec::causal() : MaskSpec::none();
+      SP_ASSIGN_OR_RETURN(params.mask, parse_mask(mask_text, S));
+      const RateMask kind = rate_mask_of(params.mask);
+      const bool causal = kind == RateMask::kCausal;
       memory.release();  // the previous length's tensors
       SP_ASSIGN_OR_RETURN(const TensorView q, memory.random(input, {1, S, H, D}));
       const std::string why_not = backend.supports(q, params);
@@ -95,7 +96,9 @@ StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType 
       }
       AttentionRate rate;
       rate.backend = backend.name();
-      rate.head_dim = D, rate.heads = H, rate.tokens = S, rate.causal = causal;
+      rate.head_dim = D, rate.heads = H, rate.tokens = S, rate.mask = kind;
+      if (kind == RateMask::kWindow || kind == RateMask::kDocuments)
+        rate.visible = params.mask.visible_pairs(S) / (double(S) * double(S));
       rate.fwd_tflops = rate.flops(false) / fwd_s / 1e12;
       rate.bwd_tflops = rate.flops(true) / bwd_s / 1e12;
       rate.source = source;

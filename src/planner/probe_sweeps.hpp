@@ -1,5 +1,5 @@
 // The measurements of `seqpar probe` that are the same on every device: the attention sweep
-// (a backend over lengths, causal and full, forward and backward) and the link sweep (pairwise
+// (a backend over lengths and masks, forward and backward) and the link sweep (pairwise
 // exchanges at each size, an all-to-all, the host time to post and wait for a batch). Each
 // device half hands them its memory and its clock (ProbeMemory).
 #pragma once
@@ -43,8 +43,8 @@ struct AttentionSweep {
 };
 
 // Rates of `backend` on inputs of dtype `input` (accumulators and row stats fp32), B = 1, the
-// options' heads and head dim, for each length, causal and full: one AttentionRate each (a length
-// or mask the backend refuses is logged and left out), and the workspace where `memory` counts
+// options' heads and head dim, for each mask and length: one AttentionRate each (a length or mask
+// the backend refuses is logged and left out), and the workspace where `memory` counts
 // it. `source` goes into each row.
 StatusOr<AttentionSweep> sweep_attention(const AttentionBackend& backend, DType input,
                                                      ProbeMemory& memory, const ProbeOptions& options,
