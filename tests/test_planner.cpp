@@ -360,34 +360,51 @@ TEST(PlannerMemory, CallWorkspaceIsPricedPerQueryElement) {
   const Prediction with = predict(read, problem, cand);
   EXPECT_EQ(with.workspace_bytes - without.workspace_bytes, int64_t(4.0625 * n * 32 * 128));
   EXPECT_EQ(with.peak_block_bytes, without.peak_block_bytes);
+  // A backend whose query pack carries D keeps D's rows (fp32, n H) of its own pack beside.
+  problem.wire.pack_has_delta = true;
+  const Prediction delta = predict(read, problem, cand);
+  EXPECT_EQ(delta.workspace_bytes - with.workspace_bytes, int64_t(n * 32 * 4));
 }
 
-// A window's or documents' partly visible steps are priced at the rows of their own kind where the
-// cluster has them (written out and read back with their visible share), and at the causal rows
-// where it has none; a causal problem never reads them.
+// A window's or documents' partly visible steps run as causal calls of twice their keys per query,
+// scaled by what the cluster's rows of their kind measured against the same (written out and read
+// back with their visible share); without such rows, by their FLOPs at the causal rows; a causal
+// problem never reads them.
 TEST(PlannerRates, WindowAndDocumentStepsTakeTheRowsOfTheirKind) {
   const Cluster plain = cluster_preset("h200x2").value();
-  Cluster slow = plain;
+  Cluster even = plain, slow = plain;  // sparse rows as fast as the causal call of their keys per query; half
   for (const AttentionRate& r : plain.attention)
     if (r.mask == RateMask::kCausal)
       for (RateMask kind : {RateMask::kWindow, RateMask::kDocuments}) {
-        AttentionRate half = r;
-        half.mask = kind, half.visible = 0.5, half.fwd_tflops /= 2, half.bwd_tflops /= 2;
-        slow.attention.push_back(half);
+        AttentionRate same = r;
+        same.mask = kind, same.visible = 0.5;
+        even.attention.push_back(same);
+        same.fwd_tflops /= 2, same.bwd_tflops /= 2;
+        slow.attention.push_back(same);
       }
   const Cluster read = cluster_from_json(cluster_to_json(slow)).value();
   ASSERT_EQ(read.attention.size(), slow.attention.size());
   EXPECT_EQ(read.attention.back().mask, RateMask::kDocuments);
   EXPECT_DOUBLE_EQ(read.attention.back().visible, 0.5);
-  EXPECT_DOUBLE_EQ(read.attention_seconds(1e12, 32, RateMask::kWindow, 128, false),
-                   2 * plain.attention_seconds(1e12, 32, RateMask::kCausal, 128, false));
+  for (double keys : {1000.0, 4096.0, 100000.0}) {
+    // Measured at half the causal rate of their keys per query: half as fast at any keys per query.
+    EXPECT_NEAR(read.attention_seconds(1e12, 32, RateMask::kWindow, 128, false, keys) /
+                    even.attention_seconds(1e12, 32, RateMask::kWindow, 128, false, keys), 2.0, 1e-9);
+    // Without rows of their kind, by FLOPs at the causal rows.
+    EXPECT_DOUBLE_EQ(plain.attention_seconds(1e12, 32, RateMask::kDocuments, 128, false, keys),
+                     plain.attention_seconds(1e12, 32, RateMask::kCausal, 128, false));
+  }
+  // A call of few keys per query runs at a short causal call's rate: slower than the long causal
+  // call of the same FLOPs.
+  EXPECT_GT(even.attention_seconds(1e13, 32, RateMask::kWindow, 128, true, 2048),
+            plain.attention_seconds(1e13, 32, RateMask::kCausal, 128, true));
 
   const Candidate cand{"ring", 0, "ring", 1, LayoutKind::kZigzag};
   for (const char* mask : {"causal", "window:4096,0", "docs:16"}) {
     SCOPED_TRACE(mask);
     Problem problem;
     problem.seq = 65536, problem.mask = mask;
-    const Prediction base = predict(plain, problem, cand), halved = predict(read, problem, cand);
+    const Prediction base = predict(even, problem, cand), halved = predict(read, problem, cand);
     ASSERT_TRUE(base.refusal.empty() && halved.refusal.empty()) << base.refusal << halved.refusal;
     if (std::string(mask) == "causal") {
       EXPECT_DOUBLE_EQ(halved.fwd_s, base.fwd_s);

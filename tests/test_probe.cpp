@@ -127,11 +127,13 @@ TEST(Probe, CallWorkspaceIsTheLongestCallsOwnMemoryPerQueryElement) {
   ProbeMeasurements m;
   m.device_name = "test device", m.backend = "cpu";
   m.call_workspace_bytes_per_query_element = sweep->call_workspace_bytes_per_query_element, m.workspace_tokens = longest;
-  EXPECT_DOUBLE_EQ(cluster_from_probe(m, "today").call_workspace_bytes_per_query_element,
-                   sweep->call_workspace_bytes_per_query_element);
+  const Cluster measured = cluster_from_probe(m, "today");
+  EXPECT_DOUBLE_EQ(measured.call_workspace_bytes_per_query_element, sweep->call_workspace_bytes_per_query_element);
+  EXPECT_DOUBLE_EQ(measured.workspace_bytes_per_element, 0.0);  // the fitted term, replaced
   m.call_workspace_bytes_per_query_element = -1;
   const Cluster fallback = cluster_from_probe(m, "today");
   EXPECT_DOUBLE_EQ(fallback.call_workspace_bytes_per_query_element, 0.0);
+  EXPECT_DOUBLE_EQ(fallback.workspace_bytes_per_element, Cluster{}.workspace_bytes_per_element);
   EXPECT_TRUE(std::any_of(fallback.sources.begin(), fallback.sources.end(), [](const std::string& s) {
     return s.rfind("call_workspace_bytes_per_query_element: not measured", 0) == 0;
   }));
@@ -171,9 +173,13 @@ TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
     expect_positive_finite(r.fwd_tflops, "fwd TFLOP/s");
     expect_positive_finite(r.bwd_tflops, "bwd TFLOP/s");
     EXPECT_NE(r.source.find("seqpar probe on"), std::string::npos) << r.source;
-    // The planner prices a call of this row's shape at this row's rate.
-    EXPECT_NEAR(c.attention_seconds(r.flops(false), r.heads, r.mask, r.head_dim, false),
-                r.flops(false) / (r.fwd_tflops * 1e12), 1e-9 * r.flops(false) / (r.fwd_tflops * 1e12));
+    // The planner prices a call of this row's shape at this row's rate (a window's rows, whose
+    // calls see nearly the same keys per query at every length, at their mean against causal).
+    const double keys = r.flops(false) / (4.0 * double(r.heads * r.head_dim)) / double(r.tokens);
+    const double seconds = r.flops(false) / (r.fwd_tflops * 1e12);
+    const double priced = c.attention_seconds(r.flops(false), r.heads, r.mask, r.head_dim, false, keys);
+    if (r.mask != RateMask::kWindow) EXPECT_NEAR(priced, seconds, 1e-9 * seconds);
+    else EXPECT_GT(priced, 0.0);
   }
   ASSERT_EQ(c.intra.bandwidth.size(), defaults.message_bytes.size());
   for (size_t i = 0; i < c.intra.bandwidth.size(); ++i) {

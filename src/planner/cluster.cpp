@@ -135,13 +135,12 @@ double AttentionRate::flops(bool backward) const {
   return backward ? 2.5 * fwd : fwd;
 }
 
-double Cluster::attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward) const {
-  if (flops <= 0) return 0;
-  const auto has_rows = [&](RateMask m) {
-    return std::any_of(attention.begin(), attention.end(), [&](const AttentionRate& r) { return r.backend == backend && r.mask == m; });
-  };
-  if ((mask == RateMask::kWindow || mask == RateMask::kDocuments) && !has_rows(mask)) mask = RateMask::kCausal;
-  // The entries of this backend and mask kind at the nearest head dim.
+namespace {
+
+// The rows of `backend` and mask kind `mask` at the head dim nearest `head_dim`; if there are none
+// of that kind, every row of the backend.
+std::vector<const AttentionRate*> rate_rows(const std::vector<AttentionRate>& attention, const std::string& backend,
+                                            RateMask mask, int64_t head_dim) {
   std::vector<const AttentionRate*> rows;
   int64_t best_dim = -1;
   for (const AttentionRate& r : attention)
@@ -150,15 +149,65 @@ double Cluster::attention_seconds(double flops, int64_t heads, RateMask mask, in
       best_dim = r.head_dim;
   for (const AttentionRate& r : attention)
     if (r.backend == backend && r.mask == mask && r.head_dim == best_dim) rows.push_back(&r);
-  if (rows.empty())  // no table of that mask kind: every row of the backend
+  if (rows.empty())
     for (const AttentionRate& r : attention)
       if (r.backend == backend) rows.push_back(&r);
-  if (rows.empty()) return flops / 500e12;  // an empty description: a nominal Hopper rate
+  return rows;
+}
+
+// TFLOP/s of `rows` (one mask kind) for a call of `flops_per_head`, interpolated in log FLOPs.
+double rate_at(std::vector<const AttentionRate*> rows, double flops_per_head, bool backward) {
   const auto per_head = [&](const AttentionRate* r) { return r->flops(backward) / double(r->heads); };
   std::sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return per_head(a) < per_head(b); });
-  const double tflops = interpolate_log(rows, flops / double(std::max<int64_t>(1, heads)), per_head,
-                                        [&](const AttentionRate* r) { return backward ? r->bwd_tflops : r->fwd_tflops; });
-  return flops / (tflops * 1e12);
+  return interpolate_log(rows, flops_per_head, per_head,
+                         [&](const AttentionRate* r) { return backward ? r->bwd_tflops : r->fwd_tflops; });
+}
+
+// FLOPs per head of a causal call of `length` tokens, as AttentionRate counts them.
+double causal_flops_per_head(double length, int64_t head_dim, bool backward) {
+  return 4.0 * length * length * 0.5 * double(head_dim) * (backward ? 2.5 : 1.0);
+}
+
+}  // namespace
+
+double Cluster::attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward,
+                                  double keys_per_query) const {
+  if (flops <= 0) return 0;
+  const bool sparse = mask == RateMask::kWindow || mask == RateMask::kDocuments;
+  const std::vector<const AttentionRate*> causal = rate_rows(attention, backend, RateMask::kCausal, head_dim);
+  if (causal.empty()) return flops / 500e12;  // an empty description: a nominal Hopper rate
+  // A window or documents call does the work of causal calls whose queries see as many keys
+  // (2 x keys per query tokens long), at the causal rate of that length times what the cluster's
+  // rows of its kind measured against the same.
+  const auto causal_rate = [&](double keys) {
+    return rate_at(causal, causal_flops_per_head(2.0 * keys, head_dim, backward), backward);
+  };
+  std::vector<std::pair<double, double>> efficiency;  // (keys per query, measured / causal equivalent)
+  if (sparse && keys_per_query > 0)
+    for (const AttentionRate& r : attention)
+      if (r.backend == backend && r.mask == mask && r.head_dim == causal.front()->head_dim) {
+        const double keys = r.flops(false) / (4.0 * double(r.heads) * double(r.head_dim)) / double(r.tokens);
+        efficiency.push_back({keys, (backward ? r.bwd_tflops : r.fwd_tflops) / causal_rate(keys)});
+      }
+  if (efficiency.empty()) {  // not sparse, or no rows of its kind (the presets): by FLOPs per head
+    const RateMask kind = sparse ? RateMask::kCausal : mask;
+    return flops / (rate_at(rate_rows(attention, backend, kind, head_dim), flops / double(std::max<int64_t>(1, heads)),
+                            backward) * 1e12);
+  }
+  // Rows of (nearly) the same keys per query, a window's at every length, are averaged.
+  std::sort(efficiency.begin(), efficiency.end());
+  std::vector<std::pair<double, double>> merged;
+  std::vector<int> counts;
+  for (const auto& [keys, f] : efficiency)
+    if (!merged.empty() && keys <= 1.1 * merged.back().first / counts.back()) {
+      merged.back().first += keys, merged.back().second += f, ++counts.back();
+    } else {
+      merged.push_back({keys, f}), counts.push_back(1);
+    }
+  for (size_t i = 0; i < merged.size(); ++i) merged[i].first /= counts[i], merged[i].second /= counts[i];
+  const double factor = interpolate_log(merged, keys_per_query, [](const auto& p) { return p.first; },
+                                        [](const auto& p) { return p.second; });
+  return flops / (causal_rate(keys_per_query) * factor * 1e12);
 }
 
 std::vector<std::string> cluster_preset_names() { return {"h100x2", "h100x4", "h200x2", "h200x4", "generic:N"}; }

@@ -68,6 +68,8 @@ struct Cluster {
   // The backend's own workspace beyond the schedule's blocks, in bytes per token of the rank's
   // shard and per (query head + 2 K/V heads) x head dim: fp32 gradients of the whole shard, as
   // fitted on the 2- and 4-GPU runs of 2026-11-27 (docs/PLANNER.md), whatever the head groups.
+  // The executor has held no such copies since the own query pack's fix (b7052a6): a probed
+  // cluster, which measures the calls' workspace below, sets it to 0.
   double workspace_bytes_per_element = 4.0;
   // The backend calls' own workspace at its peak, in bytes per token of the rank's shard and per
   // query head x head dim (the Hopper backward's fp32 dQ accumulator: 4 (D + 2) / D), as `seqpar
@@ -82,8 +84,12 @@ struct Cluster {
   // over `heads` heads, of mask kind `mask`, head dim `head_dim`. Entries are matched by FLOPs
   // per head: heads are independent work of the same tile shapes, so a head group's call of
   // fewer heads runs at the rate of its tokens, not of its smaller total. A window or documents
-  // call with no rows of its kind takes the causal rows.
-  double attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward) const;
+  // call whose queries see `keys_per_query` keys on average runs as causal calls of twice that
+  // length (short documents run at short calls' rate whatever their total), scaled by what that
+  // kind's rows measured against the same; without keys_per_query or rows of its kind, it is
+  // priced by its FLOPs at the causal rows.
+  double attention_seconds(double flops, int64_t heads, RateMask mask, int64_t head_dim, bool backward,
+                           double keys_per_query = 0) const;
 };
 
 // Presets: "h100x2", "h100x4", "h200x2", "h200x4" (one node, NVLink between every pair), and

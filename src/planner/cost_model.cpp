@@ -124,12 +124,15 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
   for (const Step& s : steps) {
     SimOp op;
     if (s.kind == StepKind::kCompute) {
-      double vis = 0, all = 0;
-      for (int a = s.q_shard; a < s.q_shard + s.q_span; ++a)
+      double vis = 0, all = 0, queries = 0;
+      for (int a = s.q_shard; a < s.q_shard + s.q_span; ++a) {
+        queries += double(p.layout.local_len(a));
         for (int b = s.kv_shard; b < s.kv_shard + s.kv_span; ++b) {
           vis += p.vis[a][b];
           all += double(p.layout.local_len(a)) * double(p.layout.local_len(b));
         }
+      }
+      const double keys_per_query = queries > 0 ? vis * std::sqrt(p.pair_scale) / queries : 0;  // real, not proxy
       const int64_t heads = s.part == kAllHeads ? p.group.heads : head_part_range(s.part, p.head_parts, p.group.heads).count();
       const bool backward = pass == Pass::kBackward;
       const double flops = 4.0 * double(p.problem.batch) * vis * p.pair_scale * double(heads) *
@@ -137,7 +140,7 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
       op.kind = SimOp::kCompute;
       op.seconds = p.cluster.launch_s +
                    p.cluster.attention_seconds(flops, heads, vis < all ? p.sparse : RateMask::kFull,
-                                               p.problem.head_dim, backward);
+                                               p.problem.head_dim, backward, keys_per_query);
     } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
       op.kind = SimOp::kCompute;
       op.seconds = copy_seconds(p.cluster, double(p.group.of(s.block, p.layout, p.head_parts)));
@@ -256,10 +259,14 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   const int64_t n = layout.max_local_len() * k * problem.batch;
   out.tensor_bytes = n * problem.head_dim * (4 * problem.heads + 4 * problem.kv_heads) * int64_t(dtype_size(whole.input)) +
                      n * problem.heads * int64_t(dtype_size(whole.stats));
+  // Beyond the blocks: the fitted term (presets), the calls' own workspace (probed), and the own
+  // query pack's D rows where the pack carries D (its Q, dO and LSE are the caller's tensors).
+  const double delta_rows = problem.wire.pack_has_delta ? double(n) * double(problem.heads) * double(dtype_size(whole.stats)) : 0.0;
   out.workspace_bytes = int64_t(cluster.workspace_bytes_per_element * double(n) *
                                     double(problem.heads + 2 * problem.kv_heads) * double(problem.head_dim) +
                                 cluster.call_workspace_bytes_per_query_element * double(n) * double(problem.heads) *
-                                    double(problem.head_dim));
+                                    double(problem.head_dim) +
+                                delta_rows);
   out.fits = out.tensor_bytes + out.extra_bytes() <= cluster.memory_bytes;
   return out;
 }

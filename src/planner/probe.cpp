@@ -147,8 +147,10 @@ Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) 
   c.memory_bytes = m.memory_bytes;
   if (m.call_workspace_bytes_per_query_element >= 0) {
     c.call_workspace_bytes_per_query_element = m.call_workspace_bytes_per_query_element;
+    c.workspace_bytes_per_element = 0;  // measured instead of the presets' fitted term
     c.sources.push_back("call_workspace_bytes_per_query_element: the " + m.backend + " calls' own peak at " +
-                        std::to_string(m.workspace_tokens) + " tokens, " + by);
+                        std::to_string(m.workspace_tokens) + " tokens, " + by +
+                        "; workspace_bytes_per_element 0: the fitted term it replaces");
   } else {
     c.sources.push_back("call_workspace_bytes_per_query_element: not measured (the device does not count its "
                         "memory): 0");
