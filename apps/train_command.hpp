@@ -30,6 +30,7 @@ struct TrainCliOptions {
   int ranks_per_node = 0;
   std::string checkpointing = "none";
   bool offload_checkpoints = false;  // the kept checkpoints wait in host memory
+  int offload_keep_layers = 1;       // but the last this many layers' stay on the device
   double lr = 3e-3;
   int64_t warmup = 10;
   double weight_decay = 0.1;

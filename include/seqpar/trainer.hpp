@@ -50,6 +50,9 @@ struct TrainOptions {
   // stream of its own under the neighbouring layers' compute) from the layer's forward to its
   // backward; the same bits as without.
   bool offload_checkpoints = false;
+  // With offload_checkpoints, the last layers whose checkpoints stay on the device (at least 1,
+  // the last, whose backward comes first): fewer host bytes for more device bytes.
+  int offload_keep_layers = 1;
   AdamWOptions optimizer;
   uint64_t seed = 1234;  // parameters and data
   // Packing: >= 0 ends a document at each input of this token (train_data.hpp: pack_documents);

@@ -96,13 +96,14 @@ class Transformer {
   // `offload_checkpoints` what the policy keeps goes through host copies between a layer's
   // forward and backward (the GPU trainer's path, run here by the same code); with `tile_tokens`
   // > 0 the MLP runs that many rows at a time, recomputing its inner activations in the backward
-  // (the GPU trainer's --tile-tokens). The communicator must outlive the model.
+  // (the GPU trainer's --tile-tokens); `offload_keep_layers`: the last layers whose checkpoints
+  // stay on the device when offloading (at least 1). The communicator must outlive the model.
   static StatusOr<std::unique_ptr<Transformer>> create(const ModelConfig& config, Checkpointing policy,
                                                        const PlanOptions& options, const Layout& layout,
                                                        int64_t batch, Communicator& comm,
                                                        LaspAlgorithm linear = LaspAlgorithm::kAuto,
                                                        bool offload_checkpoints = false,
-                                                       int64_t tile_tokens = 0);
+                                                       int64_t tile_tokens = 0, int64_t offload_keep_layers = 1);
   ~Transformer();
 
   // Forward and backward of this rank's shard: adds scale * d(sum of its losses)/d(params) into

@@ -13,10 +13,10 @@
 // contiguous layout).
 // Checkpointing keeps a linear layer's attention output and LASP context, so its recompute
 // neither sends nor receives a state.
-// With offload_checkpoints, what a policy keeps of layer l (all but the last layer, whose backward
-// comes first) waits in host memory (host_offload.hpp): copied out under layer l+1's forward, its
-// device arrays given back after it, and copied back under layer l+1's backward, so the device
-// holds about two layers' checkpoints at a time.
+// With offload_checkpoints, what a policy keeps of layer l (all but the last keep_layers layers,
+// whose backward comes first; at least the last) waits in host memory (host_offload.hpp): copied
+// out under layer l+1's forward, its device arrays given back after it, and copied back under
+// layer l+1's backward, so the device holds about keep_layers + 1 layers' checkpoints at a time.
 // With tile_rows > 0 the MLP runs that many rows at a time (mlp_pass.hpp: none of its inner
 // activations kept, the backward recomputing each tile from x_mid, so a checkpointing recompute
 // stops at x_mid), and so do a linear mixer's backward steps before LASP
@@ -65,14 +65,14 @@ class LayerPass {
   // policy alone; may be null). Both are copied: the Session's cache may start over (packed
   // documents plan a mask a sequence). chunk: rows of logits the fused LM head makes at once.
   // linear: how linear layers split over the ranks (LASP's chain or all-gather, or ulysses).
-  // offload: the policy's checkpoints wait in host memory (a policy other than none).
-  // tile_rows: the MLP's rows at a time (0: all of them).
+  // offload: the policy's checkpoints wait in host memory (a policy other than none), all but
+  // the last keep_layers layers' (at least 1). tile_rows: the MLP's rows at a time (0: all of them).
   LayerPass(const ModelConfig& config, Checkpointing policy, Dev& dev, const AttentionPlan& plan,
             const AttentionPlan* early, int64_t chunk, LaspAlgorithm linear, bool offload = false,
-            int64_t tile_rows = 0)
+            int64_t tile_rows = 0, int64_t keep_layers = 1)
       : c_(config), policy_(policy), dev_(dev), mem_(dev.memory()), plan_(std::make_unique<AttentionPlan>(plan)),
         early_(early ? std::make_unique<AttentionPlan>(*early) : nullptr), chunk_(chunk), linear_(linear),
-        offload_checkpoints_(offload), tile_rows_(tile_rows), mlp_(config, dev, dev.memory(), tile_rows),
+        offload_checkpoints_(offload), keep_layers_(std::max<int64_t>(1, keep_layers)), tile_rows_(tile_rows), mlp_(config, dev, dev.memory(), tile_rows),
         at_(parameter_offsets(config)), units_(weight_units(config)), lasp_(size_t(config.layers)) {}
 
   const AttentionPlan& attention_plan() const { return *plan_; }
@@ -114,8 +114,8 @@ class LayerPass {
     if (offloading && !offload_) {
       SP_ASSIGN_OR_RETURN(offload_, make_host_offload(mem_));
     }
-    // The last layer's checkpoints stay: its backward comes first.
-    const auto offloaded = [&](int64_t l) { return offloading && l < c_.layers - 1; };
+    // The last layers' checkpoints stay: their backward comes first.
+    const auto offloaded = [&](int64_t l) { return offloading && l < c_.layers - keep_layers_; };
     // Destroyed before `kept`: on a failed pass no array is given back under a copy still using it.
     const CopiesEnd copies_end{offloading ? offload_.get() : nullptr};
     SP_ASSIGN_OR_RETURN(Array<R> x, mem_.template make<R>(rows_ * hid()));
@@ -588,6 +588,7 @@ class LayerPass {
   int64_t chunk_;
   LaspAlgorithm linear_;
   bool offload_checkpoints_;
+  int64_t keep_layers_;  // the last layers whose checkpoints stay on the device when offloading
   int64_t tile_rows_;  // the MLP's rows at a time (0: all)
   MlpPass<Dev> mlp_;
   std::unique_ptr<HostOffload> offload_;  // made at the first pass that offloads

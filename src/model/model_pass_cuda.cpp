@@ -183,7 +183,8 @@ class CudaModelPass final : public ModelPass {
     SP_RETURN_IF_ERROR(layers_.set_positions(layout.positions(rank_)));
     layers_.enable_profile(o.profile);
     pass_ = std::make_unique<LayerPass<CudaLayers>>(c, o.checkpointing, layers_, *plan, early, o.lm_head_chunk,
-                                                    o.linear_sp, o.offload_checkpoints, o.tile_rows());
+                                                    o.linear_sp, o.offload_checkpoints, o.tile_rows(),
+                                                    o.offload_keep_layers);
     return Status::Ok();
   }
   Status forward_backward(WeightStore& store, const ShardBatch& batch, double scale, StepLoss* loss) override {

@@ -202,6 +202,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   SP_CHECK_ARG(!options.offload_checkpoints || options.checkpointing != Checkpointing::kNone,
                "offloading checkpoints needs a checkpointing policy that keeps some (full, attention or sequence), "
                "not none");
+  SP_CHECK_ARG(options.offload_keep_layers >= 1, "the layers whose checkpoints stay on the device when offloading "
+                                                 "must be at least 1 (the last), got " +
+                                                     std::to_string(options.offload_keep_layers));
   auto impl = std::make_unique<Impl>(options, comm);
   Impl& I = *impl;
   if (options.device == DeviceKind::kCuda) {
@@ -433,7 +436,8 @@ StatusOr<std::unique_ptr<ModelPass>> make_model_pass(const TrainOptions& o, cons
   if (o.device == DeviceKind::kCuda) return make_cuda_model_pass(o, layout, group, memory);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer<float>> model,
                       Transformer<float>::create(o.model, o.checkpointing, o.plan_options(), layout, o.batch, group,
-                                                 o.linear_sp, o.offload_checkpoints, o.tile_rows()));
+                                                 o.linear_sp, o.offload_checkpoints, o.tile_rows(),
+                                                 o.offload_keep_layers));
   model->profile_steps(o.profile);
   return std::unique_ptr<ModelPass>(std::make_unique<CpuModelPass>(std::move(model)));
 }

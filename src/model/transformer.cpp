@@ -197,7 +197,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
                                                                  const PlanOptions& options, const Layout& layout,
                                                                  int64_t batch, Communicator& comm,
                                                                  LaspAlgorithm linear, bool offload_checkpoints,
-                                                                 int64_t tile_tokens) {
+                                                                 int64_t tile_tokens, int64_t offload_keep_layers) {
   SP_RETURN_IF_ERROR(config.validate());
   SP_CHECK_ARG(tile_tokens >= 0, "the MLP's tile must not be negative (0: all rows at once)");
   SP_CHECK_ARG(layout.ranks() == comm.size(), "the layout is for " + std::to_string(layout.ranks()) +
@@ -224,7 +224,7 @@ StatusOr<std::unique_ptr<Transformer<T>>> Transformer<T>::create(const ModelConf
   }
   impl->pass = std::make_unique<model::LayerPass<model::HostLayers<T>>>(config, policy, impl->layers, *plan, early,
                                                                          1024, linear, offload_checkpoints,
-                                                                         tile_tokens);
+                                                                         tile_tokens, offload_keep_layers);
   return std::unique_ptr<Transformer>(new Transformer(std::move(impl)));
 }
 
