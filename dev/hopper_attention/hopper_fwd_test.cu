@@ -13,7 +13,8 @@
 //          of the repetitions, after warm-up); prints TFLOP/s with FLOPs = 4 B S^2 H D (half
 //          for causal).
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 4 B H D x visible scores.
-// Usage: hopper_fwd_test check <variant> [D] [all|dense|masks]
+// Usage: hopper_fwd_test check <variant> [D] [all|dense|masks]   (persistent variants: each case
+//        twice, on the full grid and on 3 CTAs)
 //        hopper_fwd_test bench <variant> <S> <causal 0|1> <H> <Hkv> <D> [reps]
 //        hopper_fwd_test benchmask <variant> <S> <mask spec> <H> <Hkv> <D> [reps]
 // Variants: the names in variants.cuh (basic, overlap, pingpong, pingpong3, pp176, pp192 at
@@ -243,6 +244,7 @@ auto row_fn = [&](int r) {
   if (c.mask)
     std::printf(" | tiles %lld listed, %lld boundary, docs %zu", tiles.entries[0], tiles.boundary[0],
                 pm.doc_offsets.empty() ? 0 : pm.doc_offsets.size() - 1);
+  if (hopper_attn::g_grid_cap) std::printf(" | grid capped at %d CTAs", hopper_attn::g_grid_cap);
   std::printf("\n");
   return ok;
 }
@@ -275,11 +277,20 @@ static int run_check(const std::string& variant, int only_d, const std::string& 
     for (const Case& c : mask_cases()) cases.push_back(c);
   int fails = 0, n = 0;
   uint64_t seed = 0x5eed0000ull + std::random_device{}();  // fresh inputs every run
+  // The persistent variants run each case twice: on their full grid (at most one unit per CTA in
+  // these small problems) and on 3 CTAs, so that each CTA walks many units (tile boundaries,
+  // zero-key tiles, the next unit's Q loaded during the last one).
+  const bool persistent = variant.rfind("persist", 0) == 0;
   for (const Case& c : cases) {
     if (only_d && c.D != only_d) continue;
-    ++n;
-    fails += !check_case(variant, c, seed++);
+    for (int cap : {0, 3}) {
+      if (cap && !persistent) continue;
+      hopper_attn::g_grid_cap = cap;
+      ++n;
+      fails += !check_case(variant, c, seed++);
+    }
   }
+  hopper_attn::g_grid_cap = 0;
   std::printf("check %s: %d/%d cases pass\n", variant.c_str(), n - fails, n);
   return fails ? 1 : 0;
 }

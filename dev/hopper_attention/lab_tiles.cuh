@@ -18,9 +18,9 @@ namespace lab {
 // Query rows and keys per tile of the forward variants in variants.cuh.
 inline void fwd_tile(const std::string& variant, int D, int* bm, int* bn) {
   *bm = 128, *bn = 128;
-  if (variant == "pp176") *bn = 176;
-  if (variant == "pp192" || variant.rfind("persist192", 0) == 0) *bn = 192;
-  if (variant == "m192" || variant.rfind("persist_m192", 0) == 0) *bm = 192;
+  if (variant == "pp176" || variant.rfind("persist176", 0) == 0) *bn = 176;
+  if (variant.rfind("pp192", 0) == 0 || variant.rfind("persist192", 0) == 0) *bn = 192;
+  if (variant.rfind("m192", 0) == 0 || variant.rfind("persist_m192", 0) == 0) *bm = 192;
   (void)D;
 }
 

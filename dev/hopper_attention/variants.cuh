@@ -6,7 +6,16 @@
 // three consumer warpgroups, 192 query rows; with 176-key tiles it spills at 160 registers);
 // persist192 / persist_m192: pp192 / m192 as a persistent kernel with a TMA store of O
 // (hopper_fwd_persist.cuh), units from a global counter; persist192s / persist_m192s: the same
-// with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store).
+// with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store);
+// persist176: the library's persistent kernel with 176-key tiles; pp192u, m192u, persist192u,
+// persist_m192u: the library's kernels with kUniform (warp-broadcast consumer index and stage
+// counter: wgmma descriptors in uniform registers). From persist_lab.cuh (the
+// library's kernel with options): persist192lab / persist_m192lab (no option: the control),
+// ...p (the next unit's Q prefetched into L2), ...w (the main loop waits for the previous P V
+// before the softmax, pinned), ...o (the softmax pinned before that wait), ...x (fused tile
+// boundaries: the next tile's first Q K^T in one turn with the last P V, O from registers),
+// ...xp, ...xw, ...xu (fused with p, w, or the uniform hints), persist_m192xt (fused, O through its own buffer and a TMA
+// store), persist176x (fused, 176-key tiles).
 // The kernels are the library's (src/kernels/hopper/, namespace seqpar::hopper; build.sh puts
 // src/ on the include path); the backend runs persist192 or pp192 (D = 128), persist_m192 (D = 64)
 // and backward base (D = 128) / q128 (D = 64).
@@ -17,9 +26,14 @@
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
+#include "persist_lab.cuh"
 
 namespace hopper_attn {
 using namespace seqpar::hopper;
+
+// The persistent variants' grid cap (0: none; the check driver sets a few CTAs, so that each
+// walks several units of the small check problems: tile boundaries, zero-key tiles).
+inline int g_grid_cap = 0;
 
 inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t st) {
   if (a.head_dim == 128) {
@@ -29,18 +43,50 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "pingpong3") return launch_fwd<128, 128, 3, true, true>(a, st);
     if (v == "pp176") return launch_fwd<128, 176, 2, true, true>(a, st);
     if (v == "pp192") return launch_fwd<128, 192, 2, true, true>(a, st);
-    if (v == "persist192") return launch_fwd_persist<128, 192, 2>(a, st);
-    if (v == "persist192s") return launch_fwd_persist<128, 192, 2>(a, st, false);
-    if (v == "persist192r") return launch_fwd_persist<128, 192, 2, false>(a, st);
+    if (v == "pp192u") return launch_fwd<128, 192, 2, true, true, 2, true>(a, st);
+    if (v == "persist192") return launch_fwd_persist<128, 192, 2>(a, st, true, g_grid_cap);
+    if (v == "persist192s") return launch_fwd_persist<128, 192, 2>(a, st, false, g_grid_cap);
+    if (v == "persist192r") return launch_fwd_persist<128, 192, 2, false>(a, st, true, g_grid_cap);
+    if (v == "persist176") return launch_fwd_persist<128, 176, 2>(a, st, true, g_grid_cap);
+    if (v == "persist192u") return launch_fwd_persist<128, 192, 2, true, true>(a, st, true, g_grid_cap);
+    // persist_lab.cuh's kernel and options:
+    if (v == "persist192lab") return persist_lab::launch_fwd_persist_x<128, 192, 2, true, 0>(a, st, true, g_grid_cap);
+    if (v == "persist192p") return persist_lab::launch_fwd_persist_x<128, 192, 2, true, persist_lab::kPrefetchQ>(a, st, true, g_grid_cap);
+    if (v == "persist192w") return persist_lab::launch_fwd_persist_x<128, 192, 2, true, persist_lab::kWaitFirst>(a, st, true, g_grid_cap);
+    if (v == "persist192o")
+      return persist_lab::launch_fwd_persist_x<128, 192, 2, true, persist_lab::kOverlapSoftmax>(a, st, true, g_grid_cap);
+    if (v == "persist192x") return persist_lab::launch_fwd_persist_x<128, 192, 2, false, persist_lab::kFuseTiles>(a, st, true, g_grid_cap);
+    if (v == "persist192xp")
+      return persist_lab::launch_fwd_persist_x<128, 192, 2, false, persist_lab::kFuseTiles | persist_lab::kPrefetchQ>(a, st, true, g_grid_cap);
+    if (v == "persist192xw")
+      return persist_lab::launch_fwd_persist_x<128, 192, 2, false, persist_lab::kFuseTiles | persist_lab::kWaitFirst>(a, st, true, g_grid_cap);
+    if (v == "persist192xu")
+      return persist_lab::launch_fwd_persist_x<128, 192, 2, false, persist_lab::kFuseTiles | persist_lab::kUniformHints>(a, st, true, g_grid_cap);
+    if (v == "persist176x") return persist_lab::launch_fwd_persist_x<128, 176, 2, false, persist_lab::kFuseTiles>(a, st, true, g_grid_cap);
   } else if (a.head_dim == 64) {
     if (v == "basic") return launch_fwd<64, 128, 2, false, false>(a, st);
     if (v == "pingpong") return launch_fwd<64, 128, 2, true, true>(a, st);
     if (v == "pingpong3") return launch_fwd<64, 128, 3, true, true>(a, st);
     if (v == "pp176") return launch_fwd<64, 176, 2, true, true>(a, st);
     if (v == "m192") return launch_fwd<64, 128, 2, true, true, 3>(a, st);
-    if (v == "persist_m192") return launch_fwd_persist<64, 128, 3>(a, st);
-    if (v == "persist_m192s") return launch_fwd_persist<64, 128, 3>(a, st, false);
-    if (v == "persist_m192r") return launch_fwd_persist<64, 128, 3, false>(a, st);
+    if (v == "m192u") return launch_fwd<64, 128, 2, true, true, 3, true>(a, st);
+    if (v == "persist_m192") return launch_fwd_persist<64, 128, 3>(a, st, true, g_grid_cap);
+    if (v == "persist_m192s") return launch_fwd_persist<64, 128, 3>(a, st, false, g_grid_cap);
+    if (v == "persist_m192r") return launch_fwd_persist<64, 128, 3, false>(a, st, true, g_grid_cap);
+    if (v == "persist_m192u") return launch_fwd_persist<64, 128, 3, true, true>(a, st, true, g_grid_cap);
+    if (v == "persist_m192lab") return persist_lab::launch_fwd_persist_x<64, 128, 3, true, 0>(a, st, true, g_grid_cap);
+    if (v == "persist_m192p") return persist_lab::launch_fwd_persist_x<64, 128, 3, true, persist_lab::kPrefetchQ>(a, st, true, g_grid_cap);
+    if (v == "persist_m192w") return persist_lab::launch_fwd_persist_x<64, 128, 3, true, persist_lab::kWaitFirst>(a, st, true, g_grid_cap);
+    if (v == "persist_m192o")
+      return persist_lab::launch_fwd_persist_x<64, 128, 3, true, persist_lab::kOverlapSoftmax>(a, st, true, g_grid_cap);
+    if (v == "persist_m192x") return persist_lab::launch_fwd_persist_x<64, 128, 3, false, persist_lab::kFuseTiles>(a, st, true, g_grid_cap);
+    if (v == "persist_m192xp")
+      return persist_lab::launch_fwd_persist_x<64, 128, 3, false, persist_lab::kFuseTiles | persist_lab::kPrefetchQ>(a, st, true, g_grid_cap);
+    if (v == "persist_m192xt") return persist_lab::launch_fwd_persist_x<64, 128, 3, true, persist_lab::kFuseTiles>(a, st, true, g_grid_cap);
+    if (v == "persist_m192xu")
+      return persist_lab::launch_fwd_persist_x<64, 128, 3, false, persist_lab::kFuseTiles | persist_lab::kUniformHints>(a, st, true, g_grid_cap);
+    if (v == "persist_m192xw")
+      return persist_lab::launch_fwd_persist_x<64, 128, 3, false, persist_lab::kFuseTiles | persist_lab::kWaitFirst>(a, st, true, g_grid_cap);
   }
   std::fprintf(stderr, "no variant %s at D = %d\n", v.c_str(), a.head_dim);
   return cudaErrorInvalidValue;

@@ -166,7 +166,10 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)
 
 // ---- the kernel --------------------------------------------------------------------------
 
-template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC>
+// kUniform: the consumer index goes through a warp broadcast (__shfl_sync from lane 0), so that
+// ptxas knows it is warp-uniform and builds the Q descriptors in uniform registers (without it,
+// nvcc 13.0 computes them per thread and moves them with R2UR before each wgmma).
+template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC, bool kUniform = false>
 __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kConsumerRegs));
-  const int c = wg - 1;  // consumer index: query rows c*64 .. c*64+63 of the tile
+  const int c = kUniform ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;  // query rows c*64 .. c*64+63
   const int lane = tid % 32, warp = (tid % 128) / 32;
   const int row0 = m0 + c * 64 + warp * 16 + lane / 4;  // this thread's rows: row0, row0 + 8
   const bool is_signaller = (tid % 128) == 0;
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 
 // ---- host side ---------------------------------------------------------------------------
 
-template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC = 2>
+template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC = 2, bool kUniform = false>
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBM = Cfg<kC>::kBM;
   CUtensorMap tq, tk, tv;
@@ -471,7 +474,7 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   p.causal_offset = a.causal_offset;
   const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = scale * 1.4426950408889634f;
-  auto kernel = fwd_kernel<kD, kBN, kStages, kOverlap, kPingPong, kC>;
+  auto kernel = fwd_kernel<kD, kBN, kStages, kOverlap, kPingPong, kC, kUniform>;
   constexpr int smem = Smem<kD, kBN, kStages, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

@@ -32,9 +32,9 @@ int forward(const FwdArgs& a, void* stream) {
   // (1.01-1.05x); dense full at D = 128 only at 8K keys (1.01x; 16K-128K: 0.95-0.99x).
   if (a.head_dim == 128) {
     const bool persistent = a.tiles.begin != nullptr || a.causal || a.seq_k <= 8192;
-    return persistent ? kFwdPersist128(a, s, true) : kFwd128(a, s);
+    return persistent ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
   }
-  if (a.head_dim == 64) return kFwdPersist64(a, s, true);
+  if (a.head_dim == 64) return kFwdPersist64(a, s, true, 0);
   return cudaErrorInvalidValue;
 }
 
