@@ -18,20 +18,25 @@
 namespace seqpar::hopper {
 namespace {
 constexpr auto kFwd128 = launch_fwd<128, 192, 2, true, true, 2>;
-// The persistent forms (hopper_fwd_persist.cuh; they launch the above where O is fp32 or its
-// strides do not suit a TMA store).
-constexpr auto kFwdPersist128 = launch_fwd_persist<128, 192, 2>;
-constexpr auto kFwdPersist64 = launch_fwd_persist<64, 128, 3>;
+// The persistent forms (hopper_fwd_persist.cuh; they launch fwd_kernel where O is fp32 or its
+// strides do not suit a TMA store), with kUniform: wgmma descriptors in uniform registers
+// (dev/hopper_attention/README.md, "Uniform descriptors", one H200: 0.99-1.03x the plain
+// persistent kernel, median 1.01x at D = 128 and 1.02x at D = 64; fwd_kernel with kUniform was
+// 0.97-1.02x the plain one, slower at 32K-64K dense full, so kFwd128 and the fallbacks keep it).
+constexpr auto kFwdPersist128 = launch_fwd_persist<128, 192, 2, true, true>;
+constexpr auto kFwdPersist64 = launch_fwd_persist<64, 128, 3, true, true>;
 }  // namespace
 
 int forward(const FwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // Measured on one H100 (dev/hopper_attention/README.md, "Persistent forward", runs 2 and 3):
-  // the persistent kernel wins on tile lists (32K: 256 documents 1.37x, BigBird 1.15x, 16
-  // documents 1.07x), under the causal mask (8K-32K: 1.01-1.03x; 128K: 1.00x) and at D = 64
-  // (1.01-1.05x); dense full at D = 128 only at 8K keys (1.01x; 16K-128K: 0.95-0.99x).
+  // Measured (dev/hopper_attention/README.md, "Persistent forward" on one H100, "Uniform
+  // descriptors" on one H200): the persistent kernel wins on tile lists (32K: 256 documents
+  // 1.37x, BigBird 1.15x, 16 documents 1.07x), under the causal mask (8K-64K) and at D = 64; dense
+  // full at D = 128 up to 24K keys (H200: 8K 1.03x, 12K 1.02-1.03x, 16K 1.01-1.03x, 24K
+  // 1.00-1.01x pp192) but not from 32K keys (32K and 64K: 0.98-0.99x; at 32K it runs at a 3%
+  // lower SM clock than pp192 under the 700 W cap), where pp192 stays.
   if (a.head_dim == 128) {
-    const bool persistent = a.tiles.begin != nullptr || a.causal || a.seq_k <= 8192;
+    const bool persistent = a.tiles.begin != nullptr || a.causal || a.seq_k <= 24576;
     return persistent ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
   }
   if (a.head_dim == 64) return kFwdPersist64(a, s, true, 0);
