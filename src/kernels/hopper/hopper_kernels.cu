@@ -25,6 +25,10 @@ constexpr auto kFwd128 = launch_fwd<128, 192, 2, true, true, 2>;
 // 0.97-1.02x the plain one, slower at 32K-64K dense full, so kFwd128 and the fallbacks keep it).
 constexpr auto kFwdPersist128 = launch_fwd_persist<128, 192, 2, true, true>;
 constexpr auto kFwdPersist64 = launch_fwd_persist<64, 128, 3, true, true>;
+// Tile lists (masks) keep the plain persistent kernel: kUniform was timed on the full and causal
+// paths only.
+constexpr auto kFwdPersistLists128 = launch_fwd_persist<128, 192, 2>;
+constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
 }  // namespace
 
 int forward(const FwdArgs& a, void* stream) {
@@ -35,11 +39,12 @@ int forward(const FwdArgs& a, void* stream) {
   // full at D = 128 up to 24K keys (H200: 8K 1.03x, 12K 1.02-1.03x, 16K 1.01-1.03x, 24K
   // 1.00-1.01x pp192) but not from 32K keys (32K and 64K: 0.98-0.99x; at 32K it runs at a 3%
   // lower SM clock than pp192 under the 700 W cap), where pp192 stays.
+  const bool lists = a.tiles.begin != nullptr;
   if (a.head_dim == 128) {
-    const bool persistent = a.tiles.begin != nullptr || a.causal || a.seq_k <= 24576;
-    return persistent ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
+    if (lists) return kFwdPersistLists128(a, s, true, 0);
+    return a.causal || a.seq_k <= 24576 ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
   }
-  if (a.head_dim == 64) return kFwdPersist64(a, s, true, 0);
+  if (a.head_dim == 64) return lists ? kFwdPersistLists64(a, s, true, 0) : kFwdPersist64(a, s, true, 0);
   return cudaErrorInvalidValue;
 }
 
