@@ -5,6 +5,12 @@
 // 35's documents rows on 4 x H100 (bytes to the byte, which schedule is faster, auto's pick).
 #include <gtest/gtest.h>
 
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "parallel/block_memory.hpp"
+#include "parallel/executor.hpp"
 #include "planner/cluster.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/planner.hpp"
@@ -364,6 +370,116 @@ TEST(PlannerMemory, CallWorkspaceIsPricedPerQueryElement) {
   problem.wire.pack_has_delta = true;
   const Prediction delta = predict(read, problem, cand);
   EXPECT_EQ(delta.workspace_bytes - with.workspace_bytes, int64_t(n * 32 * 4));
+}
+
+// Host block memory that counts the bytes of the blocks the executor holds at once.
+class CountingMemory final : public parallel::BlockMemory {
+ public:
+  int64_t live = 0, peak = 0;
+  DeviceKind device() const override { return inner_->device(); }
+  void* stream() const override { return inner_->stream(); }
+  StatusOr<std::unique_ptr<parallel::MemoryBlock>> allocate(size_t bytes) override {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<parallel::MemoryBlock> block, inner_->allocate(bytes));
+    sizes_[block->data()] = int64_t(bytes);
+    live += int64_t(bytes), peak = std::max(peak, live);
+    return block;
+  }
+  void release(std::unique_ptr<parallel::MemoryBlock> block) override {
+    if (block) live -= sizes_.at(block->data()), sizes_.erase(block->data());
+    inner_->release(std::move(block));
+  }
+  Status copy(const TensorView& src, const TensorView& dst) override { return inner_->copy(src, dst); }
+  Status fill(const TensorView& dst, float value) override { return inner_->fill(dst, value); }
+  Status add(const TensorView& src, const TensorView& dst) override { return inner_->add(src, dst); }
+  Status settle() override { return inner_->settle(); }
+  Status begin() override { return inner_->begin(); }
+  Status end() override { return inner_->end(); }
+  bool tracing() const override { return false; }
+  Status mark(const std::string& label) override { return inner_->mark(label); }
+
+ private:
+  std::unique_ptr<parallel::BlockMemory> inner_ = parallel::make_host_block_memory();
+  std::map<void*, int64_t> sizes_;
+};
+
+// The planner's walk of a schedule's blocks (peak_block_bytes) against the bytes the executor
+// holds at once on CPU ranks, per rank and pass, for every algorithm that takes 2 ranks of the
+// zigzag layout (sizes whose parts need no padding; the CPU backend's own query pack is the
+// caller's tensors but for D's rows, which the planner prices beside the walk). The backward of
+// ring and Burst receives a result's part while a compute makes the result beside it (dK/dV, dQ
+// of the peer's shard in round 1): both are held until the wait, where a walk that took the
+// arriving part for the result counted one of them (here 128 KiB short: dK/dV, 2 n H_kv D, or
+// dQ, n H D, in fp32; on a GPU that result is held in bf16). Ulysses-overlap's concat cuts the
+// rank's own head part out before joining it, which the walk missed too.
+TEST(PlannerMemory, WalkedPeakIsWhatTheExecutorHolds) {
+  seqpar::Problem g;
+  g.seq = 1024, g.heads = 4, g.kv_heads = 2, g.head_dim = 16, g.dtype = DType::kF32;
+  const Layout layout = Layout::create(LayoutKind::kZigzag, g.seq, 2).value();
+  AttentionParams params;
+  params.mask = MaskSpec::causal();
+  const Inputs in(g);
+  std::set<std::string> ran;
+  for (const Algorithm* a : all_algorithms()) {
+    const PlanOptions options(a->name);
+    if (!plan_attention(options, layout, params, g.bytes(), 0, cpu_kernel_backend()).ok()) continue;
+    std::mutex mu;
+    const Status st = run_local_ranks(2, [&](Communicator& comm) -> Status {
+      omp_set_num_threads(1);
+      const int r = comm.rank();
+      const int64_t n = layout.local_len(r), B = 1;
+      SP_ASSIGN_OR_RETURN(AttentionPlan plan,
+                          plan_attention(options, layout, params, g.bytes(), r, cpu_kernel_backend()));
+      HostTensor lq(g.dtype, {B, n, g.heads, g.head_dim}), lk(g.dtype, {B, n, g.kv_heads, g.head_dim});
+      HostTensor lv = lk, ldo = lq, lo = lq, ldq = lq, ldk = lk, ldv = lk, llse(g.dtype, {B, g.heads, n});
+      SP_RETURN_IF_ERROR(layout.shard(in.q.view(), 1, r, lq.view()));
+      SP_RETURN_IF_ERROR(layout.shard(in.k.view(), 1, r, lk.view()));
+      SP_RETURN_IF_ERROR(layout.shard(in.v.view(), 1, r, lv.view()));
+      SP_RETURN_IF_ERROR(layout.shard(in.dout.view(), 1, r, ldo.view()));
+      const ShardTensors t{lq.view(), lk.view(), lv.view(), lo.view(), llse.view(),
+                           ldo.view(), ldq.view(), ldk.view(), ldv.view()};
+      ForwardState kept;
+      for (Pass pass : {Pass::kForward, Pass::kBackward}) {
+        CountingMemory memory;
+        SP_RETURN_IF_ERROR(parallel::run_pass(comm, plan, t, pass, memory, nullptr, &kept));
+        // Beside the walk, as the planner prices them: D's rows of the own query pack.
+        const int64_t delta_rows = pass == Pass::kBackward ? n * g.heads * int64_t(dtype_size(g.dtype)) : 0;
+        const int64_t walked = peak_block_bytes(plan.schedule.pass(pass), pass, r, layout, plan.block_bytes,
+                                                plan.schedule.head_parts) + delta_rows;
+        std::lock_guard lock(mu);
+        EXPECT_EQ(walked, memory.peak) << a->name << " rank " << r
+                                       << (pass == Pass::kForward ? " forward" : " backward");
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(st.ok()) << a->name << ": " << st.to_string();
+    ran.insert(a->name);
+  }
+  for (const char* name : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-overlap"})
+    EXPECT_TRUE(ran.count(name)) << name;
+}
+
+// With head groups, a call computes one group's heads, so its workspace and D's rows are one
+// group's; and each group's own inputs, slices of the caller's tensors across heads, are copied
+// into blocks for the pass (Q, dO, K, V in the backward). The 2 x H200 ring at 256K MHA causal in
+// two groups (call n1): 5.000 GiB of blocks walked as 4.000 + 2.000 GiB of copies, 1.016 GiB of
+// workspace and 8 MiB of D's rows where the whole heads' were priced (13.055 GiB measured with
+// the outputs, 11.06 predicted before).
+TEST(PlannerMemory, HeadGroupsPriceOneGroupsCallsAndCopyTheirOwnInputs) {
+  Cluster cluster = cluster_preset("h200x2").value();
+  cluster.workspace_bytes_per_element = 0, cluster.call_workspace_bytes_per_query_element = 4.0625;
+  Problem problem;
+  problem.seq = 262144, problem.heads = 32, problem.kv_heads = 32, problem.head_dim = 128;
+  problem.wire.pack_has_delta = true;
+  const Prediction one = predict(cluster, problem, {"ring", 0, "ring", 1, LayoutKind::kZigzag});
+  const Prediction two = predict(cluster, problem, {"ring", 0, "ring", 2, LayoutKind::kZigzag});
+  ASSERT_TRUE(one.refusal.empty() && two.refusal.empty()) << one.refusal << two.refusal;
+  const int64_t n = 131072, group_q = n * 16 * 128;
+  EXPECT_EQ(one.workspace_bytes, int64_t(4.0625 * n * 32 * 128) + n * 32 * 4);
+  EXPECT_EQ(two.workspace_bytes, int64_t(4.0625 * n * 16 * 128) + n * 16 * 4);
+  // The walk halves with the heads; the backward's copies: Q, dO, K, V of 16 heads in bf16.
+  EXPECT_EQ(two.peak_block_bytes, one.peak_block_bytes / 2 + 4 * group_q * 2);
+  const double GiB = double(1 << 30);
+  EXPECT_NEAR((two.extra_bytes() + (n * 32 * 128 * 2 * 4 + n * 32 * 4)) / GiB, 13.055, 0.02);  // + the outputs
 }
 
 // A window's or documents' partly visible steps run as causal calls of twice their keys per query,

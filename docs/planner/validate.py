@@ -39,9 +39,12 @@ def outputs_bytes(d, cluster):
 
 def own_pack_bytes(d, before_fix):
     """Before b7052a6 the backward's own query pack, where the backend takes D (auto and the Hopper
-    kernels at head dim 128), held room for Q and dO it never wrote: 4 n H D bytes a rank."""
+    kernels at head dim 128), held room for Q and dO it never wrote: 4 n H D bytes a rank. Not with
+    head groups: there a group's Q and dO, slices across heads, were copied into the pack and read,
+    as they still are, and the planner prices those copies itself."""
     takes_delta = d.get("backend") in ("auto", "cuda", "hopper") and d["head_dim"] == 128
-    return 4 * (d["seq"] // d["gpus"]) * d["heads"] * d["head_dim"] if before_fix and takes_delta else 0
+    one_group = d.get("head_groups", 1) == 1
+    return 4 * (d["seq"] // d["gpus"]) * d["heads"] * d["head_dim"] if before_fix and takes_delta and one_group else 0
 
 
 def predict(cli, preset, d):

@@ -253,8 +253,10 @@ bool holds_rounded(const Block& b, const ResultUse& use, int rank, int head_part
 // A rank's own whole-heads result: held rounded, it is the caller's output tensors themselves.
 inline bool is_own_result(const Block& b, int rank) { return is_result(b.kind) && b == Block{b.kind, rank}; }
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
-// received inputs, results (its own included, unless held in the caller's tensors), arriving
-// parts and the rounded copies of accumulators sent home, each block sized for the layout's
+// received inputs, results (its own included, unless held in the caller's tensors), result
+// parts arriving to be combined (buffers of their own from the post to the wait, beside the
+// result a compute makes meanwhile) and the rounded copies of accumulators sent home, each
+// block sized for the layout's
 // longest shard as the GPU executor allocates them (results_rounded: as it holds them). Head
 // groups divide it.
 int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, const Layout& layout,

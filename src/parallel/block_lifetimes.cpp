@@ -84,12 +84,21 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     }
     return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
   };
+  // Whether a result received whole can be the block as the rank holds it (the executor's
+  // adoptable): it travels in the form it is held in, and is not the caller's tensors.
+  const auto adoptable = [&](const Block& b) {
+    const bool rounds_home = bytes.accumulator != bytes.input && goes_home(b, rank);
+    return rounds_home == rounded(b) && !(rounded(b) && is_own_result(b, rank));
+  };
   const std::map<Block, size_t> last = last_input_uses(steps, pass, rank);
   std::map<Block, int64_t> held;  // and the bytes each takes
-  // Per batch: the bytes of the parts to combine and of the rounded copies of results sent home
-  // (both gone at the wait), and the results sent.
+  // Per batch: the bytes of the rounded copies of results sent home (gone at the wait), the
+  // results sent, and the result parts arriving to be combined, each a buffer of its own from
+  // the post to the wait: a compute in between makes the result beside it (it cannot write into
+  // a buffer being received into), so both are held at once.
   std::map<int, int64_t> in_flight;
   std::map<int, std::vector<Block>> leaving;
+  std::map<int, std::vector<std::pair<Transfer, int64_t>>> arriving;
   int64_t live = 0, peak = 0;
   const auto hold = [&](const Block& b, int to = -1) {
     if (held.emplace(b, size(b, to)).second) live += held[b], peak = std::max(peak, live);
@@ -104,11 +113,15 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
       hold(s.q_block(pass == Pass::kForward ? BlockKind::kOutput : BlockKind::kDQ));
       if (pass == Pass::kBackward) hold(s.kv_block(BlockKind::kDKV));
     } else if (s.kind == StepKind::kConcat) {
+      // The rank's own input piece of a head part is cut out of its whole-heads block first.
+      if (!is_result(s.block.kind))
+        for (const Block& b : span_pieces(s.block))
+          if (b.shard == rank && b.part != kAllHeads) hold(b);
       hold(s.block);
       for (const Block& b : span_pieces(s.block)) drop(b);
-    } else if (s.kind == StepKind::kSplit) {
-      drop(s.block);
+    } else if (s.kind == StepKind::kSplit) {  // the pieces are made before the span result goes
       for (const Block& b : span_pieces(s.block)) hold(b);
+      drop(s.block);
     } else if (s.kind == StepKind::kPack) {
       hold(s.block);
     } else if (s.kind == StepKind::kPost) {
@@ -118,8 +131,13 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
         live += bytes_of, in_flight[s.batch] += bytes_of, peak = std::max(peak, live);
       };
       for (const Transfer& t : s.recvs) {
-        if (t.combine == Combine::kReplace || !held.count(t.block)) hold(t.block, rank);  // as it arrives
-        else in_flight_too(size(t.block, rank));  // a part that joins the held block at the wait
+        if (!is_result(t.block.kind) || (t.combine == Combine::kReplace && adoptable(t.block))) {
+          hold(t.block, rank);  // the block as it arrives
+          continue;
+        }
+        const int64_t part = size(t.block, rank);  // a part to combine at the wait
+        live += part, peak = std::max(peak, live);
+        arriving[s.batch].emplace_back(t, part);
       }
       for (const Transfer& t : s.sends) {
         if (!is_result(t.block.kind)) continue;
@@ -130,7 +148,18 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     } else {
       live -= in_flight[s.batch];
       for (const Block& b : leaving[s.batch]) drop(b);
-      in_flight.erase(s.batch), leaving.erase(s.batch);
+      // Each part arrived: the result where none is held and it came whole in the held form;
+      // else the result (made now where no compute made it) takes it in, and it goes.
+      for (const auto& [t, part] : arriving[s.batch]) {
+        if (t.combine == Combine::kReplace) drop(t.block);
+        if (!held.count(t.block) && adoptable(t.block) && !t.trimmed()) {
+          held[t.block] = part;
+          continue;
+        }
+        hold(t.block);
+        live -= part;
+      }
+      in_flight.erase(s.batch), leaving.erase(s.batch), arriving.erase(s.batch);
     }
     for (const auto& [b, at] : last)
       if (at == i) drop(b);

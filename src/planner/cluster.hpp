@@ -72,8 +72,9 @@ struct Cluster {
   // cluster, which measures the calls' workspace below, sets it to 0.
   double workspace_bytes_per_element = 4.0;
   // The backend calls' own workspace at its peak, in bytes per token of the rank's shard and per
-  // query head x head dim (the Hopper backward's fp32 dQ accumulator: 4 (D + 2) / D), as `seqpar
-  // probe` measures it on the longest call; 0 where not measured.
+  // query head x head dim of a call (the Hopper backward's fp32 dQ accumulator: 4 (D + 2) / D; a
+  // call computes one head group's heads), as `seqpar probe` measures it on the longest call; 0
+  // where not measured.
   double call_workspace_bytes_per_query_element = 0.0;
   std::vector<std::string> sources;   // where the figures come from
 

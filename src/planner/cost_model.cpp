@@ -233,6 +233,18 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   const ClusterLinks links(cluster);
   Prediction out;
   out.simulated_ranks = ranks;
+  // q, o, dO, dq [n, H, D] and k, v, dk, dv [n, H_kv, D] of the rank (n: its longest shard).
+  const int64_t n = layout.max_local_len() * k * problem.batch;
+  // With head groups, a group's own inputs are slices of the caller's tensors across heads, not
+  // contiguous: the executor copies them into a block for the pass (make_home), Q, K, V forward
+  // and Q, dO, K, V backward (and LSE, [B, H, S], where B > 1), beside the schedule's blocks.
+  const auto own_copies = [&](Pass pass) -> int64_t {
+    if (g == 1) return 0;
+    const int64_t in = dtype_size(whole.input), q = n * group.heads * problem.head_dim,
+                  kv = n * group.kv_heads * problem.head_dim;
+    if (pass == Pass::kForward) return (q + 2 * kv) * in;
+    return (2 * q + 2 * kv) * in + (problem.batch > 1 ? n * group.heads * int64_t(dtype_size(whole.stats)) : 0);
+  };
   for (Pass pass : {Pass::kForward, Pass::kBackward}) {
     std::vector<std::vector<SimOp>> programs;
     for (int r = 0; r < ranks; ++r) programs.push_back(program(all[r].pass(pass), r, pass, pricing));
@@ -243,8 +255,8 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
       const WalkedBytes w = walk_bytes(all[r].pass(pass), r, layout, whole, topology, parts);
       int64_t& pass_bytes = pass == Pass::kForward ? out.fwd_bytes : out.bwd_bytes;
       pass_bytes = std::max(pass_bytes, w.total);
-      out.peak_block_bytes =
-          std::max(out.peak_block_bytes, peak_block_bytes(all[r].pass(pass), pass, r, layout, group, parts));
+      const int64_t blocks = peak_block_bytes(all[r].pass(pass), pass, r, layout, group, parts) + own_copies(pass);
+      out.peak_block_bytes = std::max(out.peak_block_bytes, blocks);
     }
   }
   for (int r = 0; r < ranks; ++r) {
@@ -255,16 +267,19 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
     }
     for (int l = 0; l < kNumLinkClasses; ++l) out.link_bytes[l] = std::max(out.link_bytes[l], by_link[l]);
   }
-  // q, o, dO, dq [n, H, D] and k, v, dk, dv [n, H_kv, D] in the inputs' dtype, lse [H, n].
-  const int64_t n = layout.max_local_len() * k * problem.batch;
+  // The rank's tensors in the inputs' dtype, lse [H, n].
   out.tensor_bytes = n * problem.head_dim * (4 * problem.heads + 4 * problem.kv_heads) * int64_t(dtype_size(whole.input)) +
                      n * problem.heads * int64_t(dtype_size(whole.stats));
   // Beyond the blocks: the fitted term (presets), the calls' own workspace (probed), and the own
   // query pack's D rows where the pack carries D (its Q, dO and LSE are the caller's tensors).
-  const double delta_rows = problem.wire.pack_has_delta ? double(n) * double(problem.heads) * double(dtype_size(whole.stats)) : 0.0;
+  // A call computes one head group's heads (n rows of H / g heads, or Ulysses' n P rows of H / g P),
+  // so its workspace and D's rows are one group's; the groups run one after another.
+  const double group_heads = double(group.heads);
+  const double delta_rows =
+      problem.wire.pack_has_delta ? double(n) * group_heads * double(dtype_size(whole.stats)) : 0.0;
   out.workspace_bytes = int64_t(cluster.workspace_bytes_per_element * double(n) *
                                     double(problem.heads + 2 * problem.kv_heads) * double(problem.head_dim) +
-                                cluster.call_workspace_bytes_per_query_element * double(n) * double(problem.heads) *
+                                cluster.call_workspace_bytes_per_query_element * double(n) * group_heads *
                                     double(problem.head_dim) +
                                 delta_rows);
   out.fits = out.tensor_bytes + out.extra_bytes() <= cluster.memory_bytes;

@@ -55,7 +55,8 @@ struct Prediction {
   double fwd_s = 0, bwd_s = 0;
   int64_t fwd_bytes = 0, bwd_bytes = 0;      // the busiest rank's, per pass
   int64_t link_bytes[kNumLinkClasses] = {};  // the busiest rank's per link class, both passes
-  int64_t peak_block_bytes = 0;  // blocks held beyond the rank's tensors (peak_block_bytes)
+  int64_t peak_block_bytes = 0;  // blocks held beyond the rank's tensors (peak_block_bytes, and
+                                 // with head groups a group's own inputs copied out of them)
   int64_t workspace_bytes = 0;   // the backend's workspace (Cluster::workspace_bytes_per_element and
                                  // call_workspace_bytes_per_query_element)
   int64_t tensor_bytes = 0;      // the rank's own q, k, v, o, lse, dO, dq, dk, dv
