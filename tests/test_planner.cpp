@@ -537,6 +537,10 @@ TEST(PlannerRates, WindowAndDocumentStepsTakeTheRowsOfTheirKind) {
         "attention": [{"tokens": 8, "mask": ")" + mask + R"(", "fwd_tflops": 1, "bwd_tflops": 1}]})");
   };
   EXPECT_TRUE(with_mask("window").ok()) << with_mask("window").status().to_string();
+  EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
+      "attention": [{"tokens": 8, "mask": "window", "visible": 1.5, "fwd_tflops": 1, "bwd_tflops": 1}]})").ok());
+  EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
+      "attention": [{"tokens": 8, "mask": "causal", "fwd_tflops": 0, "bwd_tflops": 1}]})").ok());
   EXPECT_FALSE(with_mask("bigbird").ok());
 }
 

@@ -299,6 +299,11 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
                              r.value("heads", int64_t(32)), r.at("tokens").get<int64_t>(), *kind,
                              r.at("fwd_tflops").get<double>(), r.at("bwd_tflops").get<double>(),
                              r.value("source", std::string()), r.value("visible", 0.0)});
+      const AttentionRate& added = c.attention.back();
+      SP_CHECK_ARG(added.tokens >= 1 && added.heads >= 1 && added.head_dim >= 1 && added.fwd_tflops > 0 &&
+                       added.bwd_tflops > 0 && added.visible >= 0 && added.visible <= 1,
+                   "attention rate at " + std::to_string(added.tokens) + " tokens: tokens, heads and head_dim must "
+                   "be positive, the rates above 0 and visible within [0, 1]");
     }
     c.backend = j.value("backend", std::string("cudnn"));
     c.launch_s = j.value("launch_us", 10.0) * 1e-6;
