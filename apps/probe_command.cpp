@@ -95,8 +95,9 @@ void add_probe_command(CLI::App& app, ProbeCliOptions& o, int* exit_code) {
                   "lengths of the square attention calls (default: cuda 8192,32768,131072; cpu 256,512,1024)")
       ->delimiter(',');
   cmd->add_option("--masks", o.probe.masks,
-                  "masks the attention calls are timed under, causal among them (default: causal,full,"
-                  "window:4096,0,docs:16 on cuda; a window of a quarter of the shortest call and docs:4 on cpu)")
+                  "masks the attention calls are timed under, separated by ';', causal among them (default: "
+                  "'causal;full;window:4096,0;docs:16' on cuda; a window of a quarter of the shortest call and docs:4 "
+                  "on cpu)")
       ->delimiter(';');
   cmd->add_option("--message-bytes", o.probe.message_bytes,
                   "pairwise message sizes (default: cuda 8 KiB to 256 MiB, cpu 1 KiB to 4 MiB, x8 apart)")

@@ -67,6 +67,9 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
                "--offload-checkpoints moves what a checkpointing policy keeps to host memory: it needs "
                "--checkpointing full, attention or sequence, not none");
   o.offload_checkpoints = c.offload_checkpoints;
+  SP_CHECK_ARG(c.offload_keep_layers == 1 || c.offload_checkpoints,
+               "--offload-keep-layers says which checkpoints stay on the device when --offload-checkpoints moves "
+               "the rest to host memory: give both");
   SP_CHECK_ARG(c.offload_keep_layers >= 1 && c.offload_keep_layers <= o.model.layers,
                "--offload-keep-layers must be between 1 and the model's " + std::to_string(o.model.layers) +
                    " layers, got " + std::to_string(c.offload_keep_layers));
@@ -438,7 +441,7 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                 "all; the same bits as without, for host memory of about the checkpoints' bytes");
   cmd->add_option("--offload-keep-layers", o.offload_keep_layers,
                   "with --offload-checkpoints, the last N layers' checkpoints stay on the device (their backward "
-                  "comes first): N - 1 layers' checkpoints fewer in host memory; the device's peak holds N - 2 "
+                  "comes first): N - 1 layers' checkpoints fewer in host memory; the device's peak holds max(0, N - 2) "
                   "more (the layer before the last is there at the peak either way)")
       ->capture_default_str();
   cmd->add_option("--lr", o.lr, "peak learning rate (linear warmup, cosine to a tenth)")->capture_default_str();

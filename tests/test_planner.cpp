@@ -480,6 +480,12 @@ TEST(PlannerMemory, HeadGroupsPriceOneGroupsCallsAndCopyTheirOwnInputs) {
   EXPECT_EQ(two.peak_block_bytes, one.peak_block_bytes / 2 + 4 * group_q * 2);
   const double GiB = double(1 << 30);
   EXPECT_NEAR((two.extra_bytes() + (n * 32 * 128 * 2 * 4 + n * 32 * 4)) / GiB, 13.055, 0.02);  // + the outputs
+  // A pack that carries O (cuDNN's) copies a group's O as well.
+  problem.wire.pack_has_delta = false;
+  const Prediction one_o = predict(cluster, problem, {"ring", 0, "ring", 1, LayoutKind::kZigzag});
+  const Prediction two_o = predict(cluster, problem, {"ring", 0, "ring", 2, LayoutKind::kZigzag});
+  ASSERT_TRUE(one_o.refusal.empty() && two_o.refusal.empty()) << one_o.refusal << two_o.refusal;
+  EXPECT_EQ(two_o.peak_block_bytes, one_o.peak_block_bytes / 2 + 5 * group_q * 2);
 }
 
 // A window's or documents' partly visible steps run as causal calls of twice their keys per query,
@@ -532,16 +538,21 @@ TEST(PlannerRates, WindowAndDocumentStepsTakeTheRowsOfTheirKind) {
       EXPECT_LE(halved.bwd_s, 2.0 * base.bwd_s);
     }
   }
-  const auto with_mask = [](const std::string& mask) {
+  // A window or documents row needs its visible share; a full or causal row takes none.
+  const auto with_mask = [](const std::string& mask, const std::string& visible) {
     return cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
-        "attention": [{"tokens": 8, "mask": ")" + mask + R"(", "fwd_tflops": 1, "bwd_tflops": 1}]})");
+        "attention": [{"tokens": 8, "mask": ")" + mask + R"(", )" + visible + R"( "fwd_tflops": 1, "bwd_tflops": 1}]})");
   };
-  EXPECT_TRUE(with_mask("window").ok()) << with_mask("window").status().to_string();
+  EXPECT_TRUE(with_mask("window", R"("visible": 0.25,)").ok()) << with_mask("window", R"("visible": 0.25,)").status().to_string();
+  EXPECT_FALSE(with_mask("window", "").ok());
+  EXPECT_FALSE(with_mask("causal", R"("visible": 0.25,)").ok());
   EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
       "attention": [{"tokens": 8, "mask": "window", "visible": 1.5, "fwd_tflops": 1, "bwd_tflops": 1}]})").ok());
   EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
       "attention": [{"tokens": 8, "mask": "causal", "fwd_tflops": 0, "bwd_tflops": 1}]})").ok());
-  EXPECT_FALSE(with_mask("bigbird").ok());
+  EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 0, "gbps": 1}]}},
+      "attention": [{"tokens": 8, "mask": "causal", "fwd_tflops": 1, "bwd_tflops": 1}]})").ok());
+  EXPECT_FALSE(with_mask("bigbird", "").ok());
 }
 
 TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {

@@ -72,6 +72,10 @@ TEST(Probe, BadOptionsAreRefusedWithTheOptionNamed) {
   EXPECT_NE(probe_defaults(o).status().message().find("--masks"), std::string::npos);  // no causal
   o.masks = {"causal", "window:x"};
   EXPECT_NE(probe_defaults(o).status().message().find("--masks"), std::string::npos);
+  o.masks = {"causal", "window:-1,8"};  // no left bound, not causal: would pass for causal rows
+  EXPECT_NE(probe_defaults(o).status().message().find("neither full, causal"), std::string::npos);
+  o.masks = {"window:-1,0", "full"};  // the causal mask, written as a band
+  EXPECT_TRUE(probe_defaults(o).ok()) << probe_defaults(o).status().to_string();
   o.masks = {}, o.message_bytes = {-5};
   EXPECT_NE(probe_defaults(o).status().message().find("--message-bytes"), std::string::npos);
   o.message_bytes = {}, o.quick = true;

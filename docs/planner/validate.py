@@ -75,7 +75,7 @@ def main():
                 d = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if d.get("kind") != "seqpar_ring" or d.get("keep_forward_state") or "fwdbwd_ms" not in d:
+            if d.get("kind") != "seqpar_ring" or d.get("keep_forward_state") or "fwdbwd_ms" not in d or "fwd_ms" not in d:
                 continue
             p = predict(cli, preset, d)
             src = f"{path.split('/')[-1]}:{number}"

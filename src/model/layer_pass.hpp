@@ -16,7 +16,7 @@
 // With offload_checkpoints, what a policy keeps of layer l (all but the last keep_layers layers,
 // whose backward comes first; at least the last) waits in host memory (host_offload.hpp): copied
 // out under layer l+1's forward, its device arrays given back after it, and copied back under
-// layer l+1's backward, so the device holds about keep_layers + 1 layers' checkpoints at a time.
+// layer l+1's backward, so the device holds about max(2, keep_layers) layers' checkpoints at a time.
 // With tile_rows > 0 the MLP runs that many rows at a time (mlp_pass.hpp: none of its inner
 // activations kept, the backward recomputing each tile from x_mid, so a checkpointing recompute
 // stops at x_mid), and so do a linear mixer's backward steps before LASP

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #endif
 #include <sstream>
+#include <stdexcept>
 
 namespace seqpar::planner {
 namespace {
@@ -256,7 +257,11 @@ LinkSpec link_from(const nlohmann::json& j) {
   LinkSpec l;
   l.latency_s = j.value("latency_us", 10.0) * 1e-6;
   l.port_pairs = j.value("port_pairs", 1.0);
-  for (const auto& p : j.at("bandwidth")) l.bandwidth.push_back({p.at("bytes").get<double>(), p.at("gbps").get<double>()});
+  for (const auto& p : j.at("bandwidth")) {
+    l.bandwidth.push_back({p.at("bytes").get<double>(), p.at("gbps").get<double>()});
+    if (!(l.bandwidth.back().bytes > 0 && l.bandwidth.back().gbps > 0))
+      throw std::invalid_argument("a link's bandwidth points need bytes and gbps above 0");
+  }
   std::sort(l.bandwidth.begin(), l.bandwidth.end(), [](auto& a, auto& b) { return a.bytes < b.bytes; });
   return l;
 }
@@ -300,10 +305,12 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
                              r.at("fwd_tflops").get<double>(), r.at("bwd_tflops").get<double>(),
                              r.value("source", std::string()), r.value("visible", 0.0)});
       const AttentionRate& added = c.attention.back();
+      const bool sparse = added.mask == RateMask::kWindow || added.mask == RateMask::kDocuments;
       SP_CHECK_ARG(added.tokens >= 1 && added.heads >= 1 && added.head_dim >= 1 && added.fwd_tflops > 0 &&
-                       added.bwd_tflops > 0 && added.visible >= 0 && added.visible <= 1,
+                       added.bwd_tflops > 0 && (sparse ? added.visible > 0 && added.visible <= 1 : added.visible == 0),
                    "attention rate at " + std::to_string(added.tokens) + " tokens: tokens, heads and head_dim must "
-                   "be positive, the rates above 0 and visible within [0, 1]");
+                   "be positive, the rates above 0, and a window or documents row needs its visible share in (0, 1] "
+                   "(full and causal rows take none)");
     }
     c.backend = j.value("backend", std::string("cudnn"));
     c.launch_s = j.value("launch_us", 10.0) * 1e-6;
@@ -319,6 +326,8 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
     SP_CHECK_ARG(!c.intra.bandwidth.empty(), "the intra-node link needs a bandwidth table");
     return c;
   } catch (const nlohmann::json::exception& e) {
+    return SP_STATUS(StatusCode::kInvalidArgument, std::string("cluster description: ") + e.what());
+  } catch (const std::invalid_argument& e) {  // link_from's checks
     return SP_STATUS(StatusCode::kInvalidArgument, std::string("cluster description: ") + e.what());
   }
 }

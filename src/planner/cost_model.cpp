@@ -237,13 +237,14 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   const int64_t n = layout.max_local_len() * k * problem.batch;
   // With head groups, a group's own inputs are slices of the caller's tensors across heads, not
   // contiguous: the executor copies them into a block for the pass (make_home), Q, K, V forward
-  // and Q, dO, K, V backward (and LSE, [B, H, S], where B > 1), beside the schedule's blocks.
+  // and Q, dO, K, V backward (O too where the query pack carries O instead of D; and LSE,
+  // [B, H, S], where B > 1), beside the schedule's blocks.
   const auto own_copies = [&](Pass pass) -> int64_t {
     if (g == 1) return 0;
     const int64_t in = dtype_size(whole.input), q = n * group.heads * problem.head_dim,
                   kv = n * group.kv_heads * problem.head_dim;
     if (pass == Pass::kForward) return (q + 2 * kv) * in;
-    return (2 * q + 2 * kv) * in + (problem.batch > 1 ? n * group.heads * int64_t(dtype_size(whole.stats)) : 0);
+    return ((problem.wire.pack_has_delta ? 2 : 3) * q + 2 * kv) * in + (problem.batch > 1 ? n * group.heads * int64_t(dtype_size(whole.stats)) : 0);
   };
   for (Pass pass : {Pass::kForward, Pass::kBackward}) {
     std::vector<std::vector<SimOp>> programs;

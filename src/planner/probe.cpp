@@ -42,11 +42,15 @@ StatusOr<ProbeOptions> probe_defaults(ProbeOptions o) {
   if (o.tokens.empty())
     o.tokens = gpu ? (o.quick ? std::vector<int64_t>{4096, 16384} : std::vector<int64_t>{8192, 32768, 131072})
                    : (o.quick ? std::vector<int64_t>{64, 128} : std::vector<int64_t>{256, 512, 1024});
+  std::sort(o.tokens.begin(), o.tokens.end());
   // A 4K window and 16 documents on a GPU, the masks the 2-GPU validation runs use; on the host,
-  // a window of a quarter of the shortest call, so that it is not the causal mask.
-  if (o.masks.empty())
-    o.masks = {"causal", "full", "window:" + std::to_string(gpu ? 4096 : std::max<int64_t>(1, o.tokens.front() / 4)) + ",0",
-               gpu ? "docs:16" : "docs:4"};
+  // a window of a quarter of the shortest call, so that it is not the causal mask. No more
+  // documents than the shortest call has tokens.
+  if (o.masks.empty()) {
+    const int64_t shortest = std::max<int64_t>(1, o.tokens.front());
+    o.masks = {"causal", "full", "window:" + std::to_string(gpu ? 4096 : std::max<int64_t>(1, shortest / 4)) + ",0",
+               "docs:" + std::to_string(std::min<int64_t>(gpu ? 16 : 4, shortest))};
+  }
   if (o.message_bytes.empty()) {
     const int64_t smallest = gpu ? 8 * kKiB : kKiB, largest = gpu ? (o.quick ? 16 * kMiB : 256 * kMiB)
                                                                  : (o.quick ? 64 * kKiB : 4 * kMiB);
@@ -62,14 +66,21 @@ StatusOr<ProbeOptions> probe_defaults(ProbeOptions o) {
   SP_CHECK_ARG(o.heads % o.kv_heads == 0, "--heads (" + std::to_string(o.heads) + ") must be a multiple of --kv-heads (" +
                                               std::to_string(o.kv_heads) + ")");
   for (const int64_t s : o.tokens) SP_CHECK_ARG(s >= 1, "--tokens must be positive, got " + std::to_string(s));
-  SP_CHECK_ARG(std::find(o.masks.begin(), o.masks.end(), "causal") != o.masks.end(),
-               "--masks must include causal (the workspace and the rows other masks fall back to)");
+  bool has_causal = false;
   for (const std::string& mask : o.masks)
     for (const int64_t s : o.tokens) {
       StatusOr<MaskSpec> spec = parse_mask(mask, s);
-      SP_CHECK_ARG(spec.ok(), "--masks: " + (spec.ok() ? std::string() : spec.status().message()));
+      SP_CHECK_ARG(spec.ok(), "--masks (separated by ';'): " + (spec.ok() ? std::string() : spec.status().message()));
       SP_CHECK_ARG(!spec->has_block_pattern(), "--masks: '" + mask + "' is block-sparse, which the planner does not price");
+      // A row's kind names it: a band that is not the causal mask but has no left bound would
+      // pass for causal rows of another FLOP count.
+      const bool exactly_causal = !spec->has_documents() && spec->window_left < 0 && spec->window_right == 0;
+      SP_CHECK_ARG(rate_mask_of(spec.value()) != RateMask::kCausal || exactly_causal,
+                   "--masks: '" + mask + "' is neither full, causal, a window with a left bound nor documents");
+      has_causal = has_causal || exactly_causal;
     }
+  SP_CHECK_ARG(has_causal, "--masks must include causal (the workspace and the rows other masks fall back to; "
+                           "separate masks with ';')");
   for (const int64_t b : o.message_bytes)
     SP_CHECK_ARG(b >= 1, "--message-bytes must be positive, got " + std::to_string(b));
   std::sort(o.message_bytes.begin(), o.message_bytes.end());
