@@ -270,12 +270,13 @@ LinkSpec link_from(const nlohmann::json& j) {
 
 std::string cluster_to_json(const Cluster& c) {
   nlohmann::json rates = nlohmann::json::array();
-  for (const AttentionRate& r : c.attention)
-    rates.push_back({{"backend", r.backend}, {"head_dim", r.head_dim}, {"heads", r.heads}, {"tokens", r.tokens},
-                     {"mask", rate_mask_name(r.mask)}, {"fwd_tflops", r.fwd_tflops},
-                     {"bwd_tflops", r.bwd_tflops}, {"source", r.source}});
-  for (size_t i = 0; i < c.attention.size(); ++i)
-    if (c.attention[i].visible > 0) rates[i]["visible"] = c.attention[i].visible;
+  for (const AttentionRate& r : c.attention) {
+    nlohmann::json row = {{"backend", r.backend}, {"head_dim", r.head_dim}, {"heads", r.heads}, {"tokens", r.tokens},
+                          {"mask", rate_mask_name(r.mask)}, {"fwd_tflops", r.fwd_tflops},
+                          {"bwd_tflops", r.bwd_tflops}, {"source", r.source}};
+    if (r.visible > 0) row["visible"] = r.visible;  // window and documents rows
+    rates.push_back(std::move(row));
+  }
   const nlohmann::json j = {{"name", c.name}, {"gpus_per_node", c.gpus_per_node}, {"nodes", c.nodes},
                             {"links", {{"intra", link_json(c.intra)}, {"inter", link_json(c.inter)}}},
                             {"attention", rates}, {"backend", c.backend}, {"launch_us", c.launch_s * 1e6},
