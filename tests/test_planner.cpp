@@ -555,6 +555,36 @@ TEST(PlannerRates, WindowAndDocumentStepsTakeTheRowsOfTheirKind) {
   EXPECT_FALSE(with_mask("bigbird", "").ok());
 }
 
+// The shard-step factors stretch the compute of steps over part of the keys (ring, Attention2D),
+// not Ulysses' whole-sequence calls, and survive the cluster file; a factor must be positive.
+TEST(PlannerRates, ShardStepFactorsStretchShardPairStepsOnly) {
+  Cluster plain = cluster_preset("h200x4").value();
+  Cluster slow = plain;
+  slow.shard_step_fwd = 1.25, slow.shard_step_bwd = 1.1;
+  const Cluster read = cluster_from_json(cluster_to_json(slow)).value();
+  EXPECT_DOUBLE_EQ(read.shard_step_fwd, 1.25);
+  EXPECT_DOUBLE_EQ(read.shard_step_bwd, 1.1);
+  Problem problem;
+  problem.seq = 262144, problem.kv_heads = 8;
+  for (const char* algo : {"ring-return", "attention2d", "ulysses", "ulysses-overlap"}) {
+    SCOPED_TRACE(algo);
+    const Candidate cand{algo, 0, "ring", 1, LayoutKind::kZigzag};
+    const Prediction base = predict(plain, problem, cand), stretched = predict(read, problem, cand);
+    ASSERT_TRUE(base.refusal.empty() && stretched.refusal.empty()) << base.refusal << stretched.refusal;
+    if (std::string(algo).rfind("ulysses", 0) == 0) {
+      EXPECT_DOUBLE_EQ(stretched.fwd_s, base.fwd_s);
+      EXPECT_DOUBLE_EQ(stretched.bwd_s, base.bwd_s);
+    } else {  // compute-bound at 64K tokens a rank: nearly the whole factor, never more
+      EXPECT_GT(stretched.fwd_s, 1.2 * base.fwd_s);
+      EXPECT_LE(stretched.fwd_s, 1.25 * base.fwd_s);
+      EXPECT_GT(stretched.bwd_s, 1.08 * base.bwd_s);
+      EXPECT_LE(stretched.bwd_s, 1.1 * base.bwd_s);
+    }
+  }
+  EXPECT_FALSE(cluster_from_json(R"({"gpus_per_node": 2, "links": {"intra": {"bandwidth": [{"bytes": 1, "gbps": 1}]}},
+      "attention": [{"tokens": 8, "fwd_tflops": 1, "bwd_tflops": 1}], "shard_step_factor": {"fwd": 0}})").ok());
+}
+
 TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {
   const Cluster cluster = cluster_preset("h100x4").value();
   Problem problem;

@@ -11,8 +11,14 @@ import sys
 
 # (result file, the cluster of the machine it ran on: a preset or a file `seqpar probe` wrote there,
 #  whether it ran before the own query pack's fix, b7052a6: see own_pack_bytes)
-PROBE_N1 = "docs/results/h200x2_n1_probe_2026-11-28.json"
+PROBE_N1 = "docs/results/h200x2_n1_probe_fitted_2026-11-28.json"
+# The probes' files with shard_step_factor fitted (fit_shard_steps.py) on the dense ring-family
+# runs of the same files below: in-sample for those runs.
+PROBE_O1 = "docs/results/h200x4_o1_probe_fitted_2026-11-28.json"
 RUNS = [
+    *[(f"docs/results/h200x4_o1_matrix_{t}_2026-11-28.jsonl", PROBE_O1, False)
+      for t in ("gqa_causal_64k", "mha_causal_64k", "gqa_causal_256k", "mha_causal_256k", "gqa_causal_512k")],
+    *[(f"docs/results/h200x4_o3_matrix_{t}_2026-11-28.jsonl", PROBE_O1, False) for t in ("gqa_docs64", "gqa_window4k")],
     *[(f"docs/results/h200x2_n1_{t}_2026-11-28.jsonl", PROBE_N1, False)
       for t in ("gqa_docs16_fix", "gqa_causal_16k", "mha_causal_256k", "gqa_causal_512k")],
     *[(f"docs/results/h200x2_m2_{t}_all_algos_2026-11-28.jsonl", PROBE_N1, True)

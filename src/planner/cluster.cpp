@@ -284,6 +284,7 @@ std::string cluster_to_json(const Cluster& c) {
                             {"gemm_tflops", c.gemm_tflops}, {"memory_bytes", c.memory_bytes},
                             {"workspace_bytes_per_element", c.workspace_bytes_per_element},
                             {"call_workspace_bytes_per_query_element", c.call_workspace_bytes_per_query_element},
+                            {"shard_step_factor", {{"fwd", c.shard_step_fwd}, {"bwd", c.shard_step_bwd}}},
                             {"sources", c.sources}};
   return j.dump(2);
 }
@@ -322,6 +323,11 @@ StatusOr<Cluster> cluster_from_json(const std::string& text) {
     c.memory_bytes = j.value("memory_bytes", int64_t(80) << 30);
     c.workspace_bytes_per_element = j.value("workspace_bytes_per_element", 4.0);
     c.call_workspace_bytes_per_query_element = j.value("call_workspace_bytes_per_query_element", 0.0);
+    if (j.contains("shard_step_factor")) {
+      const nlohmann::json& f = j.at("shard_step_factor");
+      c.shard_step_fwd = f.value("fwd", 1.0), c.shard_step_bwd = f.value("bwd", 1.0);
+      SP_CHECK_ARG(c.shard_step_fwd > 0 && c.shard_step_bwd > 0, "shard_step_factor's fwd and bwd must be above 0");
+    }
     if (j.contains("sources")) c.sources = j.at("sources").get<std::vector<std::string>>();
     SP_CHECK_ARG(c.gpus_per_node >= 1 && c.nodes >= 1, "a cluster needs at least one GPU a node and one node");
     SP_CHECK_ARG(!c.intra.bandwidth.empty(), "the intra-node link needs a bandwidth table");

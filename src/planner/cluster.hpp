@@ -76,6 +76,15 @@ struct Cluster {
   // call computes one head group's heads), as `seqpar probe` measures it on the longest call; 0
   // where not measured.
   double call_workspace_bytes_per_query_element = 0.0;
+  // Time of a schedule's shard-pair compute step (keys of fewer than all ranks' shards, run among
+  // the schedule's exchanges: ring, Burst, DistFlashAttn, Attention2D steps) over what `attention`
+  // predicts for the same call alone, forward and backward. The probe's rows are single calls on
+  // an idle GPU: on 4 x H200 the ring family's passes ran 5-13% forward and 0-9% backward over
+  // them, Ulysses' whole-sequence calls 1-7% and 1-2% (docs/PLANNER.md "Shard steps"). Fitted
+  // per cluster from measured runs by docs/planner/fit_shard_steps.py; 1 where not fitted (the
+  // presets' rates come from such steps' traces already). Dense masks only: window and documents
+  // steps are priced by the rows of their kind.
+  double shard_step_fwd = 1.0, shard_step_bwd = 1.0;
   std::vector<std::string> sources;   // where the figures come from
 
   int gpus() const { return gpus_per_node * nodes; }

@@ -137,10 +137,15 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
       const bool backward = pass == Pass::kBackward;
       const double flops = 4.0 * double(p.problem.batch) * vis * p.pair_scale * double(heads) *
                            double(p.problem.head_dim) * (backward ? 2.5 : 1.0);
+      // A shard-pair step runs among the schedule's exchanges, a whole-sequence call (Ulysses')
+      // alone. The factors were fitted on dense masks; window and documents steps keep their rows'.
+      const bool dense = p.sparse != RateMask::kWindow && p.sparse != RateMask::kDocuments;
+      const bool shard_step = dense && s.kv_span < p.layout.ranks();
+      const double factor = !shard_step ? 1.0 : backward ? p.cluster.shard_step_bwd : p.cluster.shard_step_fwd;
       op.kind = SimOp::kCompute;
       op.seconds = p.cluster.launch_s +
-                   p.cluster.attention_seconds(flops, heads, vis < all ? p.sparse : RateMask::kFull,
-                                               p.problem.head_dim, backward, keys_per_query);
+                   factor * p.cluster.attention_seconds(flops, heads, vis < all ? p.sparse : RateMask::kFull,
+                                                        p.problem.head_dim, backward, keys_per_query);
     } else if (s.kind == StepKind::kConcat || s.kind == StepKind::kSplit || s.kind == StepKind::kPack) {
       op.kind = SimOp::kCompute;
       op.seconds = copy_seconds(p.cluster, double(p.group.of(s.block, p.layout, p.head_parts)));

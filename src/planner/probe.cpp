@@ -166,6 +166,8 @@ Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) 
     c.sources.push_back("call_workspace_bytes_per_query_element: not measured (the device does not count its "
                         "memory): 0");
   }
+  c.sources.push_back("shard_step_factor 1: the probe times single calls, not a schedule's steps among its "
+                      "exchanges; fit it from bench_gpu_ring runs on this machine with docs/planner/fit_shard_steps.py");
   c.sources.insert(c.sources.end(), m.notes.begin(), m.notes.end());
   return c;
 }
