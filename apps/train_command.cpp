@@ -85,6 +85,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   o.tile_tokens = c.tile_tokens;
   o.deterministic = c.deterministic;
   o.profile = c.profile;
+  o.progress_s = c.progress;
   SP_CHECK_ARG(c.pack >= -1, "--pack takes a token id (the end-of-document token)");
   SP_CHECK_ARG(c.pack < 0 || c.pack < o.model.vocab, "--pack " + std::to_string(c.pack) +
                                                         " is outside the model's vocabulary of " + std::to_string(o.model.vocab));
@@ -480,6 +481,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
                 "time each step's work by kind (attention, products, LM head, norms, RoPE, SwiGLU, embedding, "
                 "linear mixer, casts; between the ops; outside the pass): a work_ms object in --json's lines, a "
                 "line per step otherwise (GPU: an event pair a device op)");
+  cmd->add_option("--progress", o.progress,
+                  "inside a long step, rank 0 says where its pass is (forward or backward, layers done, seconds "
+                  "into the step) at most every this many seconds on stderr; 0: every layer; below 0: never")
+      ->capture_default_str();
   cmd->add_flag("--deterministic", o.deterministic,
                 "cuda: the same bits every run, so --resume continues a run exactly (the attention's backward "
                 "through cuDNN's deterministic algorithm, whose workspace grows as the square of a call's rows)");

@@ -52,6 +52,7 @@ struct TrainCliOptions {
   int64_t tile_tokens = -1;
   bool deterministic = false;
   bool profile = false;  // --profile: each step's work by kind
+  double progress = 30;   // --progress: seconds between rank 0's lines inside a long step
   int32_t pack = -1;
   bool pack_global_positions = false;
 };

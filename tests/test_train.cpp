@@ -187,6 +187,35 @@ TEST(Train, ProfileTimesEachKindOfWorkWithoutChangingTheRun) {
   EXPECT_TRUE(r.work_ms.empty());
 }
 
+// A long step's progress lines: rank 0 alone, one a layer of each phase at --progress 0, in the
+// order the phase runs them; none at the default 30 s for a step this short, none below 0.
+TEST(Train, ProgressLinesSayWhereRankZerosPassIs) {
+  TrainOptions o = small_run(2);
+  o.model.layers = 3;
+  o.checkpointing = Checkpointing::kFull;
+  const auto lines_of = [&](double every_s) {
+    o.progress_s = every_s;
+    std::vector<double> losses;
+    std::vector<float> params;
+    testing::internal::CaptureStderr();
+    const Status s = train(o, 2, 2, "", "", &losses, &params);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    std::vector<std::string> lines;
+    for (size_t at = 0, end; (end = err.find('\n', at)) != std::string::npos; at = end + 1)
+      if (err.compare(at, 19, "seqpar train: step ") == 0) lines.push_back(err.substr(at, end - at));
+    return lines;
+  };
+  const std::vector<std::string> every = lines_of(0);
+  ASSERT_EQ(every.size(), 2u * 2u * 3u);  // 2 steps x (3 forward + 3 backward) layers, rank 0 only
+  EXPECT_EQ(every[0].rfind("seqpar train: step 0: forward, 1 of 3 layers (", 0), 0u) << every[0];
+  EXPECT_EQ(every[2].rfind("seqpar train: step 0: forward, 3 of 3 layers", 0), 0u) << every[2];
+  EXPECT_EQ(every[5].rfind("seqpar train: step 0: backward, 3 of 3 layers", 0), 0u) << every[5];
+  EXPECT_EQ(every[6].rfind("seqpar train: step 1: forward, 1 of 3 layers", 0), 0u) << every[6];
+  EXPECT_TRUE(lines_of(30).empty());
+  EXPECT_TRUE(lines_of(-1).empty());
+}
+
 // The recall task: the query (last position) and the key (second quarter) sit on different
 // ranks (zigzag, 2 ranks), and the key is one of 8 uniformly: ln 8 = 2.08 is the best a model
 // can do without reading the key; below 0.5 the query's attention found it across ranks.

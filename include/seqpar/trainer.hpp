@@ -71,6 +71,9 @@ struct TrainOptions {
   bool deterministic = false;
   // Time each step's work by kind (StepReport::work_ms): an event pair a device op on a GPU.
   bool profile = false;
+  // Rank 0 prints where a long step's pass is (phase, layers done, seconds in) at most this often
+  // (model/step_progress.hpp); 0: every layer; below 0: never.
+  double progress_s = 30;
 
   // The tile tile_tokens makes: -1 takes 8192 rows under a checkpointing policy, where a tiled
   // backward also skips the MLP's recompute (its down product), and none without one, where

@@ -32,6 +32,7 @@
 #include "model/linear_attention_layer.hpp"
 #include "model/mlp_pass.hpp"
 #include "model/step_profile.hpp"
+#include "model/step_progress.hpp"
 #include "model/training_memory.hpp"
 #include "parallel/linear_ulysses.hpp"
 #include "seqpar/session.hpp"
@@ -134,6 +135,7 @@ class LayerPass {
       SP_RETURN_IF_ERROR(layer_forward(l, slots(unit, u0, l), a, x, Attn::kRun));
       SP_RETURN_IF_ERROR(store.release(u0, u1));
       if (l == 0) fault_point("forward");
+      report_layer("forward", l + 1, c_.layers);
       peak = std::max(peak, kept_bytes + a.bytes());
       if (backward) {
         SP_RETURN_IF_ERROR(keep_for_policy(l, a));
@@ -201,6 +203,7 @@ class LayerPass {
         SP_RETURN_IF_ERROR(store.gradient_done(u0, u1));
         SP_RETURN_IF_ERROR(store.release(u0, u1));
         if (l == 0) fault_point("backward");
+        report_layer("backward", c_.layers - l, c_.layers);
         kept_bytes -= kept_l;
         a = {};
       }

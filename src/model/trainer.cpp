@@ -12,6 +12,7 @@
 
 #include "model/checkpoint_file.hpp"
 #include "model/fault_injection.hpp"
+#include "model/step_progress.hpp"
 #include "model/model_pass.hpp"
 #include "model/training_memory.hpp"
 
@@ -254,6 +255,7 @@ Status Trainer::step(StepReport* report) {
   TrainingMemory& mem = *I.memory;
   const auto t0 = std::chrono::steady_clock::now();
   model::set_fault_context(I.steps, I.world.rank());
+  model::set_step_progress(I.steps, I.world.rank() == 0 ? I.o.progress_s : -1);
   const int T = I.group->size(), G = I.world.size() / T, g = I.world.rank() / T;
   // The global batch: G groups of o.batch sequences; this group trains on its own.
   std::vector<std::vector<int32_t>> inputs, targets;
