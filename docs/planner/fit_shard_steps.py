@@ -17,18 +17,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from validate import predict  # noqa: E402  (the same call, priced as validate.py prices a run)
+
 RING_FAMILY = {"ring", "burst", "ring-return", "burst-return", "distflash", "double-ring", "attention2d",
                "attention2d-overlap"}
 DENSE = {"causal", "full"}
-
-
-def predict(cli, cluster, d):
-    cmd = [cli, "plan", "--json", "--cluster", cluster, "--seq", str(d["seq"]), "--heads", str(d["heads"]),
-           "--kv-heads", str(d["kv_heads"]), "--head-dim", str(d["head_dim"]), "--mask", d["mask"],
-           "--algos", d["ran"], "--head-groups", str(d["head_groups"]), "--layout", d.get("layout", "zigzag"),
-           "--backend", {"cuda": "hopper"}.get(d.get("backend", "cudnn"), d.get("backend", "cudnn"))]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)["rows"][0]
 
 
 def main():
@@ -50,6 +44,8 @@ def main():
                         cluster["gpus_per_node"] * cluster.get("nodes", 1):
                     continue
                 p = predict(cli, unit.name, d)
+                if "refusal" in p:
+                    continue
                 fwd.append(d["fwd_ms"] / p["fwd_ms"])
                 bwd.append((d["fwdbwd_ms"] - d["fwd_ms"]) / p["bwd_ms"])
                 used.append(f"{os.path.basename(path)}:{number}")
