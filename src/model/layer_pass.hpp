@@ -29,6 +29,7 @@
 
 #include "model/fault_injection.hpp"
 #include "model/host_offload.hpp"
+#include "model/layer_activations.hpp"
 #include "model/linear_attention_layer.hpp"
 #include "model/mlp_pass.hpp"
 #include "model/step_profile.hpp"
@@ -143,10 +144,10 @@ class LayerPass {
         a = {};
       }
       kept_bytes += a.bytes();
-      if (offloaded(l)) SP_RETURN_IF_ERROR(to_host(l, a));
+      if (offloaded(l)) SP_RETURN_IF_ERROR(offload_to_host(*offload_, l, a));
       if (l >= 1 && offloaded(l - 1)) {  // its copies ran under this layer's forward
         kept_bytes -= kept[size_t(l - 1)].bytes();
-        SP_RETURN_IF_ERROR(drop_offloaded(l - 1, kept[size_t(l - 1)]));
+        SP_RETURN_IF_ERROR(drop_offloaded(*offload_, l - 1, kept[size_t(l - 1)]));
       }
     }
     SP_ASSIGN_OR_RETURN(Array<A> hf, mem_.template make<A>(rows_ * hid()));
@@ -184,7 +185,7 @@ class LayerPass {
       for (int64_t l = c_.layers - 1; l >= 0; --l) {
         Acts& a = kept[size_t(l)];
         if (l >= 1 && offloaded(l - 1)) {  // comes back under this layer's backward
-          SP_RETURN_IF_ERROR(from_host(l - 1, kept[size_t(l - 1)]));
+          SP_RETURN_IF_ERROR(offload_from_host(mem_, *offload_, l - 1, kept[size_t(l - 1)]));
           kept_bytes += kept[size_t(l - 1)].bytes();
         }
         if (offloaded(l)) SP_RETURN_IF_ERROR(offload_->wait(l));
@@ -229,49 +230,7 @@ class LayerPass {
   }
 
  private:
-  // A layer's activations (what the backward reads); each policy keeps some.
-  struct Acts {
-    Array<R> x_in, rstd1, lse, x_mid, rstd2;
-    Array<A> h1, q, k, v, o, h2, g, u;
-    Array<A> o_late;     // sequence policy: O of the shard's second half
-    Array<R> lse_late;   // and its LSE
-    Array<A> q_in, k_in, mix_g, normed;  // a linear layer's (linear_attention_layer.hpp)
-    Array<R> rstd_o;                     // and its output norm's statistics
-    uint32_t in_host = 0;                // bit i: array i (each's order) waits in host memory
-    // f(i, array) for every array, i its place (the host slot's index).
-    template <class F>
-    void each(F&& f) {
-      each_of(*this, f);
-    }
-    template <class F>
-    void each(F&& f) const {
-      each_of(*this, f);
-    }
-    // Bytes in this memory (not those waiting in host memory).
-    int64_t bytes() const {
-      int64_t n = 0;
-      each([&](int, const auto& t) {
-        if (t.buffer) n += t.n * int64_t(sizeof(*t.p()));
-      });
-      return n;
-    }
-
-   private:
-    template <class Self, class F>
-    static void each_of(Self& s, F& f) {
-      int i = 0;
-      for (auto* r : {&s.x_in, &s.rstd1, &s.lse, &s.x_mid, &s.rstd2, &s.lse_late, &s.rstd_o}) f(i++, *r);
-      for (auto* t : {&s.h1, &s.q, &s.k, &s.v, &s.o, &s.h2, &s.g, &s.u, &s.o_late, &s.q_in, &s.k_in, &s.mix_g, &s.normed})
-        f(i++, *t);
-    }
-  };
-  // Makes the memory's stream wait for every offload copy when a pass ends (see run()).
-  struct CopiesEnd {
-    HostOffload* offload;
-    ~CopiesEnd() {
-      if (offload) (void)offload->wait_all();
-    }
-  };
+  using Acts = LayerActs<A, R>;
   // A layer's weights or their gradients, by name (mg: a linear layer's output gate, else null).
   template <class P>
   struct Slots {
@@ -519,42 +478,6 @@ class LayerPass {
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wk, dk.p(), dh.p(), dw.wk, rows, hid, Hkv * D, true));
     SP_RETURN_IF_ERROR(dev_.linear_backward(a.h1.p(), w.wv, dv.p(), dh.p(), dw.wv, rows, hid, Hkv * D, true));
     return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
-  }
-
-  // Queues the copies of what layer l keeps to host memory; the arrays stay until drop_offloaded.
-  Status to_host(int64_t l, Acts& a) {
-    Status status = Status::Ok();
-    a.each([&](int i, auto& t) {
-      if (!t.buffer || !status.ok()) return;
-      status = offload_->to_host(l, i, t.p(), size_t(t.n) * sizeof(*t.p()));
-      a.in_host |= 1u << i;
-    });
-    return status;
-  }
-  // Gives layer l's device copies back once its copies to the host are done (in stream order).
-  Status drop_offloaded(int64_t l, Acts& a) {
-    SP_RETURN_IF_ERROR(offload_->wait(l));
-    a.each([&](int i, auto& t) {
-      if (a.in_host >> i & 1) t.buffer.reset();
-    });
-    return Status::Ok();
-  }
-  // Takes layer l's arrays again and queues their copies back (offload_->wait(l) before reading).
-  Status from_host(int64_t l, Acts& a) {
-    Status status = Status::Ok();
-    a.each([&](int i, auto& t) {
-      if (!(a.in_host >> i & 1) || !status.ok()) return;
-      const size_t bytes = size_t(t.n) * sizeof(*t.p());
-      StatusOr<std::unique_ptr<Buffer>> b = mem_.allocate(std::max<size_t>(bytes, 1));
-      if (!b.ok()) {
-        status = b.status();
-        return;
-      }
-      t.buffer = std::move(b).value();
-      status = offload_->from_host(l, i, t.p(), bytes);
-    });
-    a.in_host = 0;
-    return status;
   }
 
   // What a policy keeps of a layer's activations after its forward (a linear layer's context
