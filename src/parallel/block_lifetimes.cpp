@@ -75,14 +75,16 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     const auto it = uses.find(b);
     return it != uses.end() && holds_rounded(b, it->second, rank, head_parts);
   };
-  // `bytes` is one head group's; `to`: the rank a transfer goes to (goes_home), or -1: as held.
-  const auto size = [&](const Block& b, int to = -1) -> int64_t {
+  // `bytes` is one head group's; `to`: the rank a transfer goes to (goes_home), or -1: as held;
+  // `trimmed_rows`: the rows of a transfer of some rows only (the executor receives just those).
+  const auto size = [&](const Block& b, int to = -1, int64_t trimmed_rows = -1) -> int64_t {
     BlockBytes wire = bytes.on_wire(b, to);
     if (to < 0 && rounded(b)) {
       if (is_own_result(b, rank)) return 0;  // the caller's tensors
       wire.accumulator = bytes.input;
     }
-    return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts)).of(b.kind, rows * b.span);
+    return (b.part == kAllHeads ? wire : wire.head_part(b.part, head_parts))
+        .of(b.kind, trimmed_rows >= 0 ? trimmed_rows : rows * b.span);
   };
   // Whether a result received whole can be the block as the rank holds it (the executor's
   // adoptable): it travels in the form it is held in, and is not the caller's tensors.
@@ -135,7 +137,8 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
           hold(t.block, rank);  // the block as it arrives
           continue;
         }
-        const int64_t part = size(t.block, rank);  // a part to combine at the wait
+        // A part to combine at the wait (of its rows alone where trimmed).
+        const int64_t part = size(t.block, rank, t.trimmed() ? t.row_end - t.row_begin : -1);
         live += part, peak = std::max(peak, live);
         arriving[s.batch].emplace_back(t, part);
       }
