@@ -104,6 +104,10 @@ void add_probe_command(CLI::App& app, ProbeCliOptions& o, int* exit_code) {
       ->delimiter(',');
   cmd->add_option("--gemm-size", o.probe.gemm_size, "M = N = K of the GEMM (default: cuda 8192, cpu 512)");
   cmd->add_option("--copy-bytes", o.probe.copy_bytes, "bytes of the memory copy (default: cuda 1 GiB, cpu 64 MiB)");
+  cmd->add_option("--schedule-tokens", o.probe.schedule_tokens,
+                  "tokens a rank of the ring-return pass timed over all ranks, which fits the shard-step factors "
+                  "(a ring step among its exchanges against the single calls' rates); below 0: not timed "
+                  "(default: cuda 65536, cpu 256)");
   cmd->add_option("--repeats", o.probe.repeats, "timed runs of each figure, the median kept (default: cuda 5, cpu 3)");
   cmd->add_flag("--quick", o.probe.quick, "tiny sizes for every unset option: checks each step runs, not a measurement");
   cmd->add_option("--out", o.out, "write the cluster JSON here (default: stdout)");

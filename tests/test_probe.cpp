@@ -1,6 +1,6 @@
 // `seqpar probe` (src/planner/probe*): the link fits on samples of a known latency and bandwidth,
 // the options' checks, the workspace figure the attention sweep makes of what a device counts,
-// the CPU probe at tiny sizes (its cluster description read back through
+// the shard-step factors fitted from a timed pass, the CPU probe at tiny sizes (its cluster description read back through
 // load_cluster, every figure positive and finite, the link table in increasing sizes), and the
 // tool end to end: `seqpar plan --cluster FILE` answers on the file `seqpar probe` writes.
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "cli_test_util.hpp"
+#include "planner/cost_model.hpp"
 #include "planner/probe.hpp"
 #include "planner/probe_sweeps.hpp"
 #include "seqpar/gpu.hpp"
@@ -202,11 +203,56 @@ TEST(Probe, CpuClusterRoundTripsThroughLoadCluster) {
   EXPECT_GT(c.memory_bytes, 0);
   EXPECT_TRUE(std::any_of(c.sources.begin(), c.sources.end(),
                           [](const std::string& s) { return s.find("measured by seqpar probe on") != std::string::npos; }));
+  // The timed ring-return pass fits the shard-step factors, and says so in the sources.
+  expect_positive_finite(c.shard_step_fwd, "shard_step_fwd");
+  expect_positive_finite(c.shard_step_bwd, "shard_step_bwd");
+  EXPECT_TRUE(std::any_of(c.sources.begin(), c.sources.end(), [](const std::string& s) {
+    return s.rfind("shard_step_factor: ring-return over 3 ranks, 192 tokens", 0) == 0;
+  }));
   // Progress lines name each step as it runs.
   EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
     return l.rfind("probe: attention cpu causal 64", 0) == 0;
   }));
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.rfind("probe: ring-return: forward", 0) == 0;
+  }));
   EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("probe: all-to-all", 0) == 0; }));
+}
+
+// The shard-step factors are the timed pass over the planner's prediction for it from the
+// other figures; without a timed pass they stay 1 and the sources say why.
+TEST(Probe, ShardStepFactorsAreTheTimedPassOverItsPrediction) {
+  ProbeMeasurements m;
+  m.device_name = "test device", m.ranks = 4, m.backend = "cudnn";
+  m.heads = 32, m.kv_heads = 8, m.head_dim = 128;
+  for (const RateMask kind : {RateMask::kCausal, RateMask::kFull})
+    for (const int64_t tokens : {8192, 131072})
+      m.attention.push_back({"cudnn", 128, 32, tokens, kind, 600.0, 500.0, "test", 0});
+  m.pair = {{1e6, 1e-5}, {1e8, 1e-3}};
+  m.launch_s = m.post_s = m.wait_s = 5e-6, m.gemm_tflops = 800, m.hbm_gbps = 4000, m.memory_bytes = 100LL << 30;
+  const Cluster plain = cluster_from_probe(m, "2026-11-28");
+  EXPECT_DOUBLE_EQ(plain.shard_step_fwd, 1.0);
+  EXPECT_DOUBLE_EQ(plain.shard_step_bwd, 1.0);
+  EXPECT_TRUE(std::any_of(plain.sources.begin(), plain.sources.end(), [](const std::string& s) {
+    return s.rfind("shard_step_factor 1: no schedule timed", 0) == 0;
+  }));
+  Problem problem;
+  problem.seq = 262144, problem.heads = 32, problem.kv_heads = 8, problem.head_dim = 128;
+  const Prediction p =
+      predict(plain, problem, Candidate{"ring-return", 0, "ring", 1, LayoutKind::kZigzag});
+  ASSERT_TRUE(p.refusal.empty()) << p.refusal;
+  m.schedules.push_back({"ring-return", 262144, 1.5 * p.fwd_s, 0.8 * p.bwd_s});
+  const Cluster fitted = cluster_from_probe(m, "2026-11-28");
+  EXPECT_NEAR(fitted.shard_step_fwd, 1.5, 1e-12);
+  EXPECT_NEAR(fitted.shard_step_bwd, 0.8, 1e-12);
+  const Cluster read = cluster_from_json(cluster_to_json(fitted)).value();
+  EXPECT_DOUBLE_EQ(read.shard_step_fwd, fitted.shard_step_fwd);
+  // Fitted, the planner prices that pass about as it was timed (the factor stretches its steps'
+  // compute, nearly all of the pass at this length).
+  const Prediction again =
+      predict(read, problem, Candidate{"ring-return", 0, "ring", 1, LayoutKind::kZigzag});
+  EXPECT_NEAR(again.fwd_s / (1.5 * p.fwd_s), 1.0, 0.03);
+  EXPECT_NEAR(again.bwd_s / (0.8 * p.bwd_s), 1.0, 0.03);
 }
 
 TEST(ProbeCli, PlanReadsTheClusterProbeWrites) {

@@ -1,5 +1,6 @@
 // `seqpar probe`'s device-independent part (probe.hpp): the options' defaults and checks, the
-// fits of the link samples, and the cluster description made of the measurements.
+// fits of the link samples and of the shard-step factors, and the cluster description made of the
+// measurements.
 #include "planner/probe.hpp"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "planner/cost_model.hpp"
 #include "seqpar/gpu.hpp"
 
 namespace seqpar::planner {
@@ -59,6 +61,9 @@ StatusOr<ProbeOptions> probe_defaults(ProbeOptions o) {
   if (o.gemm_size == 0) o.gemm_size = gpu ? (o.quick ? 4096 : 8192) : (o.quick ? 64 : 512);
   if (o.copy_bytes == 0) o.copy_bytes = gpu ? (o.quick ? 256 * kMiB : 1024 * kMiB) : (o.quick ? kMiB : 64 * kMiB);
   if (o.repeats == 0) o.repeats = o.quick ? 2 : (gpu ? 5 : 3);
+  // GPU: 64K tokens a GPU, where the 4 x H200 runs' ring family ran 10% (forward) and 5%
+  // (backward) over the single calls' rates (docs/PLANNER.md, "Shard steps").
+  if (o.schedule_tokens == 0) o.schedule_tokens = gpu ? (o.quick ? 4096 : 65536) : (o.quick ? 64 : 256);
   if (o.ranks == 0) o.ranks = gpu ? std::max(1, cuda_device_count()) : 2;
 
   SP_CHECK_ARG(o.ranks >= 1, "--ranks/--gpus must be at least 1");
@@ -126,6 +131,37 @@ double fit_port_pairs(const LinkSpec& pair_link, double bytes_per_peer, double s
   return std::clamp(all_to_all_gbps / pair_link.gbps_at(bytes_per_peer), 1.0, double(ranks - 1));
 }
 
+namespace {
+
+// The shard-step factors (Cluster::shard_step_fwd, _bwd): the timed ring-family pass over what the
+// cluster, with the factors at 1, predicts for it. The pass is mostly its shard steps' compute at
+// the probed lengths, so the ratio stands for theirs (as docs/planner/fit_shard_steps.py fits it
+// from benchmark runs).
+void fit_shard_steps(const ProbeMeasurements& m, const std::string& by, Cluster* c) {
+  c->shard_step_fwd = c->shard_step_bwd = 1.0;
+  if (m.schedules.empty()) {
+    c->sources.push_back("shard_step_factor 1: no schedule timed (one rank, or --schedule-tokens below 0); "
+                         "docs/planner/fit_shard_steps.py fits it from bench_gpu_ring runs");
+    return;
+  }
+  const ScheduleSample& s = m.schedules.front();
+  Problem problem;
+  problem.seq = s.seq, problem.heads = m.heads, problem.kv_heads = m.kv_heads, problem.head_dim = m.head_dim;
+  const Prediction p = predict(*c, problem, Candidate{s.algorithm, 0, "ring", 1, LayoutKind::kZigzag});
+  if (!p.refusal.empty() || !(p.fwd_s > 0 && p.bwd_s > 0 && s.fwd_s > 0 && s.bwd_s > 0)) {
+    c->sources.push_back("shard_step_factor 1: the planner did not price the timed " + s.algorithm + " pass (" +
+                         p.refusal + ")");
+    return;
+  }
+  c->shard_step_fwd = s.fwd_s / p.fwd_s, c->shard_step_bwd = s.bwd_s / p.bwd_s;
+  c->sources.push_back("shard_step_factor: " + s.algorithm + " over " + std::to_string(m.ranks) + " ranks, " +
+                       std::to_string(s.seq) + " tokens causal (zigzag), " + fixed(s.fwd_s * 1e3, 3) + " / " +
+                       fixed(s.bwd_s * 1e3, 3) + " ms forward / backward against " + fixed(p.fwd_s * 1e3, 3) +
+                       " / " + fixed(p.bwd_s * 1e3, 3) + " predicted from the figures above, " + by);
+}
+
+}  // namespace
+
 Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) {
   const std::string by = "measured by seqpar probe on " + m.device_name + " " + date;
   Cluster c;
@@ -166,15 +202,15 @@ Cluster cluster_from_probe(const ProbeMeasurements& m, const std::string& date) 
     c.sources.push_back("call_workspace_bytes_per_query_element: not measured (the device does not count its "
                         "memory): 0");
   }
-  c.sources.push_back("shard_step_factor 1: the probe times single calls, not a schedule's steps among its "
-                      "exchanges; fit it from bench_gpu_ring runs on this machine with docs/planner/fit_shard_steps.py");
+  fit_shard_steps(m, by, &c);
   c.sources.insert(c.sources.end(), m.notes.begin(), m.notes.end());
   return c;
 }
 
 StatusOr<Cluster> probe_cluster(const ProbeOptions& options, const ProbeLog& log) {
   SP_ASSIGN_OR_RETURN(const ProbeOptions o, probe_defaults(options));
-  SP_ASSIGN_OR_RETURN(const ProbeMeasurements m, o.device == "cuda" ? measure_cuda(o, log) : measure_cpu(o, log));
+  SP_ASSIGN_OR_RETURN(ProbeMeasurements m, o.device == "cuda" ? measure_cuda(o, log) : measure_cpu(o, log));
+  m.heads = o.heads, m.kv_heads = o.kv_heads, m.head_dim = o.head_dim;
   return cluster_from_probe(m, utc_date());
 }
 

@@ -30,6 +30,10 @@ struct ProbeOptions {
   int64_t gemm_size = 0;                   // M = N = K of the GEMM timed
   int64_t copy_bytes = 0;                  // bytes of the memory copy timed
   int repeats = 0;                         // timed repetitions of each figure (the median is kept)
+  // Tokens a rank of the ring-return pass timed over all ranks (causal, zigzag), whose time
+  // against the planner's prediction from the other figures fits the shard-step factors
+  // (Cluster::shard_step_fwd, _bwd); below 0: not timed (the factors stay 1).
+  int64_t schedule_tokens = 0;
   bool quick = false;                      // tiny sizes: a smoke test of every step, not figures
 };
 
@@ -46,6 +50,15 @@ struct LinkSample {
   double bytes = 0, seconds = 0;
 };
 
+// One distributed pass timed on every rank: the algorithm over `seq` tokens (causal, zigzag,
+// B = 1, the options' heads and head dim, one head group), wall seconds from a barrier to the
+// barrier after it, median over the repetitions.
+struct ScheduleSample {
+  std::string algorithm;
+  int64_t seq = 0;
+  double fwd_s = 0, bwd_s = 0;
+};
+
 struct ProbeMeasurements {
   std::string device_name;                 // "NVIDIA H100 80GB HBM3", or the CPU's model name
   std::string comm_name;                   // the communicator the links were measured over
@@ -60,6 +73,8 @@ struct ProbeMeasurements {
   int64_t memory_bytes = 0;
   double call_workspace_bytes_per_query_element = -1;  // AttentionSweep's, of `backend`; -1: not measured
   int64_t workspace_tokens = 0;                        // the length it was measured at
+  std::vector<ScheduleSample> schedules;   // empty: none timed (one rank, or schedule_tokens < 0)
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // the shape the schedules ran at
   std::vector<std::string> notes;          // what was not measured, and what stands in for it
 };
 

@@ -11,6 +11,7 @@
 #include "planner/probe.hpp"
 #include "planner/probe_sweeps.hpp"
 #include "seqpar/attention.hpp"
+#include "seqpar/distributed_attention.hpp"
 #ifdef SEQPAR_HAVE_MODEL
 #include <cblas.h>
 #endif
@@ -62,6 +63,32 @@ const AttentionBackend* cpu_backend_named(const std::string& name) {
   return nullptr;
 }
 
+// A thread rank's distributed passes on host tensors, fp32, through the CPU executor.
+class HostRankPasses final : public ProbeRankPasses {
+ public:
+  explicit HostRankPasses(const AttentionBackend& backend) : backend_(backend) {}
+  Status prepare(Communicator& comm, const std::string& algorithm, const Layout& layout,
+                 const ProbeOptions& o) override {
+    SP_ASSIGN_OR_RETURN(t_, random_shard_tensors(memory_, DType::kF32, layout.local_len(comm.rank()), o));
+    AttentionParams params;
+    params.mask = MaskSpec::causal();
+    SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(PlanOptions(algorithm), layout, params,
+                                                           block_bytes_for(t_.q, t_.k, backend_), comm.rank(), backend_));
+    plan_ = std::make_unique<AttentionPlan>(std::move(plan));
+    return Status::Ok();
+  }
+  Status run(Communicator& comm, Pass pass) override {
+    return pass == Pass::kForward ? run_forward_cpu(comm, *plan_, t_) : run_backward_cpu(comm, *plan_, t_);
+  }
+  void release() override { plan_.reset(), memory_.release(); }
+
+ private:
+  const AttentionBackend& backend_;
+  HostProbeMemory memory_;
+  ShardTensors t_;
+  std::unique_ptr<AttentionPlan> plan_;
+};
+
 }  // namespace
 
 StatusOr<ProbeMeasurements> measure_cpu(const ProbeOptions& o, const ProbeLog& log) {
@@ -112,6 +139,14 @@ StatusOr<ProbeMeasurements> measure_cpu(const ProbeOptions& o, const ProbeLog& l
     m.pair = sweep.pair;
     m.all_to_all_bytes_per_peer = sweep.all_to_all_bytes_per_peer, m.all_to_all_seconds = sweep.all_to_all_seconds;
     m.post_s = sweep.post_s, m.wait_s = sweep.wait_s;
+    if (o.schedule_tokens > 0) {
+      SP_RETURN_IF_ERROR(run_local_ranks(o.ranks, [&](Communicator& comm) -> Status {
+        HostRankPasses passes(*cpu_backend_named(m.backend));
+        SP_ASSIGN_OR_RETURN(std::vector<ScheduleSample> mine, sweep_schedules(comm, passes, o, log));
+        if (comm.rank() == 0) m.schedules = std::move(mine);
+        return Status::Ok();
+      }));
+    }
   } else {
     m.post_s = m.wait_s = m.launch_s;
     m.notes.push_back("post and wait: not measured (one rank): the launch time");

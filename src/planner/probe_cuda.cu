@@ -12,6 +12,7 @@
 #include "core/cuda_check.hpp"
 #include "planner/probe.hpp"
 #include "planner/probe_sweeps.hpp"
+#include "parallel/gpu_executor.hpp"
 #include "seqpar/backend.hpp"
 #include "seqpar/gpu.hpp"
 #include "seqpar/nccl_comm.hpp"
@@ -178,6 +179,49 @@ Status measure_copy(ProbeMeasurements& m, DeviceProbeMemory& memory, const Probe
   return Status::Ok();
 }
 
+// A GPU rank's distributed passes (bf16 inputs, the backend a session picks) through the GPU
+// executor, on a stream of its own so the communicator's stream overlaps it as in a run.
+class DeviceRankPasses final : public ProbeRankPasses {
+ public:
+  ~DeviceRankPasses() override { release(); }
+  Status prepare(Communicator& comm, const std::string& algorithm, const Layout& layout,
+                 const ProbeOptions& o) override {
+    SP_ASSIGN_OR_RETURN(t_, random_shard_tensors(memory_, DType::kBF16, layout.local_len(comm.rank()), o));
+    SP_CUDA_CHECK(cudaDeviceSynchronize());  // the fills ran on the default stream
+    AttentionParams params;
+    params.mask = MaskSpec::causal();
+    backend_ = make_gpu_backend(t_.q, params);
+    SP_CHECK_SUPPORTED(backend_ != nullptr, "probe: no GPU backend takes the timed pass");
+    PlanOptions plan_options(algorithm);
+    plan_options.head_groups = 1;
+    SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(plan_options, layout, params,
+                                                           block_bytes_for(t_.q, t_.k, *backend_), comm.rank(),
+                                                           *backend_));
+    plan_ = std::make_unique<AttentionPlan>(std::move(plan));
+    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return Status::Ok();
+  }
+  Status run(Communicator& comm, Pass pass) override {
+    SP_RETURN_IF_ERROR(pass == Pass::kForward ? run_forward_gpu(comm, *plan_, t_, ws_, stream_)
+                                              : run_backward_gpu(comm, *plan_, t_, ws_, stream_));
+    SP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return Status::Ok();
+  }
+  void release() override {
+    if (stream_) cudaStreamSynchronize(stream_), cudaStreamDestroy(stream_), stream_ = nullptr;
+    plan_.reset(), backend_.reset();
+    memory_.release();
+  }
+
+ private:
+  DeviceProbeMemory memory_;
+  ShardTensors t_;
+  std::unique_ptr<AttentionBackend> backend_;
+  std::unique_ptr<AttentionPlan> plan_;
+  GpuWorkspace ws_;
+  cudaStream_t stream_ = nullptr;
+};
+
 }  // namespace
 
 StatusOr<ProbeMeasurements> measure_cuda(const ProbeOptions& o, const ProbeLog& log) {
@@ -242,6 +286,14 @@ StatusOr<ProbeMeasurements> measure_cuda(const ProbeOptions& o, const ProbeLog& 
     m.pair = sweep.pair;
     m.all_to_all_bytes_per_peer = sweep.all_to_all_bytes_per_peer, m.all_to_all_seconds = sweep.all_to_all_seconds;
     m.post_s = sweep.post_s;
+    if (o.schedule_tokens > 0) {
+      SP_RETURN_IF_ERROR(run_nccl_local_ranks(o.ranks, [&](Communicator& comm) -> Status {
+        DeviceRankPasses passes;
+        SP_ASSIGN_OR_RETURN(std::vector<ScheduleSample> mine, sweep_schedules(comm, passes, o, log));
+        if (comm.rank() == 0) m.schedules = std::move(mine);
+        return Status::Ok();
+      }));
+    }
   } else {
     m.post_s = m.launch_s;
     m.notes.push_back("post: not measured (one GPU): the launch time");

@@ -195,4 +195,50 @@ StatusOr<LinkSweep> sweep_links(Communicator& comm, void* send, void* recv, cons
   return out;
 }
 
+StatusOr<ShardTensors> random_shard_tensors(ProbeMemory& memory, DType input, int64_t n, const ProbeOptions& o) {
+  const int64_t H = o.heads, Hkv = o.kv_heads, D = o.head_dim;
+  ShardTensors t;
+  for (TensorView* x : {&t.q, &t.o, &t.dout, &t.dq}) {
+    SP_ASSIGN_OR_RETURN(*x, memory.random(input, {1, n, H, D}));
+  }
+  for (TensorView* x : {&t.k, &t.v, &t.dk, &t.dv}) {
+    SP_ASSIGN_OR_RETURN(*x, memory.random(input, {1, n, Hkv, D}));
+  }
+  SP_ASSIGN_OR_RETURN(t.lse, memory.random(DType::kF32, {1, H, n}));
+  return t;
+}
+
+StatusOr<std::vector<ScheduleSample>> sweep_schedules(Communicator& comm, ProbeRankPasses& passes,
+                                                      const ProbeOptions& o, const ProbeLog& log) {
+  const int P = comm.size();
+  const int64_t seq = o.schedule_tokens * P;
+  const std::string algorithm = "ring-return";  // the ring family's step, among its exchanges
+  if (comm.rank() == 0)
+    log("probe: " + algorithm + " over " + std::to_string(P) + " ranks, " + std::to_string(seq) + " tokens ...");
+  SP_ASSIGN_OR_RETURN(const Layout layout, Layout::create(LayoutKind::kZigzag, seq, P));
+  SP_RETURN_IF_ERROR(passes.prepare(comm, algorithm, layout, o));
+  std::vector<double> fwd, bwd;
+  for (int i = 0; i <= o.repeats; ++i) {  // the first untimed: plans built, buffers placed
+    double seconds[2] = {0, 0};
+    for (const Pass pass : {Pass::kForward, Pass::kBackward}) {
+      SP_RETURN_IF_ERROR(comm.barrier());
+      Status status = Status::Ok();
+      seconds[int(pass)] = host_seconds([&] {
+        status = passes.run(comm, pass);
+        if (status.ok()) status = comm.barrier();  // the slowest rank's end
+      });
+      SP_RETURN_IF_ERROR(status);
+    }
+    if (i > 0) fwd.push_back(seconds[0]), bwd.push_back(seconds[1]);
+  }
+  passes.release();
+  std::vector<ScheduleSample> out;
+  if (comm.rank() == 0) {
+    out.push_back({algorithm, seq, median(fwd), median(bwd)});
+    log("probe: " + algorithm + format(": forward %.4g ms, backward %.4g ms", out.back().fwd_s * 1e3,
+                                       out.back().bwd_s * 1e3));
+  }
+  return out;
+}
+
 }  // namespace seqpar::planner

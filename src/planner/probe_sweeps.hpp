@@ -11,6 +11,9 @@
 #include "planner/probe.hpp"
 #include "seqpar/backend.hpp"
 #include "seqpar/comm.hpp"
+#include "seqpar/distributed_attention.hpp"
+#include "seqpar/layout.hpp"
+#include "seqpar/schedule.hpp"
 
 namespace seqpar::planner {
 
@@ -63,6 +66,28 @@ struct LinkSweep {
 // is returned; on the other ranks it is empty.
 StatusOr<LinkSweep> sweep_links(Communicator& comm, void* send, void* recv, const ProbeOptions& options,
                                 const ProbeLog& log);
+
+// A rank's q, k, v, o, lse, dout, dq, dk, dv for n tokens (B = 1, the options' heads and head
+// dim): uniform values in `input` (lse fp32), held by `memory` until its release().
+StatusOr<ShardTensors> random_shard_tensors(ProbeMemory& memory, DType input, int64_t n, const ProbeOptions& options);
+
+// One rank's distributed attention on its device, for sweep_schedules (each device half makes one).
+class ProbeRankPasses {
+ public:
+  virtual ~ProbeRankPasses() = default;
+  // Plans `algorithm` (named, one head group) over `layout`, causal, B = 1 and the options' heads
+  // and head dim, on random inputs of this rank.
+  virtual Status prepare(Communicator& comm, const std::string& algorithm, const Layout& layout,
+                         const ProbeOptions& options) = 0;
+  // Runs the prepared pass; its device work is done when it returns.
+  virtual Status run(Communicator& comm, Pass pass) = 0;
+  virtual void release() = 0;
+};
+
+// Collective: ring-return over options.schedule_tokens tokens a rank (one untimed run, then
+// options.repeats), each pass between barriers. Rank 0's samples are returned; the others' empty.
+StatusOr<std::vector<ScheduleSample>> sweep_schedules(Communicator& comm, ProbeRankPasses& passes,
+                                                      const ProbeOptions& options, const ProbeLog& log);
 
 // Seconds of `fn` on the host clock.
 double host_seconds(const std::function<void()>& fn);
