@@ -289,6 +289,7 @@ Status Trainer::step(StepReport* report) {
     FlatWeights store(I.compute_data(), I.compute_bytes(), I.grads.p());
     SP_RETURN_IF_ERROR(I.pass->forward_backward(store, shard, 1.0 / counted, &loss));
   }
+  model::set_step_progress(I.steps, -1);  // the pass is done: nothing after it reports as this step
   report->bytes_sent = cc.sent(Phase::kForward) + cc.sent(Phase::kBackward) - sent_before;
   const PhaseScope other(I.world, Phase::kOther);
   double loss_sum = loss.loss_sum;

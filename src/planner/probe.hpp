@@ -57,6 +57,7 @@ struct ScheduleSample {
   std::string algorithm;
   int64_t seq = 0;
   double fwd_s = 0, bwd_s = 0;
+  BlockBytes wire;  // how its blocks travelled (the plan's), so the prediction moves the same bytes
 };
 
 struct ProbeMeasurements {
@@ -75,6 +76,7 @@ struct ProbeMeasurements {
   int64_t workspace_tokens = 0;                        // the length it was measured at
   std::vector<ScheduleSample> schedules;   // empty: none timed (one rank, or schedule_tokens < 0)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // the shape the schedules ran at
+  bool quick = false;                      // --quick sizes: the schedule is timed, not fitted
   std::vector<std::string> notes;          // what was not measured, and what stands in for it
 };
 

@@ -80,6 +80,7 @@ class HostRankPasses final : public ProbeRankPasses {
   Status run(Communicator& comm, Pass pass) override {
     return pass == Pass::kForward ? run_forward_cpu(comm, *plan_, t_) : run_backward_cpu(comm, *plan_, t_);
   }
+  const AttentionPlan& plan() const override { return *plan_; }
   void release() override { plan_.reset(), memory_.release(); }
 
  private:

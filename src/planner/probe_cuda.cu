@@ -183,6 +183,8 @@ Status measure_copy(ProbeMeasurements& m, DeviceProbeMemory& memory, const Probe
 // executor, on a stream of its own so the communicator's stream overlaps it as in a run.
 class DeviceRankPasses final : public ProbeRankPasses {
  public:
+  // `backend`: the one whose rows price the computes (ProbeMeasurements::backend).
+  explicit DeviceRankPasses(std::string backend) : backend_name_(std::move(backend)) {}
   ~DeviceRankPasses() override { release(); }
   Status prepare(Communicator& comm, const std::string& algorithm, const Layout& layout,
                  const ProbeOptions& o) override {
@@ -190,8 +192,8 @@ class DeviceRankPasses final : public ProbeRankPasses {
     SP_CUDA_CHECK(cudaDeviceSynchronize());  // the fills ran on the default stream
     AttentionParams params;
     params.mask = MaskSpec::causal();
-    backend_ = make_gpu_backend(t_.q, params);
-    SP_CHECK_SUPPORTED(backend_ != nullptr, "probe: no GPU backend takes the timed pass");
+    backend_ = make_gpu_backend_named(backend_name_, t_.q.device.index);
+    SP_CHECK_SUPPORTED(backend_ != nullptr, "probe: no GPU backend '" + backend_name_ + "' for the timed pass");
     PlanOptions plan_options(algorithm);
     plan_options.head_groups = 1;
     SP_ASSIGN_OR_RETURN(AttentionPlan plan, plan_attention(plan_options, layout, params,
@@ -204,16 +206,22 @@ class DeviceRankPasses final : public ProbeRankPasses {
   Status run(Communicator& comm, Pass pass) override {
     SP_RETURN_IF_ERROR(pass == Pass::kForward ? run_forward_gpu(comm, *plan_, t_, ws_, stream_)
                                               : run_backward_gpu(comm, *plan_, t_, ws_, stream_));
-    SP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return Status::Ok();
+    return comm.synchronize(stream_);  // gives up, rather than hangs, where a peer failed
   }
+  const AttentionPlan& plan() const override { return *plan_; }
   void release() override {
-    if (stream_) cudaStreamSynchronize(stream_), cudaStreamDestroy(stream_), stream_ = nullptr;
+    if (stream_ && !device_abandoned()) {
+      cudaStreamSynchronize(stream_);
+      (void)forget_stream_arenas(stream_);  // the executor's blocks go back to the device
+      cudaStreamDestroy(stream_);
+    }
+    stream_ = nullptr;
     plan_.reset(), backend_.reset();
     memory_.release();
   }
 
  private:
+  std::string backend_name_;
   DeviceProbeMemory memory_;
   ShardTensors t_;
   std::unique_ptr<AttentionBackend> backend_;
@@ -288,7 +296,7 @@ StatusOr<ProbeMeasurements> measure_cuda(const ProbeOptions& o, const ProbeLog& 
     m.post_s = sweep.post_s;
     if (o.schedule_tokens > 0) {
       SP_RETURN_IF_ERROR(run_nccl_local_ranks(o.ranks, [&](Communicator& comm) -> Status {
-        DeviceRankPasses passes;
+        DeviceRankPasses passes(m.backend);
         SP_ASSIGN_OR_RETURN(std::vector<ScheduleSample> mine, sweep_schedules(comm, passes, o, log));
         if (comm.rank() == 0) m.schedules = std::move(mine);
         return Status::Ok();

@@ -231,10 +231,11 @@ StatusOr<std::vector<ScheduleSample>> sweep_schedules(Communicator& comm, ProbeR
     }
     if (i > 0) fwd.push_back(seconds[0]), bwd.push_back(seconds[1]);
   }
+  const BlockBytes wire = passes.plan().block_bytes;
   passes.release();
   std::vector<ScheduleSample> out;
   if (comm.rank() == 0) {
-    out.push_back({algorithm, seq, median(fwd), median(bwd)});
+    out.push_back({algorithm, seq, median(fwd), median(bwd), wire});
     log("probe: " + algorithm + format(": forward %.4g ms, backward %.4g ms", out.back().fwd_s * 1e3,
                                        out.back().bwd_s * 1e3));
   }

@@ -81,6 +81,7 @@ class ProbeRankPasses {
                          const ProbeOptions& options) = 0;
   // Runs the prepared pass; its device work is done when it returns.
   virtual Status run(Communicator& comm, Pass pass) = 0;
+  virtual const AttentionPlan& plan() const = 0;  // the prepared one
   virtual void release() = 0;
 };
 
