@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/arena_placement.hpp"
 #include "core/cuda_check.hpp"
 #include "core/cuda_memory.hpp"
 #include "seqpar/gpu.hpp"
@@ -33,9 +33,7 @@
 namespace seqpar {
 namespace {
 
-constexpr size_t kAlign = 512;  // every block starts 512-byte aligned
-
-size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+size_t round_up(size_t x, size_t to) { return ArenaPlacement::round_up(x, to); }
 
 // The driver's virtual memory calls, through the runtime (no link to libcuda).
 struct Driver {
@@ -97,17 +95,13 @@ class Arena {
 
   StatusOr<void*> take(size_t bytes) {
     collect_pending(false);
-    const size_t need = round_up(std::max<size_t>(bytes, 1), kAlign);
-    auto fit = by_size_.lower_bound(need);
-    if (fit == by_size_.end()) {
+    const size_t need = ArenaPlacement::need(bytes);
+    std::optional<size_t> offset = placement_.take(need);
+    if (!offset) {
       SP_RETURN_IF_ERROR(grow(need));
-      fit = by_size_.lower_bound(need);
+      offset = placement_.take(need);
     }
-    const size_t have = fit->first, offset = fit->second;
-    by_size_.erase(fit);
-    free_.erase(offset);
-    if (have > need) insert_free(offset + need, have - need);  // its neighbours are taken
-    void* p = reinterpret_cast<void*>(base_ + offset);
+    void* p = reinterpret_cast<void*>(base_ + *offset);
     live_[p] = need;
     return p;
   }
@@ -137,18 +131,14 @@ class Arena {
     collect_pending(device_idle);
     while (!chunks_.empty()) {
       const Driver* d = driver().value();  // it mapped the chunks
-      const auto tail = free_.empty() ? free_.end() : std::prev(free_.end());
       const size_t last = chunks_.back().second;
-      if (tail == free_.end() || tail->first + tail->second != mapped_ || tail->second < last) break;
-      const size_t offset = tail->first, bytes = tail->second;
+      if (placement_.free_tail(mapped_) < last) break;
       if (d->unmap(base_ + mapped_ - last, last) != CUDA_SUCCESS) break;  // still mapped: kept as it is
-      erase_by_size(offset, bytes);
-      free_.erase(tail);
+      placement_.shrink_tail(mapped_, last);
       mapped_ -= last;
       (void)d->release(chunks_.back().first);
       chunks_.pop_back();
       track_device_bytes(device_, -int64_t(last));
-      if (bytes > last) insert_free(offset, bytes - last);
     }
   }
 
@@ -184,9 +174,7 @@ class Arena {
       SP_CU_CHECK(d->reserve(&base, round_up(total, granule), granule, 0, 0));
       base_ = base, range_ = round_up(total, granule), granule_ = granule;
     }
-    const bool tail_free = !free_.empty() && std::prev(free_.end())->first + std::prev(free_.end())->second == mapped_;
-    const size_t tail = tail_free ? std::prev(free_.end())->second : 0;
-    const size_t add = round_up(need - tail, granule_);
+    const size_t add = round_up(need - placement_.free_tail(mapped_), granule_);
     if (mapped_ + add > range_)
       return SP_STATUS(StatusCode::kInternal, "out of device memory: a stream's blocks would need more than the device holds");
     CUmemGenericAllocationHandle h{};
@@ -208,37 +196,12 @@ class Arena {
     make_free(reinterpret_cast<void*>(base_ + at));
     return Status::Ok();
   }
-  void insert_free(size_t offset, size_t bytes) {
-    free_[offset] = bytes;
-    by_size_.insert({bytes, offset});
-  }
-  void erase_by_size(size_t offset, size_t bytes) {
-    auto [lo, hi] = by_size_.equal_range(bytes);
-    for (auto it = lo; it != hi; ++it)
-      if (it->second == offset) {
-        by_size_.erase(it);
-        return;
-      }
-  }
   // The block at p free again, joined with the free intervals on either side.
   void make_free(void* p) {
     auto it = live_.find(p);
     if (it == live_.end()) return;
-    size_t offset = reinterpret_cast<CUdeviceptr>(p) - base_, bytes = it->second;
+    placement_.give(reinterpret_cast<CUdeviceptr>(p) - base_, it->second);
     live_.erase(it);
-    auto next = free_.find(offset + bytes);
-    if (next != free_.end()) {
-      erase_by_size(next->first, next->second);
-      bytes += next->second;
-      free_.erase(next);
-    }
-    auto prev = free_.lower_bound(offset);
-    if (prev != free_.begin() && (--prev)->first + prev->second == offset) {
-      erase_by_size(prev->first, prev->second);
-      offset = prev->first, bytes += prev->second;
-      free_.erase(prev);
-    }
-    insert_free(offset, bytes);
   }
   // Blocks given back on other streams whose event has passed (all: the device is idle).
   // A failed query (the device is in error) frees the block too: nothing runs there any more.
@@ -261,8 +224,7 @@ class Arena {
   size_t range_ = 0, mapped_ = 0, granule_ = 0;
   std::vector<CUmemAccessDesc> access_;
   std::vector<std::pair<CUmemGenericAllocationHandle, size_t>> chunks_;  // mapped in this order
-  std::map<size_t, size_t> free_;                                         // offset -> bytes
-  std::multimap<size_t, size_t> by_size_;                                 // bytes -> offset
+  ArenaPlacement placement_;                                              // the free intervals
   std::map<void*, size_t> live_;                                          // block -> bytes
   std::vector<std::pair<void*, cudaEvent_t>> pending_;
 };
