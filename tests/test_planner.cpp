@@ -522,21 +522,23 @@ std::set<std::string> expect_walk_is_what_the_executor_holds(int ranks, const se
   return ran;
 }
 
+// The walk checks above ran each family whose blocks differ.
+void expect_ran_each_family(const std::set<std::string>& ran) {
+  for (const char* name : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-overlap"})
+    EXPECT_TRUE(ran.count(name)) << name;
+}
+
 TEST(PlannerMemory, WalkedPeakIsWhatTheExecutorHolds) {
   seqpar::Problem g;
   g.seq = 1024, g.heads = 4, g.kv_heads = 2, g.head_dim = 16, g.dtype = DType::kF32;
-  const std::set<std::string> ran = expect_walk_is_what_the_executor_holds(2, g);
-  for (const char* name : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-overlap"})
-    EXPECT_TRUE(ran.count(name)) << name;
+  expect_ran_each_family(expect_walk_is_what_the_executor_holds(2, g));
 }
 
 // The same on 4 ranks with GQA 8:2 (each K/V head read by two Ulysses head parts).
 TEST(PlannerMemory, WalkedPeakIsWhatTheExecutorHoldsOnFourRanksWithGqa) {
   seqpar::Problem g;
   g.seq = 1024, g.heads = 8, g.kv_heads = 2, g.head_dim = 16, g.dtype = DType::kF32;
-  const std::set<std::string> ran = expect_walk_is_what_the_executor_holds(4, g);
-  for (const char* name : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-overlap"})
-    EXPECT_TRUE(ran.count(name)) << name;
+  expect_ran_each_family(expect_walk_is_what_the_executor_holds(4, g));
 }
 
 // The same with the blocks a GPU executor holds: bf16 inputs, fp32 accumulators and row stats,
@@ -547,11 +549,7 @@ TEST(PlannerMemory, WalkedPeakIsWhatTheExecutorHoldsOnFourRanksWithGqa) {
 TEST(PlannerMemory, WalkedPeakIsWhatAnExecutorOfDeviceBlocksHolds) {
   seqpar::Problem g;
   g.seq = 1024, g.heads = 16, g.kv_heads = 4, g.head_dim = 16;
-  for (int ranks : {2, 4}) {
-    const std::set<std::string> ran = expect_walk_is_what_the_executor_holds(ranks, g, true);
-    for (const char* name : {"ring", "burst", "ring-return", "burst-return", "ulysses", "ulysses-overlap"})
-      EXPECT_TRUE(ran.count(name)) << name;
-  }
+  for (int ranks : {2, 4}) expect_ran_each_family(expect_walk_is_what_the_executor_holds(ranks, g, true));
 }
 
 // The GPU stream arena's memory (its placement modelled: stream_arena_model.hpp) for one
