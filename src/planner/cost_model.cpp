@@ -100,6 +100,9 @@ struct PassPricing {
   double pair_scale;  // proxy visible pairs -> real ones (k^2)
   int head_parts;
   RateMask sparse;    // the rate kind of a partly visible step under the problem's mask
+  // A shard-pair step's compute factor, forward and backward (Cluster::shard_step_*): fitted on
+  // dense masks, so 1 under window and documents masks, whose steps keep their rows' pricing.
+  double shard_step[2];
 };
 
 double copy_seconds(const Cluster& c, double bytes) { return 2.0 * bytes / (c.hbm_gbps * 1e9); }
@@ -137,11 +140,8 @@ std::vector<SimOp> program(const std::vector<Step>& steps, int rank, Pass pass, 
       const bool backward = pass == Pass::kBackward;
       const double flops = 4.0 * double(p.problem.batch) * vis * p.pair_scale * double(heads) *
                            double(p.problem.head_dim) * (backward ? 2.5 : 1.0);
-      // A shard-pair step runs among the schedule's exchanges, a whole-sequence call (Ulysses')
-      // alone. The factors were fitted on dense masks; window and documents steps keep their rows'.
-      const bool dense = p.sparse != RateMask::kWindow && p.sparse != RateMask::kDocuments;
-      const bool shard_step = dense && s.kv_span < p.layout.ranks();
-      const double factor = !shard_step ? 1.0 : backward ? p.cluster.shard_step_bwd : p.cluster.shard_step_fwd;
+      // A shard-pair step runs among the schedule's exchanges, a whole-sequence call (Ulysses') alone.
+      const double factor = s.kv_span < p.layout.ranks() ? p.shard_step[backward] : 1.0;
       op.kind = SimOp::kCompute;
       op.seconds = p.cluster.launch_s +
                    factor * p.cluster.attention_seconds(flops, heads, vis < all ? p.sparse : RateMask::kFull,
@@ -233,8 +233,10 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   group.heads /= g, group.kv_heads /= g, group.head_groups = 1;
 
   const auto vis = visible_pairs(layout, proxy, req);
-  const PassPricing pricing{cluster, problem, layout, topology, group, vis, double(k) * double(k), parts,
-                            rate_mask_of(mask)};
+  const RateMask sparse = rate_mask_of(mask);
+  const bool dense = sparse != RateMask::kWindow && sparse != RateMask::kDocuments;
+  const PassPricing pricing{cluster, problem, layout, topology, group, vis, double(k) * double(k), parts, sparse,
+                            {dense ? cluster.shard_step_fwd : 1.0, dense ? cluster.shard_step_bwd : 1.0}};
   const ClusterLinks links(cluster);
   Prediction out;
   out.simulated_ranks = ranks;
