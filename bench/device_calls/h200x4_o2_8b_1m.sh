@@ -6,6 +6,7 @@
 # 80 + 6 x 4 = 104 GiB a GPU), the MLP tiled. One step is longer than one call (about 11-12 min
 # predicted), so the first call starts it in a session of its own (setsid: it outlives the call
 # while the machine stays held) and every call, this script again, waits for it and reports.
+# Session p ran it again with --progress 60 (rank 0's phase and layers every minute, in train.err).
 set -u
 CALL_BUDGET_S=${CALL_BUDGET_S:-585}
 source bench/device_calls/call_start.sh 64 "seqpar_cli"
@@ -18,12 +19,13 @@ if [ ! -e $run/started ]; then
   echo $! > $run/smi.pid
   setsid nohup bash -c "./build-gpu/seqpar train --device cuda --gpus 4 --model 8b --data tokens:$run/tokens.u32:u32 \
       --seq 1048576 --batch 1 --steps 1 --warmup 1 --checkpointing full --offload-checkpoints --offload-keep-layers 8 \
-      --zero 3 --tile-tokens -1 --profile --json > $run/train.jsonl 2> $run/train.err; echo \$? > $run/rc" < /dev/null > /dev/null 2>&1 &
+      --zero 3 --tile-tokens -1 --profile --progress 60 --json > $run/train.jsonl 2> $run/train.err; echo \$? > $run/rc" < /dev/null > /dev/null 2>&1 &
   say "8B 1M started"
 fi
 while [ ! -e $run/rc ] && [ "$(left)" -gt 12 ]; do sleep 5; done
 say "8B 1M after $(( $(date +%s) - $(cat $run/started) )) s: rc $(cat $run/rc 2>/dev/null || echo running)"
 say "$(tail -n 1 $run/train.jsonl 2>/dev/null | head -c 2500) $(grep -m3 -i 'error\|out of memory' $run/train.err)"
+tail -n 4 $run/train.err >> "$out/summary.txt"
 tail -n 3 $run/smi.log >> "$out/summary.txt"
 [ -e $run/rc ] && kill "$(cat $run/smi.pid)" 2>/dev/null
 cp $run/train.jsonl $run/train.err $run/smi.log "$out/" 2>/dev/null
