@@ -15,7 +15,11 @@ PROBE_N1 = "docs/results/h200x2_n1_probe_fitted_2026-11-28.json"
 # The probes' files with shard_step_factor fitted (fit_shard_steps.py) on the dense ring-family
 # runs of the same files below: in-sample for those runs.
 PROBE_O1 = "docs/results/h200x4_o1_probe_fitted_2026-11-28.json"
+# Session p's probe fitted the factors itself (its timed ring-return pass): out of sample.
+PROBE_P2 = "docs/results/h200x4_p2_probe_2026-11-28.json"
 RUNS = [
+    *[(f"docs/results/h200x4_p2_matrix_{t}_2026-11-28.jsonl", PROBE_P2, False)
+      for t in ("gqa_causal_256k", "gqa_causal_512k", "mha_causal_256k")],
     *[(f"docs/results/h200x4_o1_matrix_{t}_2026-11-28.jsonl", PROBE_O1, False)
       for t in ("gqa_causal_64k", "mha_causal_64k", "gqa_causal_256k", "mha_causal_256k", "gqa_causal_512k")],
     *[(f"docs/results/h200x4_o3_matrix_{t}_2026-11-28.jsonl", PROBE_O1, False) for t in ("gqa_docs64", "gqa_window4k")],
