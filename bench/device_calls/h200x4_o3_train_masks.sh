@@ -26,17 +26,6 @@ matrix() {  # mask layout seqs tag algos
 }
 CAP=80 matrix docs:64 documents 262144,524288 gqa_docs64 auto,ulysses,ulysses-overlap,ring-return,burst-return
 CAP=80 matrix window:4096,0 zigzag 262144 gqa_window4k auto,ulysses,ulysses-overlap,ring-return,burst-return,distflash
-python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
-import glob, json, os, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "matrix_*.jsonl"))):
-    rows = [json.loads(l) for l in open(f) if l.startswith('{"kind":"seqpar_ring"')]
-    for S in sorted({r["seq"] for r in rows}):
-        at = {r["algo"]: r for r in rows if r["seq"] == S and "fwdbwd_ms" in r}
-        for a, r in at.items():
-            print(f"{os.path.basename(f)[7:-6]:14s} S={S:7d} {a:16s} ran {r.get('ran', a):16s} {r['fwdbwd_ms']:9.2f} ms")
-        if "auto" in at and len(at) > 1:
-            best = min((r["fwdbwd_ms"], a) for a, r in at.items() if a != "auto")
-            print(f"  auto/fastest {at['auto']['fwdbwd_ms'] / best[0]:.3f} (fastest {best[1]})")
-PY
+python3 bench/device_calls/matrix_summary.py "$out" | tee -a "$out/summary.txt"
 say end
 PACK_GLOBS="*.jsonl *.err *.log" pack

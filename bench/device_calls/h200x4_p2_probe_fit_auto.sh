@@ -33,18 +33,7 @@ top=auto,ulysses-overlap,ulysses,ulysses-ring,ring-return,burst-return
 CAP=90 matrix 8 ${GQA_SEQS:-65536,262144} gqa_causal $top
 CAP=90 matrix 8 524288 gqa_causal_512k auto,ulysses-overlap,ulysses,ring-return
 CAP=80 matrix 32 262144 mha_causal_256k auto,ulysses-overlap,ulysses,ring-return,burst-return
-python3 - "$out" <<'PY' | tee -a "$out/summary.txt"
-import glob, json, os, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "matrix_*.jsonl"))):
-    rows = [json.loads(l) for l in open(f) if l.startswith('{"kind":"seqpar_ring"')]
-    for S in sorted({r["seq"] for r in rows}):
-        at = {r["algo"]: r for r in rows if r["seq"] == S and "fwdbwd_ms" in r}
-        for a, r in at.items():
-            print(f"{os.path.basename(f)[7:-6]:16s} S={S:7d} {a:16s} ran {r.get('ran', a):16s} {r['fwdbwd_ms']:9.2f} ms groups {r.get('head_groups')}")
-        if "auto" in at and len(at) > 1:
-            best = min((r["fwdbwd_ms"], a) for a, r in at.items() if a != "auto")
-            print(f"  auto/fastest {at['auto']['fwdbwd_ms'] / best[0]:.3f} (fastest {best[1]})")
-PY
+python3 bench/device_calls/matrix_summary.py "$out" | tee -a "$out/summary.txt"
 say end
 cp "$out/probe_4gpu_fitted.json" "$out/probe_4gpu_fitted.txt" 2>/dev/null
 PACK_GLOBS="*.jsonl *.err *.log" pack
