@@ -89,6 +89,8 @@ int run_plan(const PlanCliOptions& o) {
   planner::PlannerOptions options;
   options.algorithms = o.algos;
   options.head_groups = o.head_groups;
+  options.ulysses = o.ulysses;
+  options.ring_algorithm = o.ring_algo;
   options.cost.max_simulated_ranks = o.max_simulated_ranks;
   if (!o.layout.empty()) {
     StatusOr<LayoutKind> kind = parse_layout(o.layout);
@@ -146,6 +148,13 @@ void add_plan_command(CLI::App& app, PlanCliOptions& o, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--algos", o.algos, "only these algorithms (comma list)")->delimiter(',');
   cmd->add_option("--head-groups", o.head_groups, "head groups (0: the fewest that fit)")->capture_default_str();
+  cmd->add_option("--ulysses", o.ulysses,
+                  "ulysses-ring: only this Ulysses degree, any the algorithm takes (a measured "
+                  "run's); 0: each proper degree whose groups stay in a node")
+      ->capture_default_str();
+  cmd->add_option("--ring-algo", o.ring_algo,
+                  "ulysses-ring: only this ring-family algorithm across the groups (default: "
+                  "ring-return and burst-return)");
   cmd->add_option("--max-simulated-ranks", o.max_simulated_ranks,
                   "simulate whole up to this many ranks; beyond, fold and extrapolate")
       ->capture_default_str();

@@ -22,6 +22,8 @@ struct PlanCliOptions {
   std::string backend = "auto";   // whose packs: auto (D, O where its backward runs cuDNN), cudnn (O), hopper (D)
   std::vector<std::string> algos;  // empty: all
   int head_groups = 0;
+  int ulysses = 0;                 // ulysses-ring: only this degree (0: each proper one in a node)
+  std::string ring_algo;           // ulysses-ring: only this ring dimension (empty: the return rings)
   int max_simulated_ranks = 64;
   bool json = false;
   std::string write_cluster;       // write the cluster description as JSON to this file

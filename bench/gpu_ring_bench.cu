@@ -345,6 +345,12 @@ Status run_one(Communicator& comm, const Options& opt, int64_t S, const std::str
     (*line)["layout"] = opt.layout;
     (*line)["keep_forward_state"] = opt.keep_forward_state;
     (*line)["head_groups"] = plan.head_groups;
+    // ulysses-ring's grid as it ran (`seqpar plan --ulysses --ring-algo` prices it): the degree
+    // --ulysses 0 resolved to, and the ring dimension.
+    if (std::string(plan.algorithm->name) == "ulysses-ring") {
+      (*line)["ulysses"] = plan.schedule.head_parts;
+      (*line)["ring_algo"] = plan.request.ring_algorithm;
+    }
     (*line)["iters"] = iters;
     (*line)["fwd_ms"] = stats[0];
     (*line)["fwdbwd_ms"] = stats[1];

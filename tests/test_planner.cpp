@@ -153,6 +153,10 @@ TEST(PlannerBytes, PredictedEqualMeasuredOnCpuRanksForEveryAlgorithm) {
     if (std::string(a->name) == "ulysses-ring") {
       cases.push_back({a->name, 4, 2, "ring-return"});
       cases.push_back({a->name, 4, 2, "burst"});
+      // The GPU matrices' grid: the executors' default degree (0: the largest the heads allow
+      // in a node, 2 here) and u = P, plain Ulysses inside ulysses-ring, with `ring` across.
+      cases.push_back({a->name, 4, 0, "ring"});
+      cases.push_back({a->name, 4, 4, "ring"});
     } else {
       cases.push_back({a->name, 4});
       // Odd P where the algorithm takes it (a square grid and 4 heads in P parts do not).
@@ -796,6 +800,40 @@ TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {
   Cluster tiny = cluster;
   tiny.memory_bytes = 1 << 20;
   EXPECT_EQ(plan_table(tiny, problem).pick, -1);
+}
+
+// A measured ulysses-ring run is priced on the grid it ran (issue 35): the bench's default,
+// --ulysses 0 and --ring-algo ring, runs u = P on one node of 4 x H200 (GQA 32:8), plain
+// Ulysses with a one-group ring, which the table's own candidates (proper degrees, the return
+// rings) never include. Asked for it, the table prices that grid alone, to Ulysses' bytes.
+TEST(PlannerTable, PricesTheUlyssesGridAskedFor) {
+  const Cluster cluster = cluster_preset("h200x4").value();
+  Problem problem;
+  problem.seq = 65536, problem.heads = 32, problem.kv_heads = 8;
+  PlannerOptions o;
+  o.algorithms = {"ulysses", "ulysses-ring"};
+  o.head_groups = 1;
+  const PlanTable own = plan_table(cluster, problem, o);
+  ASSERT_EQ(own.rows.size(), 3u);  // ulysses; u = 2 with ring-return and burst-return
+  for (size_t i = 1; i < own.rows.size(); ++i) EXPECT_EQ(own.rows[i].candidate.ulysses, 2);
+  const Prediction& ulysses = own.rows[0].prediction;
+  ASSERT_TRUE(ulysses.refusal.empty()) << ulysses.refusal;
+  EXPECT_NE(own.rows[1].prediction.fwd_bytes, ulysses.fwd_bytes);
+
+  o.ulysses = 4, o.ring_algorithm = "ring";
+  const PlanTable asked = plan_table(cluster, problem, o);
+  ASSERT_EQ(asked.rows.size(), 2u);
+  const PlanRow& grid = asked.rows[1];
+  EXPECT_EQ(grid.candidate.label(), "ulysses-ring(u=4,ring)");
+  ASSERT_TRUE(grid.prediction.refusal.empty()) << grid.prediction.refusal;
+  EXPECT_EQ(grid.prediction.fwd_bytes, ulysses.fwd_bytes);
+  EXPECT_EQ(grid.prediction.bwd_bytes, ulysses.bwd_bytes);
+
+  o.ulysses = 2, o.ring_algorithm = "";  // a degree alone: both return rings
+  const PlanTable degree = plan_table(cluster, problem, o);
+  ASSERT_EQ(degree.rows.size(), 3u);
+  EXPECT_EQ(degree.rows[1].candidate.label(), "ulysses-ring(u=2,ring-return)");
+  EXPECT_EQ(degree.rows[2].candidate.label(), "ulysses-ring(u=2,burst-return)");
 }
 
 }  // namespace

@@ -29,11 +29,22 @@ std::vector<Candidate> candidates(const Cluster& cluster, const Problem& problem
       continue;
     }
     // Ulysses x ring: every proper degree (1 is the ring, P plain Ulysses) whose groups stay in
-    // a node, with the two return rings (the fastest ring-family schedules measured) across.
-    for (int u = 2; u < P; ++u) {
-      if (P % u || problem.heads % u || (cluster.nodes > 1 && cluster.gpus_per_node % u)) continue;
-      for (const char* ring : {"ring-return", "burst-return"}) out.push_back({name, u, ring, 1, layout});
-    }
+    // a node, with the two return rings (the fastest ring-family schedules measured) across; or
+    // the grid asked for (a measured run's, which may be degenerate: the executors' default
+    // degree is the largest the heads allow, P on one node, with `ring` across).
+    std::vector<int> degrees;
+    if (o.ulysses > 0)
+      degrees = {o.ulysses};
+    else
+      for (int u = 2; u < P; ++u)
+        if (P % u == 0 && problem.heads % u == 0 &&
+            (cluster.nodes <= 1 || cluster.gpus_per_node % u == 0))
+          degrees.push_back(u);
+    const std::vector<std::string> rings =
+        o.ring_algorithm.empty() ? std::vector<std::string>{"ring-return", "burst-return"}
+                                 : std::vector<std::string>{o.ring_algorithm};
+    for (int u : degrees)
+      for (const std::string& ring : rings) out.push_back({name, u, ring, 1, layout});
   }
   return out;
 }

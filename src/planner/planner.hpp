@@ -32,6 +32,10 @@ struct PlannerOptions {
   CostOptions cost;
   std::vector<std::string> algorithms;  // empty: every registered algorithm
   int head_groups = 0;                  // 0: for each candidate, the fewest groups that fit
+  int ulysses = 0;                      // ulysses-ring: only this degree, any the algorithm takes
+                                        // (1 and P too); 0: each proper degree in a node
+  std::string ring_algorithm;           // ulysses-ring: only this ring dimension (empty: the two
+                                        // return rings)
   ModelShape model;                     // layers 0: attention alone
   std::optional<LayoutKind> layout;     // every candidate on this layout (else each its own);
                                         // Problem::layout, where set, wins
