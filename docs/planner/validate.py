@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Predicted against measured: runs `seqpar plan --json` for every seqpar_ring line of the GPU
-result files below (same cluster preset, shape, mask, algorithm and head groups as measured) and
-prints a Markdown table: times, bytes per rank and peak memory, with the relative errors.
+result files below (same cluster preset, shape, mask, algorithm, ulysses-ring grid and head groups
+as measured) and prints a Markdown table: times, bytes per rank and peak memory, with the relative
+errors.
 
 Usage: python3 docs/planner/validate.py build-planner/seqpar > /tmp/validation.md
 """
@@ -57,6 +58,27 @@ def own_pack_bytes(d, before_fix):
     return 4 * (d["seq"] // d["gpus"]) * d["heads"] * d["head_dim"] if before_fix and takes_delta and one_group else 0
 
 
+def head_parts_allowed(parts, heads, kv_heads):
+    """head_parts_refusal (src/parallel/schedule.cpp) is empty."""
+    return heads % parts == 0 and (kv_heads % parts == 0 or parts % kv_heads == 0)
+
+
+def ulysses_grid(d):
+    """The grid a ulysses-ring line ran: as the line records it (bench_gpu_ring writes "ulysses" and
+    "ring_algo" since issue 35), else the bench's defaults, --ulysses 0 and --ring-algo ring, with
+    --ulysses 0 resolved as ulysses_degree (src/parallel/algorithms/ulysses_grid.cpp) does on the
+    bench's one node: the largest degree dividing the ranks whose head parts are whole (P itself,
+    plain Ulysses inside ulysses-ring, for 32 heads on 4 GPUs). Lines auto ran took the planner's
+    pick, which they do not record: none (the planner's own candidates)."""
+    if "ulysses" in d:
+        return d["ulysses"], d.get("ring_algo", "ring")
+    if d.get("algo") != "ulysses-ring":
+        return None
+    u = max(u for u in range(1, d["gpus"] + 1)
+            if d["gpus"] % u == 0 and head_parts_allowed(u, d["heads"], d["kv_heads"]))
+    return u, "ring"
+
+
 def predict(cli, preset, d):
     cmd = [cli, "plan", "--json", "--cluster", preset, "--seq", str(d["seq"]), "--heads", str(d["heads"]),
            "--kv-heads", str(d["kv_heads"]), "--head-dim", str(d["head_dim"]), "--mask", d["mask"],
@@ -64,6 +86,9 @@ def predict(cli, preset, d):
            # whose query packs the run moved: cuDNN's carry O, the Hopper kernels' and ours D, auto's
            # D or O by head dim
            "--backend", {"cuda": "hopper"}.get(d.get("backend", "cudnn"), d.get("backend", "cudnn"))]
+    grid = ulysses_grid(d) if d["ran"] == "ulysses-ring" else None
+    if grid:  # the grid measured, not the planner's candidates (issue 35)
+        cmd += ["--ulysses", str(grid[0]), "--ring-algo", grid[1]]
     out = subprocess.run(cmd, capture_output=True, text=True)
     rows = json.loads(out.stdout)["rows"] if out.stdout else []
     return rows[0] if rows else {"refusal": out.stderr.strip()}
