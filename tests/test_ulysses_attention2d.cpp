@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 
 #include "parallel/algorithms/attention2d.hpp"
 #include "schedule_test_util.hpp"
@@ -91,6 +92,50 @@ TEST(UlyssesBytes, MeasuredEqualAllToAllsOfTheShard) {
         EXPECT_EQ(run.counters[r].sent(Phase::kBackward), bwd) << "rank " << r;
       }
     }
+}
+
+// Ulysses receiving its pieces straight into the spans they join (receive_into_spans, which
+// plans set where the accumulators are wider than the inputs: on devices) computes what it does
+// with a buffer per piece, bit for bit, and sends the same bytes: a piece travels in its shard's
+// row runs in the span (two for a zigzag shard, one for a striped shard's), per batch entry and,
+// for the row stats, per head. Lengths that do not divide, B = 2, GQA, kept forward state.
+TEST(UlyssesBytes, ReceivingIntoTheSpansChangesNoBitNorByte) {
+  const int P = 4;
+  for (const char* algo : {"ulysses", "ulysses-ring"})
+    for (LayoutKind kind : {LayoutKind::kZigzag, LayoutKind::kStriped})
+      for (bool keep : {false, true}) {
+        SCOPED_TRACE(std::string(algo) + (kind == LayoutKind::kZigzag ? " zigzag" : " striped") + (keep ? " keep" : ""));
+        Problem g;
+        g.seq = 8 * P + 5, g.batch = 2, g.heads = 8, g.kv_heads = 2, g.head_dim = 4;
+        const Layout layout = Layout::create(kind, g.seq, P).value();
+        PlanOptions options{algo, {2}};  // ulysses-ring: u = 2 inside a node, a ring of 2
+        options.keep_forward_state = keep;
+        size_t received_into = 0;
+        std::mutex mu;
+        const auto into_spans = [&](AttentionPlan& plan) {
+          plan.request.receive_into_spans = true;
+          plan.schedule = plan.algorithm->make_schedule(plan.request, plan.rank);
+          std::lock_guard lock(mu);
+          for (Pass pass : {Pass::kForward, Pass::kBackward})
+            for (const Step& s : plan.schedule.pass(pass))
+              for (const Transfer& t : s.recvs) received_into += t.into_span.has_value();
+        };
+        const Inputs in(g);
+        Status status;
+        const RankResults pieces = run_ranks(g, layout, causal(), options, in.q, in.k, in.v, in.dout, &status);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        const RankResults spans = run_ranks(g, layout, causal(), options, in.q, in.k, in.v, in.dout, &status,
+                                            cpu_kernel_backend(), into_spans);
+        ASSERT_TRUE(status.ok()) << status.to_string();
+        EXPECT_GT(received_into, 0u);
+        expect_oracle(spans, in, causal());
+        for (const auto& [got, want] : {std::pair{&spans.o, &pieces.o}, {&spans.lse, &pieces.lse},
+                                        {&spans.dq, &pieces.dq}, {&spans.dk, &pieces.dk}, {&spans.dv, &pieces.dv}})
+          EXPECT_EQ(testing::max_abs_diff(*got, *want), 0.0);
+        for (int r = 0; r < P; ++r)
+          for (Phase phase : {Phase::kForward, Phase::kBackward})
+            EXPECT_EQ(spans.counters[r].sent(phase), pieces.counters[r].sent(phase)) << "rank " << r;
+      }
 }
 
 // With the forward's head-part Q and K/V kept for the backward (keep_forward_state, as

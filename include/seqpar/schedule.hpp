@@ -14,6 +14,7 @@
 //            block of the same name (Combine), and sent results (partials, gradients) leave;
 //   kConcat  joins the pieces of a span block (one block per shard of the span, same part) into
 //            it, rows in shard order; the pieces are gone after (Ulysses' gathered sequence);
+//            pieces received with Transfer::into_span are in it already;
 //   kSplit   cuts a span result into one piece per shard (to send them home);
 //   kPack    makes the query pack `block` from the Q block and the grad pack of the same name
 //            (Ulysses' backward, where the forward kept Q).
@@ -28,6 +29,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,12 @@ struct Transfer {
   // computes touched: ScheduleRequest::pair_rows); the rest add nothing. row_end < 0: all rows.
   int64_t row_begin = 0, row_end = -1;
   bool trimmed() const { return row_end >= 0; }
+  // An input piece the receiver joins into this span block at its next kConcat of it: the span
+  // block is made at the post (before the post's other buffers) and the piece arrives straight
+  // in its rows, sent and received in the span's row pieces of its shard. Ulysses' backward
+  // leaves no holes in a GPU stream arena so: the pieces' own buffers, given back once joined,
+  // left a region the blocks made after did not tile (issue 35). Unset: a block of its own.
+  std::optional<Block> into_span = std::nullopt;
 };
 
 enum class StepKind : uint8_t { kPost, kCompute, kWait, kConcat, kSplit, kPack };
@@ -159,6 +167,9 @@ struct ScheduleRequest {
   // Algorithms that can (Ulysses, Attention2D) keep forward blocks for the backward instead of
   // moving them again (RankSchedule::kept); the executors then need a ForwardState between the passes.
   bool keep_forward_state = false;
+  // Ulysses' all-to-alls receive their pieces straight into the span blocks they join
+  // (Transfer::into_span; receives_into_spans says where).
+  bool receive_into_spans = false;
 };
 
 // The query heads [first, last) of head part `part` of `parts`, and the K/V heads its queries
@@ -201,6 +212,12 @@ struct BlockBytes {
     return b;
   }
 };
+// Whether Ulysses receives straight into its spans (ScheduleRequest::receive_into_spans): where
+// the accumulators are wider than the inputs (devices, bf16/fp16), whose dQ and dK/dV then hold
+// more at the compute than a span does beside the send buffers at the all-to-all, so the walked
+// peak does not rise, and a GPU stream arena keeps no holes. With accumulators of the inputs'
+// dtype (the host) the all-to-all would hold more than the compute (up to 7% over the walk).
+inline bool receives_into_spans(const BlockBytes& b) { return dtype_size(b.accumulator) > dtype_size(b.input); }
 // The one-shard pieces a span block joins from or splits into (same kind and head part).
 std::vector<Block> span_pieces(const Block& block);
 // Rows of a block: its span's shards' rows.
@@ -253,7 +270,7 @@ bool holds_rounded(const Block& b, const ResultUse& use, int rank, int head_part
 // A rank's own whole-heads result: held rounded, it is the caller's output tensors themselves.
 inline bool is_own_result(const Block& b, int rank) { return is_result(b.kind) && b == Block{b.kind, rank}; }
 // The most bytes of blocks a rank holds at once in a pass besides the caller's tensors:
-// received inputs, results (its own included, unless held in the caller's tensors), result
+// received inputs (spans received straight into, from their post), results (its own included, unless held in the caller's tensors), result
 // parts arriving to be combined (buffers of their own from the post to the wait, beside the
 // result a compute makes meanwhile) and the rounded copies of accumulators sent home, each
 // block sized for the layout's

@@ -127,12 +127,15 @@ int64_t peak_block_bytes(const std::vector<Step>& steps, Pass pass, int rank, co
     } else if (s.kind == StepKind::kPack) {
       hold(s.block);
     } else if (s.kind == StepKind::kPost) {
+      for (const Transfer& t : s.recvs)  // spans received straight into are made first
+        if (t.into_span) hold(*t.into_span);
       for (const Transfer& t : s.sends)  // a head part of the rank's own input is cut out to be sent
         if (!is_result(t.block.kind) && t.block.part != kAllHeads && t.block.shard == rank) hold(t.block);
       const auto in_flight_too = [&](int64_t bytes_of) {
         live += bytes_of, in_flight[s.batch] += bytes_of, peak = std::max(peak, live);
       };
       for (const Transfer& t : s.recvs) {
+        if (t.into_span) continue;
         if (!is_result(t.block.kind) || (t.combine == Combine::kReplace && adoptable(t.block))) {
           hold(t.block, rank);  // the block as it arrives
           continue;

@@ -141,7 +141,7 @@ Status Executor::run_group(int g, PassStats* stats) {
   const auto qh = [&](const TensorView& t) { return t.narrow(2, g * Hg_, (g + 1) * Hg_); };
   const auto kvh = [&](const TensorView& t) { return t.narrow(2, g * Hkg_, (g + 1) * Hkg_); };
   const auto stat_h = [&](const TensorView& t) { return t.narrow(1, g * Hg_, (g + 1) * Hg_); };
-  home_.clear(), joined_home_.clear();
+  home_.clear(), joined_home_.clear(), joined_on_arrival_.clear();
   if (pass_ == Pass::kForward) {
     home_[BlockKind::kOutput] = {qh(t_.o), stat_h(t_.lse)};
   } else {

@@ -84,6 +84,7 @@ class Executor {
   StatusOr<Stored*> held_result(const Block& b);
   Status join_parts(const Block& whole);
   Status regroup(const Step& s);
+  std::vector<TensorView> span_piece_views(const Stored& st, const Block& piece, const Block& span, bool in_span);
 
   // executor_exchange.cpp
   bool rounds_home(const Block& b, int to) const;
@@ -110,6 +111,7 @@ class Executor {
   std::map<Block, std::shared_ptr<Stored>> kept_;  // the backward's blocks kept by the forward
   std::set<Block> rounded_;                        // results held in the inputs' dtype
   std::set<Block> joined_home_;                    // own results join_parts put in the caller's tensors
+  std::set<Block> joined_on_arrival_;              // pieces received straight into their span block
   std::map<BlockKind, std::vector<TensorView>> home_;  // the caller's tensors for the group's own results
 };
 

@@ -248,15 +248,43 @@ Status Executor::join_parts(const Block& whole) {
   return Status::Ok();
 }
 
+// The contiguous views piece `piece` travels in where it joins `span` on arrival
+// (Transfer::into_span), in the same order at both ends: per part, per row piece of its shard in
+// the span, per batch entry (and head, for row stats [B, H, S]); views of the span block's rows
+// (in_span) or of the piece's own.
+std::vector<TensorView> Executor::span_piece_views(const Stored& st, const Block& piece, const Block& span,
+                                                   bool in_span) {
+  const std::vector<PartShape> shapes = part_shapes(piece, 0);
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    for (const SpanPositions::Piece& p : positions_.pieces(span)) {
+      if (p.shard != piece.shard) continue;
+      const TensorView rows = parallel::rows_slice(st.parts[i], shapes[i].heads, in_span ? p.to : p.from, p.rows);
+      for (int64_t e = 0; e < rows.shape[0]; ++e) {
+        const TensorView entry = rows.narrow(0, e, e + 1);
+        if (shapes[i].heads != Heads::kStats) views.push_back(entry);
+        else
+          for (int64_t h = 0; h < entry.shape[1]; ++h) views.push_back(entry.narrow(1, h, h + 1));
+      }
+    }
+  return views;
+}
+
 // kConcat: the span block from its pieces (the rank's own input pieces cut from its
-// whole-heads block); kSplit: a span result cut into pieces.
+// whole-heads block; pieces received into it, there already); kSplit: a span result cut into
+// pieces.
 Status Executor::regroup(const Step& s) {
   const Block& b = s.block;
   const std::vector<PartShape> shapes = part_shapes(b, 0);
   Stored* whole = nullptr;
   std::unique_ptr<Stored> joined;
   if (s.kind == StepKind::kConcat) {
-    SP_ASSIGN_OR_RETURN(joined, make_block(b));
+    auto made = store_.find(b);  // at the post that received pieces straight into it
+    if (made != store_.end()) {
+      joined = std::move(made->second), store_.erase(made);
+    } else {
+      SP_ASSIGN_OR_RETURN(joined, make_block(b));
+    }
     whole = joined.get();
   } else {
     SP_ASSIGN_OR_RETURN(whole, held_result(b));
@@ -264,6 +292,7 @@ Status Executor::regroup(const Step& s) {
   std::map<int, Stored*> parts;  // each shard's piece block
   for (int x = b.shard; x < b.shard + b.span; ++x) {
     const Block piece{b.kind, x, 1, b.part};
+    if (s.kind == StepKind::kConcat && joined_on_arrival_.erase(piece)) continue;  // in the span already
     if (s.kind == StepKind::kConcat) {
       SP_ASSIGN_OR_RETURN(parts[x], input(piece));
     } else {
@@ -273,7 +302,7 @@ Status Executor::regroup(const Step& s) {
   }
   std::vector<std::pair<TensorView, TensorView>> copies;  // the span's rows from (or to) its shards' rows
   for (const SpanPositions::Piece& p : positions_.pieces(b))
-    for (size_t i = 0; i < shapes.size(); ++i) {
+    for (size_t i = 0; i < shapes.size() && parts.count(p.shard); ++i) {
       const TensorView span_rows = parallel::rows_slice(whole->parts[i], shapes[i].heads, p.to, p.rows);
       const TensorView shard_rows = parallel::rows_slice(parts[p.shard]->parts[i], shapes[i].heads, p.from, p.rows);
       if (s.kind == StepKind::kConcat) copies.emplace_back(shard_rows, span_rows);

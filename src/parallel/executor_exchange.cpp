@@ -1,5 +1,6 @@
 // The executor's exchanges (the class: executor.hpp): a batch's sends and receives posted on
-// the communicator, accumulator results sent home rounded to the inputs' dtype; at its wait,
+// the communicator, accumulator results sent home rounded to the inputs' dtype, pieces received
+// straight into the span blocks they join (Transfer::into_span); at its wait,
 // what arrived taken as the block or combined into the result (replaced, added, merged, or
 // added into some of its rows), and the buffers of what was sent given back.
 #include <memory>
@@ -19,6 +20,14 @@ Status Executor::post(const Step& s) {
   Pending p;
   std::vector<SendSpec> sends;
   std::vector<RecvSpec> recvs;
+  // Spans received straight into are made first, below the post's other buffers in the stream's
+  // arena: those are given back together once the exchange is done, one region for what the
+  // pass makes next.
+  for (const Transfer& t : s.recvs)
+    if (t.into_span && !store_.count(*t.into_span)) {
+      SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> span, make_block(*t.into_span));
+      store_[*t.into_span] = std::move(span);
+    }
   for (const Transfer& t : s.sends) {
     Stored* from = nullptr;
     if (is_result(t.block.kind)) {
@@ -34,12 +43,23 @@ Status Executor::post(const Step& s) {
     } else {
       SP_ASSIGN_OR_RETURN(from, input(t.block));
     }
+    if (t.into_span) {
+      for (const TensorView& piece : span_piece_views(*from, t.block, *t.into_span, false))
+        sends.push_back({t.peer, piece.data, view_bytes(piece)});
+      continue;
+    }
     for (const TensorView& part : from->parts)
       for (const TensorView& piece : t.trimmed() ? row_pieces(part, t.row_begin, t.row_end)
                                                  : std::vector<TensorView>{part})
         sends.push_back({t.peer, piece.data, view_bytes(piece)});
   }
   for (const Transfer& t : s.recvs) {
+    if (t.into_span) {
+      for (const TensorView& piece : span_piece_views(*store_.at(*t.into_span), t.block, *t.into_span, true))
+        recvs.push_back({t.peer, piece.data, view_bytes(piece)});
+      joined_on_arrival_.insert(t.block);
+      continue;
+    }
     SP_ASSIGN_OR_RETURN(std::unique_ptr<Stored> into,
                         make_block(t.block, rounds_home(t.block, me_), t.trimmed() ? t.row_end - t.row_begin : -1));
     for (const TensorView& part : into->parts)

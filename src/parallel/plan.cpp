@@ -164,6 +164,7 @@ StatusOr<AttentionPlan> plan_attention(const PlanOptions& options, const Layout&
   plan.request.ulysses = options.ulysses;
   plan.request.ring_algorithm = options.ring_algorithm;
   plan.request.keep_forward_state = options.keep_forward_state;
+  plan.request.receive_into_spans = receives_into_spans(bytes);
   std::optional<planner::AutoChoice> predicted;
   if (options.algorithm == "auto")
     predicted = planner::choose_by_predicted_time(options, layout, params, bytes, backend);

@@ -221,7 +221,8 @@ std::string describe_steps(const std::vector<Step>& steps, const Topology& topol
       for (const Transfer& t : s.sends) out << " send " << block(t.block) << rows(t) << "->r" << t.peer << link(t.peer);
       for (const Transfer& t : s.recvs)
         out << " recv " << block(t.block) << rows(t) << "<-r" << t.peer << link(t.peer)
-            << (t.combine == Combine::kAdd ? " (add)" : t.combine == Combine::kMerge ? " (merge)" : "");
+            << (t.combine == Combine::kAdd ? " (add)" : t.combine == Combine::kMerge ? " (merge)" : "")
+            << (t.into_span ? " (into " + block(*t.into_span) + ")" : "");
     }
     out << '\n';
   }

@@ -1,7 +1,9 @@
 // The schedule validator (include/seqpar/schedule.hpp's validate_schedules): runs every rank's
 // steps of a pass together symbolically (no tensors) to prove them matched, deadlock-free and
 // complete: each visible (query shard, key shard, head part) computed once, every result home.
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +31,7 @@ struct Message {
   Block block;
   std::set<int> content;
   int64_t row_begin, row_end;  // Transfer's rows
+  std::optional<Block> into_span;
 };
 
 Block whole_heads(Block b) {
@@ -153,8 +156,10 @@ class Validator {
           if (!from) return fail(r, s, "sends " + name(t.block) + " it does not hold");
           mark_used(r, *from);
         }
+        if (t.into_span && !joins(t.block, *t.into_span))
+          return fail(r, s, "sends " + name(t.block) + " into " + name(*t.into_span) + ", a span it is no piece of");
         posted.send_index.push_back(channel_[{r, t.peer}].size());
-        channel_[{r, t.peer}].push_back({t.block, content, t.row_begin, t.row_end});
+        channel_[{r, t.peer}].push_back({t.block, content, t.row_begin, t.row_end, t.into_span});
       }
       for (const Transfer& t : s.recvs) {
         if (t.peer == r || t.peer < 0 || t.peer >= P_) return fail(r, s, "receives from itself or from no rank");
@@ -162,6 +167,9 @@ class Validator {
         const bool result = is_result(t.block.kind);
         if (result != (t.combine != Combine::kReplace))
           return fail(r, s, name(t.block) + ": results are added or merged, inputs replaced");
+        if (t.into_span && (!joins(t.block, *t.into_span) || !concatenated_later(r, *t.into_span)))
+          return fail(r, s, "receives " + name(t.block) + " into " + name(*t.into_span) +
+                                ", which is no span it concatenates later with it");
         posted.recv_index.push_back(recv_seq_[{t.peer, r}].size());
         recv_seq_[{t.peer, r}].push_back(t.block);
       }
@@ -220,6 +228,20 @@ class Validator {
   int owner(BlockKind kind, int t) const {
     const int pair = t / U_;
     return kind == BlockKind::kDKV ? pair % P_ : pair / P_;
+  }
+
+  // Whether input piece b is one of span's pieces (Transfer::into_span).
+  bool joins(const Block& b, const Block& span) const {
+    const std::vector<Block> pieces = span_pieces(span);
+    return valid_block(span) && span.span > 1 && !is_result(b.kind) &&
+           std::find(pieces.begin(), pieces.end(), b) != pieces.end();
+  }
+  // Whether rank r concatenates span after the step it is at.
+  bool concatenated_later(int r, const Block& span) const {
+    const std::vector<Step>& steps = *steps_[r];
+    for (size_t i = ranks_[r].pc + 1; i < steps.size(); ++i)
+      if (steps[i].kind == StepKind::kConcat && steps[i].block == span) return true;
+    return false;
   }
 
   Status concat(int r, const Step& s) {
@@ -297,6 +319,8 @@ class Validator {
                               name(ch[index].block));
       if (ch[index].row_begin != t.row_begin || ch[index].row_end != t.row_end)
         return fail(r, s, "receives other rows of " + name(t.block) + " than r" + std::to_string(t.peer) + " sent");
+      if (ch[index].into_span != t.into_span)  // the span decides the pieces it travels in
+        return fail(r, s, "receives " + name(t.block) + " into another span than r" + std::to_string(t.peer) + " sent it for");
       got.push_back(&ch[index]);
     }
     for (const Transfer& t : s.sends)

@@ -218,6 +218,7 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
   ScheduleRequest req = make_schedule_request(layout, proxy, problem.heads, problem.kv_heads, topology);
   req.ulysses = cand.ulysses;
   req.ring_algorithm = cand.ring;
+  req.receive_into_spans = receives_into_spans(problem.wire);
   if (std::string why = algorithm->supports(req); !why.empty()) return refused(why, ranks);
   const std::vector<RankSchedule> all = all_rank_schedules(*algorithm, req);
   const int parts = all[0].head_parts;
