@@ -50,7 +50,7 @@ StatusOr<TrainOptions> resolve(const TrainCliOptions& c, int ranks) {
   SP_CHECK_ARG(c.keep >= 0, "--keep must not be negative (0: keep every checkpoint)");
   o.data = c.data;
   o.seq = c.seq, o.batch = c.batch, o.steps = c.steps;
-  o.data_parallel = c.data_parallel, o.zero_stage = c.zero;
+  o.data_parallel = c.data_parallel, o.zero_stage = c.zero, o.zero_overlap = c.zero_overlap;
   SP_CHECK_ARG(c.data_parallel >= 1 && ranks % c.data_parallel == 0,
                "--data-parallel " + std::to_string(c.data_parallel) + " must divide the " + std::to_string(ranks) + " ranks");
   o.algorithm = c.algo;

@@ -22,6 +22,7 @@ struct TrainCliOptions {
   int gpus = 0;              // cuda: > 0 ranks, one GPU each (threads, NCCL between them)
   int data_parallel = 1;
   int zero = 0;
+  bool zero_overlap = true;
   std::string algo = "auto";
   int ulysses = 0;                  // ulysses-ring's degree (0: the largest that fits a node)
   std::string ring_algo = "ring";   // ulysses-ring's ring dimension

@@ -40,6 +40,10 @@ void add_train_command(CLI::App& app, TrainCliOptions& o, int* exit_code) {
   cmd->add_option("--zero", o.zero, "ZeRO stage over all ranks: 0, 1 (optimizer state sharded), 2 (and gradients "
                                     "reduce-scattered) or 3 (and parameters, gathered layer by layer)")
       ->capture_default_str();
+  cmd->add_flag("--zero-overlap,!--no-zero-overlap", o.zero_overlap,
+                "ZeRO 3: gather the next layer's weights and sum each layer's gradient on a second stream under "
+                "the compute (one layer's weights more in memory); --no-zero-overlap runs them in line")
+      ->capture_default_str();
   cmd->add_option("--algo", o.algo, "the attention algorithm (see seqpar attn --help) or auto")->capture_default_str();
   cmd->add_option("--ulysses", o.ulysses, "ulysses-ring: the Ulysses degree (0: the largest the heads allow in a node)")
       ->capture_default_str();

@@ -340,6 +340,28 @@ TEST_F(GpuTrain, RunsRepeatAndResumeBitForBit) {
   EXPECT_EQ(cpu->steps_done(), 5);
 }
 
+// ZeRO-3's overlap (the next unit's gather and each gradient's reduce-scatter on a second stream)
+// only moves when the bytes move: with deterministic set, 4 steps give the same losses and
+// weights, every bit, as the collectives in line; over NCCL on two GPUs where there are two (the
+// collectives then really run beside the compute), else two thread ranks sharing the GPU. An
+// untied head, so the store's units are the embedding, the layers and the head.
+TEST_F(GpuTrain, Zero3OverlapGivesTheBitsOfTheCollectivesInLine) {
+  const bool nccl = nccl_available() && cuda_device_count() >= 2;
+  TrainOptions o = options(4);
+  o.model.tied = false;
+  o.batch = 2, o.data_parallel = 2, o.zero_stage = 3;
+  o.deterministic = true;
+  Record overlapped, in_line;
+  const Launcher launch = nccl ? Launcher(run_nccl_local_ranks) : Launcher(run_local_ranks);
+  Status s = run(o, 2, &overlapped, launch);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  o.zero_overlap = false;
+  s = run(o, 2, &in_line, launch);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(overlapped.losses, in_line.losses) << (nccl ? "NCCL" : "thread ranks");
+  EXPECT_TRUE(overlapped.weights == in_line.weights) << (nccl ? "NCCL" : "thread ranks");
+}
+
 // --offload-checkpoints only moves bytes: with deterministic set, 3 steps with the kept
 // checkpoints in pinned host memory (copied out and back on a stream of their own) give the same
 // losses and final weights, every bit, as 3 steps with them in device memory: policies attention

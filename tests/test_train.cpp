@@ -2,7 +2,8 @@
 // a tiny model's loss and every parameter gradient with the sequence split over P in {1, 2, 4}
 // ranks, every layout, every checkpointing policy, equal to the P = 1 run (fp32 round-off);
 // save at step 5 + resume to step 10 equal to a straight run bit for bit; the embedded recall
-// task learned across ranks; offloaded checkpoints the same bits; bad input refused.
+// task learned across ranks; offloaded checkpoints the same bits; ZeRO-3's store gathering ahead;
+// bad input refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <random>
 
+#include "model/sharded_weights.hpp"
 #include "seqpar/safetensors.hpp"
 #include "seqpar/trainer.hpp"
 #include "train_test_util.hpp"
@@ -277,6 +279,15 @@ TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
     const Status z = train(o, 4, 5, "", "", &l_zero, &p_zero);
     ASSERT_TRUE(z.ok()) << z.to_string();
     EXPECT_LT(worst_param_error(o.model, p_zero, p_dp), 1e-6) << "ZeRO " << stage;
+    if (stage == 3) {  // the store's overlap (gathers ahead, sums on a lane) moves the same bits
+      TrainOptions in_line = o;
+      in_line.zero_overlap = false;
+      std::vector<double> l_in_line;
+      std::vector<float> p_in_line;
+      ASSERT_TRUE(train(in_line, 4, 5, "", "", &l_in_line, &p_in_line).ok());
+      EXPECT_EQ(l_in_line, l_zero);
+      EXPECT_EQ(p_in_line, p_zero);
+    }
   }
   // Resuming a ZeRO-3 run from its checkpoint (parameters and moments gathered into the file) is
   // exact too.
@@ -288,6 +299,69 @@ TEST(Train, DataParallelGroupsAndZeroMatchOneRank) {
   ASSERT_TRUE(train(o, 4, 5, path, "", &b, &p_resumed).ok());
   std::filesystem::remove(path);
   EXPECT_EQ(p_resumed, p_straight);
+}
+
+// ZeRO-3's store on two thread ranks, four units of a 101-element flat array: every unit's weights
+// come back whole and every rank's gradient slice gets the sum over the ranks, pass after pass.
+// With the overlap, from the second pass on the unit that followed in the last pass is gathered
+// ahead: 5 of the 7 calls of a pass in the same order (not the first, nor a unit still held), and
+// a pass in another order still gets the right weights, using a gather left in flight when its
+// unit comes later (3). Without it, nothing is gathered ahead.
+TEST(Train, ShardedWeightsGatherTheLastPassNextUnitAhead) {
+  using Unit = std::pair<int64_t, int64_t>;
+  const int64_t count = 101, slice = 51;
+  const Unit u0{0, 10}, u1{10, 40}, u2{40, 70}, u3{70, 101};
+  const std::vector<Unit> forward{u0, u1, u2, u3}, other{u0, u2, u1, u3}, backward{u3, u2, u1};
+  for (bool overlap : {true, false}) {
+    std::mutex mu;
+    std::vector<int64_t> ahead;  // rank 0's count after each pass
+    const Status s = run_local_ranks(2, [&](Communicator& comm) -> Status {
+      const auto mem = model::make_host_training_memory();
+      std::vector<float> compute(static_cast<size_t>(slice)), grads(static_cast<size_t>(slice), 0.0f);
+      for (int64_t i = 0; i < slice; ++i) {
+        const int64_t g = comm.rank() * slice + i;
+        compute[size_t(i)] = g < count ? 0.5f * float(g) + 1 : 0.0f;
+      }
+      model::ShardedWeights store(comm, *mem, slice, compute.data(), grads.data(), overlap);
+      const auto check = [&](Unit u) -> StatusOr<const float*> {
+        SP_ASSIGN_OR_RETURN(const void* w, store.weights(u.first, u.second));
+        const float* f = static_cast<const float*>(w);
+        for (int64_t i = u.first; i < u.second; ++i)
+          SP_CHECK_ARG(f[i - u.first] == 0.5f * float(i) + 1, "unit at " + std::to_string(u.first) +
+                                                                  ": element " + std::to_string(i) + " is wrong");
+        return f;
+      };
+      for (const std::vector<Unit>* first : {&forward, &forward, &other}) {
+        for (Unit u : *first) {
+          SP_RETURN_IF_ERROR(check(u).status());
+          SP_RETURN_IF_ERROR(store.release(u.first, u.second));
+        }
+        for (Unit u : backward) {
+          SP_RETURN_IF_ERROR(check(u).status());
+          SP_ASSIGN_OR_RETURN(void* g, store.gradient(u.first, u.second));
+          for (int64_t i = u.first; i < u.second; ++i) static_cast<float*>(g)[i - u.first] = float((comm.rank() + 1) * i);
+          SP_RETURN_IF_ERROR(store.gradient_done(u.first, u.second));
+          SP_RETURN_IF_ERROR(store.release(u.first, u.second));
+        }
+        SP_RETURN_IF_ERROR(store.end_pass());
+        if (comm.rank() == 0) {
+          std::lock_guard lock(mu);
+          ahead.push_back(store.gathered_ahead());
+        }
+      }
+      // Three passes of the units 10..101, each rank adding (rank + 1) * i: 3 * 3 * i in the slice.
+      for (int64_t i = 0; i < slice; ++i) {
+        const int64_t g = comm.rank() * slice + i;
+        const float want = g >= 10 && g < count ? float(9 * g) : 0.0f;
+        SP_CHECK_ARG(grads[size_t(i)] == want, "gradient of element " + std::to_string(g) + ": " +
+                                                  std::to_string(grads[size_t(i)]) + ", want " + std::to_string(want));
+      }
+      return Status::Ok();
+    });
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    const std::vector<int64_t> want = overlap ? std::vector<int64_t>{0, 5, 8} : std::vector<int64_t>{0, 0, 0};
+    EXPECT_EQ(ahead, want) << (overlap ? "overlap" : "in line");
+  }
 }
 
 // Weights written as safetensors (Llama naming) read back exactly; a file for another shape, or

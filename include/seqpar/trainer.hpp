@@ -36,6 +36,9 @@ struct TrainOptions {
   int64_t batch = 8;  // sequences per step and data-parallel group
   int data_parallel = 1;  // G: groups (the world's size must be a multiple)
   int zero_stage = 0;     // 0, 1, 2 or 3 (parameters sharded too, gathered unit by unit)
+  // ZeRO-3: each unit's gather and gradient sum on a second stream under the layers' compute (the
+  // next unit gathered ahead: one unit's weights more on the device); false: in line.
+  bool zero_overlap = true;
   int64_t steps = 100;
   std::string algorithm = "auto";
   int ulysses = 0;                       // ulysses-ring's degree (0: the largest that fits a node)

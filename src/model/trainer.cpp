@@ -8,12 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <map>
 
 #include "model/checkpoint_file.hpp"
 #include "model/fault_injection.hpp"
 #include "model/step_progress.hpp"
 #include "model/model_pass.hpp"
+#include "model/sharded_weights.hpp"
 #include "model/training_memory.hpp"
 
 namespace seqpar {
@@ -41,84 +41,6 @@ class FlatWeights final : public WeightStore {
   float* grads_;
 };
 
-// ZeRO-3's weights: a rank keeps its slice [rank * slice, (rank + 1) * slice) of the flat
-// parameters (their compute copy) and gradients. A unit's weights are all-gathered when it
-// computes (each rank sends its part of the unit, padded to the largest part) and dropped after;
-// a unit's gradient is made whole on every rank, then reduce-scattered so that each rank adds the
-// sums of its part to its slice.
-class ShardedWeights final : public WeightStore {
- public:
-  ShardedWeights(Communicator& world, TrainingMemory& memory, int64_t slice, const void* compute, float* grads)
-      : world_(world), memory_(memory), slice_(slice), element_bytes_(dtype_size(memory.compute_dtype())),
-        compute_(static_cast<const char*>(compute)), grads_(grads) {}
-
-  StatusOr<const void*> weights(int64_t begin, int64_t end) override {
-    const PhaseScope other(world_, Phase::kOther);  // not the attention's traffic
-    const size_t e = element_bytes_, piece = size_t(largest_part(begin, end)) * e;
-    SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> send, memory_.allocate(piece));
-    SP_ASSIGN_OR_RETURN(const std::unique_ptr<Buffer> recv, memory_.allocate(piece * size_t(world_.size())));
-    const auto [lo, hi] = part(world_.rank(), begin, end);
-    SP_RETURN_IF_ERROR(memory_.copy(send->data(), compute_ + size_t(lo - mine()) * e, size_t(hi - lo) * e));
-    SP_RETURN_IF_ERROR(model::all_gather(world_, memory_, send->data(), recv->data(), piece));
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> unit, memory_.allocate(size_t(end - begin) * e));
-    char* u = static_cast<char*>(unit->data());
-    for (int r = 0; r < world_.size(); ++r) {
-      const auto [a, b] = part(r, begin, end);
-      SP_RETURN_IF_ERROR(memory_.copy(u + size_t(a - begin) * e, static_cast<char*>(recv->data()) + size_t(r) * piece,
-                                      size_t(b - a) * e));
-    }
-    gathered_[begin] = std::move(unit);
-    return static_cast<const void*>(u);
-  }
-  Status release(int64_t begin, int64_t) override {
-    gathered_.erase(begin);
-    return Status::Ok();
-  }
-  StatusOr<void*> gradient(int64_t begin, int64_t end) override {
-    SP_ASSIGN_OR_RETURN(Array<float> unit, memory_.make_zeroed<float>(end - begin));
-    void* p = unit.p();
-    gradients_[begin] = std::move(unit);
-    return p;
-  }
-  Status gradient_done(int64_t begin, int64_t end) override {
-    const PhaseScope other(world_, Phase::kOther);
-    const int64_t piece = largest_part(begin, end);
-    SP_ASSIGN_OR_RETURN(const Array<float> send, memory_.make_zeroed<float>(piece * world_.size()));
-    SP_ASSIGN_OR_RETURN(const Array<float> recv, memory_.make<float>(piece));
-    const float* unit = gradients_.at(begin).p();
-    for (int r = 0; r < world_.size(); ++r) {
-      const auto [a, b] = part(r, begin, end);
-      SP_RETURN_IF_ERROR(memory_.copy(send.p() + r * piece, unit + (a - begin), size_t(b - a) * sizeof(float)));
-    }
-    SP_RETURN_IF_ERROR(model::reduce_scatter(world_, memory_, send.p(), recv.p(), piece));
-    const auto [lo, hi] = part(world_.rank(), begin, end);
-    SP_RETURN_IF_ERROR(memory_.add(grads_ + (lo - mine()), recv.p(), hi - lo));
-    gradients_.erase(begin);
-    return Status::Ok();
-  }
-
- private:
-  int64_t mine() const { return world_.rank() * slice_; }
-  // Rank r's part of [begin, end): its slice there (possibly empty).
-  std::pair<int64_t, int64_t> part(int r, int64_t begin, int64_t end) const {
-    return {std::clamp(r * slice_, begin, end), std::clamp((r + 1) * slice_, begin, end)};
-  }
-  int64_t largest_part(int64_t begin, int64_t end) const {
-    int64_t m = 1;
-    for (int r = 0; r < world_.size(); ++r) m = std::max(m, part(r, begin, end).second - part(r, begin, end).first);
-    return m;
-  }
-
-  Communicator& world_;
-  TrainingMemory& memory_;
-  int64_t slice_;
-  size_t element_bytes_;
-  const char* compute_;  // this rank's slice of the compute copy
-  float* grads_;         // and of the gradients
-  std::map<int64_t, std::unique_ptr<Buffer>> gathered_;
-  std::map<int64_t, Array<float>> gradients_;
-};
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -138,6 +60,8 @@ struct Trainer::Impl {
   // range: everything without ZeRO, this rank's slice with it.
   Array<float> params, grads, m, v;
   std::unique_ptr<Buffer> compute;
+  // ZeRO-3's store, kept from step to step: it guesses each pass's order of units from the last.
+  std::unique_ptr<model::ShardedWeights> sharded;
   int64_t count = 0, slice = 0;
   int64_t steps = 0, optimizer_steps = 0;
   std::vector<std::vector<int32_t>> last_inputs, last_targets;  // the last step's global batch
@@ -240,6 +164,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options, 
   if (I.memory->compute_dtype() != DType::kF32) {
     SP_ASSIGN_OR_RETURN(I.compute, I.memory->allocate(size_t(I.local()) * I.compute_bytes()));
   }
+  if (I.zero3())
+    I.sharded = std::make_unique<model::ShardedWeights>(comm, *I.memory, I.slice, I.compute_data(), I.grads.p(),
+                                                        options.zero_overlap);
   const int64_t moments = options.zero_stage == 0 ? I.count : I.slice;  // padded: gathered whole for checkpoints
   SP_ASSIGN_OR_RETURN(I.m, I.memory->make_zeroed<float>(moments));
   SP_ASSIGN_OR_RETURN(I.v, I.memory->make_zeroed<float>(moments));
@@ -283,8 +210,10 @@ Status Trainer::step(StepReport* report) {
   SP_RETURN_IF_ERROR(mem.zero(I.grads.p(), size_t(I.local()) * sizeof(float)));
   StepLoss loss;
   if (I.zero3()) {
-    ShardedWeights store(I.world, mem, I.slice, I.compute_data(), I.grads.p());
-    SP_RETURN_IF_ERROR(I.pass->forward_backward(store, shard, 1.0 / counted, &loss));
+    const Status pass = I.pass->forward_backward(*I.sharded, shard, 1.0 / counted, &loss);
+    const Status settled = I.sharded->end_pass();
+    SP_RETURN_IF_ERROR(pass);
+    SP_RETURN_IF_ERROR(settled);
   } else {
     FlatWeights store(I.compute_data(), I.compute_bytes(), I.grads.p());
     SP_RETURN_IF_ERROR(I.pass->forward_backward(store, shard, 1.0 / counted, &loss));

@@ -65,6 +65,14 @@ class TrainingMemory {
                                      const float* grads, float* m, float* v, int64_t n) = 0;
   // The queued work is done.
   [[nodiscard]] virtual Status synchronize() = 0;
+  // A second memory of the same device whose calls queue on a stream of its own (on the host:
+  // another host memory, every call done when it returns): ZeRO-3's gathers and gradient sums run
+  // there under the pass's compute. Its allocations come from that stream's arenas, so a buffer
+  // one side allocates is used by the other only after wait_for, and given back by its own side
+  // after that side waited for the other's last use.
+  virtual StatusOr<std::unique_ptr<TrainingMemory>> make_lane() = 0;
+  // Work queued here from now on runs after the work queued on `other` so far (no host wait).
+  [[nodiscard]] virtual Status wait_for(const TrainingMemory& other) = 0;
   // The peak of the device memory taken since the trainer began (0 on the host).
   virtual int64_t peak_bytes() const = 0;
 

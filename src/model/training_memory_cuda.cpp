@@ -80,6 +80,22 @@ class CudaTrainingMemory final : public TrainingMemory {
                               a.eps, decay, a.clip, a.c1, a.c2, s_);
   }
   Status synchronize() override { return stream_synchronize(s_); }
+  StatusOr<std::unique_ptr<TrainingMemory>> make_lane() override {
+    cudaStream_t s = nullptr;
+    SP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return std::unique_ptr<TrainingMemory>(std::make_unique<CudaTrainingMemory>(device_, s));
+  }
+  Status wait_for(const TrainingMemory& other) override {
+    // An event of its own each time: the wait takes the event's state when queued, so it may go
+    // at once (destroying a recorded event that a stream waits on is allowed).
+    cudaEvent_t e = nullptr;
+    SP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t rec = cudaEventRecord(e, static_cast<cudaStream_t>(other.stream()));
+    const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(s_, e, 0) : rec;
+    (void)cudaEventDestroy(e);
+    SP_CUDA_CHECK(wait);
+    return Status::Ok();
+  }
   int64_t peak_bytes() const override { return device_memory_stats(device_).peak; }
 
  private:
