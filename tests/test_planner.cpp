@@ -791,6 +791,29 @@ TEST(PlannerRates, ShardStepFactorsStretchShardPairStepsOnly) {
       "attention": [{"tokens": 8, "fwd_tflops": 1, "bwd_tflops": 1}], "shard_step_factor": {"fwd": 0}})").ok());
 }
 
+// Window steps run among the exchanges as dense ones do (issue 35: the ring family's window
+// forward ran 7-13% over its unstretched prediction on 2 x H200, 23-25% on 4, Ulysses' whole
+// calls within +1% .. +12%): the factor stretches them; documents steps keep their rows' pricing.
+TEST(PlannerRates, ShardStepFactorsStretchWindowStepsNotDocumentSteps) {
+  const Cluster plain = cluster_preset("h200x4").value();
+  Cluster slow = plain;
+  slow.shard_step_fwd = 1.25, slow.shard_step_bwd = 1.1;
+  Problem problem;
+  problem.seq = 262144, problem.kv_heads = 8;
+  const Candidate cand{"ring-return", 0, "ring", 1, LayoutKind::kZigzag};
+  problem.mask = "window:4096,0";
+  const Prediction wbase = predict(plain, problem, cand), wstretched = predict(slow, problem, cand);
+  ASSERT_TRUE(wbase.refusal.empty() && wstretched.refusal.empty()) << wbase.refusal << wstretched.refusal;
+  EXPECT_GT(wstretched.fwd_s, 1.1 * wbase.fwd_s);
+  EXPECT_LE(wstretched.fwd_s, 1.25 * wbase.fwd_s);
+  EXPECT_GT(wstretched.bwd_s, 1.04 * wbase.bwd_s);
+  problem.mask = "docs:16";
+  const Prediction dbase = predict(plain, problem, cand), dstretched = predict(slow, problem, cand);
+  ASSERT_TRUE(dbase.refusal.empty() && dstretched.refusal.empty()) << dbase.refusal << dstretched.refusal;
+  EXPECT_DOUBLE_EQ(dstretched.fwd_s, dbase.fwd_s);
+  EXPECT_DOUBLE_EQ(dstretched.bwd_s, dbase.bwd_s);
+}
+
 TEST(PlannerTable, PicksTheFastestThatFitsAndRefusesWhatCannotRun) {
   const Cluster cluster = cluster_preset("h100x4").value();
   Problem problem;

@@ -82,8 +82,8 @@ struct Cluster {
   // an idle GPU: on 4 x H200 the ring family's passes ran 5-13% forward and 0-9% backward over
   // them, Ulysses' whole-sequence calls 1-7% and 1-2% (docs/PLANNER.md "Shard steps"). Fitted
   // per cluster from measured runs by docs/planner/fit_shard_steps.py; 1 where not fitted (the
-  // presets' rates come from such steps' traces already). Dense masks only: window and documents
-  // steps are priced by the rows of their kind.
+  // presets' rates come from such steps' traces already). Fitted on dense masks; it stretches
+  // window steps too, not documents steps (cost_model.cpp's predict_on says why).
   double shard_step_fwd = 1.0, shard_step_bwd = 1.0;
   std::vector<std::string> sources;   // where the figures come from
 

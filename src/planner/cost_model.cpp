@@ -101,7 +101,7 @@ struct PassPricing {
   int head_parts;
   RateMask sparse;    // the rate kind of a partly visible step under the problem's mask
   // A shard-pair step's compute factor, forward and backward (Cluster::shard_step_*): fitted on
-  // dense masks, so 1 under window and documents masks, whose steps keep their rows' pricing.
+  // dense masks, applied to windows too, 1 under documents masks (predict_on says why).
   double shard_step[2];
 };
 
@@ -235,9 +235,14 @@ Prediction predict_on(const Cluster& cluster, int ranks, const Problem& problem,
 
   const auto vis = visible_pairs(layout, proxy, req);
   const RateMask sparse = rate_mask_of(mask);
-  const bool dense = sparse != RateMask::kWindow && sparse != RateMask::kDocuments;
+  // The shard-step factor (fitted on dense runs) stretches window steps too: a window's whole
+  // calls (Ulysses') meet their rows' pricing (2 x H200: forward +1% .. +7%), while its
+  // shard-pair steps ran 7-13% over it unstretched on 2 x H200 and 23-25% on 4, as dense steps
+  // do. Not documents steps: their pricing runs slow without it (ring family +10% .. +14%
+  // forward on 2 x H200, 64K), so the factor would only add to that error.
+  const bool stretched = sparse != RateMask::kDocuments;
   const PassPricing pricing{cluster, problem, layout, topology, group, vis, double(k) * double(k), parts, sparse,
-                            {dense ? cluster.shard_step_fwd : 1.0, dense ? cluster.shard_step_bwd : 1.0}};
+                            {stretched ? cluster.shard_step_fwd : 1.0, stretched ? cluster.shard_step_bwd : 1.0}};
   const ClusterLinks links(cluster);
   Prediction out;
   out.simulated_ranks = ranks;
