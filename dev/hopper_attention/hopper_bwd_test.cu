@@ -17,7 +17,9 @@
 //          conversion) and the main kernel alone, with CUDA events (median). FLOPs = 2.5 x
 //          4 B S^2 H D (half for causal).
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
-// Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64).
+// Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
+// 5 lateq, 6 lateqs (dQ one tile late; lateqs also staggers the consumers), 7 dqred (dQ added
+// with red.global from registers), 8 lateqr (both).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)
@@ -411,10 +413,11 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
     const Case& c = cases[i];
     if (only_d && c.D != only_d) continue;
     ++n;
-    // Masked cases run the variants that take lists and run at this D (base, q128); else base.
+    // Masked cases run the variants that take lists and run at this D (base, q128, lateq,
+    // lateqs); else base.
     std::vector<int> run;
     for (int v : variants)
-      if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || v == 0 || v == 4)) run.push_back(v);
+      if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || v == 0 || v >= 4)) run.push_back(v);
     if (run.empty()) run.push_back(0);
     fails += !check_case(c, seed++, run);
   }

@@ -97,10 +97,15 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // conversion); the base kernel with another prologue (issue 34 item 1): 2 "memset" (the
 // fragment-order conversion: the first version), 3 "sfirst" (row-order conversion, and the first
 // CTA to reach a dQ tile stores it, so the accumulator is not zeroed); 4 "q128" (D = 64 only:
-// base with 128-row query tiles, kQRows in hopper_bwd.cuh).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128"};
+// base with 128-row query tiles, kQRows in hopper_bwd.cuh); 5 "lateq" (64-row tiles: each
+// consumer computes tile i's dQ during tile i + 1, bwd::kLateDQ), 6 "lateqs" (lateq, and consumer 1
+// starts after consumer 0's first S^T, bwd::kStagger); 7 "dqred" (base, dQ added to the
+// accumulator with red.global.add.v4.f32 from registers, no shared buffer, bwd::kDqRed), 8
+// "lateqr" (lateq and dqred).
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "lateq", "lateqs", "dqred", "lateqr"};
+inline constexpr int kNumBwdVariants = 9;
 inline int bwd_variant(const std::string& name) {
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
   return -1;
 }
@@ -119,6 +124,10 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case 4:
       if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream);
       break;
+    case 5: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ>(a, stream);
+    case 6: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kStagger>(a, stream);
+    case 7: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kDqRed>(a, stream);
+    case 8: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kDqRed>(a, stream);
   }
   return cudaErrorInvalidValue;
 }

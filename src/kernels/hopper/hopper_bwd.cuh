@@ -71,6 +71,22 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kBarDS = 1;        // both consumers stored dS (256 threads)
 constexpr int kBarDqEmpty = 2;   // + w: consumer w may write its dQ buffer (128 + 32 threads)
 constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 + 32 threads)
+// kLateDQ only (256 threads each: one consumer arrives, the other syncs):
+constexpr int kBarDsFull = 6;    // + 2w + s: consumer w stored its dS^T half in buffer s
+constexpr int kBarDsEmpty = 10;  // + 2w + s: consumer w's dQ has read buffer s
+constexpr int kBarStagger = 14;  // once: consumer 0's first S^T is done, consumer 1 may start
+// Options of bwd_kernel (kOpt bits; the lab's variants "lateq" and "lateqs", D = 128 ideas of
+// issue 34): kLateDQ, each consumer computes the dQ of query tile i during tile i + 1 (after
+// that tile's dV and dK are issued), so the dS barrier between the consumers waits for data
+// stored a tile earlier instead of pinning both to the same point of every tile; kStagger
+// (with kLateDQ), consumer 1 starts once consumer 0's first S^T is done, so the two consumers'
+// softmax passes fall under each other's GEMMs rather than together.
+// kDqRed: each consumer adds its dQ part to the global fp32 accumulator straight from registers
+// (red.global.add.v4.f32, 512 contiguous bytes per warp instruction, same accumulator layout)
+// instead of through the 32 KB shared buffer, the drain warp's bulk reductions and their named
+// barriers: 64 KB of shared-memory traffic less per tile (the dQ stores and the bulk engine's
+// reads), where the SS wgmmas' operand reads already keep shared memory busy.
+constexpr int kLateDQ = 1, kStagger = 2, kDqRed = 4;
 }  // namespace bwd
 
 struct BwdParams {
@@ -154,13 +170,17 @@ __device__ __forceinline__ void wgmma_st(float (&acc)[kQRows / 2], uint64_t da, 
 // rather than from registers: with dS^T pinned in registers across tiles, ptxas ran out of
 // registers and serialized the wgmmas (C7512).
 // kQRows: query rows per tile, 64 (base, defer) or 128 ("q128", D = 64 without kDefer).
-template <int kD, bool kDefer, int kQRows = bwd::kBM>
+template <int kD, bool kDefer, int kQRows = bwd::kBM, int kOpt = 0>
 __global__ void __launch_bounds__(bwd::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const BwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kQRows == 64 || (kQRows == 128 && kD == 64 && !kDefer), "128-row query tiles: D = 64, no defer");
+  constexpr bool kLate = (kOpt & bwd::kLateDQ) != 0;
+  static_assert(!kLate || (kQRows == 64 && !kDefer), "late dQ: 64-row query tiles, no defer");
+  static_assert(!(kOpt & bwd::kStagger) || kLate, "stagger needs late dQ");
+  constexpr bool kRed = (kOpt & bwd::kDqRed) != 0;
 #ifdef SEQPAR_HOPPER_STUB
   __trap();  // a device pass without sm_90a features: never launched (device_refusal)
 #else
@@ -250,7 +270,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
           tma_load_4d(sdO + st * L::kTileQ + cb * kQRows * 128, &tm_do, do_full(st), cb * 64, h, m * kQRows, b);
         bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
       }
-    } else if (warp == 1 && n_iter > 0) {
+    } else if (warp == 1 && n_iter > 0 && !kRed) {
       // dQ drain: after consumer w filled its half, add it to the global accumulator; hand the
       // buffer back once the bulk engine has read it. The first "empty" is given up front, and
       // none after the last tile, so every named barrier's arrivals balance.
@@ -370,6 +390,54 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     return r;
   };
 
+  // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory (dS^T
+  // buffer buf), over all 128 keys.
+  auto issue_dq = [&](uint32_t buf) {
+    const uint32_t tK = opaque(sK);
+    fence_regs(dq);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      if constexpr (kDQN == 64)
+        wgmma_ss_m64n64k16_tt(dq, desc_ds(buf, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
+      else
+        wgmma_ss_m64n32k16_tt(dq, desc_ds(buf, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  // dQ part to shared memory in the accumulator's fragment order of a 64-row tile: column half
+  // c (kD/2 columns; 64-row tiles: this consumer's, c = w), then warp, then jj (8 columns),
+  // then lane: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp at c * 64*kD*2 B + ((wp * kD/16 +
+  // jj % (kD/16)) * 32 + l) * 16 B, each warp store 512 contiguous bytes. With 128-row tiles a
+  // consumer's part is a whole 64-row tile (c = jj / (kD/16)), so both tile sizes leave one
+  // accumulator layout for the conversion kernels. The drain warp adds it to the accumulator.
+  auto handoff_dq = [&](int t) {  // t: the step (query head, query tile) whose dQ part this is
+    constexpr int kJJ = kD / 16;  // float4 column groups per column half
+    if constexpr (kRed) {
+      const int64_t rows =
+          (static_cast<int64_t>(b) * p.heads + kvh * G + t / n_m) * p.seq_q_pad + q_tile(t) * kQRows;
+      // One base address, the jj offsets as immediates; the thread index read again here (kept
+      // in a register across the loop, it was spilled).
+      uint32_t t128;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t128));
+      t128 %= 128;
+      float* g = p.dq_acc + rows * kD + w * (kQRows * kD / 2) + ((t128 / 32) * kJJ * 32 + t128 % 32) * 4;
+#pragma unroll
+      for (int jj = 0; jj < kDQN / 8; ++jj)
+        red_add_v4_f32(g + (jj / kJJ) * (kBM * kD / 2) + (jj % kJJ) * 128, dq[4 * jj], dq[4 * jj + 1], dq[4 * jj + 2],
+                       dq[4 * jj + 3]);
+      return;
+    }
+    named_bar_sync(kBarDqEmpty + w, 160);
+    const uint32_t buf = sDQ + w * (L::kTileDQ / 2);
+#pragma unroll
+    for (int jj = 0; jj < kDQN / 8; ++jj)
+      st_shared_v4(buf + (jj / kJJ) * (kBM * kD * 2) + ((warp * kJJ + jj % kJJ) * 32 + lane) * 16, dq[4 * jj],
+                   dq[4 * jj + 1], dq[4 * jj + 2], dq[4 * jj + 3]);
+    fence_proxy_async();
+    named_bar_arrive(kBarDqFull + w, 160);
+  };
+
   if (n_iter > 0) mbar_wait(kv_full, 0);
 
   for (int it = 0; it < n_iter; ++it) {
@@ -381,6 +449,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     const uint32_t tK = opaque(sK), tV = opaque(sV), tdS = opaque(sdS + st * L::kTileDS);
 
     // S^T and dP^T, both in flight.
+    if constexpr ((kOpt & kStagger) != 0) {
+      if (it == 0 && w == 1) named_bar_sync(kBarStagger, 256);
+    }
     mbar_wait(q_full(st), ph);
     fence_regs(s);
     fence_regs(dp);
@@ -406,6 +477,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
     wgmma_wait<1>();  // S^T done (and, with kDefer, the previous tile's dK)
     fence_regs(s);
+    if constexpr ((kOpt & kStagger) != 0) {
+      if (it == 0 && w == 0) named_bar_arrive(kBarStagger, 256);
+    }
     if constexpr (kDefer) {
       fence_regs(dk);
       if (it > 0 && is_signaller) mbar_arrive(q_empty(st ^ 1));
@@ -475,6 +549,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     // tiles: two such blocks of [128 keys][64 queries]), 128-byte swizzled as TMA would (16-byte
     // chunk c of row r at c ^ (r % 8)). dsf[kk][r] holds key row (warp*16 + lane/4 + 8*(r&1))
     // and queries 8*(2kk + (r>>1)) + 2*(lane%4) + {0, 1}.
+    if constexpr (kLate) {  // the other consumer's dQ of tile it - 2 has read this buffer
+      if (it >= 2) named_bar_sync(kBarDsEmpty + 2 * (1 - w) + st, 256);
+    }
     {
       const uint32_t buf = tdS;
 #pragma unroll
@@ -482,11 +559,46 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = w * 64 + warp * 16 + lane / 4 + 8 * (r & 1);
-          const int chunk = (2 * (kk % 4) + (r >> 1)) ^ (row & 7);
+          // (late dQ: the row's swizzle through an opaque move, else ptxas hoisted the 16
+          // swizzled offsets out of the loop and spilled 16 bytes)
+          const int row7 = kLate ? static_cast<int>(opaque(static_cast<uint32_t>(row & 7))) : (row & 7);
+          const int chunk = (2 * (kk % 4) + (r >> 1)) ^ row7;
           st_shared_u32(buf + (kk / 4) * (kBN * 128) + row * 128 + chunk * 16 + 4 * (lane % 4), dsf[kk][r]);
         }
     }
     fence_proxy_async();
+    if constexpr (kLate) {
+      named_bar_arrive(kBarDsFull + 2 * w + st, 256);
+      // dK += dS^T Q (dS^T from registers), then dQ of the previous tile from its dS^T buffer,
+      // whose other half was stored a tile ago.
+      fence_regs(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQRows / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
+      wgmma_commit();
+      // At it = 0 there is no previous tile: the dQ GEMM still runs (on whatever the other
+      // buffer holds) and its result is dropped, so that every iteration issues and waits for
+      // the same wgmma groups (with the GEMM in a branch, ptxas serialized the wgmmas, C7512).
+      if (it > 0) named_bar_sync(kBarDsFull + 2 * (1 - w) + (st ^ 1), 256);
+      issue_dq(opaque(sdS + (st ^ 1) * L::kTileDS));
+      wgmma_wait<1>();  // dV and dK done; dQ may still run
+      fence_regs(dv);
+      fence_regs(dk);
+      fence_regs(pf);
+      fence_regs(dsf);
+      if (is_signaller) {
+        mbar_arrive(do_empty(st));
+        mbar_arrive(q_empty(st));
+      }
+      wgmma_wait<0>();
+      fence_regs(dq);
+      if (it > 0) {
+        // Tile it - 1's buffer is written again at tile it + 1.
+        if (it + 1 < n_iter) named_bar_arrive(kBarDsEmpty + 2 * w + (st ^ 1), 256);
+        handoff_dq(it - 1);
+      }
+      continue;
+    }
     named_bar_sync(kBarDS, 256);
 
     // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory,
@@ -525,29 +637,22 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(pf);
     fence_regs(dq);
     if (is_signaller) mbar_arrive(do_empty(st));
-    // dQ part to shared memory in the accumulator's fragment order of a 64-row tile: column half
-    // c (kD/2 columns; 64-row tiles: this consumer's, c = w), then warp, then jj (8 columns),
-    // then lane: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp at c * 64*kD*2 B + ((wp * kD/16 +
-    // jj % (kD/16)) * 32 + l) * 16 B, each warp store 512 contiguous bytes. With 128-row tiles a
-    // consumer's part is a whole 64-row tile (c = jj / (kD/16)), so both tile sizes leave one
-    // accumulator layout for the conversion kernels.
-    named_bar_sync(kBarDqEmpty + w, 160);
-    {
-      constexpr int kJJ = kD / 16;  // float4 column groups per column half
-      const uint32_t buf = sDQ + w * (L::kTileDQ / 2);
-#pragma unroll
-      for (int jj = 0; jj < kDQN / 8; ++jj)
-        st_shared_v4(buf + (jj / kJJ) * (kBM * kD * 2) + ((warp * kJJ + jj % kJJ) * 32 + lane) * 16, dq[4 * jj],
-                     dq[4 * jj + 1], dq[4 * jj + 2], dq[4 * jj + 3]);
-    }
-    fence_proxy_async();
-    named_bar_arrive(kBarDqFull + w, 160);
+    handoff_dq(it);
 
     if constexpr (!kDefer) {
       wgmma_wait<0>();
       fence_regs(dk);
       fence_regs(dsf);
       if (is_signaller) mbar_arrive(q_empty(st));
+    }
+  }
+  if constexpr (kLate) {  // the last tile's dQ
+    if (n_iter > 0) {
+      named_bar_sync(kBarDsFull + 2 * (1 - w) + ((n_iter - 1) & 1), 256);
+      issue_dq(opaque(sdS + ((n_iter - 1) & 1) * L::kTileDS));
+      wgmma_wait<0>();
+      fence_regs(dq);
+      handoff_dq(n_iter - 1);
     }
   }
   if constexpr (kDefer) {

@@ -168,10 +168,12 @@ inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
 // dense problems (the lab keeps it as variant "sfirst").
 constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 
-// kQRows: the main kernel's query rows per tile (64; 128 for "q128", D = 64).
-template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM>
+// kQRows: the main kernel's query rows per tile (64; 128 for "q128", D = 64). kOpt: bwd_kernel's
+// options (bwd::kLateDQ, bwd::kStagger, bwd::kDqRed; the lab's "lateq", "lateqs", "dqred", "lateqr").
+template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM, int kOpt = 0>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
+  static_assert(!(kOpt & bwd::kDqRed) || !(kPrologue & kStoreFirst), "dQ by reductions needs a zeroed accumulator");
   using L = BwdSmem<kD, kQRows>;
   const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
@@ -219,7 +221,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   p.accumulate = a.accumulate && !a.dkv_fresh;
   p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = p.scale * 1.4426950408889634f;
-  auto kernel = bwd_kernel<kD, kDefer, kQRows>;
+  auto kernel = bwd_kernel<kD, kDefer, kQRows, kOpt>;
   constexpr int smem = L::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   p.tiles = a.tiles;
