@@ -1,7 +1,7 @@
 # call_start.sh: the start a device-call script shares (sourced from the repository root of the
 # machine's copy, as `source bench/device_calls/call_start.sh JOBS "TARGETS"`): the device
 # environment (no NVLink multicast), into the `git archive` snapshot in .carry/snap with the
-# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack, the GPUs
+# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack / matrix / peer, the GPUs
 # named in $OUT/summary.txt, the build of TARGETS with JOBS jobs, and scripts/gpu_env.sh; a failed
 # build prints its first errors, packs the logs and exits. BUDGET_S (seconds the script may take)
 # sets `budget`, CALL_BUDGET_S its default; PACK_GLOBS the files pack() tars into $OUT/all.tgz.
@@ -17,3 +17,21 @@ BUILD_JOBS=$1 BUILD_TARGETS="$2" timeout 300 bash scripts/gpu_check.sh build > "
 rc=$?; say "build rc $rc"
 source scripts/gpu_env.sh
 [ $rc -ne 0 ] && { cmake --build build-gpu -j "$1" 2>&1 | grep -v 'ptxas info\|Wpsabi\|inline typename\|\^~' | grep -B3 -A12 -m3 ' error\|Error ' | head -80; pack; exit 1; }
+# matrix KV MASK LAYOUT SEQS TAG ALGOS [FLAGS]: bench_gpu_ring (H = 32, D = 128) into
+# $out/matrix_TAG.jsonl, capped at CAP seconds (default 60) and the call's time left. (Scripts
+# before session q define their own.)
+matrix() {
+  local l=$(left); [ $l -lt 35 ] && { say "out of time before $5"; return 9; }
+  timeout $(( l - 20 < ${CAP:-60} ? l - 20 : ${CAP:-60} )) ./build-gpu/bench_gpu_ring --seqs $4 --mask $2 --layout $3 \
+    --algos $6 --heads 32 --kv-heads $1 --head-dim 128 ${7:---single-max 0 --rounds 1} >> "$out/matrix_$5.jsonl" 2>> "$out/matrix_$5.err"
+  say "$5 rc $? $(grep -c seqpar_ring "$out/matrix_$5.jsonl") lines"
+}
+# peer TAG SEQS KV: PyTorch context parallel on cuDNN (bench/torch_cp_peer.py), causal, on every
+# GPU, into $out/peer_cp_TAG.jsonl, capped at 90 s and the time left.
+peer() {
+  local l=$(left); [ $l -lt 50 ] && { say "out of time before peer $1"; return 9; }
+  local cap=$(( l - 20 < 90 ? l - 20 : 90 ))
+  timeout $cap torchrun --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" bench/torch_cp_peer.py --seqs $2 \
+    --kv-heads $3 --max-seconds $(( cap - 25 )) >> "$out/peer_cp_$1.jsonl" 2>> "$out/peer_cp_$1.err"
+  say "peer $1 rc $? $(grep -c fwdbwd_ms "$out/peer_cp_$1.jsonl") lines"
+}

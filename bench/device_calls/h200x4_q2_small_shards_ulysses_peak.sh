@@ -13,25 +13,12 @@ gpus=$(nvidia-smi -L | wc -l)
 timeout 120 ./build-gpu/seqpar probe --device cuda --gpus $gpus --out "$out/probe_4gpu_fitted.json" > "$out/probe.log" 2>&1
 say "probe rc $? $(grep -i 'shard_step' "$out/probe.log" | head -n 2 | tr '\n' ' ')"
 [ -s "$out/probe_4gpu_fitted.json" ] && { export SEQPAR_CLUSTER="$out/probe_4gpu_fitted.json"; cp "$SEQPAR_CLUSTER" "$out/probe_4gpu_fitted.txt"; }
-matrix() {  # kv_heads seqs tag algos [extra bench flags]
-  local l=$(left); [ $l -lt 35 ] && { say "out of time before $3"; return 9; }
-  timeout $(( l - 20 < ${CAP:-60} ? l - 20 : ${CAP:-60} )) ./build-gpu/bench_gpu_ring --seqs $2 --mask causal --layout zigzag \
-    --algos $4 --heads 32 --kv-heads $1 --head-dim 128 ${5:-} >> "$out/matrix_$3.jsonl" 2>> "$out/matrix_$3.err"
-  say "$3 rc $? $(grep -c seqpar_ring "$out/matrix_$3.jsonl") lines"
-}
-peer() {  # tag seqs kv_heads
-  local l=$(left); [ $l -lt 50 ] && { say "out of time before peer $1"; return 9; }
-  local cap=$(( l - 20 < 90 ? l - 20 : 90 ))
-  timeout $cap torchrun --standalone --nproc_per_node="$gpus" bench/torch_cp_peer.py --seqs $2 --kv-heads $3 \
-    --max-seconds $(( cap - 25 )) >> "$out/peer_cp_$1.jsonl" 2>> "$out/peer_cp_$1.err"
-  say "peer $1 rc $? $(grep -c fwdbwd_ms "$out/peer_cp_$1.jsonl") lines"
-}
 top=auto,ulysses-overlap,ulysses,ring-return,burst-return
-CAP=50 matrix 8 65536 gqa_causal_64k $top "--single-max 65536 --rounds 2"
-CAP=50 matrix 32 65536 mha_causal_64k $top "--single-max 65536 --rounds 2"
+CAP=50 matrix 8 causal zigzag 65536 gqa_causal_64k $top "--single-max 65536 --rounds 2"
+CAP=50 matrix 32 causal zigzag 65536 mha_causal_64k $top "--single-max 65536 --rounds 2"
 peer small 65536 8
 peer small_mha 65536 32
-CAP=70 matrix 8 262144 gqa_causal_256k auto,ulysses,ulysses-overlap,ulysses-ring "--single-max 0 --rounds 1"
+CAP=70 matrix 8 causal zigzag 262144 gqa_causal_256k auto,ulysses,ulysses-overlap,ulysses-ring
 python3 bench/device_calls/matrix_summary.py "$out" | tee -a "$out/summary.txt"
 grep -h '^{' "$out"/peer_cp_*.jsonl 2>/dev/null | python3 -c "
 import json, sys
