@@ -7,8 +7,12 @@ errors.
 Usage: python3 docs/planner/validate.py build-planner/seqpar > /tmp/validation.md
 """
 import json
+import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import causes  # noqa: E402  (the misses' causes, beside this file)
 
 # (result file, the cluster of the machine it ran on: a preset or a file `seqpar probe` wrote there,
 #  whether it ran before the own query pack's fix, b7052a6: see own_pack_bytes)
@@ -18,7 +22,11 @@ PROBE_N1 = "docs/results/h200x2_n1_probe_fitted_2026-11-28.json"
 PROBE_O1 = "docs/results/h200x4_o1_probe_fitted_2026-11-28.json"
 # Session p's probe fitted the factors itself (its timed ring-return pass): out of sample.
 PROBE_P2 = "docs/results/h200x4_p2_probe_2026-11-28.json"
+# Session q's (2 x H200) the same, after e94d379 (Ulysses receives into the joined spans).
+PROBE_Q1 = "docs/results/h200x2_q1_probe_2026-11-28.json"
 RUNS = [
+    *[(f"docs/results/h200x2_q1_{t}_2026-11-28.jsonl", PROBE_Q1, False)
+      for t in ("gqa_causal_64k", "mha_causal_16k", "mha_causal_256k", "gqa_window4k_256k", "gqa_docs64_256k")],
     *[(f"docs/results/h200x4_p2_matrix_{t}_2026-11-28.jsonl", PROBE_P2, False)
       for t in ("gqa_causal_256k", "gqa_causal_512k", "mha_causal_256k")],
     *[(f"docs/results/h200x4_o1_matrix_{t}_2026-11-28.jsonl", PROBE_O1, False)
@@ -101,9 +109,9 @@ def pct(pred, meas):
 def main():
     cli = sys.argv[1]
     print("| source | machine | algorithm | S | H_kv | mask | groups | fwd ms meas / pred (err) | "
-          "bwd ms meas / pred (err) | bytes fwd+bwd meas = pred | peak GiB meas / pred (err) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    errors = []
+          "bwd ms meas / pred (err) | bytes fwd+bwd meas = pred | peak GiB meas / pred (err) | why outside 10% |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for path, preset, before_fix in RUNS:
         for number, line in enumerate(open(path), 1):
             try:
@@ -116,24 +124,45 @@ def main():
             src = f"{path.split('/')[-1]}:{number}"
             if "refusal" in p:
                 print(f"| {src} | {preset} | {d['ran']} | {d['seq']} | {d['kv_heads']} | {d['mask']} | "
-                      f"{d['head_groups']} | refused: {p['refusal']} | | | |")
+                      f"{d['head_groups']} | refused: {p['refusal']} | | | | |")
                 continue
             fwd, bwd = d["fwd_ms"], d["fwdbwd_ms"] - d["fwd_ms"]
             mb = d["sent_bytes_per_rank_max"]
             pb = p["bytes_per_rank"]
-            same = "yes" if (mb["forward"], mb["backward"]) == (pb["forward"], pb["backward"]) else \
-                f"no: {mb['forward']}+{mb['backward']} vs {pb['forward']}+{pb['backward']}"
+            equal = (mb["forward"], mb["backward"]) == (pb["forward"], pb["backward"])
+            same = "yes" if equal else f"no: {mb['forward']}+{mb['backward']} vs {pb['forward']}+{pb['backward']}"
             peak_pred = (p["peak_extra_bytes"] + outputs_bytes(d, preset) + own_pack_bytes(d, before_fix)) / GIB
             e = (pct(p["fwd_ms"], fwd), pct(p["bwd_ms"], bwd), pct(peak_pred, d["peak_extra_GiB"]))
-            errors.append((src, d["ran"], d["seq"], d["mask"], e))
-            print(f"| {src} | {preset} | {d['ran']} | {d['seq']} | {d['kv_heads']} | {d['mask']} | "
-                  f"{d['head_groups']} | {fwd:.2f} / {p['fwd_ms']:.2f} ({e[0]:+.0f}%) | "
-                  f"{bwd:.2f} / {p['bwd_ms']:.2f} ({e[1]:+.0f}%) | {same} | "
-                  f"{d['peak_extra_GiB']:.2f} / {peak_pred:.2f} ({e[2]:+.0f}%) |")
-    within = sum(1 for *_, e in errors if abs(e[0]) <= 10 and abs(e[1]) <= 10)
-    peak_within = sum(1 for *_, e in errors if abs(e[2]) <= 10)
-    print(f"\n{within} of {len(errors)} runs within 10% on both passes; peak memory within 10% on "
-          f"{peak_within} of {len(errors)}.")
+            config = (path, d["ran"], d["seq"], d["kv_heads"], d["mask"], d["head_groups"], d.get("layout"))
+            rows.append({"d": d, "path": path, "cluster": preset, "err": e, "bytes_equal": equal, "config": config,
+                         "times": (fwd, bwd),
+                         "text": f"| {src} | {preset} | {d['ran']} | {d['seq']} | {d['kv_heads']} | {d['mask']} | "
+                                 f"{d['head_groups']} | {fwd:.2f} / {p['fwd_ms']:.2f} ({e[0]:+.0f}%) | "
+                                 f"{bwd:.2f} / {p['bwd_ms']:.2f} ({e[1]:+.0f}%) | {same} | "
+                                 f"{d['peak_extra_GiB']:.2f} / {peak_pred:.2f} ({e[2]:+.0f}%) |"})
+    repeats = {}
+    for r in rows:
+        repeats.setdefault(r["config"], []).append(r["times"])
+    counts = {}
+    for r in rows:
+        tags = causes.causes_of(r, repeats[r["config"]])
+        for t in tags:
+            key = "noise" if t.startswith("noise") else t
+            counts[key] = counts.get(key, 0) + 1
+        print(f"{r['text']} {'; '.join(tags)} |")
+    errors = [r["err"] for r in rows]
+    within = sum(1 for e in errors if abs(e[0]) <= 10 and abs(e[1]) <= 10)
+    peak_within = sum(1 for e in errors if abs(e[2]) <= 10)
+    equal = sum(1 for r in rows if r["bytes_equal"])
+    print(f"\n{within} of {len(rows)} runs within 10% on both passes; peak memory within 10% on "
+          f"{peak_within} of {len(rows)}; bytes equal on {equal} of {len(rows)}.")
+    print("\n**Why outside 10%** (`docs/planner/causes.py`; rows tagged, a row may have several):\n")
+    print("| cause | rows | what | evidence |")
+    print("|---|---|---|---|")
+    for tag, (what, evidence) in causes.CAUSES.items():
+        print(f"| {tag} | {counts.get(tag, 0)} | {what} | {evidence} |")
+    for tag in sorted(t for t in counts if t not in causes.CAUSES):
+        print(f"| {tag} | {counts[tag]} | | |")
 
 
 if __name__ == "__main__":
