@@ -65,7 +65,7 @@ CAUSES = {
         "time: on 4 GPUs a ring-family forward runs slower than predicted in proportion to the bytes in flight "
         "against its compute (sends to one peer while receiving from another), which the model does not price",
         "measured / predicted forward against one K/V transfer over its predicted pass: 0.94-0.96 at 0.013, "
-        "0.99-1.01 at 0.026, 1.02-1.04 at 0.10, 1.09-1.11 at 0.21 (4 x H100), 1.14-1.20 at 0.37-0.39 (4 x H200 "
+        "0.99-1.01 at 0.026, 0.99-1.05 at 0.10, 1.09-1.11 at 0.21 (4 x H100), 1.14-1.20 at 0.37-0.39 (4 x H200 "
         "probe and 4 x H100 preset alike), 1.19-1.27 at 0.78 (4 x H100 at 16K); a 4K window at 256K on 4 x H200, "
         "whose steps are small, 1.21-1.24 at 0.17, above the dense trend; on 2 GPUs no such trend (1.03-1.08 at "
         "0.49, 0.93-0.94 at 0.004)"),
@@ -93,8 +93,9 @@ CAUSES = {
     "small shards backward": (
         "time: at 8K tokens a rank (16K on 2 GPUs) the backward runs faster inside a schedule than the probe's "
         "single 8K-token call rates it",
-        "call n1's shard-step fit: backward ratios 0.84-0.90 at 16K against 0.99-1.04 from 64K up "
-        "(h200x2_n1_probe_fitted_2026-11-28.json sources); forward within -10% .. +4% at the same sizes"),
+        "the dense ring-family runs of calls l1, m2 and n1 against call n1's file: backward measured / predicted "
+        "0.84-0.96 at 16K against 0.99-1.04 from 64K up; call q1 out of sample the same (+9% .. +21% at 16K); "
+        "forward within -10% .. +7% at the same sizes"),
 }
 
 
