@@ -74,7 +74,9 @@ CAUSES = {
         "are small (16K, window, documents) the run did not show that overlap",
         "measured against plain Ulysses of the same configuration in the same call, ulysses-overlap's forward "
         "took 1.00-1.58x its time (0.84x once: 64 documents at 256K on 4 x H200) where the model has it at "
-        "0.78-0.95x; plain Ulysses there is met within -9% .. +13%"),
+        "0.78-0.95x; plain Ulysses there is met within -9% .. +13%. Where computes are long the overlap is there: "
+        "a 4 x H100 trace at 256K with documents has the second half's pieces in before the first half's "
+        "compute ends (h100x4_k1_docs_trace_2026-11-28.jsonl:1, 'arrived' 3 us after its wait's post)"),
     "window backward rate": (
         "time: window backward priced 7-28% slow for every algorithm, Ulysses' whole-sequence calls too "
         "(shard-step factor 1), so the probe's window backward rows (4K keys a query at every length, averaged) "
