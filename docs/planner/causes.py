@@ -53,8 +53,9 @@ CAUSES = {
         "TFLOP/s, 512K tokens) was measured with the Hopper kernels (auto, h100x4_j3_causal_2026-11-28.jsonl:15)",
         "these lines ran cuDNN at 517-524 forward TFLOP/s a GPU (their fwd_tflops_per_gpu)"),
     "stale 16K calibration": (
-        "time: the 2-GPU preset's step rates come from traces of the executor of 2026-11-27 (7.6-7.9 ms "
-        "backward at 16K); the executor of attention_ab_2026-11-27f runs the same 16K backward in 5.6-5.9 ms",
+        "time: the 2-GPU preset's step rates come from traces (16K and 64K) of the executor of 2026-11-27's "
+        "early hours (7.6-7.9 ms backward at 16K); the executor of attention_ab_2026-11-27f runs the same 16K "
+        "backward in 5.6-5.9 ms, and its 64K-128K backward 11-15% under the preset too",
         "h100x2_attn_ours_torch_cp_2026-11-27.jsonl:1-3, the traced executor, is met within 3% forward and "
         "8-12% backward by the same preset"),
     "4-GPU 16K clamped": (
@@ -76,7 +77,8 @@ CAUSES = {
         "took 1.00-1.58x its time (0.84x once: 64 documents at 256K on 4 x H200) where the model has it at "
         "0.78-0.95x; plain Ulysses there is met within -9% .. +13%. Where computes are long the overlap is there: "
         "a 4 x H100 trace at 256K with documents has the second half's pieces in before the first half's "
-        "compute ends (h100x4_k1_docs_trace_2026-11-28.jsonl:1, 'arrived' 3 us after its wait's post)"),
+        "compute ends (h100x4_k1_docs_trace_2026-11-28.jsonl:1: its 'arrived' mark comes 3 us after the post "
+        "that follows that compute)"),
     "window backward rate": (
         "time: window backward priced 7-28% slow for every algorithm, Ulysses' whole-sequence calls too "
         "(shard-step factor 1), so the probe's window backward rows (4K keys a query at every length, averaged) "

@@ -2,7 +2,7 @@
 """Predicted against measured: runs `seqpar plan --json` for every seqpar_ring line of the GPU
 result files below (same cluster preset, shape, mask, algorithm, ulysses-ring grid and head groups
 as measured) and prints a Markdown table: times, bytes per rank and peak memory, with the relative
-errors.
+errors, and why each row outside 10% is (causes.py), with the causes' legend and counts.
 
 Usage: python3 docs/planner/validate.py build-planner/seqpar > /tmp/validation.md
 """
