@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# run_late.sh: the one-call GPU script of the D = 128 backward's late-dQ variants (README section
-# "Backward at D = 128: dQ one tile late"): the lab's build (ptxas report); the checks (CPU fp64
-# oracle, bf16 rule; D = 128 base, lateq and lateqs on the same inputs, dense and masked); ab_bwd.py
-# (base, lateq, lateqs and cuDNN SDPA interleaved; uniform [-1, 1) q, k, v, dO; H = 32, H_kv 32
+# run_late.sh: the one-call GPU script of the D = 128 backward's options (README section
+# "Backward at D = 128": lateq, lateqs, dqred, lateqr): the lab's build (ptxas report); the checks
+# (CPU fp64 oracle, bf16 rule; D = 128 base and the variants on the same inputs, dense and masked);
+# ab_bwd.py (base, the variants and cuDNN SDPA interleaved; uniform [-1, 1) q, k, v, dO; H = 32, H_kv 32
 # and 8; full and causal); Nsight Compute of the main kernels (16K, H = 32, D = 128: tensor pipe,
 # stall reasons per issued instruction, L2 and DRAM bytes). BACKEND=1 also builds the library's
 # test_backends and runs the backend's ctest cases. From the repository root on an H100/H200 with
@@ -32,7 +32,7 @@ say "A/B:"; grep -E "^SUMMARY|SUSPECT|Error|rc=|CHECKREF" "$out/ab_bwd.log" >> "
 # The whole backward standalone (5 back-to-back calls, median), order a b b a per case.
 if [ -n "${BENCH_PAIR:-}" ]; then
   read va vb <<< "$BENCH_PAIR"
-  for c in ${BENCH_CASES:-"16384:1 16384:0 32768:1 32768:0"}; do
+  for c in ${BENCH_CASES:-16384:1 16384:0 32768:1 32768:0}; do
     IFS=: read S causal <<< "$c"
     for v in $va $vb $vb $va; do timeout 30 $bwd bench $S $causal 32 32 128 5 $v 2>&1 | grep -E "^BENCH bwd variant=[0-9] S=[0-9]+ causal=[01] H" ; done
   done > "$out/bench.log" 2>&1

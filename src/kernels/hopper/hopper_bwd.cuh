@@ -48,6 +48,9 @@
 //   the dQ hand-off) are paid once per twice the GEMM work. Each consumer then computes
 //   S^T, dP^T as m64n128 (its 64 keys x 128 queries), dV and dK over 8 k-steps, and dQ for 64 of
 //   the 128 query rows (all 64 columns, over all 128 keys) instead of half the columns.
+//   kOpt (bits bwd::kLateDQ, kStagger, kDqRed; the lab's "lateq", "lateqs", "dqred", "lateqr"):
+//   dQ one tile late, consumers staggered, dQ added with red.global from registers. All correct,
+//   none faster than base at D = 128 on one H200 (README, "Backward at D = 128"); lab only.
 #pragma once
 
 #include <cmath>
