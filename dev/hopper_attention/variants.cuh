@@ -101,9 +101,13 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // consumer computes tile i's dQ during tile i + 1, bwd::kLateDQ), 6 "lateqs" (lateq, and consumer 1
 // starts after consumer 0's first S^T, bwd::kStagger); 7 "dqred" (base, dQ added to the
 // accumulator with red.global.add.v4.f32 from registers, no shared buffer, bwd::kDqRed), 8
-// "lateqr" (lateq and dqred).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "lateq", "lateqs", "dqred", "lateqr"};
-inline constexpr int kNumBwdVariants = 9;
+// "lateqr" (lateq and dqred); 9 "trace" (base recording the SM clock at 6 points of each
+// consumer's first query tiles into g_bwd_trace, bwd::kTrace: a measuring aid).
+inline const char* const kBwdVariants[] = {"base",   "defer", "memset", "sfirst", "q128",
+                                           "lateq",  "lateqs", "dqred", "lateqr", "trace"};
+inline constexpr int kNumBwdVariants = 10;
+// Variant 9's stamps: [CTA][consumer][bwd::kTraceSteps][bwd::kTraceStamps] u32, set by the caller.
+inline unsigned* g_bwd_trace = nullptr;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -128,6 +132,7 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case 6: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kStagger>(a, stream);
     case 7: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kDqRed>(a, stream);
     case 8: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kDqRed>(a, stream);
+    case 9: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kTrace>(a, stream, g_bwd_trace);
   }
   return cudaErrorInvalidValue;
 }

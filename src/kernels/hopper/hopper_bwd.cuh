@@ -89,7 +89,14 @@ constexpr int kBarStagger = 14;  // once: consumer 0's first S^T is done, consum
 // instead of through the 32 KB shared buffer, the drain warp's bulk reductions and their named
 // barriers: 64 KB of shared-memory traffic less per tile (the dQ stores and the bulk engine's
 // reads), where the SS wgmmas' operand reads already keep shared memory busy.
-constexpr int kLateDQ = 1, kStagger = 2, kDqRed = 4;
+// kTrace (base only; the lab's "trace", a measuring aid): each consumer's first thread records
+// the SM clock (32 bits) at 6 points of each of its first kTraceSteps query tiles, in shared
+// memory, copied to BwdParams::trace at the end: 0 tile start, 1 S^T done, 2 at the dS barrier,
+// 3 past it, 4 dV and dQ done, 5 dK done. (Written to global memory at each point, the
+// addresses cost registers and ptxas spilled 12 bytes; this way 4 bytes, from stamps 2 and 3
+// around the dS barrier, one local store and load per tile: a measuring aid, not a variant to time.)
+constexpr int kLateDQ = 1, kStagger = 2, kDqRed = 4, kTrace = 8;
+constexpr int kTraceSteps = 64, kTraceStamps = 8;  // stamps per step (6 used)
 }  // namespace bwd
 
 struct BwdParams {
@@ -109,9 +116,10 @@ struct BwdParams {
   int out_f32;  // dk, dv in fp32
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
+  unsigned* trace;  // kOpt & bwd::kTrace: [CTA (x fastest)][consumer][kTraceSteps][kTraceStamps]
 };
 
-template <int kD, int kQRows>
+template <int kD, int kQRows, bool kTrace = false>
 struct BwdSmem {
   static constexpr int kTileQ = kQRows * kD * 2;      // Q or dO tile, bf16
   static constexpr int kTileK = bwd::kBN * kD * 2;    // K or V tile, bf16
@@ -129,7 +137,9 @@ struct BwdSmem {
   static constexpr int dpsum = lse + 2 * kStat;
   static constexpr int bar = dpsum + 2 * kStat;
   static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
-  static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
+  static constexpr int trace = (bar + 8 * kBars + 15) & ~15;  // kTrace: 2 x kTraceSteps x kTraceStamps u32
+  static constexpr int bytes = (kTrace ? trace + 2 * bwd::kTraceSteps * bwd::kTraceStamps * 4 : bar + 8 * kBars) +
+                               1024;  // + slack to align the base to 1024
 };
 
 // ---- output stores -------------------------------------------------------------------------
@@ -184,10 +194,12 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   static_assert(!kLate || (kQRows == 64 && !kDefer), "late dQ: 64-row query tiles, no defer");
   static_assert(!(kOpt & bwd::kStagger) || kLate, "stagger needs late dQ");
   constexpr bool kRed = (kOpt & bwd::kDqRed) != 0;
+  constexpr bool kTr = (kOpt & bwd::kTrace) != 0;
+  static_assert(!kTr || (!kLate && !kDefer), "trace: base only");
 #ifdef SEQPAR_HOPPER_STUB
   __trap();  // a device pass without sm_90a features: never launched (device_refusal)
 #else
-  using L = BwdSmem<kD, kQRows>;
+  using L = BwdSmem<kD, kQRows, (kOpt & bwd::kTrace) != 0>;
   using namespace bwd;
   constexpr int kCB = kD / 64;   // 64-column (128-byte) blocks per row
   // dQ per consumer: with 64-row tiles, all rows and half the columns; with 128, its 64 rows
@@ -353,6 +365,15 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const int w = wg - 1;  // keys w*64 .. w*64+63 of the tile; dQ columns w*kD/2 ..
   const int lane = tid % 32, warp = (tid % 128) / 32;
   const bool is_signaller = (tid % 128) == 0;
+  auto stamp = [&](int it, int k) {
+    if constexpr (kTr) {
+      if (is_signaller && it < kTraceSteps) {
+        uint32_t at;  // through an opaque move: computed once and kept across the loop, it spilled
+        asm volatile("mov.b32 %0, %1;" : "=r"(at) : "r"(base + L::trace + w * (kTraceSteps * kTraceStamps * 4)));
+        st_shared_u32(at + (it * kTraceStamps + k) * 4, static_cast<uint32_t>(clock()));
+      }
+    }
+  };
   const int key_r0 = n0 + w * 64 + warp * 16 + lane / 4;  // this thread's keys: key_r0, key_r0 + 8
 
   float dv[kD / 2], dk[kD / 2];
@@ -455,6 +476,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     if constexpr ((kOpt & kStagger) != 0) {
       if (it == 0 && w == 1) named_bar_sync(kBarStagger, 256);
     }
+    stamp(it, 0);
     mbar_wait(q_full(st), ph);
     fence_regs(s);
     fence_regs(dp);
@@ -480,6 +502,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
     wgmma_wait<1>();  // S^T done (and, with kDefer, the previous tile's dK)
     fence_regs(s);
+    // stamp(it, 1);
     if constexpr ((kOpt & kStagger) != 0) {
       if (it == 0 && w == 0) named_bar_arrive(kBarStagger, 256);
     }
@@ -602,7 +625,9 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       }
       continue;
     }
+    stamp(it, 2);
     named_bar_sync(kBarDS, 256);
+    stamp(it, 3);
 
     // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory,
     // over all 128 keys; then
@@ -639,6 +664,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(dv);
     fence_regs(pf);
     fence_regs(dq);
+    stamp(it, 4);
     if (is_signaller) mbar_arrive(do_empty(st));
     handoff_dq(it);
 
@@ -646,6 +672,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(dk);
       fence_regs(dsf);
+      stamp(it, 5);
       if (is_signaller) mbar_arrive(q_empty(st));
     }
   }
@@ -661,6 +688,15 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   if constexpr (kDefer) {
     wgmma_wait<0>();
     fence_regs(dk);
+  }
+  if constexpr (kTr) {  // the stamps to global memory; steps not run stay as the caller left them
+    if (is_signaller) {
+      const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
+      const int n = n_iter < kTraceSteps ? n_iter : kTraceSteps;
+      for (int i = 0; i < n * kTraceStamps; ++i)
+        p.trace[(cta * 2 + w) * kTraceSteps * kTraceStamps + i] =
+            ld_shared_u32(base + L::trace + (w * kTraceSteps * kTraceStamps + i) * 4);
+    }
   }
 
   // ---------------- epilogue: dK (times the scale) and dV to bf16 ----------------

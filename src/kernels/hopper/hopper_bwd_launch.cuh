@@ -170,11 +170,12 @@ constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 
 // kQRows: the main kernel's query rows per tile (64; 128 for "q128", D = 64). kOpt: bwd_kernel's
 // options (bwd::kLateDQ, bwd::kStagger, bwd::kDqRed; the lab's "lateq", "lateqs", "dqred", "lateqr").
+// trace: BwdParams::trace, for kOpt & bwd::kTrace (the lab's "trace").
 template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM, int kOpt = 0>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, unsigned* trace = nullptr) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
   static_assert(!(kOpt & bwd::kDqRed) || !(kPrologue & kStoreFirst), "dQ by reductions needs a zeroed accumulator");
-  using L = BwdSmem<kD, kQRows>;
+  using L = BwdSmem<kD, kQRows, (kOpt & bwd::kTrace) != 0>;
   const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
@@ -225,6 +226,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   constexpr int smem = L::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   p.tiles = a.tiles;
+  p.trace = trace;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
   const dim3 grid(n_tiles, a.kv_heads, a.batch);
   if (a.main_only != 2) {  // 2: the timing aid that runs everything but the main kernel
