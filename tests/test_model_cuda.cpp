@@ -206,7 +206,7 @@ TEST_F(ModelCuda, ReductionsRepeatBitForBit) {
 }
 
 TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {
-  const int64_t B = 2, S = 9, H = 3, D = 16;
+  const int64_t B = 2, S = 9, H = 3, D = 16;  // positions up to 8M: the angle's reduction matters
   std::vector<int64_t> pos(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s) pos[size_t(s)] = 999983 * s + 5;
   auto q = bf16_values(size_t(B * S * H * D), 7), dq = bf16_values(q.size(), 8);
@@ -234,6 +234,14 @@ TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {
   expect_close("a", down_bf16(dA, size_t(n)), a, 1);
   expect_close("dg", down_bf16(dDG, size_t(n)), dg, 1);
   expect_close("du", down_bf16(dDU, size_t(n)), du, 1);
+  // Eight elements a thread where every pointer is 16-byte aligned (above: 37 groups and a tail
+  // of 4), one by one where not: from element 1 on, the same values.
+  ASSERT_TRUE(cuda::swiglu_forward(dG.ptr() + 1, dU.ptr() + 1, dA.ptr() + 1, n - 1, nullptr).ok());
+  ASSERT_TRUE(cuda::swiglu_backward(dG.ptr() + 1, dU.ptr() + 1, dDA.ptr() + 1, dDG.ptr() + 1, dDU.ptr() + 1, n - 1,
+                                    nullptr).ok());
+  expect_close("a, unaligned", down_bf16(dA, size_t(n)), a, 1);
+  expect_close("dg, unaligned", down_bf16(dDG, size_t(n)), dg, 1);
+  expect_close("du, unaligned", down_bf16(dDU, size_t(n)), du, 1);
 }
 
 std::vector<double> round_bf16(std::vector<double> v) {
