@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on 1 GPU (session q, 2026-11-28), issue 36: the GPU RoPE and SwiGLU kernels of 6f4f580
+#  1. build; ModelCuda.* (the layer kernels against their fp64 versions) and test_gpu_train
+#  2. the 1B preset at 32K tokens on the GPU (the tokens a GPU of the 2-GPU 64K runs), --profile:
+#     new kernels, the previous ones (.carry/old_kernels: rope.cu and swiglu.cu of 6f4f580^, built
+#     into the same tree), new again; the step's time by kind for each
+set -u
+CALL_BUDGET_S=${CALL_BUDGET_S:-400}
+source bench/device_calls/call_start.sh 16 "seqpar_cli test_model_cuda test_gpu_train"
+timeout 60 ./build-gpu/tests/test_model_cuda > "$out/model_cuda.log" 2>&1
+say "model cuda rc $?: $(grep -c '^\[       OK' "$out/model_cuda.log") ok, $(grep -c '^\[  FAILED  \]' "$out/model_cuda.log") failed lines"
+timeout 90 ./build-gpu/tests/test_gpu_train > "$out/gpu_train.log" 2>&1
+say "gpu train rc $?: $(grep -c '^\[       OK' "$out/gpu_train.log") ok, $(grep -c '^\[  FAILED  \]' "$out/gpu_train.log") failed lines, $(grep -c '^\[  SKIPPED' "$out/gpu_train.log") skipped"
+txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt
+train1b() {  # tag
+  local l=$(left); [ $l -lt 50 ] && { say "out of time before 1B $1"; return 9; }
+  timeout $(( l - 10 < 70 ? l - 10 : 70 )) ./build-gpu/seqpar train --device cuda --gpus 1 --model 1b --data "text:$txt" \
+    --seq 32768 --batch 1 --steps 4 --warmup 1 --checkpointing attention --profile --json \
+    > "$out/train_1b_32k_$1.jsonl" 2> "$out/train_1b_32k_$1.err"
+  say "1B 32K $1 rc $? $(grep -m1 -i 'error' "$out/train_1b_32k_$1.err")"
+  python3 - "$out/train_1b_32k_$1.jsonl" "$1" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+for l in open(sys.argv[1]):
+    if not l.startswith("{"): continue
+    r = json.loads(l)
+    if "step" not in r: continue
+    w = r.get("work_ms", {})
+    print(sys.argv[2], "step", r["step"], "tokens/s %.0f" % r.get("tokens_per_s", 0), "mfu %.4f" % r.get("mfu_989", 0),
+          " ".join("%s %.1f" % (k, w.get(k, 0)) for k in ("rope", "swiglu", "norms", "attention", "products", "step")))
+PY
+}
+swap() {  # the kernel files from $1, rebuilt
+  cp "$1/rope.cu" src/model/rope.cu && cp "$1/swiglu.cu" src/model/swiglu.cu
+  timeout 120 cmake --build build-gpu --target seqpar_cli -j 16 > "$out/rebuild_$2.log" 2>&1; say "rebuild $2 rc $?"
+}
+mkdir -p /tmp/new_kernels && cp src/model/rope.cu src/model/swiglu.cu /tmp/new_kernels/
+train1b new
+swap .carry/old_kernels old && train1b old
+swap /tmp/new_kernels new2 && train1b new2
+say end
+PACK_GLOBS="*.jsonl *.err *.log" pack
