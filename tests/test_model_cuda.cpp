@@ -258,6 +258,32 @@ double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   return worst;
 }
 
+// The copies between fp32 and bf16 and the fp32 add: eight (four) elements a thread where the
+// pointers are 16-byte aligned, one by one where not (from element 1 on), the same values as the
+// host's conversion, rounding to nearest even.
+TEST_F(ModelCuda, CastsAndAddEightAtATimeAndOneByOne) {
+  const int64_t n = 301;
+  const std::vector<double> x = bf16_values(size_t(n), 12, 3.0), y = bf16_values(size_t(n), 13);
+  std::vector<double> fine(static_cast<size_t>(n));  // values between bf16's steps: rounding shows
+  for (int64_t i = 0; i < n; ++i) fine[size_t(i)] = x[size_t(i)] * (1.0 + 1.0 / 300.0) + 1e-3 * double(i % 7);
+  const std::vector<double> want_bf16 = round_bf16(std::vector<double>(fine.begin(), fine.end()));
+  for (int64_t from : {0, 1}) {
+    auto f32 = up_f32(fine), sum = up_f32(x), other = up_f32(y);
+    auto b = up_bf16(std::vector<double>(size_t(n), 0.0));
+    Dev<float> back{DeviceBuffer::allocate(size_t(n) * 4).value()};
+    ASSERT_TRUE(cuda::to_bf16(f32.ptr() + from, b.ptr() + from, n - from, nullptr).ok());
+    ASSERT_TRUE(cuda::to_f32(b.ptr() + from, back.ptr() + from, n - from, nullptr).ok());
+    ASSERT_TRUE(cuda::add(sum.ptr() + from, other.ptr() + from, n - from, nullptr).ok());
+    const std::vector<double> got_bf16 = down_bf16(b, size_t(n)), got_back = down_f32(back, size_t(n)),
+                              got_sum = down_f32(sum, size_t(n));
+    for (int64_t i = from; i < n; ++i) {
+      EXPECT_EQ(got_bf16[size_t(i)], want_bf16[size_t(i)]) << "to_bf16 from " << from << ", element " << i;
+      EXPECT_EQ(got_back[size_t(i)], want_bf16[size_t(i)]) << "to_f32 from " << from << ", element " << i;
+      EXPECT_EQ(got_sum[size_t(i)], double(float(x[size_t(i)]) + float(y[size_t(i)]))) << "add, element " << i;
+    }
+  }
+}
+
 // The head with bf16 logits as a plain bf16 program computes it (fp64 sums, logits and the
 // gradient rounded to bf16): the baseline of the bf16 rule for the kBf16 scratch.
 struct PlainHead {

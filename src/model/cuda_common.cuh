@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +15,16 @@ namespace seqpar::model::cuda {
 inline __nv_bfloat16* as_bf16(bf16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 inline const __nv_bfloat16* as_bf16(const bf16_t* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Eight bf16 or four fp32 values: one 16-byte load or store, for the memory-bound elementwise
+// kernels (where every pointer is aligned16; the rest go one element at a time).
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 v[4];
+};
+struct alignas(16) F32x4 {
+  float v[4];
+};
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 inline unsigned blocks_for(int64_t n, int threads = 256) {
   return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535LL * 32));

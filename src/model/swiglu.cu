@@ -1,21 +1,12 @@
 // The CUDA half of swiglu.cpp, elementwise in fp32. Memory-bound, so each thread moves 8
 // elements at a time (16-byte loads of bf16, two of fp32) where the pointers allow; the rest one
 // by one.
-#include <cstdint>
-
 #include "model/cuda_common.cuh"
 
 namespace seqpar::model::cuda {
 namespace {
 
 constexpr int kVec = 8;
-
-struct alignas(16) Bf16x8 {
-  __nv_bfloat162 v[4];
-};
-struct alignas(16) F32x4 {
-  float v[4];
-};
 
 __device__ inline float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
@@ -71,8 +62,6 @@ __global__ void backward(const __nv_bfloat16* g, const __nv_bfloat16* u, const f
     dg[i] = __float2bfloat16(dgi), du[i] = __float2bfloat16(dui);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
