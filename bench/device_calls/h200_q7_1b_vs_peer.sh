@@ -3,10 +3,12 @@
 # nothing recomputed (--checkpointing none: 7.6% faster than attention at 32K tokens a GPU, call
 # q6) against PyTorch's peer (FSDP2 + context parallel on cuDNN, selective checkpointing,
 # torch.compile, fused AdamW: bench/torch_train_peer.py) on the same text, 4 steps each, same call.
-# SEQ: the tokens of a step (default 32K a GPU).
+# SEQ: the tokens of a step (default 32K a GPU). First ModelCuda.* (the vectorised casts of 5fc3a9a).
 set -u
 CALL_BUDGET_S=${CALL_BUDGET_S:-330}
-source bench/device_calls/call_start.sh 16 "seqpar_cli"
+source bench/device_calls/call_start.sh 16 "seqpar_cli test_model_cuda"
+timeout 60 ./build-gpu/tests/test_model_cuda > "$out/model_cuda.log" 2>&1
+say "model cuda rc $?: $(grep -c '^\[       OK' "$out/model_cuda.log") ok, $(grep -c '^\[  FAILED  \]' "$out/model_cuda.log") failed lines"
 gpus=$(nvidia-smi -L | wc -l); seq=${SEQ:-$((32768 * gpus))}
 txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt
 timeout 70 ./build-gpu/seqpar train --device cuda --gpus $gpus --model 1b --data "text:$txt" --seq $seq --batch 1 \

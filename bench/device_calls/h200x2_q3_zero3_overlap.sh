@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One call on 2 GPUs (session q, 2026-11-28), issue 36: ZeRO-3's overlap (d3bc9e1: the next unit's
 # all-gather and each gradient's reduce-scatter on a second stream under the compute)
-#  1. build; the GPU training tests of ZeRO (the new Zero3OverlapGivesTheBitsOfTheCollectivesInLine
+#  1. build; ModelCuda.* (the layer kernels, the vectorised casts of 5fc3a9a); the GPU training tests
+#     of ZeRO (the new Zero3OverlapGivesTheBitsOfTheCollectivesInLine
 #     over NCCL on the two GPUs, and the ZeRO / resume ones)
 #  2. the 8B preset at 64K on both GPUs, ZeRO-3, --profile: in line (--no-zero-overlap), overlapped,
-#     in line again (session m: 45.1% MFU, 'between ops' 352 ms of a 7,325 ms step)
+#     in line again where time is left (session m: 45.1% MFU, 'between ops' 352 ms of a 7,325 ms step)
 set -u
-CALL_BUDGET_S=${CALL_BUDGET_S:-540}
-source bench/device_calls/call_start.sh 32 "seqpar_cli test_gpu_train"
+CALL_BUDGET_S=${CALL_BUDGET_S:-420}
+source bench/device_calls/call_start.sh 32 "seqpar_cli test_gpu_train test_model_cuda"
+timeout 60 ./build-gpu/tests/test_model_cuda > "$out/model_cuda.log" 2>&1
+say "model cuda rc $?: $(grep -c '^\[       OK' "$out/model_cuda.log") ok, $(grep -c '^\[  FAILED  \]' "$out/model_cuda.log") failed lines"
 timeout 120 ./build-gpu/tests/test_gpu_train \
   --gtest_filter='GpuTrain.Zero3*:GpuTrain.DataParallelAndZero*:GpuTrain.UntiedHead*:GpuTrain.RunsRepeat*' \
   > "$out/gpu_train_zero.log" 2>&1
