@@ -18,16 +18,7 @@ train1b() {  # tag
     --seq 32768 --batch 1 --steps 4 --warmup 1 --checkpointing attention --profile --json \
     > "$out/train_1b_32k_$1.jsonl" 2> "$out/train_1b_32k_$1.err"
   say "1B 32K $1 rc $? $(grep -m1 -i 'error' "$out/train_1b_32k_$1.err")"
-  python3 - "$out/train_1b_32k_$1.jsonl" "$1" <<'PY' | tee -a "$out/summary.txt"
-import json, sys
-for l in open(sys.argv[1]):
-    if not l.startswith("{"): continue
-    r = json.loads(l)
-    if "step" not in r: continue
-    w = r.get("work_ms", {})
-    print(sys.argv[2], "step", r["step"], "tokens/s %.0f" % r.get("tokens_per_s", 0), "mfu %.4f" % r.get("mfu_989", 0),
-          " ".join("%s %.1f" % (k, w.get(k, 0)) for k in ("rope", "swiglu", "norms", "attention", "products", "step")))
-PY
+  python3 bench/device_calls/train_summary.py "$out/train_1b_32k_$1.jsonl" "$1" rope swiglu norms attention products step | tee -a "$out/summary.txt"
 }
 swap() {  # the kernel files from $1, rebuilt
   cp "$1/rope.cu" src/model/rope.cu && cp "$1/swiglu.cu" src/model/swiglu.cu

@@ -13,17 +13,7 @@ train1b() {  # tag seq policy
     --seq $2 --batch 1 --steps 4 --warmup 1 --checkpointing $3 --profile --json \
     > "$out/train_1b_$1.jsonl" 2> "$out/train_1b_$1.err"
   say "1B $1 rc $? $(grep -m1 -i 'error' "$out/train_1b_$1.err")"
-  python3 - "$out/train_1b_$1.jsonl" "$1" <<'PY' | tee -a "$out/summary.txt"
-import json, sys
-for l in open(sys.argv[1]):
-    if not l.startswith("{"): continue
-    r = json.loads(l)
-    if "step" not in r: continue
-    w = r.get("work_ms", {})
-    print(sys.argv[2], "step", r["step"], "tokens/s %.0f" % r.get("tokens_per_s", 0), "mfu %.4f" % r.get("mfu_989", 0),
-          "peak GiB %.1f" % (r.get("device_peak_bytes", 0) / 2**30),
-          " ".join("%s %.1f" % (k, w.get(k, 0)) for k in ("attention", "products", "swiglu", "rope", "norms", "lm_head", "step")))
-PY
+  python3 bench/device_calls/train_summary.py "$out/train_1b_$1.jsonl" "$1" attention products swiglu rope norms lm_head step | tee -a "$out/summary.txt"
 }
 train1b none_32k 32768 none
 train1b attention_32k 32768 attention

@@ -22,17 +22,7 @@ train8b() {  # tag [flags]
     --data "text:$txt" --seq 65536 --batch 1 --steps 4 --warmup 10 --lr 3e-5 --checkpointing attention --profile --json ${2:-} \
     > "$out/train_8b_64k_$1.jsonl" 2> "$out/train_8b_64k_$1.err"
   say "8B 64K $1 rc $? $(grep -m1 -i 'error' "$out/train_8b_64k_$1.err")"
-  python3 - "$out/train_8b_64k_$1.jsonl" "$1" <<'PY' | tee -a "$out/summary.txt"
-import json, sys
-for l in open(sys.argv[1]):
-    if not l.startswith("{"): continue
-    r = json.loads(l)
-    if "step" not in r: continue
-    w = r.get("work_ms", {})
-    print(sys.argv[2], "step", r["step"], "loss %.4f" % r.get("loss", 0), "tokens/s %.0f" % r.get("tokens_per_s", 0),
-          "mfu %.4f" % r.get("mfu_989", 0), "peak GiB %.1f" % (r.get("device_peak_bytes", 0) / 2**30),
-          "between_ops %.0f" % w.get("between_ops", 0), "pass %.0f" % w.get("pass", 0), "step_ms %.0f" % (1000 * r.get("seconds", 0)))
-PY
+  python3 bench/device_calls/train_summary.py "$out/train_8b_64k_$1.jsonl" "$1" between_ops pass step | tee -a "$out/summary.txt"
 }
 train8b in_line --no-zero-overlap
 train8b overlap

@@ -117,8 +117,8 @@ Status ShardedWeights::end_pass() {
   Status s = Status::Ok();
   if (lane_) s = memory_.wait_for(*lane_);  // every gradient sum, before the optimizer reads them
   ahead_.reset();  // its buffers go back on the lane, after its gather
-  for (auto& [begin, h] : held_)
-    if (h.on_lane && s.ok()) s = lane_->wait_for(memory_);
+  const bool lane_held = std::any_of(held_.begin(), held_.end(), [](const auto& u) { return u.second.on_lane; });
+  if (lane_held && s.ok()) s = lane_->wait_for(memory_);  // one wait covers every unit the pass still held
   held_.clear();
   gradients_.clear();
   last_order_ = std::move(order_);
