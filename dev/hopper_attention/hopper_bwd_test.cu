@@ -440,13 +440,13 @@ __global__ void fill_kernel(__nv_bfloat16* x, size_t n, uint64_t seed) {
 }
 
 // Variant 9 ("trace"): the consumers' SM-clock stamps of the last call, summarized over every
-// CTA and consumer (steps 1 .. n-2 of each, n <= bwd::kTraceSteps): the tile period, the segments
+// CTA and consumer (steps 1 .. n-2 of each, n <= bwd_lab::kTraceSteps): the tile period, the segments
 // between the stamps (0 tile start, 1 S^T done, 2 at the dS barrier, 3 past it, 4 dV and dQ done,
 // 5 dK done, then the next tile's start), and the phase between the two consumers (consumer 1's
 // S^T-done stamp minus consumer 0's, same step). Cycles: median (p10 p90).
 static void print_trace(const std::vector<unsigned>& tr, int n_cta) {
-  using hopper_attn::bwd::kTraceStamps;
-  using hopper_attn::bwd::kTraceSteps;
+  using hopper_attn::bwd_lab::kTraceStamps;
+  using hopper_attn::bwd_lab::kTraceSteps;
   std::vector<double> seg[7], period, phase;
   auto at = [&](int cta, int w, int i, int k) { return tr[((size_t(cta) * 2 + w) * kTraceSteps + i) * kTraceStamps + k]; };
   auto valid = [&](int cta, int w, int i) { return at(cta, w, i, 0) != 0 && at(cta, w, i, 5) != 0; };
@@ -539,7 +539,7 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   a.tiles = tiles.bwd;
   // Variant 9 ("trace"): one u32 stamp buffer for every CTA of the grid (key tiles x KV heads x B).
   const int n_cta = (S + hopper_attn::bwd::kBN - 1) / hopper_attn::bwd::kBN * Hkv * B;
-  const size_t trace_n = size_t(n_cta) * 2 * hopper_attn::bwd::kTraceSteps * hopper_attn::bwd::kTraceStamps;
+  const size_t trace_n = size_t(n_cta) * 2 * hopper_attn::bwd_lab::kTraceSteps * hopper_attn::bwd_lab::kTraceStamps;
   unsigned* trace = nullptr;
   if (variant == 9) {
     CK(cudaMalloc(&trace, trace_n * 4));

@@ -26,6 +26,7 @@
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
+#include "bwd_lab.cuh"
 #include "persist_lab.cuh"
 
 namespace hopper_attn {
@@ -97,16 +98,17 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // conversion); the base kernel with another prologue (issue 34 item 1): 2 "memset" (the
 // fragment-order conversion: the first version), 3 "sfirst" (row-order conversion, and the first
 // CTA to reach a dQ tile stores it, so the accumulator is not zeroed); 4 "q128" (D = 64 only:
-// base with 128-row query tiles, kQRows in hopper_bwd.cuh); 5 "lateq" (64-row tiles: each
-// consumer computes tile i's dQ during tile i + 1, bwd::kLateDQ), 6 "lateqs" (lateq, and consumer 1
-// starts after consumer 0's first S^T, bwd::kStagger); 7 "dqred" (base, dQ added to the
-// accumulator with red.global.add.v4.f32 from registers, no shared buffer, bwd::kDqRed), 8
-// "lateqr" (lateq and dqred); 9 "trace" (base recording the SM clock at 6 points of each
-// consumer's first query tiles into g_bwd_trace, bwd::kTrace: a measuring aid).
+// base with 128-row query tiles, kQRows in hopper_bwd.cuh); from bwd_lab.cuh (the base kernel with
+// options): 5 "lateq" (64-row tiles: each consumer computes tile i's dQ during tile i + 1,
+// bwd_lab::kLateDQ), 6 "lateqs" (lateq, and consumer 1 starts after consumer 0's first S^T,
+// kStagger); 7 "dqred" (base, dQ added to the accumulator with red.global.add.v4.f32 from
+// registers, no shared buffer, kDqRed), 8 "lateqr" (lateq and dqred); 9 "trace" (base recording
+// the SM clock at 6 points of each consumer's first query tiles into g_bwd_trace, kTrace: a
+// measuring aid).
 inline const char* const kBwdVariants[] = {"base",   "defer", "memset", "sfirst", "q128",
                                            "lateq",  "lateqs", "dqred", "lateqr", "trace"};
 inline constexpr int kNumBwdVariants = 10;
-// Variant 9's stamps: [CTA][consumer][bwd::kTraceSteps][bwd::kTraceStamps] u32, set by the caller.
+// Variant 9's stamps: [CTA][consumer][bwd_lab::kTraceSteps][kTraceStamps] u32, set by the caller.
 inline unsigned* g_bwd_trace = nullptr;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
@@ -128,11 +130,12 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case 4:
       if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream);
       break;
-    case 5: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ>(a, stream);
-    case 6: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kStagger>(a, stream);
-    case 7: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kDqRed>(a, stream);
-    case 8: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kLateDQ | bwd::kDqRed>(a, stream);
-    case 9: return launch_bwd<kD, false, kPrologueBest, bwd::kBM, bwd::kTrace>(a, stream, g_bwd_trace);
+    // bwd_lab.cuh's kernel and options:
+    case 5: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ>(a, stream);
+    case 6: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ | bwd_lab::kStagger>(a, stream);
+    case 7: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kDqRed>(a, stream);
+    case 8: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ | bwd_lab::kDqRed>(a, stream);
+    case 9: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kTrace>(a, stream, g_bwd_trace);
   }
   return cudaErrorInvalidValue;
 }

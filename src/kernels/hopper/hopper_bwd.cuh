@@ -39,7 +39,8 @@
 //   masks element by element (hopper_mask.cuh) only those flagged as boundary tiles; rows past
 //   S_q and rows with no key get LSE2 = +inf and D = 0 from the preprocessing kernel, so their P
 //   and dS are exactly 0 (no NaN from -inf - -inf).
-// - The preprocessing and dQ conversion kernels and the host launcher (launch_bwd) are in
+// - The constants, BwdParams and the shared-memory layout are in hopper_bwd_params.cuh; the
+//   preprocessing and dQ conversion kernels and the host launcher (launch_bwd) in
 //   hopper_bwd_launch.cuh.
 // - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
 //   the backend runs at D = 128), and kDefer = true, "defer" (below; the lab's dispatch_bwd
@@ -48,14 +49,14 @@
 //   the dQ hand-off) are paid once per twice the GEMM work. Each consumer then computes
 //   S^T, dP^T as m64n128 (its 64 keys x 128 queries), dV and dK over 8 k-steps, and dQ for 64 of
 //   the 128 query rows (all 64 columns, over all 128 keys) instead of half the columns.
-//   kOpt (bits bwd::kLateDQ, kStagger, kDqRed; the lab's "lateq", "lateqs", "dqred", "lateqr"):
-//   dQ one tile late, consumers staggered, dQ added with red.global from registers. All correct,
-//   none faster than base at D = 128 on one H200 (README, "Backward at D = 128"); lab only.
+//   The lab's options of this kernel (dQ one tile late, staggered consumers, dQ by red.global,
+//   SM-clock stamps; none faster than base) live in dev/hopper_attention/bwd_lab.cuh.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/hopper/hopper_bwd_params.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
 #include "kernels/hopper/hopper_mask.cuh"
 #include "kernels/hopper/hopper_ptx.cuh"
@@ -63,108 +64,6 @@
 #include "kernels/hopper/wgmma_ops.cuh"
 
 namespace seqpar::hopper {
-
-namespace bwd {
-constexpr int kBM = 64;    // query rows per tile of base / defer, and per dQ accumulator tile
-constexpr int kSeqPad = 128;  // the workspace's rows are padded to this (any variant's tile)
-constexpr int kBN = 128;   // keys per CTA: 64 per consumer warpgroup
-constexpr int kThreads = 384;
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-// Named barriers (0 is __syncthreads).
-constexpr int kBarDS = 1;        // both consumers stored dS (256 threads)
-constexpr int kBarDqEmpty = 2;   // + w: consumer w may write its dQ buffer (128 + 32 threads)
-constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 + 32 threads)
-// kLateDQ only (256 threads each: one consumer arrives, the other syncs):
-constexpr int kBarDsFull = 6;    // + 2w + s: consumer w stored its dS^T half in buffer s
-constexpr int kBarDsEmpty = 10;  // + 2w + s: consumer w's dQ has read buffer s
-constexpr int kBarStagger = 14;  // once: consumer 0's first S^T is done, consumer 1 may start
-// Options of bwd_kernel (kOpt bits; the lab's variants "lateq" and "lateqs", D = 128 ideas of
-// issue 34): kLateDQ, each consumer computes the dQ of query tile i during tile i + 1 (after
-// that tile's dV and dK are issued), so the dS barrier between the consumers waits for data
-// stored a tile earlier instead of pinning both to the same point of every tile; kStagger
-// (with kLateDQ), consumer 1 starts once consumer 0's first S^T is done, so the two consumers'
-// softmax passes fall under each other's GEMMs rather than together.
-// kDqRed: each consumer adds its dQ part to the global fp32 accumulator straight from registers
-// (red.global.add.v4.f32, 512 contiguous bytes per warp instruction, same accumulator layout)
-// instead of through the 32 KB shared buffer, the drain warp's bulk reductions and their named
-// barriers: 64 KB of shared-memory traffic less per tile (the dQ stores and the bulk engine's
-// reads), where the SS wgmmas' operand reads already keep shared memory busy.
-// kTrace (base only; the lab's "trace", a measuring aid): each consumer's first thread records
-// the SM clock (32 bits) at 6 points of each of its first kTraceSteps query tiles, in shared
-// memory, copied to BwdParams::trace at the end: 0 tile start, 1 S^T done, 2 at the dS barrier,
-// 3 past it, 4 dV and dQ done, 5 dK done. (Written to global memory at each point, the
-// addresses cost registers and ptxas spilled 12 bytes; this way 4 bytes, from stamps 2 and 3
-// around the dS barrier, one local store and load per tile: a measuring aid, not a variant to time.)
-constexpr int kLateDQ = 1, kStagger = 2, kDqRed = 4, kTrace = 8;
-constexpr int kTraceSteps = 64, kTraceStamps = 8;  // stamps per step (6 used)
-}  // namespace bwd
-
-struct BwdParams {
-  float* dq_acc;        // [B, H, S_q_pad / 64, 64 * D] fp32; each 64-row tile in fragment order
-                        // (see the kernel's dQ store); zeroed unless dq_state is given
-  int* dq_state;        // [B, H, S_q_pad / 64], zeroed, or null (only with 64-row query tiles):
-                        // per dQ tile 0 untouched, 1 being stored by its first contributor, 2
-                        // stored (later ones add)
-  const float* lse2;    // [B, H, S_q_pad]: LSE * log2(e); +inf for no-key rows and padding
-  const float* dpsum;   // [B, H, S_q_pad]: D; 0 on padding
-  void* dk;             // [B, S_k, H_kv, D]: bf16, or fp32 with out_f32; element strides dk_s*
-  void* dv;             // likewise, dv_s*
-  int batch, heads, kv_heads, seq_q, seq_k, seq_q_pad;
-  int causal, causal_offset;  // key j visible from query i iff j <= i + causal_offset
-  int accumulate;             // add to dk, dv instead of overwriting them
-  float scale, scale_log2;
-  int out_f32;  // dk, dv in fp32
-  int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
-  TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
-  unsigned* trace;  // kOpt & bwd::kTrace: [CTA (x fastest)][consumer][kTraceSteps][kTraceStamps]
-};
-
-template <int kD, int kQRows, bool kTrace = false>
-struct BwdSmem {
-  static constexpr int kTileQ = kQRows * kD * 2;      // Q or dO tile, bf16
-  static constexpr int kTileK = bwd::kBN * kD * 2;    // K or V tile, bf16
-  static constexpr int kTileDS = bwd::kBN * kQRows * 2;  // dS^T [128 keys][kQRows queries] bf16,
-                                                         // in blocks of 64 queries (128-byte rows)
-  static constexpr int kTileDQ = kQRows * kD * 4;     // dQ tile fp32 (two consumer halves)
-  static constexpr int kStat = kQRows * 4;            // one stage's LSE2 or D values
-  static constexpr int k = 0;
-  static constexpr int v = k + kTileK;
-  static constexpr int q = v + kTileK;
-  static constexpr int dO = q + 2 * kTileQ;
-  static constexpr int ds = dO + 2 * kTileQ;
-  static constexpr int dq = ds + 2 * kTileDS;
-  static constexpr int lse = dq + kTileDQ;            // 2 stages x kQRows floats
-  static constexpr int dpsum = lse + 2 * kStat;
-  static constexpr int bar = dpsum + 2 * kStat;
-  static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
-  static constexpr int trace = (bar + 8 * kBars + 15) & ~15;  // kTrace: 2 x kTraceSteps x kTraceStamps u32
-  static constexpr int bytes = (kTrace ? trace + 2 * bwd::kTraceSteps * bwd::kTraceStamps * 4 : bar + 8 * kBars) +
-                               1024;  // + slack to align the base to 1024
-};
-
-// ---- output stores -------------------------------------------------------------------------
-
-// out[off], out[off + 1] (+)= g: bf16 or fp32 (out_f32); with accumulate the old value is read,
-// added in fp32 and rounded once.
-__device__ __forceinline__ void add_out(void* out, int64_t off, float2 g, int out_f32, int accumulate) {
-  if (out_f32) {
-    float2* dst = reinterpret_cast<float2*>(static_cast<float*>(out) + off);
-    if (accumulate) {
-      const float2 old = *dst;
-      g.x += old.x;
-      g.y += old.y;
-    }
-    *dst = g;
-  } else {
-    uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(out) + off);
-    if (accumulate) {
-      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(dst);
-      g.x += __low2float(old);
-      g.y += __high2float(old);
-    }
-    *dst = pack_bf16(g.x, g.y);
-  }
-}
 
 // S^T or dP^T (64 keys x kQRows queries) += one k-step, both operands from shared memory.
 template <int kQRows>
@@ -183,23 +82,17 @@ __device__ __forceinline__ void wgmma_st(float (&acc)[kQRows / 2], uint64_t da, 
 // rather than from registers: with dS^T pinned in registers across tiles, ptxas ran out of
 // registers and serialized the wgmmas (C7512).
 // kQRows: query rows per tile, 64 (base, defer) or 128 ("q128", D = 64 without kDefer).
-template <int kD, bool kDefer, int kQRows = bwd::kBM, int kOpt = 0>
+template <int kD, bool kDefer, int kQRows = bwd::kBM>
 __global__ void __launch_bounds__(bwd::kThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const BwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   static_assert(kQRows == 64 || (kQRows == 128 && kD == 64 && !kDefer), "128-row query tiles: D = 64, no defer");
-  constexpr bool kLate = (kOpt & bwd::kLateDQ) != 0;
-  static_assert(!kLate || (kQRows == 64 && !kDefer), "late dQ: 64-row query tiles, no defer");
-  static_assert(!(kOpt & bwd::kStagger) || kLate, "stagger needs late dQ");
-  constexpr bool kRed = (kOpt & bwd::kDqRed) != 0;
-  constexpr bool kTr = (kOpt & bwd::kTrace) != 0;
-  static_assert(!kTr || (!kLate && !kDefer), "trace: base only");
 #ifdef SEQPAR_HOPPER_STUB
   __trap();  // a device pass without sm_90a features: never launched (device_refusal)
 #else
-  using L = BwdSmem<kD, kQRows, (kOpt & bwd::kTrace) != 0>;
+  using L = BwdSmem<kD, kQRows>;
   using namespace bwd;
   constexpr int kCB = kD / 64;   // 64-column (128-byte) blocks per row
   // dQ per consumer: with 64-row tiles, all rows and half the columns; with 128, its 64 rows
@@ -285,7 +178,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
           tma_load_4d(sdO + st * L::kTileQ + cb * kQRows * 128, &tm_do, do_full(st), cb * 64, h, m * kQRows, b);
         bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
       }
-    } else if (warp == 1 && n_iter > 0 && !kRed) {
+    } else if (warp == 1 && n_iter > 0) {
       // dQ drain: after consumer w filled its half, add it to the global accumulator; hand the
       // buffer back once the bulk engine has read it. The first "empty" is given up front, and
       // none after the last tile, so every named barrier's arrivals balance.
@@ -365,15 +258,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const int w = wg - 1;  // keys w*64 .. w*64+63 of the tile; dQ columns w*kD/2 ..
   const int lane = tid % 32, warp = (tid % 128) / 32;
   const bool is_signaller = (tid % 128) == 0;
-  auto stamp = [&](int it, int k) {
-    if constexpr (kTr) {
-      if (is_signaller && it < kTraceSteps) {
-        uint32_t at;  // through an opaque move: computed once and kept across the loop, it spilled
-        asm volatile("mov.b32 %0, %1;" : "=r"(at) : "r"(base + L::trace + w * (kTraceSteps * kTraceStamps * 4)));
-        st_shared_u32(at + (it * kTraceStamps + k) * 4, static_cast<uint32_t>(clock()));
-      }
-    }
-  };
   const int key_r0 = n0 + w * 64 + warp * 16 + lane / 4;  // this thread's keys: key_r0, key_r0 + 8
 
   float dv[kD / 2], dk[kD / 2];
@@ -414,21 +298,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     return r;
   };
 
-  // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory (dS^T
-  // buffer buf), over all 128 keys.
-  auto issue_dq = [&](uint32_t buf) {
-    const uint32_t tK = opaque(sK);
-    fence_regs(dq);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      if constexpr (kDQN == 64)
-        wgmma_ss_m64n64k16_tt(dq, desc_ds(buf, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
-      else
-        wgmma_ss_m64n32k16_tt(dq, desc_ds(buf, kk), desc_kmn(tK, kk), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-  };
   // dQ part to shared memory in the accumulator's fragment order of a 64-row tile: column half
   // c (kD/2 columns; 64-row tiles: this consumer's, c = w), then warp, then jj (8 columns),
   // then lane: float4 (dq[4jj .. 4jj+3]) of lane l, warp wp at c * 64*kD*2 B + ((wp * kD/16 +
@@ -437,21 +306,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   // accumulator layout for the conversion kernels. The drain warp adds it to the accumulator.
   auto handoff_dq = [&](int t) {  // t: the step (query head, query tile) whose dQ part this is
     constexpr int kJJ = kD / 16;  // float4 column groups per column half
-    if constexpr (kRed) {
-      const int64_t rows =
-          (static_cast<int64_t>(b) * p.heads + kvh * G + t / n_m) * p.seq_q_pad + q_tile(t) * kQRows;
-      // One base address, the jj offsets as immediates; the thread index read again here (kept
-      // in a register across the loop, it was spilled).
-      uint32_t t128;
-      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t128));
-      t128 %= 128;
-      float* g = p.dq_acc + rows * kD + w * (kQRows * kD / 2) + ((t128 / 32) * kJJ * 32 + t128 % 32) * 4;
-#pragma unroll
-      for (int jj = 0; jj < kDQN / 8; ++jj)
-        red_add_v4_f32(g + (jj / kJJ) * (kBM * kD / 2) + (jj % kJJ) * 128, dq[4 * jj], dq[4 * jj + 1], dq[4 * jj + 2],
-                       dq[4 * jj + 3]);
-      return;
-    }
     named_bar_sync(kBarDqEmpty + w, 160);
     const uint32_t buf = sDQ + w * (L::kTileDQ / 2);
 #pragma unroll
@@ -473,10 +327,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     const uint32_t tK = opaque(sK), tV = opaque(sV), tdS = opaque(sdS + st * L::kTileDS);
 
     // S^T and dP^T, both in flight.
-    if constexpr ((kOpt & kStagger) != 0) {
-      if (it == 0 && w == 1) named_bar_sync(kBarStagger, 256);
-    }
-    stamp(it, 0);
     mbar_wait(q_full(st), ph);
     fence_regs(s);
     fence_regs(dp);
@@ -502,10 +352,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
     wgmma_wait<1>();  // S^T done (and, with kDefer, the previous tile's dK)
     fence_regs(s);
-    // stamp(it, 1);
-    if constexpr ((kOpt & kStagger) != 0) {
-      if (it == 0 && w == 0) named_bar_arrive(kBarStagger, 256);
-    }
     if constexpr (kDefer) {
       fence_regs(dk);
       if (it > 0 && is_signaller) mbar_arrive(q_empty(st ^ 1));
@@ -575,9 +421,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     // tiles: two such blocks of [128 keys][64 queries]), 128-byte swizzled as TMA would (16-byte
     // chunk c of row r at c ^ (r % 8)). dsf[kk][r] holds key row (warp*16 + lane/4 + 8*(r&1))
     // and queries 8*(2kk + (r>>1)) + 2*(lane%4) + {0, 1}.
-    if constexpr (kLate) {  // the other consumer's dQ of tile it - 2 has read this buffer
-      if (it >= 2) named_bar_sync(kBarDsEmpty + 2 * (1 - w) + st, 256);
-    }
     {
       const uint32_t buf = tdS;
 #pragma unroll
@@ -585,49 +428,12 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int row = w * 64 + warp * 16 + lane / 4 + 8 * (r & 1);
-          // (late dQ: the row's swizzle through an opaque move, else ptxas hoisted the 16
-          // swizzled offsets out of the loop and spilled 16 bytes)
-          const int row7 = kLate ? static_cast<int>(opaque(static_cast<uint32_t>(row & 7))) : (row & 7);
-          const int chunk = (2 * (kk % 4) + (r >> 1)) ^ row7;
+          const int chunk = (2 * (kk % 4) + (r >> 1)) ^ (row & 7);
           st_shared_u32(buf + (kk / 4) * (kBN * 128) + row * 128 + chunk * 16 + 4 * (lane % 4), dsf[kk][r]);
         }
     }
     fence_proxy_async();
-    if constexpr (kLate) {
-      named_bar_arrive(kBarDsFull + 2 * w + st, 256);
-      // dK += dS^T Q (dS^T from registers), then dQ of the previous tile from its dS^T buffer,
-      // whose other half was stored a tile ago.
-      fence_regs(dk);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kQRows / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
-      wgmma_commit();
-      // At it = 0 there is no previous tile: the dQ GEMM still runs (on whatever the other
-      // buffer holds) and its result is dropped, so that every iteration issues and waits for
-      // the same wgmma groups (with the GEMM in a branch, ptxas serialized the wgmmas, C7512).
-      if (it > 0) named_bar_sync(kBarDsFull + 2 * (1 - w) + (st ^ 1), 256);
-      issue_dq(opaque(sdS + (st ^ 1) * L::kTileDS));
-      wgmma_wait<1>();  // dV and dK done; dQ may still run
-      fence_regs(dv);
-      fence_regs(dk);
-      fence_regs(pf);
-      fence_regs(dsf);
-      if (is_signaller) {
-        mbar_arrive(do_empty(st));
-        mbar_arrive(q_empty(st));
-      }
-      wgmma_wait<0>();
-      fence_regs(dq);
-      if (it > 0) {
-        // Tile it - 1's buffer is written again at tile it + 1.
-        if (it + 1 < n_iter) named_bar_arrive(kBarDsEmpty + 2 * w + (st ^ 1), 256);
-        handoff_dq(it - 1);
-      }
-      continue;
-    }
-    stamp(it, 2);
     named_bar_sync(kBarDS, 256);
-    stamp(it, 3);
 
     // dQ_w = dS K[:, w half] (128-row tiles: dS[w rows] K), both operands from shared memory,
     // over all 128 keys; then
@@ -664,7 +470,6 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(dv);
     fence_regs(pf);
     fence_regs(dq);
-    stamp(it, 4);
     if (is_signaller) mbar_arrive(do_empty(st));
     handoff_dq(it);
 
@@ -672,33 +477,13 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       wgmma_wait<0>();
       fence_regs(dk);
       fence_regs(dsf);
-      stamp(it, 5);
       if (is_signaller) mbar_arrive(q_empty(st));
-    }
-  }
-  if constexpr (kLate) {  // the last tile's dQ
-    if (n_iter > 0) {
-      named_bar_sync(kBarDsFull + 2 * (1 - w) + ((n_iter - 1) & 1), 256);
-      issue_dq(opaque(sdS + ((n_iter - 1) & 1) * L::kTileDS));
-      wgmma_wait<0>();
-      fence_regs(dq);
-      handoff_dq(n_iter - 1);
     }
   }
   if constexpr (kDefer) {
     wgmma_wait<0>();
     fence_regs(dk);
   }
-  if constexpr (kTr) {  // the stamps to global memory; steps not run stay as the caller left them
-    if (is_signaller) {
-      const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + gridDim.y * blockIdx.z);
-      const int n = n_iter < kTraceSteps ? n_iter : kTraceSteps;
-      for (int i = 0; i < n * kTraceStamps; ++i)
-        p.trace[(cta * 2 + w) * kTraceSteps * kTraceStamps + i] =
-            ld_shared_u32(base + L::trace + (w * kTraceSteps * kTraceStamps + i) * 4);
-    }
-  }
-
   // ---------------- epilogue: dK (times the scale) and dV to bf16 ----------------
 #pragma unroll
   for (int x = 0; x < 2; ++x) {

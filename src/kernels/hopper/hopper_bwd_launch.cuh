@@ -1,7 +1,8 @@
 // The Hopper attention backward's host side: the preprocessing kernel (LSE * log2(e) and
-// D = rowsum(dO * O) into padded rows), the dQ conversion kernel (the fp32 accumulator to dQ), the
-// workspace's size and the host launcher launch_bwd<D, defer, prologue, query rows>, which runs
-// them around the main kernel of hopper_bwd.cuh (dev/hopper_attention/README.md, "Backward").
+// D = rowsum(dO * O) into padded rows), the dQ conversion kernels (the fp32 accumulator to dQ),
+// the workspace's size, and the host launchers that run them around a main kernel:
+// launch_bwd_with (any main kernel; the lab's options use it too) and launch_bwd<D, defer,
+// prologue, query rows> (the library's, hopper_bwd.cuh; dev/hopper_attention/README.md, "Backward").
 #pragma once
 
 #include <cmath>
@@ -168,14 +169,14 @@ inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
 // dense problems (the lab keeps it as variant "sfirst").
 constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 
-// kQRows: the main kernel's query rows per tile (64; 128 for "q128", D = 64). kOpt: bwd_kernel's
-// options (bwd::kLateDQ, bwd::kStagger, bwd::kDqRed; the lab's "lateq", "lateqs", "dqred", "lateqr").
-// trace: BwdParams::trace, for kOpt & bwd::kTrace (the lab's "trace").
-template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM, int kOpt = 0>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, unsigned* trace = nullptr) {
+// The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of
+// dynamic shared memory, one CTA per (key tile, KV head, batch); p is a BwdParams, or a struct
+// derived from it with more fields (the lab's options), whose BwdParams part this fills. kQRows:
+// the kernel's query rows per tile (64; 128 for "q128", D = 64).
+template <int kD, int kPrologue, int kQRows, class Params>
+cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel)(CUtensorMap, CUtensorMap,
+                            CUtensorMap, CUtensorMap, Params), int smem, Params p) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
-  static_assert(!(kOpt & bwd::kDqRed) || !(kPrologue & kStoreFirst), "dQ by reductions needs a zeroed accumulator");
-  using L = BwdSmem<kD, kQRows, (kOpt & bwd::kTrace) != 0>;
   const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
@@ -201,7 +202,6 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, unsigned* trace = 
         stat_strides(a.delta_st, a.heads, a.seq_q));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  BwdParams p{};
   p.dq_acc = dq_acc;
   p.dq_state = dq_state;
   p.lse2 = lse2;
@@ -222,11 +222,8 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, unsigned* trace = 
   p.accumulate = a.accumulate && !a.dkv_fresh;
   p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = p.scale * 1.4426950408889634f;
-  auto kernel = bwd_kernel<kD, kDefer, kQRows, kOpt>;
-  constexpr int smem = L::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   p.tiles = a.tiles;
-  p.trace = trace;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
   const dim3 grid(n_tiles, a.kv_heads, a.batch);
   if (a.main_only != 2) {  // 2: the timing aid that runs everything but the main kernel
@@ -251,6 +248,13 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, unsigned* trace = 
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+// The library's backward: bwd_kernel<kD, kDefer, kQRows> (hopper_bwd.cuh) with the kPrologue bits.
+template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM>
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  return launch_bwd_with<kD, kPrologue, kQRows>(a, stream, bwd_kernel<kD, kDefer, kQRows>,
+                                                BwdSmem<kD, kQRows>::bytes, BwdParams{});
 }
 
 }  // namespace seqpar::hopper
