@@ -57,6 +57,9 @@ def parse():
     p.add_argument("--no-ac", action="store_true", help="leave out selective activation checkpointing")
     p.add_argument("--model", choices=["1b", "8b"], default="1b",
                    help="`seqpar train --model`'s shape: 1b (Llama-3.2-1B) or 8b (Llama-3-8B, untied head)")
+    p.add_argument("--profile", action="store_true",
+                   help="after each S's steps, one more step under PyTorch's profiler: rank 0's kernels by kind, as "
+                   "`seqpar train --profile` reports ours (bench/peer_step_profile.py), in a torch_train_profile line")
     p.add_argument("--replay", default="", help="a `seqpar train --dump` folder: its model, starting weights, "
                    "batches and optimizer (in place of --model, --seqs, --steps, --data and --lr)")
     return p.parse_args()
@@ -175,7 +178,9 @@ def main():
             tokens = data.repeat(S // data.numel() + 2)
         flops = (6.0 * n_params + 6.0 * config.num_hidden_layers * config.hidden_size * S) * S
         torch.cuda.reset_peak_memory_stats()
-        for step in range(len(replay.run["losses"]) if replay else args.steps):
+
+        def batch(step):
+            """The step's tokens, targets and positions on the GPU (made before the step's clock starts)."""
             if replay:  # the recorded batch (one sequence) and the run's learning rate
                 ids, labels = (replay.batches[f"{n}_{step}"][:1].long().cuda() for n in ("inputs", "targets"))
                 for g in opt.param_groups:
@@ -184,22 +189,30 @@ def main():
                 start = (step * 4099) % (tokens.numel() - S - 1)
                 chunk = tokens[start:start + S + 1].cuda()
                 ids, labels = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # shifted before sharding
-            pos = torch.arange(S, device="cuda").unsqueeze(0)
+            return ids, labels, torch.arange(S, device="cuda").unsqueeze(0)
+
+        def one_step(ids, labels, pos):
+            """One step: forward, backward, clipping, AdamW."""
+            with context_parallel(mesh, buffers=[ids, labels, pos], buffer_seq_dims=[1, 1, 1]), \
+                    sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+                # This rank's share of the sequence mean: the ranks' gradients sum to the whole's.
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-1) / world
+                del logits
+                loss.backward()
+            clip = replay.run["clip_norm"] if replay else 1.0
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        for step in range(len(replay.run["losses"]) if replay else args.steps):
+            ids, labels, pos = batch(step)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             try:
-                with context_parallel(mesh, buffers=[ids, labels, pos], buffer_seq_dims=[1, 1, 1]), \
-                        sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-                    # This rank's share of the sequence mean: the ranks' gradients sum to the whole's.
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-1) / world
-                    del logits
-                    loss.backward()
-                clip = replay.run["clip_norm"] if replay else 1.0
-                if clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                loss = one_step(ids, labels, pos)
                 torch.cuda.synchronize()
             except Exception as e:  # out of memory, mostly: report and stop (peers may be waiting)
                 print(json.dumps(dict(kind="torch_train", seq=S, step=step, rank=rank,
@@ -213,6 +226,13 @@ def main():
             emit(dict(kind="torch_train", gpus=world, seq=S, step=step, loss=total.item(), seconds=seconds,
                       tokens_per_s=S / seconds, mfu_989=flops / seconds / PEAK / world,
                       peak_GiB=peak.item() / 2**30))
+        if args.profile and not replay:
+            from peer_step_profile import profile_step
+            try:
+                table = profile_step(lambda: one_step(*batch(args.steps)), config.vocab_size)
+            except Exception as e:  # the profiler's CUPTI may be refused: the timed steps stand
+                table = dict(error=f"{type(e).__name__}: {e}"[:300])
+            emit(dict(kind="torch_train_profile", gpus=world, seq=S, step=args.steps, **table))
     dist.destroy_process_group()
 
 
