@@ -7,12 +7,12 @@
 #include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
 
 extern "C" size_t hopper_bwd_workspace(int B, int H, int Sq, int D) {
-  return hopper_attn::bwd_workspace_bytes(B, H, Sq, D);
+  return hopper_attn::lab_workspace_bytes(B, H, Sq, D);  // every variant's
 }
 
 // q, o, dout, dq [B, Sq, H, D] bf16; k, v, dk, dv [B, Sk, Hkv, D] bf16; lse [B, H, Sq] fp32;
 // delta [B, H, Sq] fp32 or null (then computed from o and dout); all contiguous. Returns the
-// cudaError_t of the launches (0 on success). variant: 0 base, 1 defer (hopper_bwd.cuh).
+// cudaError_t of the launches (0 on success). variant: the number in variants.cuh (0 base, 10 q80, ...).
 extern "C" int hopper_bwd(const void* q, const void* k, const void* v, const void* o, const void* dout,
                           const float* lse, const float* delta, void* dq, void* dk, void* dv, void* workspace, int B,
                           int H, int Hkv, int Sq, int Sk, int D, int causal, int causal_offset, int accumulate,

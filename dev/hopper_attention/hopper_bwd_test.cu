@@ -20,7 +20,7 @@
 // Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
 // 5 lateq, 6 lateqs (dQ one tile late; lateqs also staggers the consumers), 7 dqred (dQ added
 // with red.global from registers), 8 lateqr (both), 9 trace (base with SM-clock stamps; bench prints
-// their summary, TRACE lines).
+// their summary, TRACE lines), 10 q80 (D = 128, dense: 80-row query tiles, bwd_q80.cuh).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)
@@ -289,7 +289,7 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   }
   void *d_q, *d_k, *d_v, *d_o, *d_do, *d_dq, *d_dk, *d_dv, *ws;
   float* d_lse;
-  const size_t wsb = hopper_attn::bwd_workspace_bytes(c.B, c.H, c.Sq, c.D);
+  const size_t wsb = hopper_attn::lab_workspace_bytes(c.B, c.H, c.Sq, c.D);
   CK(cudaMalloc(&d_q, nq * 2));
   CK(cudaMalloc(&d_k, nk * 2));
   CK(cudaMalloc(&d_v, nk * 2));
@@ -418,7 +418,8 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
     // lateqs); else base.
     std::vector<int> run;
     for (int v : variants)
-      if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || v == 0 || v >= 4)) run.push_back(v);
+      if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || ((v == 0 || v >= 4) && hopper_attn::bwd_variant_lists(v))))
+        run.push_back(v);
     if (run.empty()) run.push_back(0);
     fails += !check_case(c, seed++, run);
   }
@@ -489,7 +490,7 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   CK(cudaMalloc(&dk, nk * 2));
   CK(cudaMalloc(&dv, nk * 2));
   CK(cudaMalloc(&lse, size_t(B) * H * S * 4));
-  CK(cudaMalloc(&ws, hopper_attn::bwd_workspace_bytes(B, H, S, D)));
+  CK(cudaMalloc(&ws, hopper_attn::lab_workspace_bytes(B, H, S, D)));
   fill_kernel<<<1024, 256>>>(q, nq, 1);
   fill_kernel<<<1024, 256>>>(k, nk, 2);
   fill_kernel<<<1024, 256>>>(v, nk, 3);

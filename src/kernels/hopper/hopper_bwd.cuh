@@ -43,7 +43,8 @@
 //   preprocessing and dQ conversion kernels and the host launcher (launch_bwd) in
 //   hopper_bwd_launch.cuh.
 // - Variants: kDefer = false, "base" (the above; the faster one, measured on H200, and the one
-//   the backend runs at D = 128), and kDefer = true, "defer" (below; the lab's dispatch_bwd
+//   the backend runs at D = 128 on tile lists; dense D = 128 runs the 80-row kernel,
+//   hopper_bwd_q80.cuh), and kDefer = true, "defer" (below; the lab's dispatch_bwd
 //   picks by name). kQRows = 128, "q128" (D = 64 only; FlashAttention-3's hdim-64 tile): 128-row
 //   query tiles, so each tile's fixed costs (barriers, waits, the exp and dS passes' overheads,
 //   the dQ hand-off) are paid once per twice the GEMM work. Each consumer then computes

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/hopper/hopper_bwd.cuh"
+#include "kernels/hopper/hopper_bwd_q80.cuh"
 
 namespace seqpar::hopper {
 
@@ -148,14 +149,59 @@ __global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_st
   }
 }
 
+// The 80-row kernel's (hopper_bwd_q80.cuh) conversion: dQ = scale * accumulator (+ dQ with
+// accumulate), bf16 or fp32, any row strides. One block per 80-row accumulator tile: the tile (40 KB, fragment order) is read into shared memory with
+// coalesced float4 loads, then each thread writes 8 consecutive d of one row (16 or 32 bytes).
+__global__ void __launch_bounds__(256) bwd_convert_dq_q80_kernel(const float* dq_acc, void* dq, RowStrides dq_st,
+                                                                 int out_f32, int H, int Sq, int n_mtiles,
+                                                                 float scale, int accumulate) {
+  constexpr int kQ = bwd::kQ80, kD = 128;
+  __shared__ float4 tile[kQ * kD / 4];
+  const int64_t t = blockIdx.x;  // (b, h, m)
+  const int m = static_cast<int>(t % n_mtiles);
+  const int h = static_cast<int>((t / n_mtiles) % H);
+  const int b = static_cast<int>(t / (static_cast<int64_t>(n_mtiles) * H));
+  const float4* src = reinterpret_cast<const float4*>(dq_acc) + t * (kQ * kD / 4);
+  for (int i = threadIdx.x; i < kQ * kD / 4; i += blockDim.x) tile[i] = src[i];
+  __syncthreads();
+  const float* f = reinterpret_cast<const float*>(tile);
+  for (int i = threadIdx.x; i < kQ * kD / 8; i += blockDim.x) {
+    const int qi = i / 16, g = i % 16;  // row qi of the tile, d = 8g .. 8g + 7
+    const int q = m * kQ + qi;
+    if (q >= Sq) continue;
+    // d = 64w + 16 warp + 8x + dd: lane 4 dd + (qi % 8) / 2 of (w, warp), float4 jj = qi / 8,
+    // element (qi & 1) + 2x.
+    const int w = g / 8, warp = (g / 2) % 4, x = g % 2, jj = qi / 8, qq = qi % 8;
+    const float* at = f + w * (kQ * 64) + ((warp * (kQ / 8) + jj) * 32 + qq / 2) * 4 + (qq & 1) + 2 * x;
+    float v[8];
+#pragma unroll
+    for (int dd = 0; dd < 8; ++dd) v[dd] = at[dd * 16] * scale;
+    const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + 8 * g;
+    if (out_f32) {
+      float* dst = static_cast<float*>(dq) + off;
+#pragma unroll
+      for (int dd = 0; dd < 8; ++dd) dst[dd] = accumulate ? dst[dd] + v[dd] : v[dd];
+    } else {
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(dq) + off;
+#pragma unroll
+      for (int dd = 0; dd < 8; dd += 2)
+        add_out(dst, dd, make_float2(v[dd], v[dd + 1]), 0, accumulate);
+    }
+  }
+}
+
 // ---- host side ---------------------------------------------------------------------------
 
-// Rows padded to 128 whatever the variant's query tile (64 or 128 rows), so one workspace size
-// serves every variant, and the stats rows past S_q that a 128-row tile reads exist (+inf LSE2).
-inline int bwd_seq_pad(int seq_q) { return (seq_q + bwd::kSeqPad - 1) / bwd::kSeqPad * bwd::kSeqPad; }
-// fp32 dQ accumulator + LSE2 + D + the dQ tiles' states (int per 64 rows).
-inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D) {
-  const size_t pad = static_cast<size_t>(bwd_seq_pad(Sq));
+// Rows padded to 128 for 64- and 128-row query tiles, so one workspace size serves both, and the
+// stats rows past S_q that a 128-row tile reads exist (+inf LSE2); to 640 for 80-row tiles.
+inline int bwd_seq_pad(int seq_q, int q_rows = bwd::kBM) {
+  const int pad = q_rows == bwd::kQ80 ? bwd::kSeqPadQ80 : bwd::kSeqPad;
+  return (seq_q + pad - 1) / pad * pad;
+}
+// fp32 dQ accumulator + LSE2 + D + the dQ tiles' states (int per 64 rows), for kernels with
+// q_rows-row query tiles (at 80, enough for the other tiles too).
+inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D, int q_rows = bwd::kBM) {
+  const size_t pad = static_cast<size_t>(bwd_seq_pad(Sq, q_rows));
   return static_cast<size_t>(B) * H * pad * D * 4 + 2 * static_cast<size_t>(B) * H * pad * 4 +
          static_cast<size_t>(B) * H * (pad / bwd::kBM) * 4;
 }
@@ -172,12 +218,14 @@ constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 // The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of
 // dynamic shared memory, one CTA per (key tile, KV head, batch); p is a BwdParams, or a struct
 // derived from it with more fields (the lab's options), whose BwdParams part this fills. kQRows:
-// the kernel's query rows per tile (64; 128 for "q128", D = 64).
+// the kernel's query rows per tile (64; 128 for "q128", D = 64; 80 for "q80", D = 128).
 template <int kD, int kPrologue, int kQRows, class Params>
 cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel)(CUtensorMap, CUtensorMap,
                             CUtensorMap, CUtensorMap, Params), int smem, Params p) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
-  const int pad = bwd_seq_pad(a.seq_q), n_mtiles = pad / bwd::kBM;
+  constexpr bool k80 = kQRows == bwd::kQ80;  // its own accumulator layout and conversion
+  static_assert(!k80 || kD == 128, "80-row tiles: D = 128");
+  const int pad = bwd_seq_pad(a.seq_q, kQRows), n_mtiles = pad / (k80 ? bwd::kQ80 : bwd::kBM);
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
   float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
@@ -236,7 +284,11 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
     const bool rows = (kPrologue & kRowConvert) && reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 &&
                       dq_st.b % vec == 0 && dq_st.s % vec == 0 && dq_st.h % vec == 0;
     const int accumulate_dq = a.accumulate && !a.dq_fresh;
-    if (rows) {
+    if (k80) {
+      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads * n_mtiles), 256, 0,
+                                  stream>>>(dq_acc, a.dq, dq_st, a.dq_f32, a.heads, a.seq_q, n_mtiles, p.scale,
+                                            accumulate_dq);
+    } else if (rows) {
       const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
       bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
           dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
@@ -255,6 +307,13 @@ template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   return launch_bwd_with<kD, kPrologue, kQRows>(a, stream, bwd_kernel<kD, kDefer, kQRows>,
                                                 BwdSmem<kD, kQRows>::bytes, BwdParams{});
+}
+
+// The D = 128 backward with 80-row query tiles (hopper_bwd_q80.cuh; dense masks, no tile lists);
+// its workspace: bwd_workspace_bytes(..., bwd::kQ80).
+inline cudaError_t launch_bwd_q80(const BwdArgs& a, cudaStream_t stream) {
+  if (a.head_dim != 128 || a.tiles.begin != nullptr) return cudaErrorInvalidValue;
+  return launch_bwd_with<128, kPrologueBest, bwd::kQ80>(a, stream, bwd_q80_kernel, BwdQ80Smem::bytes, BwdParams{});
 }
 
 }  // namespace seqpar::hopper

@@ -13,7 +13,9 @@ namespace seqpar::hopper {
 
 namespace bwd {
 constexpr int kBM = 64;    // query rows per tile of base / defer, and per dQ accumulator tile
-constexpr int kSeqPad = 128;  // the workspace's rows are padded to this (any variant's tile)
+constexpr int kSeqPad = 128;  // the workspace's rows are padded to this (64- and 128-row tiles)
+constexpr int kQ80 = 80;         // query rows per tile of the D = 128 dense kernel (hopper_bwd_q80.cuh)
+constexpr int kSeqPadQ80 = 640;  // its workspace rows are padded to this (80 and 128 divide it)
 constexpr int kBN = 128;   // keys per CTA: 64 per consumer warpgroup
 constexpr int kThreads = 384;
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;

@@ -1,0 +1,318 @@
+// The Hopper attention backward's main kernel at D = 128 with 80-row query tiles, "q80"
+// (dev/hopper_attention/README.md, "Backward at D = 128: 80-row query tiles"): FlashAttention-3's
+// non-causal hdim-128 tile shape written in our own PTX, the backend's dense D = 128 backward: one CTA per (128-key tile, KV head, batch), two consumer
+// warpgroups of 64 keys each, per 80-row query tile:
+//   S^T  = K_w Q^T, dP^T = V_w dO^T      m64n80 (A = K or V, B = Q or dO, both K-major)
+//   P^T, dS^T as in the library's kernel (hopper_bwd.cuh), 40 accumulators per thread
+//   dV += P^T dO, dK += dS^T Q          m64n128, A from registers, 5 k-steps of 16 queries
+//   dS^T -> shared memory with stmatrix .trans, i.e. as dS [80 queries][128 keys] (keys
+//           contiguous, in two 64-key blocks, 128-byte swizzled; consumer w writes block w)
+//   dQ^T_w = K[:, w half]^T dS^T          m64n80 over all 128 keys: A = K (M-major: d is
+//           contiguous in K's rows), B = dS (K-major); consumer w computes d columns 64w..64w+63
+//           of all 80 rows. (dQ itself would be an m80 GEMM, which wgmma does not have.)
+// Against the 64-row kernel: the same per-tile fixed costs (waits, barriers, the dQ hand-off)
+// for 1.25x the GEMM work, and dQ's A operand (K, 16 KB per consumer) read once per 80 rows.
+// The fp32 dQ accumulator keeps each 80-row tile as [consumer w][warp][jj (10)][lane][4] (the
+// dQ^T fragment order: float4 jj of lane l is d = 64w + 16 warp + l/4 (+8), query 8jj + 2(l%4)
+// (+1)); bwd_q80_convert_kernel turns it into dQ. Rows are padded to a multiple of 640 (80 and
+// 128 divide it; lab_workspace_bytes), the padding rows with LSE2 = +inf, so their P and dS are 0.
+// Dense masks only (full, causal with offset); no tile lists. Shared memory: K, V 32 KB each, Q,
+// dO 2 x 20 KB each, dS 2 x 20 KB, dQ 2 x 20 KB: 226 KB of the 227.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/hopper/hopper_bwd_params.cuh"
+#include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
+#include "kernels/hopper/hopper_ptx.cuh"
+#include "kernels/hopper/wgmma_bwd_ops.cuh"
+
+namespace seqpar::hopper {
+
+struct BwdQ80Smem {
+  static constexpr int kD = 128, kQ = bwd::kQ80, kBN = bwd::kBN;
+  static constexpr int kTileQ = kQ * kD * 2;     // Q or dO tile, bf16: [2 column blocks][80][128 B]
+  static constexpr int kTileK = kBN * kD * 2;    // K or V tile
+  static constexpr int kTileDS = kQ * kBN * 2;   // dS [2 key blocks][80 queries][128 B]
+  static constexpr int kHalfDQ = kQ * 64 * 4;    // one consumer's fp32 dQ part (80 x 64)
+  static constexpr int kStat = kQ * 4;
+  static constexpr int k = 0, v = k + kTileK, q = v + kTileK, dO = q + 2 * kTileQ, ds = dO + 2 * kTileQ;
+  static constexpr int dq = ds + 2 * kTileDS, lse = dq + 2 * kHalfDQ, dpsum = lse + 2 * kStat, bar = dpsum + 2 * kStat;
+  static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
+  static constexpr int bytes = bar + 8 * kBars + 1024;
+  static_assert(bytes <= 227 * 1024, "shared memory");
+  static_assert(ds % 1024 == 0 && kTileQ % 1024 == 0 && kTileDS % 1024 == 0, "swizzle atoms");
+};
+
+__global__ void __launch_bounds__(bwd::kThreads, 1)
+    bwd_q80_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                   const BwdParams p) {
+#ifdef SEQPAR_HOPPER_STUB
+  __trap();  // a device pass without sm_90a features: never launched (device_refusal)
+#else
+  using L = BwdQ80Smem;
+  using namespace bwd;
+  constexpr int kD = 128, kQ = kQ80;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
+  const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
+  const uint32_t kv_full = sBar;
+  auto q_full = [&](int s) { return sBar + 8u * (1 + s); };
+  auto q_empty = [&](int s) { return sBar + 8u * (3 + s); };
+  auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
+  auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
+
+  // As the library's kernel: x = key tile (heaviest causal tiles first), y = KV head, z = batch.
+  const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int G = p.heads / p.kv_heads;
+  const int n0 = n_block * kBN;
+  const int n_m_total = (p.seq_q + kQ - 1) / kQ;
+  int m_lo = 0;
+  if (p.causal) {
+    const int x = n0 - p.causal_offset;
+    m_lo = x > 0 ? x / kQ : 0;
+  }
+  const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
+  const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
+  auto q_tile = [&](int it) { return m_lo + it % n_m; };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(q_full(s), 1);
+      mbar_init(do_full(s), 1);
+      mbar_init(q_empty(s), 2);
+      mbar_init(do_empty(s), 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer warpgroup: loads (warp 0) and the dQ drain (warp 1) ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    const int warp = tid / 32, lane = tid % 32;
+    if (warp == 0 && lane == 0 && n_iter > 0) {
+      mbar_expect_tx(kv_full, 2 * L::kTileK);
+#pragma unroll
+      for (int cb = 0; cb < 2; ++cb) tma_load_4d(sK + cb * kBN * 128, &tm_k, kv_full, cb * 64, kvh, n0, b);
+#pragma unroll
+      for (int cb = 0; cb < 2; ++cb) tma_load_4d(sV + cb * kBN * 128, &tm_v, kv_full, cb * 64, kvh, n0, b);
+      for (int it = 0; it < n_iter; ++it) {
+        const int h = kvh * G + it / n_m, m = q_tile(it);
+        const int st = it & 1;
+        const uint32_t ph = (it >> 1) & 1;
+        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kQ;
+        mbar_wait(q_empty(st), ph ^ 1);
+        mbar_expect_tx(q_full(st), L::kTileQ + L::kStat);
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb)
+          tma_load_4d(sQ + st * L::kTileQ + cb * kQ * 128, &tm_q, q_full(st), cb * 64, h, m * kQ, b);
+        bulk_load(sLSE + st * L::kStat, p.lse2 + row_stat, L::kStat, q_full(st));
+        mbar_wait(do_empty(st), ph ^ 1);
+        mbar_expect_tx(do_full(st), L::kTileQ + L::kStat);
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb)
+          tma_load_4d(sdO + st * L::kTileQ + cb * kQ * 128, &tm_do, do_full(st), cb * 64, h, m * kQ, b);
+        bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
+      }
+    } else if (warp == 1 && n_iter > 0) {
+      // As the library's drain: consumer w's part (80 x 64 fp32, 20 KB) added to its accumulator
+      // tile with one bulk reduction, the buffer handed back once the bulk engine has read it.
+      named_bar_arrive(kBarDqEmpty + 0, 160);
+      named_bar_arrive(kBarDqEmpty + 1, 160);
+      for (int it = 0; it < n_iter; ++it) {
+        const int64_t rows = (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kQ;
+        float* gtile = p.dq_acc + rows * kD;
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          named_bar_sync(kBarDqFull + w, 160);
+          if (lane == 0) {
+            bulk_reduce_add_f32(gtile + w * (kQ * 64), sDQ + w * L::kHalfDQ, L::kHalfDQ);
+            bulk_commit();
+          }
+        }
+        if (lane == 0) bulk_wait_read<1>();
+        __syncwarp();
+        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 0, 160);
+        if (lane == 0) bulk_wait_read<0>();
+        __syncwarp();
+        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 1, 160);
+      }
+      if (lane == 0) bulk_wait<0>();
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  const int w = wg - 1;  // keys w*64 .. w*64+63 of the tile; dQ columns w*64 ..
+  const int lane = tid % 32, warp = (tid % 128) / 32;
+  const bool is_signaller = (tid % 128) == 0;
+  const int key_r0 = n0 + w * 64 + warp * 16 + lane / 4;  // this thread's keys: key_r0, key_r0 + 8
+
+  float dv[kD / 2], dk[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dv[i] = dk[i] = 0.f;
+  float s[kQ / 2], dp[kQ / 2], dq[kQ / 2];
+  uint32_t pf[kQ / 16][4], dsf[kQ / 16][4];
+
+  // Descriptors (as the library's; bases through an opaque move so they are not hoisted).
+  auto desc_kw = [&](uint32_t tile, int kk) {  // K or V rows w*64.. as A, K-major over d
+    return make_desc(tile + w * 64 * 128, 16, 1024) + (((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4);
+  };
+  auto desc_qk = [&](uint32_t tile, int kk) {  // [2 blocks][80 rows][128 B] as B, K-major: Q or dO
+    // over d (S^T, dP^T), or dS over keys (dQ^T)
+    return make_desc(tile, 16, 1024) + (((kk / 4) * kQ * 128 + (kk % 4) * 32) >> 4);
+  };
+  auto desc_qmn = [&](uint32_t tile, int kk) {  // Q or dO as B, MN-major (K = queries, N = d)
+    return make_desc(tile, kQ * 128, 1024) + ((kk * 16 * 128) >> 4);
+  };
+  auto desc_kt = [&](uint32_t tk, int kk) {  // K^T as A of dQ^T, M-major: d block w, K = keys
+    return make_desc(tk + w * kBN * 128, kBN * 128, 1024) + ((kk * 16 * 128) >> 4);
+  };
+  auto opaque = [](uint32_t x) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+  };
+
+  if (n_iter > 0) mbar_wait(kv_full, 0);
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int m = q_tile(it);
+    const int q0 = m * kQ;
+    const int st = it & 1;
+    const uint32_t ph = (it >> 1) & 1;
+    const uint32_t tQ = opaque(sQ + st * L::kTileQ), tdO = opaque(sdO + st * L::kTileQ);
+    const uint32_t tK = opaque(sK), tV = opaque(sV), tdS = opaque(sdS + st * L::kTileDS);
+
+    // S^T and dP^T, both in flight.
+    mbar_wait(q_full(st), ph);
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n80k16(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    mbar_wait(do_full(st), ph);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n80k16(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
+    wgmma_commit();
+
+    // Row statistics of this thread's 20 query columns 8j + 2 (lane % 4) + {0, 1}, read at use.
+    auto stat = [&](uint32_t at, int j) { return ld_shared_f2(at + st * L::kStat + (8 * j + 2 * (lane % 4)) * 4); };
+
+    wgmma_wait<1>();  // S^T done
+    fence_regs(s);
+    // P^T = exp2(S^T * scale * log2(e) - LSE2); s[4j + e]: key key_r0 + 8 (e >> 1), query
+    // q0 + 8j + 2 (lane % 4) + (e & 1).
+    const bool need_mask = n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
+#pragma unroll
+    for (int j = 0; j < kQ / 8; ++j) {
+      const float2 lj = stat(sLSE, j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? lj.y : lj.x)));
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_r0 + 8 * (e >> 1);
+          const int q = q0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          if (key >= p.seq_k || (p.causal && key > q + p.causal_offset)) s[4 * j + e] = 0.f;
+        }
+    }
+
+    wgmma_wait<0>();
+    fence_regs(dp);
+    // dS^T = P^T * (dP^T - D)
+#pragma unroll
+    for (int j = 0; j < kQ / 8; ++j) {
+      const float2 dj = stat(sDP, j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dj.y : dj.x));
+    }
+    convert_p<kQ>(s, pf);
+    convert_p<kQ>(dp, dsf);
+
+    // dV += P^T dO (P^T from registers).
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dsf);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kQ / 16; ++kk) wgmma_pv<kD>(dv, pf[kk], desc_qmn(tdO, kk));
+    wgmma_commit();
+
+    // dS^T -> shared memory as dS [queries][keys]: dsf[kk][r] is the fragment of the 8x8 block of
+    // keys key_r0 - lane/4 + 8 (r & 1), queries 16 kk + 8 (r >> 1); stored transposed, block r's
+    // row j (query 16 kk + 8 (r >> 1) + j) is 8 keys = 16-byte chunk 2 warp + (r & 1) of the
+    // consumer's key block w, at chunk ^ (query % 8) (128-byte swizzle).
+    {
+      const int r = lane / 8, j = lane % 8;
+      const uint32_t row_addr = tdS + w * (kQ * 128) + (8 * (r >> 1) + j) * 128 + (((2 * warp + (r & 1)) ^ j) * 16);
+#pragma unroll
+      for (int kk = 0; kk < kQ / 16; ++kk) stmatrix_x4_trans(row_addr + kk * 16 * 128, dsf[kk]);
+    }
+    fence_proxy_async();
+    named_bar_sync(kBarDS, 256);
+
+    // dQ^T_w = K[:, w half]^T dS^T (all 128 keys), then dK += dS^T Q (dS^T from registers).
+    fence_regs(dq);
+    fence_regs(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_ss_m64n80k16_ta(dq, desc_kt(tK, kk), desc_qk(tdS, kk), kk > 0 ? 1 : 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kQ / 16; ++kk) wgmma_pv<kD>(dk, dsf[kk], desc_qmn(tQ, kk));
+    wgmma_commit();
+
+    wgmma_wait<1>();  // dV and dQ^T are done; dK may still run
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dq);
+    if (is_signaller) mbar_arrive(do_empty(st));
+    // dQ^T part to shared memory in fragment order (float4 jj of each lane; 512 contiguous bytes
+    // per warp store), for the drain warp.
+    named_bar_sync(kBarDqEmpty + w, 160);
+    const uint32_t buf = sDQ + w * L::kHalfDQ;
+#pragma unroll
+    for (int jj = 0; jj < kQ / 8; ++jj)
+      st_shared_v4(buf + ((warp * (kQ / 8) + jj) * 32 + lane) * 16, dq[4 * jj], dq[4 * jj + 1], dq[4 * jj + 2],
+                   dq[4 * jj + 3]);
+    fence_proxy_async();
+    named_bar_arrive(kBarDqFull + w, 160);
+
+    wgmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dsf);
+    if (is_signaller) mbar_arrive(q_empty(st));
+  }
+
+  // ---------------- epilogue: dK (times the scale) and dV ----------------
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int key = key_r0 + 8 * x;
+    if (key >= p.seq_k) continue;
+    const int64_t koff = b * p.dk_sb + key * p.dk_ss + kvh * p.dk_sh;
+    const int64_t voff = b * p.dv_sb + key * p.dv_ss + kvh * p.dv_sh;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      add_out(p.dk, koff + col, make_float2(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale), p.out_f32,
+              p.accumulate);
+      add_out(p.dv, voff + col, make_float2(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]), p.out_f32, p.accumulate);
+    }
+  }
+#endif  // SEQPAR_HOPPER_STUB
+}
+
+}  // namespace seqpar::hopper
