@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/hopper/hopper_bwd_launch.cuh"
+#include "kernels/hopper/hopper_bwd_steps.cuh"
 
 namespace seqpar::hopper::bwd_lab {
 using namespace seqpar::hopper;
@@ -74,11 +75,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
-  const uint32_t kv_full = sBar;
-  auto q_full = [&](int s) { return sBar + 8u * (1 + s); };
-  auto q_empty = [&](int s) { return sBar + 8u * (3 + s); };
-  auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
-  auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
+  const BwdBars bars{sBar};
 
   // Blocks launch x fastest, so KV heads are the outer loop: the CTAs in flight at once are one
   // head's key tiles, which read the same Q, dO and dQ accumulator rows, from L2. Within a head,
@@ -109,17 +106,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) {
-    mbar_init(kv_full, 1);
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(q_full(s), 1);
-      mbar_init(do_full(s), 1);
-      mbar_init(q_empty(s), 2);  // one arrival per consumer warpgroup
-      mbar_init(do_empty(s), 2);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  if (tid == 0) bars.init();
   __syncthreads();
 
   if (wg == 0) {
@@ -127,56 +114,12 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     const int warp = tid / 32, lane = tid % 32;
     if (warp == 0 && lane == 0 && n_iter > 0) {
-      mbar_expect_tx(kv_full, 2 * L::kTileK);
-#pragma unroll
-      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sK + cb * kBN * 128, &tm_k, kv_full, cb * 64, kvh, n0, b);
-#pragma unroll
-      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sV + cb * kBN * 128, &tm_v, kv_full, cb * 64, kvh, n0, b);
-      for (int it = 0; it < n_iter; ++it) {
-        const int h = kvh * G + it / n_m, m = q_tile(it);
-        const int st = it & 1;
-        const uint32_t ph = (it >> 1) & 1;
-        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kQRows;
-        mbar_wait(q_empty(st), ph ^ 1);
-        mbar_expect_tx(q_full(st), L::kTileQ + L::kStat);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sQ + st * L::kTileQ + cb * kQRows * 128, &tm_q, q_full(st), cb * 64, h, m * kQRows, b);
-        bulk_load(sLSE + st * L::kStat, p.lse2 + row_stat, L::kStat, q_full(st));
-        mbar_wait(do_empty(st), ph ^ 1);
-        mbar_expect_tx(do_full(st), L::kTileQ + L::kStat);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sdO + st * L::kTileQ + cb * kQRows * 128, &tm_do, do_full(st), cb * 64, h, m * kQRows, b);
-        bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
-      }
+      bwd_load_tiles<kCB, kQRows, L>(bars, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLSE, sDP, p, n_iter, n_m, G, kvh,
+                               n0, b, q_tile);
     } else if (warp == 1 && n_iter > 0 && !kRed) {
-      // dQ drain: after consumer w filled its half, add it to the global accumulator; hand the
-      // buffer back once the bulk engine has read it. The first "empty" is given up front, and
-      // none after the last tile, so every named barrier's arrivals balance.
-      named_bar_arrive(kBarDqEmpty + 0, 160);
-      named_bar_arrive(kBarDqEmpty + 1, 160);
-      auto rows_of = [&](int it) {
+      bwd_drain_dq<kD, L::kTileDQ / 2>(sDQ, p, n_iter, lane, [&](int it) {
         return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kQRows;
-      };
-      for (int it = 0; it < n_iter; ++it) {
-        float* gtile = p.dq_acc + rows_of(it) * kD;
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          named_bar_sync(kBarDqFull + w, 160);
-          if (lane == 0) {
-            bulk_reduce_add_f32(gtile + w * (kQRows * kD / 2), sDQ + w * (L::kTileDQ / 2), L::kTileDQ / 2);
-            bulk_commit();
-          }
-        }
-        if (lane == 0) bulk_wait_read<1>();
-        __syncwarp();
-        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 0, 160);
-        if (lane == 0) bulk_wait_read<0>();
-        __syncwarp();
-        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 1, 160);
-      }
-      if (lane == 0) bulk_wait<0>();
+      });
     }
     return;
   }
@@ -283,7 +226,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     named_bar_arrive(kBarDqFull + w, 160);
   };
 
-  if (n_iter > 0) mbar_wait(kv_full, 0);
+  if (n_iter > 0) mbar_wait(bars.kv_full(), 0);
 
   for (int it = 0; it < n_iter; ++it) {
     const int m = q_tile(it);
@@ -298,14 +241,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       if (it == 0 && w == 1) named_bar_sync(kBarStagger, 256);
     }
     stamp(it, 0);
-    mbar_wait(q_full(st), ph);
+    mbar_wait(bars.q_full(st), ph);
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_st<kQRows>(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
-    mbar_wait(do_full(st), ph);
+    mbar_wait(bars.do_full(st), ph);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_st<kQRows>(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
@@ -430,8 +373,8 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
       fence_regs(pf);
       fence_regs(dsf);
       if (is_signaller) {
-        mbar_arrive(do_empty(st));
-        mbar_arrive(q_empty(st));
+        mbar_arrive(bars.do_empty(st));
+        mbar_arrive(bars.q_empty(st));
       }
       wgmma_wait<0>();
       fence_regs(dq);
@@ -469,14 +412,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(pf);
     fence_regs(dq);
     stamp(it, 4);
-    if (is_signaller) mbar_arrive(do_empty(st));
+    if (is_signaller) mbar_arrive(bars.do_empty(st));
     handoff_dq(it);
 
     wgmma_wait<0>();
     fence_regs(dk);
     fence_regs(dsf);
     stamp(it, 5);
-    if (is_signaller) mbar_arrive(q_empty(st));
+    if (is_signaller) mbar_arrive(bars.q_empty(st));
   }
   if constexpr (kLate) {  // the last tile's dQ
     if (n_iter > 0) {
@@ -497,22 +440,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     }
   }
 
-  // ---------------- epilogue: dK (times the scale) and dV to bf16 ----------------
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const int key = key_r0 + 8 * x;
-    if (key >= p.seq_k) continue;
-    const int64_t koff = b * p.dk_sb + key * p.dk_ss + kvh * p.dk_sh;
-    const int64_t voff = b * p.dv_sb + key * p.dv_ss + kvh * p.dv_sh;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      float2 gk = make_float2(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale);
-      float2 gv = make_float2(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]);
-      add_out(p.dk, koff + col, gk, p.out_f32, p.accumulate);
-      add_out(p.dv, voff + col, gv, p.out_f32, p.accumulate);
-    }
-  }
+  bwd_store_dkv<kD>(dk, dv, p, key_r0, kvh, b, lane);  // the epilogue
 }
 
 

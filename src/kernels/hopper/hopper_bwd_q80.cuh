@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/hopper/hopper_bwd_params.cuh"
+#include "kernels/hopper/hopper_bwd_steps.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
 #include "kernels/hopper/hopper_ptx.cuh"
 #include "kernels/hopper/wgmma_bwd_ops.cuh"
@@ -38,7 +39,7 @@ struct BwdQ80Smem {
   static constexpr int kStat = kQ * 4;
   static constexpr int k = 0, v = k + kTileK, q = v + kTileK, dO = q + 2 * kTileQ, ds = dO + 2 * kTileQ;
   static constexpr int dq = ds + 2 * kTileDS, lse = dq + 2 * kHalfDQ, dpsum = lse + 2 * kStat, bar = dpsum + 2 * kStat;
-  static constexpr int kBars = 9;  // kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
+  static constexpr int kBars = 9;  // BwdBars: kv_full, q_full[2], q_empty[2], do_full[2], do_empty[2]
   static constexpr int bytes = bar + 8 * kBars + 1024;
   static_assert(bytes <= 227 * 1024, "shared memory");
   static_assert(ds % 1024 == 0 && kTileQ % 1024 == 0 && kTileDS % 1024 == 0, "swizzle atoms");
@@ -58,11 +59,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
-  const uint32_t kv_full = sBar;
-  auto q_full = [&](int s) { return sBar + 8u * (1 + s); };
-  auto q_empty = [&](int s) { return sBar + 8u * (3 + s); };
-  auto do_full = [&](int s) { return sBar + 8u * (5 + s); };
-  auto do_empty = [&](int s) { return sBar + 8u * (7 + s); };
+  const BwdBars bars{sBar};
 
   // As the library's kernel: x = key tile (heaviest causal tiles first), y = KV head, z = batch.
   const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -80,17 +77,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  if (tid == 0) {
-    mbar_init(kv_full, 1);
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(q_full(s), 1);
-      mbar_init(do_full(s), 1);
-      mbar_init(q_empty(s), 2);
-      mbar_init(do_empty(s), 2);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+  if (tid == 0) bars.init();
   __syncthreads();
 
   if (wg == 0) {
@@ -98,53 +85,13 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     const int warp = tid / 32, lane = tid % 32;
     if (warp == 0 && lane == 0 && n_iter > 0) {
-      mbar_expect_tx(kv_full, 2 * L::kTileK);
-#pragma unroll
-      for (int cb = 0; cb < 2; ++cb) tma_load_4d(sK + cb * kBN * 128, &tm_k, kv_full, cb * 64, kvh, n0, b);
-#pragma unroll
-      for (int cb = 0; cb < 2; ++cb) tma_load_4d(sV + cb * kBN * 128, &tm_v, kv_full, cb * 64, kvh, n0, b);
-      for (int it = 0; it < n_iter; ++it) {
-        const int h = kvh * G + it / n_m, m = q_tile(it);
-        const int st = it & 1;
-        const uint32_t ph = (it >> 1) & 1;
-        const int64_t row_stat = (static_cast<int64_t>(b) * p.heads + h) * p.seq_q_pad + m * kQ;
-        mbar_wait(q_empty(st), ph ^ 1);
-        mbar_expect_tx(q_full(st), L::kTileQ + L::kStat);
-#pragma unroll
-        for (int cb = 0; cb < 2; ++cb)
-          tma_load_4d(sQ + st * L::kTileQ + cb * kQ * 128, &tm_q, q_full(st), cb * 64, h, m * kQ, b);
-        bulk_load(sLSE + st * L::kStat, p.lse2 + row_stat, L::kStat, q_full(st));
-        mbar_wait(do_empty(st), ph ^ 1);
-        mbar_expect_tx(do_full(st), L::kTileQ + L::kStat);
-#pragma unroll
-        for (int cb = 0; cb < 2; ++cb)
-          tma_load_4d(sdO + st * L::kTileQ + cb * kQ * 128, &tm_do, do_full(st), cb * 64, h, m * kQ, b);
-        bulk_load(sDP + st * L::kStat, p.dpsum + row_stat, L::kStat, do_full(st));
-      }
+      bwd_load_tiles<2, kQ, L>(bars, &tm_q, &tm_k, &tm_v, &tm_do, sK, sV, sQ, sdO, sLSE, sDP, p, n_iter, n_m, G, kvh,
+                               n0, b, q_tile);
     } else if (warp == 1 && n_iter > 0) {
-      // As the library's drain: consumer w's part (80 x 64 fp32, 20 KB) added to its accumulator
-      // tile with one bulk reduction, the buffer handed back once the bulk engine has read it.
-      named_bar_arrive(kBarDqEmpty + 0, 160);
-      named_bar_arrive(kBarDqEmpty + 1, 160);
-      for (int it = 0; it < n_iter; ++it) {
-        const int64_t rows = (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kQ;
-        float* gtile = p.dq_acc + rows * kD;
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          named_bar_sync(kBarDqFull + w, 160);
-          if (lane == 0) {
-            bulk_reduce_add_f32(gtile + w * (kQ * 64), sDQ + w * L::kHalfDQ, L::kHalfDQ);
-            bulk_commit();
-          }
-        }
-        if (lane == 0) bulk_wait_read<1>();
-        __syncwarp();
-        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 0, 160);
-        if (lane == 0) bulk_wait_read<0>();
-        __syncwarp();
-        if (it + 1 < n_iter) named_bar_arrive(kBarDqEmpty + 1, 160);
-      }
-      if (lane == 0) bulk_wait<0>();
+      // consumer w's part: 80 rows x its 64 columns, fp32, 20 KB
+      bwd_drain_dq<kD, L::kHalfDQ>(sDQ, p, n_iter, lane, [&](int it) {
+        return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kQ;
+      });
     }
     return;
   }
@@ -182,7 +129,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     return r;
   };
 
-  if (n_iter > 0) mbar_wait(kv_full, 0);
+  if (n_iter > 0) mbar_wait(bars.kv_full(), 0);
 
   for (int it = 0; it < n_iter; ++it) {
     const int m = q_tile(it);
@@ -193,14 +140,14 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     const uint32_t tK = opaque(sK), tV = opaque(sV), tdS = opaque(sdS + st * L::kTileDS);
 
     // S^T and dP^T, both in flight.
-    mbar_wait(q_full(st), ph);
+    mbar_wait(bars.q_full(st), ph);
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n80k16(s, desc_kw(tK, kk), desc_qk(tQ, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
-    mbar_wait(do_full(st), ph);
+    mbar_wait(bars.do_full(st), ph);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss_m64n80k16(dp, desc_kw(tV, kk), desc_qk(tdO, kk), kk > 0 ? 1 : 0);
     wgmma_commit();
@@ -279,7 +226,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(dv);
     fence_regs(pf);
     fence_regs(dq);
-    if (is_signaller) mbar_arrive(do_empty(st));
+    if (is_signaller) mbar_arrive(bars.do_empty(st));
     // dQ^T part to shared memory in fragment order (float4 jj of each lane; 512 contiguous bytes
     // per warp store), for the drain warp.
     named_bar_sync(kBarDqEmpty + w, 160);
@@ -294,24 +241,10 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     wgmma_wait<0>();
     fence_regs(dk);
     fence_regs(dsf);
-    if (is_signaller) mbar_arrive(q_empty(st));
+    if (is_signaller) mbar_arrive(bars.q_empty(st));
   }
 
-  // ---------------- epilogue: dK (times the scale) and dV ----------------
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const int key = key_r0 + 8 * x;
-    if (key >= p.seq_k) continue;
-    const int64_t koff = b * p.dk_sb + key * p.dk_ss + kvh * p.dk_sh;
-    const int64_t voff = b * p.dv_sb + key * p.dv_ss + kvh * p.dv_sh;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      add_out(p.dk, koff + col, make_float2(dk[4 * j + 2 * x] * p.scale, dk[4 * j + 2 * x + 1] * p.scale), p.out_f32,
-              p.accumulate);
-      add_out(p.dv, voff + col, make_float2(dv[4 * j + 2 * x], dv[4 * j + 2 * x + 1]), p.out_f32, p.accumulate);
-    }
-  }
+  bwd_store_dkv<kD>(dk, dv, p, key_r0, kvh, b, lane);  // the epilogue
 #endif  // SEQPAR_HOPPER_STUB
 }
 
