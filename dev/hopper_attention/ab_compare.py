@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--check-rows", type=int, default=256)
+    ap.add_argument("--causal", default="0,1", help="masks to run: 0 full, 1 causal")
     a = ap.parse_args()
     lib = load(a.lib)
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
@@ -68,7 +69,7 @@ def main():
     scale = D ** -0.5
     seqs = [int(x) for x in a.seqs.split(",")]
     for S in seqs:
-        for causal in (0, 1):
+        for causal in (int(x) for x in a.causal.split(",")):
             for Hkv in (int(x) for x in a.kv_heads.split(",")):
                 gen = torch.Generator(device="cuda").manual_seed(S * 10 + causal + Hkv)
                 q, k, v = uniform(gen, 1, S, H, D), uniform(gen, 1, S, Hkv, D), uniform(gen, 1, S, Hkv, D)

@@ -4,7 +4,7 @@
 // build/libhopper_fwd.so.
 #include <cuda_runtime.h>
 
-#include "variants.cuh"  // the library's kernels (src/kernels/hopper/)
+#include "order_lab.cuh"  // the library's kernels (src/kernels/hopper/): variants.cuh's names and order_lab.cuh's
 
 // q, o [B, Sq, H, D] bf16; k, v [B, Sk, Hkv, D] bf16; lse [B, H, Sq] fp32; all contiguous.
 // Returns the cudaError_t of the launch (0 on success).
@@ -25,5 +25,5 @@ extern "C" int hopper_fwd(const char* variant, const void* q, const void* k, con
   a.head_dim = D;
   a.causal = causal;
   a.causal_offset = causal_offset;
-  return static_cast<int>(hopper_attn::dispatch(variant, a, static_cast<cudaStream_t>(stream)));
+  return static_cast<int>(hopper_attn::lab_dispatch(variant, a, static_cast<cudaStream_t>(stream)));
 }

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "lab_tiles.cuh"  // visible-tile lists of the lab's masks
-#include "variants.cuh"   // the library's kernels (src/kernels/hopper/)
+#include "order_lab.cuh"  // the library's kernels (src/kernels/hopper/): variants.cuh's names and order_lab.cuh's
 
 using hopper_attn::FwdArgs;
 
@@ -180,7 +180,7 @@ static bool check_case(const std::string& variant, const Case& c, uint64_t seed)
     if (!lab::mask_tiles(c.mask, c.Sq, c.Sk, c.offset, seed, variant, c.D, &pm, &tiles)) std::exit(2);
     a.tiles = tiles.fwd;
   }
-  CK(hopper_attn::dispatch(variant, a, 0));
+  CK(hopper_attn::lab_dispatch(variant, a, 0));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(o.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(lse.data(), dlse, nl * 4, cudaMemcpyDeviceToHost));
@@ -271,6 +271,8 @@ static int run_check(const std::string& variant, int only_d, const std::string& 
       {1, 4, 4, 1024, 1024, 128, 1, 0}, {1, 2, 2, 129, 100, 128, 0, 0},    {1, 2, 2, 1100, 300, 128, 1, 0},
       {1, 2, 2, 256, 256, 64, 0, 0},    {2, 4, 2, 1000, 1000, 64, 1, 0},   {1, 4, 1, 777, 777, 64, 0, 0},
       {1, 2, 1, 640, 640, 64, 1, -200}, {1, 2, 2, 1100, 300, 64, 1, 0},
+      // GQA groups of 4 (the 1B preset's 32:8): kOrder 1 runs a group's heads in step
+      {2, 8, 2, 1000, 1000, 64, 1, 0},  {1, 8, 2, 777, 900, 64, 0, 0},    {1, 8, 2, 700, 700, 64, 1, -300},
   };
   if (which == "masks") cases.clear();
   if (which != "dense")
@@ -340,7 +342,7 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
     if (!lab::mask_tiles(mask, S, S, 0, 12345, variant, D, &pm, &tiles)) return 2;
     a.tiles = tiles.fwd;
   }
-  for (int i = 0; i < 3; ++i) CK(hopper_attn::dispatch(variant, a, 0));
+  for (int i = 0; i < 3; ++i) CK(hopper_attn::lab_dispatch(variant, a, 0));
   CK(cudaDeviceSynchronize());
   // Back-to-back launches with an event between each: the host's launch work (tensor maps,
   // attributes) overlaps the previous kernel, as the peer script's does; median interval.
@@ -348,7 +350,7 @@ static int run_bench(const std::string& variant, int S, int causal, int H, int H
   for (auto& e : ev) CK(cudaEventCreate(&e));
   CK(cudaEventRecord(ev[0]));
   for (int r = 0; r < reps; ++r) {
-    CK(hopper_attn::dispatch(variant, a, 0));
+    CK(hopper_attn::lab_dispatch(variant, a, 0));
     CK(cudaEventRecord(ev[r + 1]));
   }
   CK(cudaEventSynchronize(ev[reps]));

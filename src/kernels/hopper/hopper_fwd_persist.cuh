@@ -9,7 +9,8 @@
 //   of a global counter (an atomic add by the producer thread, fetched one tile ahead), as the
 //   hardware hands out the blocks of a one-CTA-per-tile grid; or (static) units i + G, i + 2G, ...
 //   Either way the CTAs busy at one moment hold neighbouring units, one or two heads' tiles, so
-//   K/V stay in L2 as before. The producer writes each unit's tile (query block, head, batch,
+//   K/V stay in L2 as before. kOrder 1 / 2 (dense masks) put the query heads of one K/V head
+//   (or 4 heads) in step instead (fwd_unit). The producer writes each unit's tile (query block, head, batch,
 //   key-block count, first list entry) into one of two shared-memory slots before its Q load;
 //   the consumers read it there after the Q barrier, so they hold no scheduling state in the
 //   registers their main loop needs.
@@ -70,14 +71,29 @@ struct PersistSmem {
 struct FwdUnit {
   int m_block, h, b, n_blocks, e0;
 };
-template <int kBM, int kBN>
+// kOrder 1 (dense masks only; tile lists keep listed_unit's order): the query heads that share
+// one K/V head run in step: units by batch, then K/V head, then query tile (heaviest causal tile
+// first), then the head inside the group fastest, so the CTAs busy at one moment hold a few
+// query tiles of every head of one group and read the same K/V tiles at about the same time, and
+// the grid's last units are light tiles (under the causal mask a head's heavy tiles no longer
+// come last of all). kOrder 2: the same over chunks of 4 query heads where a group is smaller
+// (H = H_kv: 4 K/V heads in step), whole groups otherwise.
+template <int kBM, int kBN, int kOrder = 0>
 __device__ __forceinline__ FwdUnit fwd_unit(int u, int m_tiles, const FwdParams& p) {
   FwdUnit w;
   const int per_b = m_tiles * p.heads;
   w.b = u / per_b;
   const int r = u - w.b * per_b;
-  const int x = r % m_tiles, y = r / m_tiles;
   const bool listed = p.tiles.begin != nullptr;
+  int x = r % m_tiles, y = r / m_tiles;
+  if (kOrder != 0 && !listed) {
+    int group = p.heads / p.kv_heads;
+    if (kOrder == 2 && group < 4 && p.heads % 4 == 0) group = 4;
+    const int per_chunk = m_tiles * group;
+    const int chunk = r / per_chunk, r2 = r - chunk * per_chunk;
+    x = r2 / group;
+    y = chunk * group + (r2 - x * group);
+  }
   int rank = m_tiles - 1 - x;
   w.h = y;
   if (listed) listed_unit(x, y, m_tiles, p.heads, p.tiles.heavy, &rank, &w.h);
@@ -111,7 +127,7 @@ enum : int { kSlotM = 0, kSlotH = 4, kSlotB = 8, kSlotN = 12, kSlotE0 = 16, kSlo
 // fwd_kernel: the ablation that tells the store's share). kUniform: the consumer index and the K/V
 // stage counter go through warp broadcasts (__shfl_sync from lane 0), so that ptxas knows they are
 // warp-uniform and builds the wgmma descriptors in uniform registers (fwd_kernel's kUniform).
-template <int kD, int kBN, int kC, bool kTmaO, bool kUniform = false>
+template <int kD, int kBN, int kC, bool kTmaO, bool kUniform = false, int kOrder = 0>
 __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     fwd_persist_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -172,7 +188,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
           mbar_arrive(q_full);
           break;
         }
-        const FwdUnit w = fwd_unit<kBM, kBN>(u, m_tiles, p);
+        const FwdUnit w = fwd_unit<kBM, kBN, kOrder>(u, m_tiles, p);
         const int kvh = w.h / (p.heads / p.kv_heads);
         st_shared_u32(slot + kSlotM, w.m_block);
         st_shared_u32(slot + kSlotH, w.h);
@@ -454,7 +470,7 @@ inline cudaError_t persist_counter(cudaStream_t stream, int** counter) {
 // launch), else a static stride. O must be bf16 with 16-byte aligned strides (the TMA store);
 // otherwise this launches fwd_kernel. max_grid > 0 caps the grid (the lab's checks use it, so
 // that each CTA of a small problem walks several units).
-template <int kD, int kBN, int kC, bool kTmaO = true, bool kUniform = false>
+template <int kD, int kBN, int kC, bool kTmaO = true, bool kUniform = false, int kOrder = 0>
 cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream, bool dynamic = true, int max_grid = 0) {
   constexpr int kBM = Cfg<kC>::kBM;
   const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
@@ -481,7 +497,7 @@ cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream, bool dynam
   const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.tiles = a.tiles;
-  auto kernel = fwd_persist_kernel<kD, kBN, kC, kTmaO, kUniform>;
+  auto kernel = fwd_persist_kernel<kD, kBN, kC, kTmaO, kUniform, kOrder>;
   constexpr int smem = PersistSmem<kD, kBN, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
