@@ -26,6 +26,11 @@ constexpr auto kFwd128 = launch_fwd<128, 192, 2, true, true, 2>;
 // 0.97-1.02x the plain one, slower at 32K-64K dense full, so kFwd128 and the fallbacks keep it).
 constexpr auto kFwdPersist128 = launch_fwd_persist<128, 192, 2, true, true>;
 constexpr auto kFwdPersist64 = launch_fwd_persist<64, 128, 3, true, true>;
+// At D = 64 under the causal mask up to 16K keys: kOrder 2, chunks of 4 query heads (a GQA group of
+// 4) in step, heaviest tile first, so the grid's last units are light tiles (dev/hopper_attention/
+// README.md, "D = 64 forward: unit order and tile shape", one H200, two calls: causal 8K 1.05-1.06x
+// the plain order, 16K 1.01-1.03x, 32K 1.00x; dense full 8K 32:32 0.97x, so full keeps the plain one).
+constexpr auto kFwdPersist64Chunks = launch_fwd_persist<64, 128, 3, true, true, 2>;
 // Tile lists (masks) keep the plain persistent kernel: kUniform was timed on the full and causal
 // paths only.
 constexpr auto kFwdPersistLists128 = launch_fwd_persist<128, 192, 2>;
@@ -45,7 +50,10 @@ int forward(const FwdArgs& a, void* stream) {
     if (lists) return kFwdPersistLists128(a, s, true, 0);
     return a.causal || a.seq_k <= 24576 ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
   }
-  if (a.head_dim == 64) return lists ? kFwdPersistLists64(a, s, true, 0) : kFwdPersist64(a, s, true, 0);
+  if (a.head_dim == 64) {
+    if (lists) return kFwdPersistLists64(a, s, true, 0);
+    return a.causal && a.seq_k <= 16384 ? kFwdPersist64Chunks(a, s, true, 0) : kFwdPersist64(a, s, true, 0);
+  }
   return cudaErrorInvalidValue;
 }
 
