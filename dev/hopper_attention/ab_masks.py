@@ -10,15 +10,20 @@ pattern (128-token blocks: neighbours, a global first block, 3 random blocks per
 count visible scores only: forward 4 H D x visible, forward + backward 3.5 x that.
 
 Ours: tensors [B, S, H, D] through build/libhopper_mask.so (the backend's variants: forward pp192 /
-m192, backward base); the lists are built once per mask (not timed; their build time is printed).
-fwd+bwd = our forward then our whole backward. flex: torch.compile(flex_attention) on [B, H, S, D]
+m192; the backward variants of --bwd-variants, each with the lists of its own query tile: base 64
+rows, q80 80); the lists are built once per mask and variant (not timed; their build time is
+printed). fwd+bwd = our forward then our whole backward; bwd = our whole backward alone (after one
+forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
+time (each a median), labelled as derived. "ours causal" (the 0.9x bar) is --causal-ref's dense
+causal fwd+bwd (q80 at D = 128, the backend's dense backward). flex: torch.compile(flex_attention) on [B, H, S, D]
 copies of the same values with create_block_mask(_compile=True); fwd+bwd = forward + .backward(dO).
 cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTENTION).
 
 At the first length every mask's O and gradients are compared with flex's over all elements.
 
 Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
-           [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2]
+           [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2] \
+           [--bwd-variants base,q80] [--causal-ref q80]
 """
 import argparse
 import ctypes
@@ -33,6 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
+# Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
+BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 10}
 
 
 def load(path):
@@ -45,6 +52,12 @@ def load(path):
     lib.hopper_mask_fwd.argtypes = [VP, ctypes.c_int] + [VP] * 5 + [ctypes.c_int] * 5 + [VP]
     lib.hopper_mask_bwd.restype = ctypes.c_int
     lib.hopper_mask_bwd.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 5 + [VP]
+    lib.hopper_mask_plan_rows.restype = VP
+    lib.hopper_mask_plan_rows.argtypes = lib.hopper_mask_plan.argtypes + [ctypes.c_int]
+    lib.hopper_mask_bwd_rows.restype = ctypes.c_int
+    lib.hopper_mask_bwd_rows.argtypes = [ctypes.c_int]
+    lib.hopper_mask_bwd_variant.restype = ctypes.c_int
+    lib.hopper_mask_bwd_variant.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 6 + [VP]
     lib.hopper_mask_bwd_workspace.restype = ctypes.c_size_t
     lib.hopper_mask_bwd_workspace.argtypes = [ctypes.c_int] * 4
     return lib
@@ -98,7 +111,7 @@ def make_mask(name, S, rng):
     return d, mm, vis
 
 
-def plan(lib, d, S, D):
+def plan(lib, d, S, D, rows):
     offs = None
     if d["offsets"] is not None:
         offs = (ctypes.c_longlong * len(d["offsets"]))(*d["offsets"])
@@ -106,10 +119,10 @@ def plan(lib, d, S, D):
     vis = ctypes.c_double(0)
     stats = (ctypes.c_longlong * 4)()
     t = time.perf_counter()
-    p = lib.hopper_mask_plan(S, D, d["wl"], d["wr"], ctypes.cast(offs, VP) if offs else None,
-                             len(d["offsets"]) if offs else 0, d["block"],
-                             dense.data_ptr() if dense is not None else None,
-                             dense.shape[0] if dense is not None else 0, ctypes.byref(vis), stats)
+    p = lib.hopper_mask_plan_rows(S, D, d["wl"], d["wr"], ctypes.cast(offs, VP) if offs else None,
+                                  len(d["offsets"]) if offs else 0, d["block"],
+                                  dense.data_ptr() if dense is not None else None,
+                                  dense.shape[0] if dense is not None else 0, ctypes.byref(vis), stats, rows)
     return p, vis.value, list(stats), time.perf_counter() - t
 
 
@@ -143,7 +156,12 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--bwd-variants", default="base,q80")
+    ap.add_argument("--causal-ref", default="q80")
     a = ap.parse_args()
+    vnames = a.bwd_variants.split(",")
+    if a.causal_ref not in vnames:
+        vnames.append(a.causal_ref)
     lib = load(a.lib)
     torch._dynamo.config.cache_size_limit = 64
     flex = torch.compile(flex_attention, dynamic=False)
@@ -169,14 +187,22 @@ def main():
             return lambda: lib.hopper_mask_fwd(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                                lse.data_ptr(), 1, H, Hkv, S, D, stream)
 
-        def ours_fb(p, causal=0):
-            f = ours_fwd(p, causal)
+        def ours_bwd(p, vn, causal=0):
+            def run():
+                rc = lib.hopper_mask_bwd_variant(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                 do.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                                 dv.data_ptr(), ws.data_ptr(), 1, H, Hkv, S, D, BWD_VARIANTS[vn],
+                                                 stream)
+                if rc:
+                    raise RuntimeError("hopper_mask_bwd_variant %s: error %d" % (vn, rc))
+            return run
+
+        def ours_fb(pf, pb, vn, causal=0):
+            f, g = ours_fwd(pf, causal), ours_bwd(pb, vn, causal)
 
             def run():
                 f()
-                lib.hopper_mask_bwd(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(),
-                                    lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), 1, H,
-                                    Hkv, S, D, stream)
+                g()
             return run
 
         def peer_fb(fn):
@@ -192,74 +218,139 @@ def main():
                     fn()
             return run
 
+        def tflops(name, ms):
+            mult = 3.5 if name.endswith("_fb") or "_fb_" in name else 2.5 if "_bwd" in name else 1.0
+            return mult * 4 * vis * H * D / ms / 1e9
+
         # Dense causal, both sides.
         cud = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             t = time_interleaved({"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)},
                                  a.rounds, a.reps)
-            t.update(time_interleaved({"ours_causal_fb": ours_fb(None, 1), "cudnn_causal_fb": peer_fb(cud)},
+            fb = {"ours_causal_fb_" + vn: ours_fb(None, None, vn, 1) for vn in vnames}
+            fb["cudnn_causal_fb"] = peer_fb(cud)
+            t.update(time_interleaved(fb, a.rounds, a.reps))
+            ours_fwd(None, 1)()
+            t.update(time_interleaved({"ours_causal_bwd_" + vn: ours_bwd(None, vn, 1) for vn in vnames},
                                       a.rounds, a.reps))
         vis = S * (S + 1) / 2
         dense = {}
         for n, ms in t.items():
-            fb = n.endswith("_fb")
-            tf = (3.5 if fb else 1.0) * 4 * vis * H * D / ms / 1e9
-            dense[n] = tf
-            print(json.dumps(dict(kind=n, seq=S, ms=round(ms, 4), tflops=round(tf, 1))), flush=True)
+            dense[n] = tflops(n, ms)
+            print(json.dumps(dict(kind=n, seq=S, ms=round(ms, 4), tflops=round(dense[n], 1))), flush=True)
+        dense["cudnn_causal_bwd_derived"] = 2.5 * 4 * vis * H * D / max(t["cudnn_causal_fb"] - t["cudnn_causal_fwd"], 1e-9) / 1e9
+        ref_fb = dense["ours_causal_fb_" + a.causal_ref]
+        row = dict(mask="causal", seq=S, peer="cudnn", ours_fwd_tflops=dense["ours_causal_fwd"],
+                   peer_fwd_tflops=dense["cudnn_causal_fwd"], peer_fb_tflops=dense["cudnn_causal_fb"],
+                   peer_bwd_derived_tflops=dense["cudnn_causal_bwd_derived"])
+        for vn in vnames:
+            row["ours_fb_%s_tflops" % vn] = dense["ours_causal_fb_" + vn]
+            row["ours_bwd_%s_tflops" % vn] = dense["ours_causal_bwd_" + vn]
+        print(json.dumps({kk: (round(vv, 1) if isinstance(vv, float) else vv) for kk, vv in row.items()}), flush=True)
+        dense_row = row
         rng = random.Random(S)
         for name in a.masks.split(","):
             d, mm, vis = make_mask(name, S, rng)
-            p, vis_ours, stats, t_plan = plan(lib, d, S, D)
+            plans, rows_of = {}, {}
+            for vn in vnames:
+                r = lib.hopper_mask_bwd_rows(BWD_VARIANTS[vn])
+                if r not in plans:
+                    plans[r] = plan(lib, d, S, D, r)
+                rows_of[vn] = r
+            pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
+            vis_ours = next(iter(plans.values()))[1]
             t0 = time.perf_counter()
             bm = create_block_mask(mm, 1, 1, S, S, device="cuda", _compile=True)
             fx = lambda: flex(qt, kt, vt, block_mask=bm)
             peer_fb(fx)()  # compile both passes before timing
             t_compile = time.perf_counter() - t0
-            if si == 0:  # full-size comparison with flex
-                ours_fb(p)()
+            if si == 0:  # full-size comparison with flex, every variant
                 ref = fx()
                 ref.backward(dot)
                 torch.cuda.synchronize()
-                diff = lambda x, y: (x.float() - y.float()).abs().max().item()
-                cmp = dict(o=diff(o, ref.transpose(1, 2)), dq=diff(dq, qt.grad.transpose(1, 2)),
-                           dq_max=qt.grad.float().abs().max().item())
-                if Hkv == H:
-                    cmp.update(dk=diff(dk, kt.grad.transpose(1, 2)), dv=diff(dv, vt.grad.transpose(1, 2)))
-                finite = all(torch.isfinite(x).all().item() for x in (o, dq, dk, dv))
-                print(json.dumps(dict(kind="check_vs_flex", mask=name, seq=S, finite=finite,
-                                      **{kk: float("%.3g" % vv) for kk, vv in cmp.items()})), flush=True)
+                gq, gk, gv = qt.grad, kt.grad, vt.grad
                 qt.grad = kt.grad = vt.grad = None
-            t = time_interleaved({"ours_fwd": ours_fwd(p), "flex_fwd": peer_fwd(fx)}, a.rounds, a.reps)
-            t.update(time_interleaved({"ours_fb": ours_fb(p), "flex_fb": peer_fb(fx)}, a.rounds, a.reps))
-            row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours, fwd_tiles=stats[0],
-                       fwd_boundary=stats[1], bwd_tiles=stats[2], bwd_boundary=stats[3],
-                       plan_s=round(t_plan, 3), flex_compile_s=round(t_compile, 1))
+                diff = lambda x, y: (x.float() - y.float()).abs().max().item()
+                for vn in vnames:
+                    dq.fill_(float("nan")), dk.fill_(float("nan")), dv.fill_(float("nan"))
+                    ours_fb(pf, plans[rows_of[vn]][0], vn)()
+                    torch.cuda.synchronize()
+                    cmp = dict(o=diff(o, ref.transpose(1, 2)), dq=diff(dq, gq.transpose(1, 2)),
+                               dq_max=gq.float().abs().max().item())
+                    if Hkv == H:
+                        cmp.update(dk=diff(dk, gk.transpose(1, 2)), dv=diff(dv, gv.transpose(1, 2)))
+                    finite = all(torch.isfinite(x).all().item() for x in (o, dq, dk, dv))
+                    print(json.dumps(dict(kind="check_vs_flex", mask=name, seq=S, variant=vn, finite=finite,
+                                          **{kk: float("%.3g" % vv) for kk, vv in cmp.items()})), flush=True)
+                del ref, gq, gk, gv
+            t = time_interleaved({"ours_fwd": ours_fwd(pf), "flex_fwd": peer_fwd(fx)}, a.rounds, a.reps)
+            fb = {"ours_fb_" + vn: ours_fb(pf, plans[rows_of[vn]][0], vn) for vn in vnames}
+            fb["flex_fb"] = peer_fb(fx)
+            t.update(time_interleaved(fb, a.rounds, a.reps))
+            ours_fwd(pf)()
+            t.update(time_interleaved({"ours_bwd_" + vn: ours_bwd(plans[rows_of[vn]][0], vn) for vn in vnames},
+                                      a.rounds, a.reps))
+            row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours,
+                       plan_s=round(sum(x[3] for x in plans.values()), 3), flex_compile_s=round(t_compile, 1))
+            for r, x in plans.items():
+                row["tiles_%d" % r] = dict(fwd=x[2][0], fwd_boundary=x[2][1], bwd=x[2][2], bwd_boundary=x[2][3])
             for n, ms in t.items():
-                fb = n.endswith("_fb")
                 row[n + "_ms"] = round(ms, 4)
-                row[n + "_tflops"] = round((3.5 if fb else 1.0) * 4 * vis * H * D / ms / 1e9, 1)
-            row["fwd_vs_flex"] = round(row["ours_fwd_tflops"] / row["flex_fwd_tflops"], 3)
-            row["fb_vs_flex"] = round(row["ours_fb_tflops"] / row["flex_fb_tflops"], 3)
-            row["fwd_vs_ours_causal"] = round(row["ours_fwd_tflops"] / dense["ours_causal_fwd"], 3)
-            row["fb_vs_ours_causal"] = round(row["ours_fb_tflops"] / dense["ours_causal_fb"], 3)
+                row[n + "_tflops"] = round(tflops(n, ms), 1)
+            row["flex_bwd_derived_tflops"] = round(2.5 * 4 * vis * H * D / max(t["flex_fb"] - t["flex_fwd"], 1e-9) / 1e9, 1)
             print(json.dumps(row), flush=True)
-            summary.append(row)
-            lib.hopper_mask_free(p)
+            summary.append(dict(mask=name, seq=S, ours_fwd_tflops=row["ours_fwd_tflops"],
+                                peer_fwd_tflops=row["flex_fwd_tflops"], peer_fb_tflops=row["flex_fb_tflops"],
+                                peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb,
+                                **{"ours_fb_%s_tflops" % vn: row["ours_fb_%s_tflops" % vn] for vn in vnames},
+                                **{"ours_bwd_%s_tflops" % vn: row["ours_bwd_%s_tflops" % vn] for vn in vnames}))
+            for x in plans.values():
+                lib.hopper_mask_free(x[0])
             del bm
-        summary.append(dict(mask="causal", seq=S, ours_fwd_tflops=dense["ours_causal_fwd"],
-                            flex_fwd_tflops=dense["cudnn_causal_fwd"], ours_fb_tflops=dense["ours_causal_fb"],
-                            flex_fb_tflops=dense["cudnn_causal_fb"], fwd_vs_flex=0, fb_vs_flex=0,
-                            fwd_vs_ours_causal=1, fb_vs_ours_causal=1, peer="cudnn"))
+        dense_row["ref_fb"] = ref_fb
+        summary.append(dense_row)
         del q, k, v, do, o, dq, dk, dv, qt, kt, vt, dot, ws
         torch.cuda.empty_cache()
-    print("\nSUMMARY (TFLOP/s of visible scores; peer = flex, or cuDNN for causal)")
-    print("| S | mask | ours fwd | peer fwd | ratio | ours fwd+bwd | peer fwd+bwd | ratio | fwd+bwd vs our causal |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\nSUMMARY (TFLOP/s of visible scores; peer = flex, or cuDNN for causal; peer bwd = its fwd+bwd"
+          " minus its fwd; 'vs causal' = fwd+bwd over our dense causal fwd+bwd with %s)" % a.causal_ref)
+    head = "| S | mask | ours fwd | peer fwd | fwd ratio |"
+    for vn in vnames:
+        head += " fwd+bwd %s |" % vn
+    head += " peer fwd+bwd |"
+    for vn in vnames:
+        head += " %s / peer |" % vn
+    for vn in vnames:
+        head += " bwd %s |" % vn
+    head += " peer bwd (derived) |"
+    if "base" in vnames and len(vnames) > 1:
+        head += " fwd+bwd vs base | bwd vs base |"
+    for vn in vnames:
+        head += " %s vs causal |" % vn
+    print(head)
+    print("|" + " --- |" * (head.count("|") - 1))
+    other = [vn for vn in vnames if vn != "base"]
+
+    def ratio(x, y):
+        return x / y if y else float("nan")
     for r in summary:
-        pf, pb = r["flex_fwd_tflops"], r["flex_fb_tflops"]
-        print("| %d | %s | %.0f | %.0f | %.2fx | %.0f | %.0f | %.2fx | %.2f |" % (
-            r["seq"], r["mask"] + (" (cuDNN)" if r.get("peer") else ""), r["ours_fwd_tflops"], pf,
-            r["ours_fwd_tflops"] / pf, r["ours_fb_tflops"], pb, r["ours_fb_tflops"] / pb, r["fb_vs_ours_causal"]))
+        line = "| %d | %s | %.0f | %.0f | %.2fx |" % (r["seq"], r["mask"] + (" (cuDNN)" if r.get("peer") else ""),
+                                                       r["ours_fwd_tflops"], r["peer_fwd_tflops"],
+                                                       ratio(r["ours_fwd_tflops"], r["peer_fwd_tflops"]))
+        for vn in vnames:
+            line += " %.0f |" % r["ours_fb_%s_tflops" % vn]
+        line += " %.0f |" % r["peer_fb_tflops"]
+        for vn in vnames:
+            line += " %.2fx |" % ratio(r["ours_fb_%s_tflops" % vn], r["peer_fb_tflops"])
+        for vn in vnames:
+            line += " %.0f |" % r["ours_bwd_%s_tflops" % vn]
+        line += " %.0f |" % r["peer_bwd_derived_tflops"]
+        if "base" in vnames and other:
+            vn = other[-1]
+            line += " %.3f | %.3f |" % (ratio(r["ours_fb_%s_tflops" % vn], r["ours_fb_base_tflops"]),
+                                        ratio(r["ours_bwd_%s_tflops" % vn], r["ours_bwd_base_tflops"]))
+        for vn in vnames:
+            line += " %.2f |" % ratio(r["ours_fb_%s_tflops" % vn], r["ref_fb"])
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // hopper_mask_lib.cu: C entry points for ab_masks.py (ctypes): builds the visible-tile lists of a
 // mask given as data (window, document offsets, a dense block pattern), and runs the backend's
-// variants (forward pp192 at D = 128, m192 at D = 64; backward base) over them, or dense causal
-// with no lists, on torch tensors. Built by build.sh into build/libhopper_mask.so.
+// variants (forward pp192 at D = 128, m192 at D = 64; backward by variant number, base or q80 at
+// D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
+// torch tensors. Built by build.sh into build/libhopper_mask.so.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -11,7 +12,8 @@
 
 namespace {
 struct Plan {
-  lab::DeviceTiles tiles;
+  lab::DeviceTiles tiles;  // the forward's lists and the backward's of `rows`-row query tiles
+  int rows;
 };
 }  // namespace
 
@@ -19,9 +21,11 @@ struct Plan {
 // (n_offsets offsets from 0 to the total, or 0 for none), a block pattern (block > 0: n_blocks x
 // n_blocks bytes, row = query block, nonzero = visible). Writes the visible score count and
 // {forward entries, forward boundary entries, backward entries, backward boundary entries}.
-extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, const long long* offsets, int n_offsets,
-                                  int block, const unsigned char* dense, int n_blocks, double* visible,
-                                  long long* stats) {
+// bwd_rows: the backward's query rows per tile (64 for base, 80 for q80; variants.cuh's
+// bwd_query_rows).
+extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
+                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
+                                       double* visible, long long* stats, int bwd_rows) {
   lab::PairMask m;
   m.seq_q = m.seq_k = S;
   m.window_left = wl, m.window_right = wr;
@@ -36,12 +40,24 @@ extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, cons
     }
   }
   Plan* p = new Plan;
-  p->tiles = lab::upload_tiles(m, D == 128 ? 128 : 192, D == 128 ? 192 : 128);
+  p->tiles = lab::upload_tiles(m, D == 128 ? 128 : 192, D == 128 ? 192 : 128, bwd_rows);
+  p->rows = bwd_rows;
   *visible = p->tiles.visible;
   stats[0] = p->tiles.entries[0], stats[1] = p->tiles.boundary[0];
   stats[2] = p->tiles.entries[1], stats[3] = p->tiles.boundary[1];
   return p;
 }
+
+// The backward's lists of 64-row query tiles (base), as before.
+extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, const long long* offsets, int n_offsets,
+                                  int block, const unsigned char* dense, int n_blocks, double* visible,
+                                  long long* stats) {
+  return hopper_mask_plan_rows(S, D, wl, wr, offsets, n_offsets, block, dense, n_blocks, visible, stats,
+                               hopper_attn::bwd::kBM);
+}
+
+// The query rows per tile of backward variant v (by number: 0 base, 10 q80), for the plan.
+extern "C" int hopper_mask_bwd_rows(int v) { return hopper_attn::bwd_query_rows(v); }
 
 extern "C" void hopper_mask_free(void* plan) {
   Plan* p = static_cast<Plan*>(plan);
@@ -62,19 +78,33 @@ extern "C" int hopper_mask_fwd(void* plan, int causal, const void* q, const void
 }
 
 extern "C" size_t hopper_mask_bwd_workspace(int B, int H, int S, int D) {
-  return hopper_attn::bwd_workspace_bytes(B, H, S, D);
+  return hopper_attn::lab_workspace_bytes(B, H, S, D);  // every variant's (q80 pads rows to 640)
 }
 
-// The whole backward (dQ accumulator zeroing, preprocessing, main kernel, dQ conversion); dq, dk,
-// dv bf16, written.
-extern "C" int hopper_mask_bwd(void* plan, int causal, const void* q, const void* k, const void* v, const void* o,
-                               const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace,
-                               int B, int H, int Hkv, int S, int D, void* stream) {
+// The whole backward (dQ accumulator zeroing, preprocessing, main kernel, dQ conversion) of
+// variant `variant` (variants.cuh's number; the plan's lists must have its query rows, else
+// cudaErrorInvalidValue); dq, dk, dv bf16, written.
+extern "C" int hopper_mask_bwd_variant(void* plan, int causal, const void* q, const void* k, const void* v,
+                                       const void* o, const void* dout, const float* lse, void* dq, void* dk, void* dv,
+                                       void* workspace, int B, int H, int Hkv, int S, int D, int variant,
+                                       void* stream) {
   hopper_attn::BwdArgs a{};
   a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse;
   a.dq = dq, a.dk = dk, a.dv = dv, a.workspace = workspace;
   a.batch = B, a.heads = H, a.kv_heads = Hkv, a.seq_q = a.seq_k = S, a.head_dim = D;
   a.causal = causal;
-  if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.bwd;
+  a.variant = variant;
+  if (plan) {
+    if (static_cast<Plan*>(plan)->rows != hopper_attn::bwd_query_rows(variant)) return int(cudaErrorInvalidValue);
+    a.tiles = static_cast<Plan*>(plan)->tiles.bwd;
+  }
   return int(hopper_attn::dispatch_bwd(a, static_cast<cudaStream_t>(stream)));
+}
+
+// The backward as before: base (variant 0).
+extern "C" int hopper_mask_bwd(void* plan, int causal, const void* q, const void* k, const void* v, const void* o,
+                               const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace,
+                               int B, int H, int Hkv, int S, int D, void* stream) {
+  return hopper_mask_bwd_variant(plan, causal, q, k, v, o, dout, lse, dq, dk, dv, workspace, B, H, Hkv, S, D, 0,
+                                 stream);
 }

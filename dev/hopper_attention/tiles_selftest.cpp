@@ -115,8 +115,10 @@ int main() {
       }
       if (U(0, 1)) m.window_right = 0;
     }
-    const int shapes[2][4] = {{128, 192, 64, 128}, {192, 128, 64, 128}};
-    const int* s = shapes[iter % 2];
+    // (fwd_bm, fwd_bn, bwd_bm, bwd_bn): the forward's tiles at D = 128 and 64; the backward's
+    // query tiles of base (64), q80 (80, D = 128) and q128 (128, D = 64).
+    const int shapes[4][4] = {{128, 192, 64, 128}, {192, 128, 64, 128}, {128, 192, 80, 128}, {192, 128, 128, 128}};
+    const int* s = shapes[(iter / 4) % 4];
     const TileOrder orders[4] = {TileOrder::kNeighbours, TileOrder::kClasses, TileOrder::kHeavyFirst, TileOrder::kPosition};
     const TileOrder how = orders[iter % 4];
     const TilePlan p = plan_tiles(m, s[0], s[1], s[2], s[3], how);

@@ -104,8 +104,8 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // kStagger); 7 "dqred" (base, dQ added to the accumulator with red.global.add.v4.f32 from
 // registers, no shared buffer, kDqRed), 8 "lateqr" (lateq and dqred); 9 "trace" (base recording
 // the SM clock at 6 points of each consumer's first query tiles into g_bwd_trace, kTrace: a
-// measuring aid); 10 "q80" (D = 128, dense masks: 80-row query tiles, dQ computed transposed,
-// hopper_bwd_q80.cuh, the library's since 2026-11-29).
+// measuring aid); 10 "q80" (D = 128: 80-row query tiles, dQ computed transposed,
+// hopper_bwd_q80.cuh, the library's since 2026-11-29; tile lists too, of 80-row query tiles).
 inline const char* const kBwdVariants[] = {"base",  "defer",  "memset", "sfirst", "q128", "lateq",
                                            "lateqs", "dqred", "lateqr", "trace",  "q80"};
 inline constexpr int kNumBwdVariants = 11;
@@ -119,9 +119,10 @@ inline int bwd_variant(const std::string& name) {
 // Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
 // are made with them).
 inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v == 10 ? D == 128 : true; }
-inline int bwd_query_rows(int v) { return v == 4 ? 128 : bwd::kBM; }
-// Whether variant v takes visible-tile lists (the masked cases): all but q80.
-inline bool bwd_variant_lists(int v) { return v != 10; }
+inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == 10 ? bwd::kQ80 : bwd::kBM; }
+// Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
+// lists of 80-row query tiles).
+inline bool bwd_variant_lists(int v) { return v >= 0 && v < kNumBwdVariants; }
 // The lab's workspace: enough for every variant (q80 pads the rows to 640, the others to 128).
 inline size_t lab_workspace_bytes(int B, int H, int Sq, int D) { return bwd_workspace_bytes(B, H, Sq, D, bwd::kQ80); }
 

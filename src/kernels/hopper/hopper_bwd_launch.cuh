@@ -309,11 +309,13 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
                                                 BwdSmem<kD, kQRows>::bytes, BwdParams{});
 }
 
-// The D = 128 backward with 80-row query tiles (hopper_bwd_q80.cuh; dense masks, no tile lists);
-// its workspace: bwd_workspace_bytes(..., bwd::kQ80).
+// The D = 128 backward with 80-row query tiles (hopper_bwd_q80.cuh; dense masks, or tile lists
+// planned with 80-row query tiles); its workspace: bwd_workspace_bytes(..., bwd::kQ80).
 inline cudaError_t launch_bwd_q80(const BwdArgs& a, cudaStream_t stream) {
-  if (a.head_dim != 128 || a.tiles.begin != nullptr) return cudaErrorInvalidValue;
-  return launch_bwd_with<128, kPrologueBest, bwd::kQ80>(a, stream, bwd_q80_kernel, BwdQ80Smem::bytes, BwdParams{});
+  if (a.head_dim != 128) return cudaErrorInvalidValue;
+  return launch_bwd_with<128, kPrologueBest, bwd::kQ80>(
+      a, stream, a.tiles.begin != nullptr ? bwd_q80_kernel<true> : bwd_q80_kernel<false>, BwdQ80Smem::bytes,
+      BwdParams{});
 }
 
 }  // namespace seqpar::hopper

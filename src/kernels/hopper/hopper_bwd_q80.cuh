@@ -1,6 +1,8 @@
 // The Hopper attention backward's main kernel at D = 128 with 80-row query tiles, "q80"
 // (dev/hopper_attention/README.md, "Backward at D = 128: 80-row query tiles"): FlashAttention-3's
-// non-causal hdim-128 tile shape written in our own PTX, the backend's dense D = 128 backward: one CTA per (128-key tile, KV head, batch), two consumer
+// non-causal hdim-128 tile shape written in our own PTX, the backend's dense D = 128 backward (it
+// takes tile lists too, kListed; the backend keeps base for those, README "Masked backward at
+// D = 128 on q80"): one CTA per (128-key tile, KV head, batch), two consumer
 // warpgroups of 64 keys each, per 80-row query tile:
 //   S^T  = K_w Q^T, dP^T = V_w dO^T      m64n80 (A = K or V, B = Q or dO, both K-major)
 //   P^T, dS^T as in the library's kernel (hopper_bwd.cuh), 40 accumulators per thread
@@ -16,7 +18,9 @@
 // dQ^T fragment order: float4 jj of lane l is d = 64w + 16 warp + l/4 (+8), query 8jj + 2(l%4)
 // (+1)); bwd_q80_convert_kernel turns it into dQ. Rows are padded to a multiple of 640 (80 and
 // 128 divide it; lab_workspace_bytes), the padding rows with LSE2 = +inf, so their P and dS are 0.
-// Dense masks only (full, causal with offset); no tile lists. Shared memory: K, V 32 KB each, Q,
+// Masks: full, causal with offset, and visible-tile lists (hopper_tiles.hpp, planned with 80-row
+// query tiles: tile_shape(128).bwd_bm; the boundary tiles' element masks are hopper_mask.cuh's,
+// as in hopper_bwd.cuh). Shared memory: K, V 32 KB each, Q,
 // dO 2 x 20 KB each, dS 2 x 20 KB, dQ 2 x 20 KB: 226 KB of the 227.
 #pragma once
 
@@ -25,6 +29,7 @@
 #include "kernels/hopper/hopper_bwd_params.cuh"
 #include "kernels/hopper/hopper_bwd_steps.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"  // the PTX helpers, convert_p, wgmma_pv
+#include "kernels/hopper/hopper_mask.cuh"
 #include "kernels/hopper/hopper_ptx.cuh"
 #include "kernels/hopper/wgmma_bwd_ops.cuh"
 
@@ -45,6 +50,10 @@ struct BwdQ80Smem {
   static_assert(ds % 1024 == 0 && kTileQ % 1024 == 0 && kTileDS % 1024 == 0, "swizzle atoms");
 };
 
+// kListed: the backward's tile lists (p.tiles, per key tile its listed 80-row query tiles), else the
+// dense masks; a template parameter so that the dense kernel compiles to the same SASS as before
+// the lists came in (dev/hopper_attention/README.md, "Masked backward at D = 128 on q80").
+template <bool kListed>
 __global__ void __launch_bounds__(bwd::kThreads, 1)
     bwd_q80_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -55,25 +64,39 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   using L = BwdQ80Smem;
   using namespace bwd;
   constexpr int kD = 128, kQ = kQ80;
+  // Query rows per call of the boundary tiles' element mask (a divisor of 80, a multiple of 8):
+  // 16 (ptxas, nvcc 13.0: 0 spills, no C7512); all 80 at once spilled 28 bytes and serialized
+  // the wgmmas (C7512), 40 serialized them.
+  constexpr int kMaskRows = 16;
+  static_assert(kQ % kMaskRows == 0 && kMaskRows % 8 == 0, "mask pieces of whole 8-query columns");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
   const BwdBars bars{sBar};
 
-  // As the library's kernel: x = key tile (heaviest causal tiles first), y = KV head, z = batch.
-  const int n_block = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // As the library's kernel: x = key tile (heaviest causal tiles first), y = KV head, z = batch;
+  // with tile lists (80-row query tiles: tile_shape(128).bwd_bm) the lists' order, every head's
+  // outliers first (listed_unit), and the key tile's listed query tiles only.
+  constexpr bool listed = kListed;
+  int rank = blockIdx.x, kvh = blockIdx.y;
+  if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &kvh);
+  const int n_block = listed ? __ldg(p.tiles.order + rank) : rank;
+  const int b = blockIdx.z;
   const int G = p.heads / p.kv_heads;
   const int n0 = n_block * kBN;
   const int n_m_total = (p.seq_q + kQ - 1) / kQ;
-  int m_lo = 0;
-  if (p.causal) {
+  int m_lo = 0, e0 = 0;  // first query tile with a row that sees a key of this tile; list start
+  if (listed) {
+    e0 = __ldg(p.tiles.begin + n_block);
+    m_lo = n_m_total - (__ldg(p.tiles.begin + n_block + 1) - e0);  // so that n_m = the list's length
+  } else if (p.causal) {
     const int x = n0 - p.causal_offset;
     m_lo = x > 0 ? x / kQ : 0;
   }
   const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
   const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
-  auto q_tile = [&](int it) { return m_lo + it % n_m; };
+  auto q_tile = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it % n_m) >> 2 : m_lo + it % n_m; };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -159,14 +182,25 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     fence_regs(s);
     // P^T = exp2(S^T * scale * log2(e) - LSE2); s[4j + e]: key key_r0 + 8 (e >> 1), query
     // q0 + 8j + 2 (lane % 4) + (e & 1).
-    const bool need_mask = n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
+    // With tile lists the entry's flags say which element masks the tile needs (none: wholly
+    // visible).
+    const int flags = listed ? __ldg(p.tiles.entries + e0 + it % n_m) & 3 : 0;
+    const bool need_mask =
+        listed ? flags != 0 : n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
 #pragma unroll
     for (int j = 0; j < kQ / 8; ++j) {
       const float2 lj = stat(sLSE, j);
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? lj.y : lj.x)));
     }
-    if (need_mask) {
+    if (need_mask && listed) {
+      // The boundary tile's element masks (hopper_mask.cuh), over the 80 queries in 16-query
+      // pieces (s[8h ..] is the m64n16 layout of queries q0 + 16h ..), as q128 runs its in halves.
+#pragma unroll
+      for (int h = 0; h < kQ / kMaskRows; ++h)
+        apply_tile_mask_t<kMaskRows, true>(*reinterpret_cast<float(*)[kMaskRows / 2]>(s + (kMaskRows / 2) * h),
+                                           p.tiles, q0 + kMaskRows * h, key_r0, p.seq_k, lane, flags);
+    } else if (need_mask) {
 #pragma unroll
       for (int j = 0; j < kQ / 8; ++j)
 #pragma unroll

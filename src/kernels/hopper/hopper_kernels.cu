@@ -61,7 +61,9 @@ int backward(const BwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // D = 128: 80-row query tiles on dense masks (dev/hopper_attention/README.md, "Backward at
   // D = 128: 80-row query tiles", one H200: 1.09-1.17x the 64-row kernel, full and causal, 8K-32K);
-  // tile lists keep the 64-row kernel (the lists are planned with 64-row query tiles).
+  // tile lists keep the 64-row kernel (the lists are planned with 64-row query tiles): q80 takes
+  // lists of 80-row tiles too, but at 32K it was 1.06-1.07x base on 16 documents and a 4K window
+  // and 0.90x / 0.73x on 256 documents / BigBird (README, "Masked backward at D = 128 on q80").
   if (a.head_dim == 128) return a.tiles.begin != nullptr ? launch_bwd<128, false>(a, s) : launch_bwd_q80(a, s);
   // D = 64: 128-row query tiles (dev/hopper_attention/README.md, "Backward at D = 64: 128-row
   // query tiles").
@@ -71,7 +73,7 @@ int backward(const BwdArgs& a, void* stream) {
 
 TileShape tile_shape(int head_dim) {
   // Forward: pp192 (128 query rows, 192 keys) at D = 128, m192 (192 rows, 128 keys) at D = 64;
-  // backward: 64 query rows at D = 128, 128 at D = 64 (backward() above).
+  // backward (its own lists): 64 query rows at D = 128, 128 at D = 64 (backward() above).
   if (head_dim == 64) return {Cfg<3>::kBM, 128, 128, bwd::kBN};
   return {Cfg<2>::kBM, 192, bwd::kBM, bwd::kBN};
 }
