@@ -18,9 +18,7 @@
 //          4 B S^2 H D (half for causal).
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
 // Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
-// 5 lateq, 6 lateqs (dQ one tile late; lateqs also staggers the consumers), 7 dqred (dQ added
-// with red.global from registers), 8 lateqr (both), 9 trace (base with SM-clock stamps; bench prints
-// their summary, TRACE lines), 10 q80 (D = 128, dense: 80-row query tiles, bwd_q80.cuh).
+// 5 q80 (D = 128: 80-row query tiles, hopper_bwd_q80.cuh).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)
@@ -414,8 +412,7 @@ static int run_check(int only_d, const std::vector<int>& variants, const std::st
     const Case& c = cases[i];
     if (only_d && c.D != only_d) continue;
     ++n;
-    // Masked cases run the variants that take lists and run at this D (base, q128, lateq,
-    // lateqs); else base.
+    // Masked cases run the variants that take lists and run at this D (base, q128, q80); else base.
     std::vector<int> run;
     for (int v : variants)
       if (hopper_attn::bwd_variant_runs(v, c.D) && (i < n_dense || ((v == 0 || v >= 4) && hopper_attn::bwd_variant_lists(v))))
@@ -438,41 +435,6 @@ __global__ void fill_kernel(__nv_bfloat16* x, size_t n, uint64_t seed) {
     z ^= z >> 31;
     x[i] = __float2bfloat16(float(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
   }
-}
-
-// Variant 9 ("trace"): the consumers' SM-clock stamps of the last call, summarized over every
-// CTA and consumer (steps 1 .. n-2 of each, n <= bwd_lab::kTraceSteps): the tile period, the segments
-// between the stamps (0 tile start, 1 S^T done, 2 at the dS barrier, 3 past it, 4 dV and dQ done,
-// 5 dK done, then the next tile's start), and the phase between the two consumers (consumer 1's
-// S^T-done stamp minus consumer 0's, same step). Cycles: median (p10 p90).
-static void print_trace(const std::vector<unsigned>& tr, int n_cta) {
-  using hopper_attn::bwd_lab::kTraceStamps;
-  using hopper_attn::bwd_lab::kTraceSteps;
-  std::vector<double> seg[7], period, phase;
-  auto at = [&](int cta, int w, int i, int k) { return tr[((size_t(cta) * 2 + w) * kTraceSteps + i) * kTraceStamps + k]; };
-  auto valid = [&](int cta, int w, int i) { return at(cta, w, i, 0) != 0 && at(cta, w, i, 5) != 0; };
-  for (int cta = 0; cta < n_cta; ++cta)
-    for (int w = 0; w < 2; ++w)
-      for (int i = 1; i + 2 < kTraceSteps && valid(cta, w, i + 1); ++i) {
-        if (!valid(cta, w, i)) continue;
-        for (int k = 0; k < 5; ++k) seg[k].push_back(double(at(cta, w, i, k + 1) - at(cta, w, i, k)));
-        seg[5].push_back(double(at(cta, w, i + 1, 0) - at(cta, w, i, 5)));
-        period.push_back(double(at(cta, w, i + 1, 0) - at(cta, w, i, 0)));
-        if (w == 1 && valid(cta, 0, i)) phase.push_back(double(int32_t(at(cta, 1, i, 1) - at(cta, 0, i, 1))));
-      }
-  auto q = [](std::vector<double>& v, double f) {
-    if (v.empty()) return 0.0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, size_t(f * v.size()))];
-  };
-  const char* names[6] = {"start->S^T done", "S^T done->dS barrier", "dS barrier wait", "->dV,dQ done",
-                          "->dK done", "->next tile"};
-  std::printf("TRACE samples %zu: tile period %.0f (%.0f %.0f) cycles\n", period.size(), q(period, 0.5), q(period, 0.1),
-              q(period, 0.9));
-  for (int k = 0; k < 6; ++k)
-    std::printf("TRACE %-22s %7.0f (%.0f %.0f)\n", names[k], q(seg[k], 0.5), q(seg[k], 0.1), q(seg[k], 0.9));
-  std::printf("TRACE phase (consumer 1 - 0, S^T done) %.0f (%.0f %.0f), samples %zu\n", q(phase, 0.5), q(phase, 0.1),
-              q(phase, 0.9), phase.size());
 }
 
 static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int variant, const char* mask = nullptr) {
@@ -538,15 +500,6 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   a.causal = causal;
   a.variant = variant;
   a.tiles = tiles.bwd;
-  // Variant 9 ("trace"): one u32 stamp buffer for every CTA of the grid (key tiles x KV heads x B).
-  const int n_cta = (S + hopper_attn::bwd::kBN - 1) / hopper_attn::bwd::kBN * Hkv * B;
-  const size_t trace_n = size_t(n_cta) * 2 * hopper_attn::bwd_lab::kTraceSteps * hopper_attn::bwd_lab::kTraceStamps;
-  unsigned* trace = nullptr;
-  if (variant == 9) {
-    CK(cudaMalloc(&trace, trace_n * 4));
-    CK(cudaMemset(trace, 0, trace_n * 4));
-    hopper_attn::g_bwd_trace = trace;
-  }
   for (int i = 0; i < 2; ++i) CK(hopper_attn::dispatch_bwd(a, 0));
   CK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> ev(reps + 1);
@@ -571,11 +524,6 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   else
   std::printf("BENCH bwd variant=%d S=%d causal=%d H=%d Hkv=%d D=%d ms=%.3f (min %.3f max %.3f) TFLOPs=%.1f\n", variant, S, causal, H,
               Hkv, D, med, ms[0], ms[reps - 1], flops / (med * 1e-3) / 1e12);
-  if (trace) {
-    std::vector<unsigned> tr(trace_n);
-    CK(cudaMemcpy(tr.data(), trace, trace_n * 4, cudaMemcpyDeviceToHost));
-    print_trace(tr, n_cta);
-  }
   // The main kernel alone (the rest: zeroing the dQ accumulator, preprocessing, dQ conversion).
   a.main_only = 1;
   CK(cudaEventRecord(ev[0]));

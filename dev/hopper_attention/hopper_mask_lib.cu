@@ -56,7 +56,7 @@ extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, cons
                                hopper_attn::bwd::kBM);
 }
 
-// The query rows per tile of backward variant v (by number: 0 base, 10 q80), for the plan.
+// The query rows per tile of backward variant v (by number: 0 base, 5 q80), for the plan.
 extern "C" int hopper_mask_bwd_rows(int v) { return hopper_attn::bwd_query_rows(v); }
 
 extern "C" void hopper_mask_free(void* plan) {

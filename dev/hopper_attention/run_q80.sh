@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_q80.sh: the one-call GPU script of the D = 128 backward with 80-row query tiles (README
-# section "Backward at D = 128: 80-row query tiles"; bwd_q80.cuh, lab variant 10 "q80"): the lab's
+# section "Backward at D = 128: 80-row query tiles"; bwd_q80.cuh, lab variant 5 "q80" (10 until the lab's session-q options left)): the lab's
 # binaries (carried from here in dev/hopper_attention/build, rebuilt if they do not run); the
 # checks (CPU fp64 oracle, bf16 rule: D = 128 base and q80 on the same inputs, every dense case;
 # D = 64 q128 dense, the library's D = 64 kernel); ab_bwd.py (base, q80 and cuDNN SDPA interleaved;
@@ -48,14 +48,14 @@ if ! grep -q "CHECK-FAILED bwd 128" "$out/checks.log"; then
     --seqs "${AB_SEQS:-8192,16384,32768}" --kv-heads 32,8 --dim 128 --variants base,q80 --rounds ${ROUNDS:-5} \
     > "$out/ab_bwd.log" 2>&1 || echo "A/B rc=$?" >> "$out/ab_bwd.log"
   say "A/B:"; grep -E "^SUMMARY|SUSPECT|Error|rc=|CHECKREF|CHECKALL" "$out/ab_bwd.log" >> "$out/summary.txt"
-  # The whole backward and the main kernel alone, standalone (5 calls, median), order 0 10 10 0.
+  # The whole backward and the main kernel alone, standalone (5 calls, median), order 0 5 5 0.
   for c in ${BENCH_CASES:-16384:0 32768:0}; do
     IFS=: read S causal <<< "$c"
-    for v in 0 10 10 0; do timeout 30 $bwd bench $S $causal 32 32 128 5 $v 2>&1 | grep -E "^BENCH bwd" ; done
+    for v in 0 5 5 0; do timeout 30 $bwd bench $S $causal 32 32 128 5 $v 2>&1 | grep -E "^BENCH bwd" ; done
   done > "$out/bench.log" 2>&1
   sed 's/ (min [0-9.]* max [0-9.]*)//' "$out/bench.log" >> "$out/summary.txt"
   if command -v ncu >/dev/null; then
-    for v in 0 10; do
+    for v in 0 5; do
       [ $(elapsed) -gt ${NCU_UNTIL:-230} ] && { say "ncu skipped from v$v (time)"; break; }
       timeout 45 ncu -k regex:"bwd_kernel|bwd_q80_kernel" -c 1 --section SpeedOfLight --section WarpStateStats \
         --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum,dram__bytes.sum \

@@ -45,9 +45,9 @@ timeout $((l > 20 ? l : 20)) python3 $here/ab_masks.py --lib $c/lab/libhopper_ma
 say "A/B 32K:"; sed -n '/^SUMMARY/,$p' "$out/ab_masks_32k.log" >> "$out/summary.txt"
 grep -E "check_vs_flex|Error|error|A/B rc" "$out/ab_masks_32k.log" | head -n 16 >> "$out/summary.txt"
 if [ $(left) -gt 25 ] && [ -x $old ]; then
-  # The dense q80 backward (variant 10), commit before / working tree, 32K causal, order old new new old.
+  # The dense q80 backward (variant 5), commit before / working tree, 32K causal, order old new new old.
   for b in $old $bwd $bwd $old; do
-    echo "$b"; timeout 12 $b bench 32768 1 32 32 128 5 10 2>&1 | grep -E "^BENCH bwd"
+    echo "$b"; timeout 12 $b bench 32768 1 32 32 128 5 5 2>&1 | grep -E "^BENCH bwd"
   done > "$out/bench_dense.log" 2>&1
   say "dense q80 old/new/new/old:"; grep -E "ms=" "$out/bench_dense.log" | sed 's/ (min [0-9.]* max [0-9.]*)//' >> "$out/summary.txt"
 fi

@@ -26,7 +26,6 @@
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
-#include "bwd_lab.cuh"
 #include "persist_lab.cuh"
 
 namespace hopper_attn {
@@ -98,19 +97,14 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // conversion); the base kernel with another prologue (issue 34 item 1): 2 "memset" (the
 // fragment-order conversion: the first version), 3 "sfirst" (row-order conversion, and the first
 // CTA to reach a dQ tile stores it, so the accumulator is not zeroed); 4 "q128" (D = 64 only:
-// base with 128-row query tiles, kQRows in hopper_bwd.cuh); from bwd_lab.cuh (the base kernel with
-// options): 5 "lateq" (64-row tiles: each consumer computes tile i's dQ during tile i + 1,
-// bwd_lab::kLateDQ), 6 "lateqs" (lateq, and consumer 1 starts after consumer 0's first S^T,
-// kStagger); 7 "dqred" (base, dQ added to the accumulator with red.global.add.v4.f32 from
-// registers, no shared buffer, kDqRed), 8 "lateqr" (lateq and dqred); 9 "trace" (base recording
-// the SM clock at 6 points of each consumer's first query tiles into g_bwd_trace, kTrace: a
-// measuring aid); 10 "q80" (D = 128: 80-row query tiles, dQ computed transposed,
-// hopper_bwd_q80.cuh, the library's since 2026-11-29; tile lists too, of 80-row query tiles).
-inline const char* const kBwdVariants[] = {"base",  "defer",  "memset", "sfirst", "q128", "lateq",
-                                           "lateqs", "dqred", "lateqr", "trace",  "q80"};
-inline constexpr int kNumBwdVariants = 11;
-// Variant 9's stamps: [CTA][consumer][bwd_lab::kTraceSteps][kTraceStamps] u32, set by the caller.
-inline unsigned* g_bwd_trace = nullptr;
+// base with 128-row query tiles, kQRows in hopper_bwd.cuh); 5 "q80" (D = 128: 80-row query
+// tiles, dQ computed transposed, hopper_bwd_q80.cuh, the library's since 2026-11-29; tile lists
+// too, of 80-row query tiles). Session q's options of base (lateq, lateqs, dqred, lateqr, all
+// slower, and the clock-stamp aid trace; variants 5-9 until 2026-11-29, when q80 was 10) are in
+// git: `git show 0b41e36:dev/hopper_attention/bwd_lab.cuh`.
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80"};
+inline constexpr int kNumBwdVariants = 6;
+inline constexpr int kBwdQ80 = 5;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -118,8 +112,8 @@ inline int bwd_variant(const std::string& name) {
 }
 // Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
 // are made with them).
-inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v == 10 ? D == 128 : true; }
-inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == 10 ? bwd::kQ80 : bwd::kBM; }
+inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v == kBwdQ80 ? D == 128 : true; }
+inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
 // Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
 // lists of 80-row query tiles).
 inline bool bwd_variant_lists(int v) { return v >= 0 && v < kNumBwdVariants; }
@@ -136,13 +130,7 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case 4:
       if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream);
       break;
-    // bwd_lab.cuh's kernel and options:
-    case 5: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ>(a, stream);
-    case 6: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ | bwd_lab::kStagger>(a, stream);
-    case 7: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kDqRed>(a, stream);
-    case 8: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kLateDQ | bwd_lab::kDqRed>(a, stream);
-    case 9: return bwd_lab::launch_bwd_lab<kD, bwd_lab::kTrace>(a, stream, g_bwd_trace);
-    case 10:
+    case kBwdQ80:
       if constexpr (kD == 128) return launch_bwd_q80(a, stream);
       break;
   }

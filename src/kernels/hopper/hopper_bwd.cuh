@@ -50,8 +50,8 @@
 //   the dQ hand-off) are paid once per twice the GEMM work. Each consumer then computes
 //   S^T, dP^T as m64n128 (its 64 keys x 128 queries), dV and dK over 8 k-steps, and dQ for 64 of
 //   the 128 query rows (all 64 columns, over all 128 keys) instead of half the columns.
-//   The lab's options of this kernel (dQ one tile late, staggered consumers, dQ by red.global,
-//   SM-clock stamps; none faster than base) live in dev/hopper_attention/bwd_lab.cuh.
+//   Options tried on this kernel and measured slower (dQ one tile late, staggered consumers, dQ by
+//   red.global): dev/hopper_attention/README.md, "Backward at D = 128: dQ one tile late, ...".
 #pragma once
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // The Hopper attention backward's shared definitions: its tile constants and named barriers
 // (namespace bwd), the main kernel's flat parameter struct (BwdParams), its shared-memory layout
 // (BwdSmem) and the dK/dV/dQ element store (add_out). Used by the kernel (hopper_bwd.cuh), the
-// host side (hopper_bwd_launch.cuh) and the lab's kernel options (dev/hopper_attention/bwd_lab.cuh).
+// host side (hopper_bwd_launch.cuh) and the lab (dev/hopper_attention/variants.cuh).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The steps every backward main kernel shares (hopper_bwd.cuh's bwd_kernel, hopper_bwd_q80.cuh's
-// bwd_q80_kernel, the lab's bwd_lab_kernel): the load ring's mbarriers (BwdBars), the producer
+// bwd_q80_kernel): the load ring's mbarriers (BwdBars), the producer
 // warp's loads (bwd_load_tiles), the dQ drain without store-first (bwd_drain_dq) and the dK/dV
 // epilogue (bwd_store_dkv).
 #pragma once
