@@ -106,32 +106,11 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
   const BwdBars bars{sBar};
 
-  // Blocks launch x fastest, so KV heads are the outer loop: the CTAs in flight at once are one
-  // head's key tiles, which read the same Q, dO and dQ accumulator rows, from L2. Within a head,
-  // heaviest key tiles first under the causal mask (the first ones); with tile lists the lists'
-  // order, every head's outliers first (hopper_tiles.hpp, order_tiles; listed_unit). With x =
-  // head instead, the CTAs in flight read 32 heads' Q and dO and added into 32 heads' dQ, and
-  // the masked backward ran at HBM speed.
+  // The CTA's key tile, K/V head and query tiles (BwdUnit: K/V heads the outer loop).
   const bool listed = p.tiles.begin != nullptr;
-  int rank = blockIdx.x, kvh = blockIdx.y;
-  if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &kvh);
-  const int n_block = listed ? __ldg(p.tiles.order + rank) : rank;
-  const int b = blockIdx.z;
-  const int G = p.heads / p.kv_heads;
-  const int n0 = n_block * kBN;
-  const int n_m_total = (p.seq_q + kQRows - 1) / kQRows;
-  int m_lo = 0, e0 = 0;  // first query tile with a row that sees a key of this tile; list start
-  if (listed) {
-    e0 = __ldg(p.tiles.begin + n_block);
-    m_lo = n_m_total - (__ldg(p.tiles.begin + n_block + 1) - e0);  // so that n_m = the list's length
-  } else if (p.causal) {
-    const int x = n0 - p.causal_offset;
-    m_lo = x > 0 ? x / kQRows : 0;
-  }
-  const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
-  const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
-  // The query tile of step it.
-  auto q_tile = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it % n_m) >> 2 : m_lo + it % n_m; };
+  const BwdUnit<kQRows> u = BwdUnit<kQRows>::of(p, listed);
+  const int kvh = u.kvh, b = u.b, G = u.G, n0 = u.n0, n_m = u.n_m, n_iter = u.n_iter;
+  auto q_tile = [&](int it) { return u.q_tile(p, it); };  // the query tile of step it
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -325,7 +304,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     }
     // P^T = exp2(S^T * scale * log2(e) - LSE2). Accumulator layout: s[4j + e] is key
     // key_r0 + 8 * (e >> 1), query q0 + 8j + 2 * (lane % 4) + (e & 1).
-    const int flags = listed ? __ldg(p.tiles.entries + e0 + it % n_m) & 3 : 0;
+    const int flags = listed ? u.entry(p, it) & 3 : 0;
     const bool need_mask =
         listed ? flags != 0 : n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
 #pragma unroll

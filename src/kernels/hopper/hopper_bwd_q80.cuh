@@ -75,28 +75,12 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
   const BwdBars bars{sBar};
 
-  // As the library's kernel: x = key tile (heaviest causal tiles first), y = KV head, z = batch;
-  // with tile lists (80-row query tiles: tile_shape(128).bwd_bm) the lists' order, every head's
-  // outliers first (listed_unit), and the key tile's listed query tiles only.
+  // The CTA's key tile, K/V head and query tiles as the 64-row kernel's (BwdUnit), of 80-row
+  // query tiles (tile lists of them: tile_shape(128).bwd_bm).
   constexpr bool listed = kListed;
-  int rank = blockIdx.x, kvh = blockIdx.y;
-  if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &kvh);
-  const int n_block = listed ? __ldg(p.tiles.order + rank) : rank;
-  const int b = blockIdx.z;
-  const int G = p.heads / p.kv_heads;
-  const int n0 = n_block * kBN;
-  const int n_m_total = (p.seq_q + kQ - 1) / kQ;
-  int m_lo = 0, e0 = 0;  // first query tile with a row that sees a key of this tile; list start
-  if (listed) {
-    e0 = __ldg(p.tiles.begin + n_block);
-    m_lo = n_m_total - (__ldg(p.tiles.begin + n_block + 1) - e0);  // so that n_m = the list's length
-  } else if (p.causal) {
-    const int x = n0 - p.causal_offset;
-    m_lo = x > 0 ? x / kQ : 0;
-  }
-  const int n_m = n_m_total > m_lo ? n_m_total - m_lo : 0;
-  const int n_iter = n_m * G;  // (query head of the group) x (query tile), head outer
-  auto q_tile = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it % n_m) >> 2 : m_lo + it % n_m; };
+  const BwdUnit<kQ> u = BwdUnit<kQ>::of(p, listed);
+  const int kvh = u.kvh, b = u.b, G = u.G, n0 = u.n0, n_m = u.n_m, n_iter = u.n_iter;
+  auto q_tile = [&](int it) { return u.q_tile(p, it); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -184,7 +168,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
     // q0 + 8j + 2 (lane % 4) + (e & 1).
     // With tile lists the entry's flags say which element masks the tile needs (none: wholly
     // visible).
-    const int flags = listed ? __ldg(p.tiles.entries + e0 + it % n_m) & 3 : 0;
+    const int flags = listed ? u.entry(p, it) & 3 : 0;
     const bool need_mask =
         listed ? flags != 0 : n0 + kBN > p.seq_k || (p.causal && n0 + kBN - 1 > q0 + p.causal_offset);
 #pragma unroll

@@ -1,7 +1,7 @@
 // The steps every backward main kernel shares (hopper_bwd.cuh's bwd_kernel, hopper_bwd_q80.cuh's
-// bwd_q80_kernel): the load ring's mbarriers (BwdBars), the producer
-// warp's loads (bwd_load_tiles), the dQ drain without store-first (bwd_drain_dq) and the dK/dV
-// epilogue (bwd_store_dkv).
+// bwd_q80_kernel): the CTA's unit of work (BwdUnit), the load ring's mbarriers (BwdBars), the
+// producer warp's loads (bwd_load_tiles), the dQ drain without store-first (bwd_drain_dq) and the
+// dK/dV epilogue (bwd_store_dkv).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,50 @@
 #include "kernels/hopper/hopper_ptx.cuh"
 
 namespace seqpar::hopper {
+
+// A CTA's unit: key tile n_block (keys n0 ..) of K/V head kvh of batch b, and the n_m query tiles
+// of kQRows rows that see it; step it < n_iter is query head kvh * G + it / n_m (head outer), query
+// tile q_tile(it). Dense: x = key tile (heaviest causal tiles first), y = K/V head, z = batch, the
+// query tiles from the causal diagonal down; blocks launch x fastest, so the CTAs in flight are
+// one head's key tiles, which read the same Q, dO and dQ accumulator rows from L2. Tile lists: the lists' order, every head's outliers
+// first (hopper_tiles.hpp, order_tiles; listed_unit), and the key tile's listed query tiles only
+// (entry(it): tile << 2 | flags). With x = head instead, the CTAs in flight read 32 heads' Q and
+// dO and added into 32 heads' dQ, and the masked backward ran at HBM speed.
+template <int kQRows>
+struct BwdUnit {
+  bool listed;
+  int n_block, kvh, b, G, n0, m_lo, e0, n_m, n_iter;
+  // p: the kernel's parameters (the lists' entries are read from there, not held in a register).
+  __device__ __forceinline__ int entry(const BwdParams& p, int it) const {
+    return __ldg(p.tiles.entries + e0 + it % n_m);
+  }
+  __device__ __forceinline__ int q_tile(const BwdParams& p, int it) const {
+    return listed ? entry(p, it) >> 2 : m_lo + it % n_m;
+  }
+
+  __device__ __forceinline__ static BwdUnit of(const BwdParams& p, bool listed) {
+    BwdUnit u{};
+    int rank = blockIdx.x;
+    u.kvh = blockIdx.y;
+    if (listed) listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &u.kvh);
+    u.n_block = listed ? __ldg(p.tiles.order + rank) : rank;
+    u.b = blockIdx.z;
+    u.G = p.heads / p.kv_heads;
+    u.n0 = u.n_block * bwd::kBN;
+    const int n_m_total = (p.seq_q + kQRows - 1) / kQRows;
+    if (listed) {  // the first listed query tile and the list's start, so that n_m = its length
+      u.e0 = __ldg(p.tiles.begin + u.n_block);
+      u.m_lo = n_m_total - (__ldg(p.tiles.begin + u.n_block + 1) - u.e0);
+    } else if (p.causal) {  // the first query tile with a row that sees a key of this tile
+      const int x = u.n0 - p.causal_offset;
+      u.m_lo = x > 0 ? x / kQRows : 0;
+    }
+    u.n_m = n_m_total > u.m_lo ? n_m_total - u.m_lo : 0;
+    u.n_iter = u.n_m * u.G;
+    u.listed = listed;
+    return u;
+  }
+};
 
 // The mbarriers at `bar` (BwdSmem::kBars of them): K and V loaded (once); per stage s, Q with its
 // LSE2 values and dO with its D values loaded (full) and released by both consumers (empty).
