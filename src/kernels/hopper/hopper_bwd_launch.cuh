@@ -216,12 +216,11 @@ inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D, int q_rows = bwd:
 constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 
 // The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of
-// dynamic shared memory, one CTA per (key tile, KV head, batch); p is a BwdParams, or a struct
-// derived from it with more fields (the lab's options), whose BwdParams part this fills. kQRows:
-// the kernel's query rows per tile (64; 128 for "q128", D = 64; 80 for "q80", D = 128).
-template <int kD, int kPrologue, int kQRows, class Params>
+// dynamic shared memory, one CTA per (key tile, KV head, batch). kQRows: the kernel's query rows
+// per tile (64; 128 for "q128", D = 64; 80 for "q80", D = 128).
+template <int kD, int kPrologue, int kQRows>
 cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel)(CUtensorMap, CUtensorMap,
-                            CUtensorMap, CUtensorMap, Params), int smem, Params p) {
+                            CUtensorMap, CUtensorMap, BwdParams), int smem) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
   constexpr bool k80 = kQRows == bwd::kQ80;  // its own accumulator layout and conversion
   static_assert(!k80 || kD == 128, "80-row tiles: D = 128");
@@ -250,6 +249,7 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
         stat_strides(a.delta_st, a.heads, a.seq_q));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
+  BwdParams p{};
   p.dq_acc = dq_acc;
   p.dq_state = dq_state;
   p.lse2 = lse2;
@@ -306,7 +306,7 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
 template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   return launch_bwd_with<kD, kPrologue, kQRows>(a, stream, bwd_kernel<kD, kDefer, kQRows>,
-                                                BwdSmem<kD, kQRows>::bytes, BwdParams{});
+                                                BwdSmem<kD, kQRows>::bytes);
 }
 
 // The D = 128 backward with 80-row query tiles (hopper_bwd_q80.cuh; dense masks, or tile lists
@@ -314,8 +314,7 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
 inline cudaError_t launch_bwd_q80(const BwdArgs& a, cudaStream_t stream) {
   if (a.head_dim != 128) return cudaErrorInvalidValue;
   return launch_bwd_with<128, kPrologueBest, bwd::kQ80>(
-      a, stream, a.tiles.begin != nullptr ? bwd_q80_kernel<true> : bwd_q80_kernel<false>, BwdQ80Smem::bytes,
-      BwdParams{});
+      a, stream, a.tiles.begin != nullptr ? bwd_q80_kernel<true> : bwd_q80_kernel<false>, BwdQ80Smem::bytes);
 }
 
 }  // namespace seqpar::hopper
