@@ -112,6 +112,13 @@ TEST_F(ModelCuda, Linear) {
   expect_close("y", down_bf16(dY, y.size()), y, 1);
   expect_close("dx", down_f32(dDX, dx.size()), dx, 0.05);
   expect_close("dw", down_f32(dDW, dw.size()), dw, 0.05);
+  // dx in bf16 (attention's dO, SwiGLU's da): the fp32 product rounded once; dw added to as before.
+  Dev<bf16_t> dDXh{DeviceBuffer::allocate(dx.size() * 2).value()};
+  std::vector<double> dw2 = dw;
+  for (size_t i = 0; i < dw.size(); ++i) dw2[i] += dw[i];  // a second pass adds into the first's dw
+  ASSERT_TRUE(cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDXh.ptr(), dDW.ptr(), rows, in, out, nullptr).ok());
+  expect_close("dx, bf16", down_bf16(dDXh, dx.size()), dx, 1);
+  expect_close("dw, added twice", down_f32(dDW, dw.size()), dw2, 0.05);
 }
 
 TEST_F(ModelCuda, EmbeddingAndRmsNorm) {
@@ -226,7 +233,7 @@ TEST_F(ModelCuda, RopeAtLargePositionsAndSwiGlu) {
   swiglu_forward(g.data(), u.data(), a.data(), n);
   swiglu_backward(g.data(), u.data(), da.data(), dg.data(), du.data(), n);
   auto dG = up_bf16(g), dU = up_bf16(u);
-  auto dDA = up_f32(da);
+  auto dDA = up_bf16(da);
   Dev<bf16_t> dA{DeviceBuffer::allocate(size_t(n) * 2).value()}, dDG{DeviceBuffer::allocate(size_t(n) * 2).value()},
       dDU{DeviceBuffer::allocate(size_t(n) * 2).value()};
   ASSERT_TRUE(cuda::swiglu_forward(dG.ptr(), dU.ptr(), dA.ptr(), n, nullptr).ok());

@@ -458,17 +458,15 @@ class LayerPass {
       return dev_.rmsnorm_backward(a.x_in.p(), w.n1, a.rstd1.p(), dh.p(), dx.p(), dw.n1, rows, hid);
     }
     // Attention: x_mid = x_in + o_proj(attention(q, k, v)).
-    SP_ASSIGN_OR_RETURN(Array<R> dout_acc, mem_.template make<R>(rows * H * D));
+    SP_ASSIGN_OR_RETURN(Array<A> dout, mem_.template make<A>(rows * H * D));  // dO, straight from the product
     SP_ASSIGN_OR_RETURN(Array<A> dq, mem_.template make<A>(rows * H * D));
     SP_ASSIGN_OR_RETURN(Array<A> dk, mem_.template make<A>(rows * Hkv * D));
     SP_ASSIGN_OR_RETURN(Array<A> dv, mem_.template make<A>(rows * Hkv * D));
     SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx.p(), rows * hid, scratch));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(a.o.p(), w.wo, dy, dout_acc.p(), dw.wo, rows, H * D, hid, false));
-    Array<A> dout_scratch;
-    SP_ASSIGN_OR_RETURN(const A* dout, dev_.as_act(dout_acc.p(), rows * H * D, dout_scratch));
+    SP_RETURN_IF_ERROR(dev_.linear_backward_act(a.o.p(), w.wo, dy, dout.p(), dw.wo, rows, H * D, hid));
     const ShardTensors t{view(a.q.p(), {B_, S_, H, D}),  view(a.k.p(), {B_, S_, Hkv, D}),
                          view(a.v.p(), {B_, S_, Hkv, D}), view(a.o.p(), {B_, S_, H, D}),
-                         view(a.lse.p(), {B_, H, S_}),     view(const_cast<A*>(dout), {B_, S_, H, D}),
+                         view(a.lse.p(), {B_, H, S_}),     view(dout.p(), {B_, S_, H, D}),
                          view(dq.p(), {B_, S_, H, D}),     view(dk.p(), {B_, S_, Hkv, D}),
                          view(dv.p(), {B_, S_, Hkv, D})};
     SP_RETURN_IF_ERROR(attention(*plan_, Pass::kBackward, t));

@@ -23,6 +23,11 @@ Status linear_forward_add(const bf16_t* x, const bf16_t* w, float* y, int64_t ro
 // dx[rows, in] (fp32) = (or += with accumulate_dx) dy w; dw[out, in] (fp32) += dy^T x. dy bf16.
 Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float* dx, float* dw, int64_t rows,
                        int64_t in, int64_t out, bool accumulate_dx, void* stream);
+// The same with dx in bf16, overwritten: for a gradient that only feeds the next step (attention's
+// dO, SwiGLU's da), never summed; cuBLAS rounds its fp32 result once, as a cast after it would,
+// and half the bytes go out.
+Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, bf16_t* dx, float* dw, int64_t rows,
+                       int64_t in, int64_t out, void* stream);
 
 // x[rows, dim] (fp32) = table[tokens[r]] (bf16); tokens device int32 [rows].
 Status embedding_forward(const int32_t* tokens, const bf16_t* table, float* x, int64_t rows, int64_t dim, void* stream);
@@ -48,10 +53,10 @@ Status rope_apply(bf16_t* x, const int64_t* positions, int64_t batch, int64_t se
 Status rope_apply(float* x, const int64_t* positions, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                   double theta, bool inverse, void* stream);
 
-// a = silu(g) * u (bf16); the backward takes da fp32 and writes dg, du in bf16 (inputs of the
-// next products).
+// a = silu(g) * u (bf16); the backward takes da in bf16 (the down product's dx, rounded as
+// PyTorch's bf16 autograd rounds it) and writes dg, du in bf16 (inputs of the next products).
 Status swiglu_forward(const bf16_t* g, const bf16_t* u, bf16_t* a, int64_t n, void* stream);
-Status swiglu_backward(const bf16_t* g, const bf16_t* u, const float* da, bf16_t* dg, bf16_t* du, int64_t n,
+Status swiglu_backward(const bf16_t* g, const bf16_t* u, const bf16_t* da, bf16_t* dg, bf16_t* du, int64_t n,
                        void* stream);
 
 // The linear-attention mixer's elementwise steps (linear_attention_layer.cpp's math in fp32).

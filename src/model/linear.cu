@@ -44,6 +44,12 @@ Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float
   return gemm_bf16(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw, CUDA_R_32F, stream);
 }
 
+Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, bf16_t* dx, float* dw, int64_t rows,
+                       int64_t in, int64_t out, void* stream) {
+  SP_RETURN_IF_ERROR(gemm_bf16(false, false, rows, in, out, 1.0f, dy, w, 0.0f, dx, CUDA_R_16BF, stream));
+  return gemm_bf16(true, false, out, in, rows, 1.0f, dy, x, 1.0f, dw, CUDA_R_32F, stream);
+}
+
 namespace {
 
 // vec: elements [0, n - n % 8) go eight at a time (every pointer aligned16), the rest one by one.

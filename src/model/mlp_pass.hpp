@@ -92,8 +92,8 @@ class MlpPass {
   // One tile's arrays: the inner activations, and the backward's gradients of them (dy: the
   // products' dy where Act is narrower than Acc, taken at the first tile).
   struct Tile {
-    Array<A> h2, g, u, act, dg, du, dy;
-    Array<R> rstd2, dact, dh;
+    Array<A> h2, g, u, act, dact, dg, du, dy;
+    Array<R> rstd2, dh;
     Rows rows() const { return {h2.p(), g.p(), u.p(), act.p(), rstd2.p()}; }
   };
   int64_t tile_of(int64_t rows) const { return tiled() ? std::min(tile_rows_, rows) : rows; }
@@ -109,7 +109,7 @@ class MlpPass {
     }
     SP_ASSIGN_OR_RETURN(t.act, mem_.template make<A>(rows * F));
     if (grads) {
-      SP_ASSIGN_OR_RETURN(t.dact, mem_.template make<R>(rows * F));
+      SP_ASSIGN_OR_RETURN(t.dact, mem_.template make<A>(rows * F));
       SP_ASSIGN_OR_RETURN(t.dg, mem_.template make<A>(rows * F));
       SP_ASSIGN_OR_RETURN(t.du, mem_.template make<A>(rows * F));
       SP_ASSIGN_OR_RETURN(t.dh, mem_.template make<R>(rows * hid));
@@ -131,7 +131,7 @@ class MlpPass {
     const int64_t hid = hid_, F = ffn_;
     R* dx_rows = dx + r0 * hid;
     SP_ASSIGN_OR_RETURN(const A* dy, dev_.as_act(dx_rows, n * hid, g.dy));
-    SP_RETURN_IF_ERROR(dev_.linear_backward(in.act, w.wd, dy, g.dact.p(), dw.wd, n, F, hid, false));
+    SP_RETURN_IF_ERROR(dev_.linear_backward_act(in.act, w.wd, dy, g.dact.p(), dw.wd, n, F, hid));
     SP_RETURN_IF_ERROR(dev_.swiglu_backward(in.g, in.u, g.dact.p(), g.dg.p(), g.du.p(), n * F));
     SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wg, g.dg.p(), g.dh.p(), dw.wg, n, hid, F, false));
     SP_RETURN_IF_ERROR(dev_.linear_backward(in.h2, w.wu, g.du.p(), g.dh.p(), dw.wu, n, hid, F, true));

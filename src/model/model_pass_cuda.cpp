@@ -96,6 +96,11 @@ class CudaLayers : public ProfiledDevice {
     const auto timed = time(Work::kProducts);
     return cu::linear_backward(x, w, dy, dx, dw, rows, in, out, accumulate_dx, s_);
   }
+  Status linear_backward_act(const Half* x, const Half* w, const Half* dy, Half* dx, float* dw, int64_t rows,
+                             int64_t in, int64_t out) {
+    const auto timed = time(Work::kProducts);
+    return cu::linear_backward(x, w, dy, dx, dw, rows, in, out, s_);
+  }
   Status rope_apply(Half* x, const int64_t* positions, int64_t B, int64_t S, int64_t H, int64_t D, double theta,
                     bool inverse) {
     const auto timed = time(Work::kRope);
@@ -105,7 +110,7 @@ class CudaLayers : public ProfiledDevice {
     const auto timed = time(Work::kSwiglu);
     return cu::swiglu_forward(g, u, a, n, s_);
   }
-  Status swiglu_backward(const Half* g, const Half* u, const float* da, Half* dg, Half* du, int64_t n) {
+  Status swiglu_backward(const Half* g, const Half* u, const Half* da, Half* dg, Half* du, int64_t n) {
     const auto timed = time(Work::kSwiglu);
     return cu::swiglu_backward(g, u, da, dg, du, n, s_);
   }

@@ -1,6 +1,5 @@
-// The CUDA half of swiglu.cpp, elementwise in fp32. Memory-bound, so each thread moves 8
-// elements at a time (16-byte loads of bf16, two of fp32) where the pointers allow; the rest one
-// by one.
+// The CUDA half of swiglu.cpp, elementwise in fp32 on bf16 arrays. Memory-bound, so each thread
+// moves 8 elements at a time (16-byte loads) where the pointers allow; the rest one by one.
 #include "model/cuda_common.cuh"
 
 namespace seqpar::model::cuda {
@@ -36,20 +35,19 @@ __global__ void forward(const __nv_bfloat16* g, const __nv_bfloat16* u, __nv_bfl
   for (int64_t i = whole * kVec + first; i < n; i += stride) forward_one(g, u, a, i);
 }
 
-__global__ void backward(const __nv_bfloat16* g, const __nv_bfloat16* u, const float* da, __nv_bfloat16* dg,
+__global__ void backward(const __nv_bfloat16* g, const __nv_bfloat16* u, const __nv_bfloat16* da, __nv_bfloat16* dg,
                          __nv_bfloat16* du, int64_t n, bool vec) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t whole = vec ? n / kVec : 0;
   for (int64_t j = first; j < whole; j += stride) {
     const Bf16x8 gv = reinterpret_cast<const Bf16x8*>(g)[j], uv = reinterpret_cast<const Bf16x8*>(u)[j];
-    const F32x4 d0 = reinterpret_cast<const F32x4*>(da)[2 * j], d1 = reinterpret_cast<const F32x4*>(da)[2 * j + 1];
-    const float dav[kVec] = {d0.v[0], d0.v[1], d0.v[2], d0.v[3], d1.v[0], d1.v[1], d1.v[2], d1.v[3]};
+    const Bf16x8 dav = reinterpret_cast<const Bf16x8*>(da)[j];
     Bf16x8 dgv, duv;
     for (int k = 0; k < 4; ++k) {
-      const float2 gf = __bfloat1622float2(gv.v[k]), uf = __bfloat1622float2(uv.v[k]);
+      const float2 gf = __bfloat1622float2(gv.v[k]), uf = __bfloat1622float2(uv.v[k]), df = __bfloat1622float2(dav.v[k]);
       float dg0, du0, dg1, du1;
-      backward_one(gf.x, uf.x, dav[2 * k], &dg0, &du0);
-      backward_one(gf.y, uf.y, dav[2 * k + 1], &dg1, &du1);
+      backward_one(gf.x, uf.x, df.x, &dg0, &du0);
+      backward_one(gf.y, uf.y, df.y, &dg1, &du1);
       dgv.v[k] = __floats2bfloat162_rn(dg0, dg1);
       duv.v[k] = __floats2bfloat162_rn(du0, du1);
     }
@@ -58,7 +56,7 @@ __global__ void backward(const __nv_bfloat16* g, const __nv_bfloat16* u, const f
   }
   for (int64_t i = whole * kVec + first; i < n; i += stride) {
     float dgi, dui;
-    backward_one(__bfloat162float(g[i]), __bfloat162float(u[i]), da[i], &dgi, &dui);
+    backward_one(__bfloat162float(g[i]), __bfloat162float(u[i]), __bfloat162float(da[i]), &dgi, &dui);
     dg[i] = __float2bfloat16(dgi), du[i] = __float2bfloat16(dui);
   }
 }
@@ -73,11 +71,11 @@ Status swiglu_forward(const bf16_t* g, const bf16_t* u, bf16_t* a, int64_t n, vo
   return Status::Ok();
 }
 
-Status swiglu_backward(const bf16_t* g, const bf16_t* u, const float* da, bf16_t* dg, bf16_t* du, int64_t n,
+Status swiglu_backward(const bf16_t* g, const bf16_t* u, const bf16_t* da, bf16_t* dg, bf16_t* du, int64_t n,
                        void* stream) {
   if (n == 0) return Status::Ok();
   const bool vec = aligned16(g) && aligned16(u) && aligned16(da) && aligned16(dg) && aligned16(du);
-  backward<<<blocks_for((n + kVec - 1) / kVec), 256, 0, as_stream(stream)>>>(as_bf16(g), as_bf16(u), da, as_bf16(dg),
+  backward<<<blocks_for((n + kVec - 1) / kVec), 256, 0, as_stream(stream)>>>(as_bf16(g), as_bf16(u), as_bf16(da), as_bf16(dg),
                                                                               as_bf16(du), n, vec);
   SP_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();

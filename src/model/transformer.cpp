@@ -98,6 +98,10 @@ class HostLayers : public ProfiledDevice {
     model::linear_backward(x, w, dy, dx, dw, rows, in, out, accumulate_dx);
     return Status::Ok();
   }
+  Status linear_backward_act(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t in,
+                             int64_t out) {
+    return linear_backward(x, w, dy, dx, dw, rows, in, out, false);
+  }
   Status rope_apply(T* x, const int64_t* positions, int64_t B, int64_t S, int64_t H, int64_t D, double theta,
                     bool inverse) {
     const auto timed = time(Work::kRope);
