@@ -20,6 +20,8 @@
 #include <deque>
 #include <numeric>
 #include <random>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "seqpar/backend.hpp"
@@ -295,6 +297,14 @@ INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
                            return n;
                          });
 
+// Two masked D = 128 pairs of the suite below whose backward runs different Hopper kernels
+// (HopperTiles.BackendCasesRunEachBackwardKernel checks which): documents of random lengths with
+// 1-token ones, causal inside, GQA, odd lengths (64-row query tiles, "base"), and documents of
+// 320 rows without a band, whose edges 80-row query tiles meet as often as 64-row ones ("q80").
+const Case kDocsCausalD128{"docs_causal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 301}}, {{0, 301}}, 150, 0,
+                           {0, 1, 2, 70, 71, 72, 203, 333, 334, 400}};
+const Case kDocsFullQ80{"docs_full_q80_d128_gqa", "full", 1, 4, 2, 128, {{0, 640}}, {{0, 640}}, 300, 0, {0, 320, 640}};
+
 // Shard pairs whose sides are one run each (what the Hopper kernels take; every backend runs
 // them). name, mask, B, H, H_kv, D, query runs, key runs, rows of the first key block[, scale].
 class BackendVsOracleRuns : public ::testing::TestWithParam<Case> {};
@@ -319,10 +329,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"band_right16_d128", "window:-1,16", 1, 2, 2, 128, {{0, 96}}, {{32, 100}}, 50},
         Case{"full_d64_gqa_scale", "full", 1, 4, 2, 64, {{0, 70}}, {{500, 90}}, 45, 0.2},  // a scale of our own
         Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100},
-        // Masks the Hopper kernels run as visible-tile lists (issue 34): documents of random
-        // lengths with 1-token ones, causal inside, GQA, odd lengths.
-        Case{"docs_causal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 301}}, {{0, 301}}, 150, 0,
-             {0, 1, 2, 70, 71, 72, 203, 333, 334, 400}},
+        // Masks the Hopper kernels run as visible-tile lists (issue 34): documents (above).
+        kDocsCausalD128, kDocsFullQ80,
         // Documents without a band, the sides at different positions (keys partly before).
         Case{"docs_full_d64_offset", "full", 1, 4, 2, 64, {{150, 131}}, {{60, 203}}, 100, 0, {0, 97, 98, 180, 260, 400}},
         // A window bounded on both sides (a 4K-style band, scaled down), and a causal one.
@@ -438,6 +446,95 @@ TEST(HopperTiles, ListsOverSeveralRunsMatchTheMask) {
       EXPECT_EQ(misses, 0);
       EXPECT_EQ(wrong, 0);
     }
+  }
+}
+
+// A one-run case's pair of key block `block` (rows [0, half) or [half, S_k)) as the Hopper
+// backend's tile_lists makes it.
+hopper::PairMask one_run_pair(const Case& c, int block) {
+  const MaskSpec mask = parse_mask(c.mask, 400).value();
+  hopper::PairMask m;
+  m.q0 = c.q_runs.at(0).first, m.seq_q = int(c.seq_q());
+  m.k0 = c.k_runs.at(0).first + (block ? c.half : 0), m.seq_k = int(block ? c.seq_k() - c.half : c.half);
+  m.window_left = mask.window_left, m.window_right = mask.window_right;
+  m.doc_offsets = c.docs.empty() ? mask.doc_offsets : c.docs;
+  return m;
+}
+
+// Masks at S tokens as ab_masks.py draws them (dev/hopper_attention): n documents of uniformly
+// random cuts, causal inside; a causal window of w keys; BigBird of `block`-token blocks (the
+// neighbours, a global first block row and column, 3 random blocks per row). rng() % n, not
+// <random>'s distributions, so the masks are the same under every standard library.
+hopper::PairMask documents_mask(int S, int n, std::mt19937_64& rng) {
+  hopper::PairMask m;
+  m.seq_q = m.seq_k = S, m.window_right = 0;
+  std::set<int64_t> cuts;
+  while (int(cuts.size()) < n - 1) cuts.insert(1 + int64_t(rng() % uint64_t(S - 1)));
+  m.doc_offsets = {0};
+  m.doc_offsets.insert(m.doc_offsets.end(), cuts.begin(), cuts.end());
+  m.doc_offsets.push_back(S);
+  return m;
+}
+hopper::PairMask window_mask(int S, int w) {
+  hopper::PairMask m;
+  m.seq_q = m.seq_k = S, m.window_left = w, m.window_right = 0;
+  return m;
+}
+hopper::PairMask bigbird_mask(int S, int block, std::mt19937_64& rng) {
+  hopper::PairMask m;
+  m.seq_q = m.seq_k = S, m.pattern_block = block;
+  const int64_t nb = S / block;
+  m.pattern_begin = {0};
+  for (int64_t qb = 0; qb < nb; ++qb) {
+    std::set<int64_t> row = {0};
+    for (int64_t kb = std::max<int64_t>(0, qb - 1); kb <= std::min(nb - 1, qb + 1); ++kb) row.insert(kb);
+    for (int r = 0; r < 3; ++r) row.insert(int64_t(rng() % uint64_t(nb)));
+    if (qb == 0)
+      for (int64_t kb = 0; kb < nb; ++kb) row.insert(kb);
+    m.pattern_cols.insert(m.pattern_cols.end(), row.begin(), row.end());
+    m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
+  }
+  return m;
+}
+
+// At D = 128 the backend plans the backward's lists with 64-row query tiles (base) and 80-row
+// ones (q80) and keeps one per mask (tall_tiles_pay, hopper_tiles.hpp): q80 where long documents
+// and windows cost it at most 2% more query rows, base where short documents do or where 128-token
+// pattern blocks straddle its tiles (dev/hopper_attention/README.md, "Masked backward at D = 128
+// on q80": at 32K q80 was 1.06-1.07x base on 16 documents and a 4K window, 0.90x on 256
+// documents, 0.73x on BigBird). The kept lists are exactly those of their query tile, and the
+// TileMask the kernels get says that tile (backward() runs the kernel by it); D = 64 has one.
+TEST(HopperTiles, BackwardQueryTileChosenPerMask) {
+  constexpr int S = 32768;
+  std::mt19937_64 rng(34);
+  const std::vector<std::tuple<std::string, hopper::PairMask, int>> masks = {
+      {"docs16", documents_mask(S, 16, rng), 80},     {"window4096", window_mask(S, 4096), 80},
+      {"window16384", window_mask(S, 16384), 80},     {"docs256", documents_mask(S, 256, rng), 64},
+      {"window1024", window_mask(S, 1024), 64},       {"bigbird128", bigbird_mask(S, 128, rng), 64},
+      {"bigbird64", bigbird_mask(S, 64, rng), 64}};
+  for (const auto& [name, m, rows] : masks) {
+    SCOPED_TRACE(name);
+    const hopper::TilePlan plan = hopper::backend_plan(m, 128);
+    EXPECT_EQ(plan.bwd.other_tile_rows, rows);
+    const hopper::TilePlan same = hopper::plan_tiles(m, 128, 192, rows, 128);
+    EXPECT_EQ(plan.bwd.begin, same.bwd.begin);
+    EXPECT_EQ(plan.bwd.entries, same.bwd.entries);
+    EXPECT_EQ(plan.bwd.order, same.bwd.order);
+    EXPECT_EQ(plan.fwd.entries, same.fwd.entries);
+    const hopper::PackedTiles packed = hopper::pack_tiles(plan, m);
+    EXPECT_EQ(hopper::tile_mask_view(packed, 1, packed.blob.data()).query_rows, rows);
+    EXPECT_EQ(hopper::tile_mask_view(packed, 0, packed.blob.data()).query_rows, 128);
+    const hopper::PackedTiles d64 = hopper::pack_tiles(hopper::backend_plan(m, 64), m);
+    EXPECT_EQ(hopper::tile_mask_view(d64, 1, d64.blob.data()).query_rows, 128);
+  }
+}
+
+// The backend's masked D = 128 cases above run both backward kernels: q80's lists on 320-row
+// documents without a band, base's on the short causal documents (each key block's pair).
+TEST(HopperTiles, BackendCasesRunEachBackwardKernel) {
+  for (int block = 0; block < 2; ++block) {
+    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsFullQ80, block), 128).bwd.other_tile_rows, 80) << block;
+    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsCausalD128, block), 128).bwd.other_tile_rows, 64) << block;
   }
 }
 

@@ -37,6 +37,8 @@ struct TileMask {
   int bits_words;
   int block_shift;         // pattern block = 1 << block_shift positions
   int pos0, other_pos0;    // positions of row 0 of this side and of the other side
+  int query_rows;          // rows of the lists' query tiles (the forward's tiles, the backward's
+                           // entries): backward() runs the kernel of that tile (D = 128: 64 or 80)
 };
 
 #ifdef __CUDACC__
@@ -91,7 +93,7 @@ struct BwdArgs {
   int batch, heads, kv_heads, seq_q, seq_k, head_dim;
   int causal, causal_offset, accumulate;  // accumulate: add to dq, dk, dv (else write them)
   float scale;       // 0: 1/sqrt(D)
-  int variant;       // the lab's dispatch_bwd (variants.cuh); the backend runs base, q128 at D = 64
+  int variant;       // the lab's dispatch_bwd (variants.cuh); backward() does not read it
   int main_only;     // timing aid: 1, launch only the main kernel (the workspace must hold a
                      // previous call's LSE2 and D; dQ is then neither zeroed nor converted);
                      // 2, everything but the main kernel (zeroing, preprocessing, conversion)
@@ -103,17 +105,22 @@ struct BwdArgs {
 };
 
 // Host entry points (hopper_kernels.cu): the variants the backend runs (forward: 192-key tiles
-// at D = 128, 192 query rows at D = 64; backward: "base", and "q128" at D = 64). They return the
-// cudaError_t of the launches (0 on success) and launch nothing on a device they cannot run on.
+// at D = 128, 192 query rows at D = 64; backward: "q80" and "base" at D = 128, "q128" at D = 64).
+// They return the cudaError_t of the launches (0 on success) and launch nothing on a device they
+// cannot run on.
 int forward(const FwdArgs& a, void* stream);
 int backward(const BwdArgs& a, void* stream);
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim);
-// The tiles of the variants above, for plan_tiles (hopper_tiles.hpp): the forward's query and key
-// tile rows at this head dim, and the backward's.
+// The tiles of the variants above, for plan_tiles (hopper_tiles.hpp; hopper_kernels.cu checks
+// them against the kernels' constants): the forward's query and key tile rows at this head dim,
+// and the backward's, whose lists a second kernel may take with bwd_bm_tall-row query tiles
+// (D = 128: base takes 64, q80 80; 0: no second kernel; plan_tiles picks per mask).
 struct TileShape {
-  int fwd_bm, fwd_bn, bwd_bm, bwd_bn;
+  int fwd_bm, fwd_bn, bwd_bm, bwd_bn, bwd_bm_tall;
 };
-TileShape tile_shape(int head_dim);
+constexpr TileShape tile_shape(int head_dim) {
+  return head_dim == 64 ? TileShape{192, 128, 128, 128, 0} : TileShape{128, 192, 64, 128, 80};
+}
 // Empty when device `device` can run the kernels (compute capability 9.0 and sm_90a code in
 // this build); else why not. Queried once per device.
 const char* device_refusal(int device);

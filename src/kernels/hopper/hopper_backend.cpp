@@ -397,7 +397,9 @@ class HopperBackend : public cuda::CudaKernelBackend {
     return band;
   }
 
-  // A pair's tile lists on the device, made once per (mask, positions, lengths, head dim).
+  // A pair's tile lists on the device, made once per (mask, positions, lengths, head dim); at
+  // D = 128 the backward's are of 64- or 80-row query tiles, chosen per pair (backend_plan), and
+  // their TileMask says which, for backward()'s kernel.
   // q_pos, k_pos: each row's position where that side is several runs (else null: q0 + i).
   struct Lists {
     PackedTiles packed;  // the offsets into the device copy (its host blob is dropped)
@@ -437,9 +439,8 @@ class HopperBackend : public cuda::CudaKernelBackend {
         m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
       }
     }
-    const TileShape ts = tile_shape(head_dim);
     Lists lists;
-    lists.packed = pack_tiles(plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn), m);
+    lists.packed = pack_tiles(backend_plan(m, head_dim), m);
     const size_t bytes = lists.packed.blob.size() * sizeof(int32_t);
     SP_ASSIGN_OR_RETURN(lists.device, DeviceBuffer::allocate(std::max<size_t>(bytes, 16)));
     SP_RETURN_IF_ERROR(copy_bytes(lists.device.data(), lists.packed.blob.data(), bytes));

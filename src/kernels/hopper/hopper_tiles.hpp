@@ -11,7 +11,9 @@
 //   - per row of that side the interval of the other side's rows it sees under the band and
 //     documents (one interval: see row_intervals), and the pattern as a bitmap, which is all a
 //     boundary tile evaluates element by element;
-//   - the tiles in the order each head's CTAs should take them (order_tiles).
+//   - the tiles in the order each head's CTAs should take them (order_tiles);
+//   - at D = 128, which backward kernel's query tile the backward's lists are made of (64 rows,
+//     base; 80, q80), chosen per mask from both plans (tall_tiles_pay).
 // Everything is laid out in one int32 blob (pack_tiles) that the caller uploads once per mask,
 // shard pair and head dim, then points a TileMask (hopper_args.hpp) into it.
 #pragma once
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/hopper/hopper_args.hpp"
@@ -187,11 +190,14 @@ inline void pattern_bitmap(const PairMask& m, bool transpose, std::vector<uint32
 // One side's lists. `rows` are this side's intervals over the other side (row_intervals, or
 // column_intervals for the key side), n rows in tiles of tile_rows, the other side n_other rows
 // in tiles of other_rows. pos0 / other_pos0: the sides' first positions (for the pattern).
-// Entries of a tile are listed from the last other-side tile to the first.
+// Entries of a tile are listed from the last other-side tile to the first. pattern_cap >= 0: give
+// up (returning lists with an empty `begin`) once more than pattern_cap entries need the
+// pattern's element mask (plan_tiles' second backward plan, which has then lost).
 inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows, int n, int n_other, int tile_rows,
                             int other_rows, int64_t pos0, int64_t other_pos0, bool key_side,
-                            TileOrder how = TileOrder::kNeighbours) {
+                            TileOrder how = TileOrder::kNeighbours, int64_t pattern_cap = -1) {
   SideTiles t;
+  int64_t pattern_masked = 0;
   t.tile_rows = tile_rows, t.other_tile_rows = other_rows;
   const int n_tiles = (n + tile_rows - 1) / tile_rows;
   const int n_other_tiles = (n_other + other_rows - 1) / other_rows;
@@ -239,6 +245,7 @@ inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows,
         }
         if (!any) continue;
         if (!all) flags |= kTilePatternMask;
+        if (!all && pattern_cap >= 0 && ++pattern_masked > pattern_cap) return SideTiles{};
       }
       t.entries.push_back(int32_t(ot) << 2 | flags);
     }
@@ -250,19 +257,53 @@ inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows,
   return t;
 }
 
+// Whether the backward's lists of a mask should be the `tall` ones (q80: 80-row query tiles)
+// rather than the `narrow` ones (base: 64 rows), from both plans of the key side. q80 runs a
+// wholly visible query row about 1.13x faster than base (dense, dev/hopper_attention/README.md,
+// "80-row query tiles"), but a mask's edges cut 80-row tiles more often: it computes every row of
+// a listed tile, so its work grows with 80 x its entries, and a pattern whose blocks an 80-row
+// tile straddles adds element-masked tiles (README, "Masked backward at D = 128 on q80", one
+// H200, 32K: rows 80 x q80 / 64 x base 1.014 and 1.016 (16 documents, a 4K window): q80 1.06x
+// and 1.07x base; 1.12 (256 documents): 0.90x; 1.27 and 1825 pattern-masked tiles where base had
+// none (BigBird, 128-token blocks): 0.73x). So tall where it computes at most 2% more query rows
+// and flags no more tiles for the pattern.
+inline int64_t pattern_masked(const SideTiles& t) {
+  return std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & kTilePatternMask) != 0; });
+}
+inline bool tall_tiles_pay(const SideTiles& narrow, const SideTiles& tall) {
+  const int64_t rows_narrow = int64_t(narrow.other_tile_rows) * narrow.entry_count();
+  const int64_t rows_tall = int64_t(tall.other_tile_rows) * tall.entry_count();
+  return rows_tall * 100 <= rows_narrow * 102 && pattern_masked(tall) <= pattern_masked(narrow);
+}
+
 // Both sides' lists of a pair: the forward's per query tile (fwd_bm query rows, fwd_bn keys), the
-// backward's per key tile (bwd_bn keys, bwd_bm query rows).
+// backward's per key tile (bwd_bn keys, bwd_bm query rows; or, with bwd_bm_tall > 0, bwd_bm_tall
+// rows where tall_tiles_pay says so: both are planned, the other is dropped). The tall plan stops
+// as soon as it flags more tiles for the pattern than the narrow one: on BigBird of 128-token
+// blocks at 128K the backend's plan then takes 51 ms on the CPU, as with one backward plan (89 ms
+// without the stop; dev/hopper_attention/plan_choice.cpp).
 struct TilePlan {
   SideTiles fwd, bwd;
 };
 inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm, int bwd_bn,
-                           TileOrder how = TileOrder::kNeighbours) {
+                           TileOrder how = TileOrder::kNeighbours, int bwd_bm_tall = 0) {
   TilePlan p;
   const std::vector<int32_t> rows = row_intervals(m);
   p.fwd = side_tiles(m, rows, m.seq_q, m.seq_k, fwd_bm, fwd_bn, m.q0, m.k0, false, how);
-  p.bwd = side_tiles(m, column_intervals(rows, m.seq_q, m.seq_k), m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0,
-                     true, how);
+  const std::vector<int32_t> cols = column_intervals(rows, m.seq_q, m.seq_k);
+  p.bwd = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0, true, how);
+  if (bwd_bm_tall > 0) {
+    SideTiles tall =
+        side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm_tall, m.k0, m.q0, true, how, pattern_masked(p.bwd));
+    if (!tall.begin.empty() && tall_tiles_pay(p.bwd, tall)) p.bwd = std::move(tall);
+  }
   return p;
+}
+// The lists the backend (hopper_backend.cpp) runs at head dim D: tile_shape's tiles, the
+// backward's query tile chosen per mask where two kernels take lists (D = 128).
+inline TilePlan backend_plan(const PairMask& m, int head_dim) {
+  const TileShape ts = tile_shape(head_dim);
+  return plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn, TileOrder::kNeighbours, ts.bwd_bm_tall);
 }
 
 // Visible (query, key) pairs of the mask, exactly (band, documents and pattern): the FLOP count
@@ -310,6 +351,7 @@ struct PackedTiles {
   int64_t pos0[2] = {0, 0}, other_pos0[2] = {0, 0};
   int block = 0;
   int64_t entries[2] = {0, 0};
+  int query_rows[2] = {0, 0};  // per side: rows of its lists' query tiles (TileMask::query_rows)
 };
 inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
   PackedTiles k;
@@ -326,6 +368,7 @@ inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
     k.heavy[s] = t.heavy;
     k.entries[s] = t.entry_count();
   }
+  k.query_rows[0] = p.fwd.tile_rows, k.query_rows[1] = p.bwd.other_tile_rows;
   k.pos0[0] = m.q0, k.other_pos0[0] = m.k0;
   k.pos0[1] = m.k0, k.other_pos0[1] = m.q0;
   k.block = int(m.pattern_block);
@@ -346,6 +389,7 @@ inline TileMask tile_mask_view(const PackedTiles& k, int side, const void* devic
   while (k.block > 1 && (1 << (t.block_shift + 1)) <= k.block) ++t.block_shift;
   t.pos0 = int(k.pos0[side]);
   t.other_pos0 = int(k.other_pos0[side]);
+  t.query_rows = k.query_rows[side];
   return t;
 }
 
