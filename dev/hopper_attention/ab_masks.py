@@ -14,7 +14,9 @@ m192; the backward variants of --bwd-variants, each with the lists of its own qu
 rows, q80 80); the lists are built once per mask and variant (not timed; their build time is
 printed). fwd+bwd = our forward then our whole backward; bwd = our whole backward alone (after one
 forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
-time (each a median), labelled as derived. "ours causal" (the 0.9x bar) is --causal-ref's dense
+time (each a median), labelled as derived. "routed": the variant whose lists the library's backend
+plans for the mask (backend_plan in src/kernels/hopper/hopper_tiles.hpp: at D = 128 base's 64-row or
+q80's 80-row query tiles, per mask), with that variant's timings; dense causal routes to q80. "ours causal" (the 0.9x bar) is --causal-ref's dense
 causal fwd+bwd (q80 at D = 128, the backend's dense backward). flex: torch.compile(flex_attention) on [B, H, S, D]
 copies of the same values with create_block_mask(_compile=True); fwd+bwd = forward + .backward(dO).
 cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTENTION).
@@ -23,7 +25,7 @@ At the first length every mask's O and gradients are compared with flex's over a
 
 Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
            [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2] \
-           [--bwd-variants base,q80] [--causal-ref q80]
+           [--bwd-variants base,q80] [--causal-ref q80]   (add --masks docs64,window1024 etc.)
 """
 import argparse
 import ctypes
@@ -60,6 +62,8 @@ def load(path):
     lib.hopper_mask_bwd_variant.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 6 + [VP]
     lib.hopper_mask_bwd_workspace.restype = ctypes.c_size_t
     lib.hopper_mask_bwd_workspace.argtypes = [ctypes.c_int] * 4
+    lib.hopper_mask_backend_rows.restype = ctypes.c_int
+    lib.hopper_mask_backend_rows.argtypes = lib.hopper_mask_plan.argtypes[:9]
     return lib
 
 
@@ -111,18 +115,21 @@ def make_mask(name, S, rng):
     return d, mm, vis
 
 
-def plan(lib, d, S, D, rows):
+def mask_args(d, S, D):
+    """The mask's leading arguments of hopper_mask_plan_rows and hopper_mask_backend_rows."""
     offs = None
     if d["offsets"] is not None:
         offs = (ctypes.c_longlong * len(d["offsets"]))(*d["offsets"])
     dense = d["dense"]
+    return (S, D, d["wl"], d["wr"], ctypes.cast(offs, VP) if offs else None, len(d["offsets"]) if offs else 0,
+            d["block"], dense.data_ptr() if dense is not None else None, dense.shape[0] if dense is not None else 0)
+
+
+def plan(lib, d, S, D, rows):
     vis = ctypes.c_double(0)
     stats = (ctypes.c_longlong * 4)()
     t = time.perf_counter()
-    p = lib.hopper_mask_plan_rows(S, D, d["wl"], d["wr"], ctypes.cast(offs, VP) if offs else None,
-                                  len(d["offsets"]) if offs else 0, d["block"],
-                                  dense.data_ptr() if dense is not None else None,
-                                  dense.shape[0] if dense is not None else 0, ctypes.byref(vis), stats, rows)
+    p = lib.hopper_mask_plan_rows(*mask_args(d, S, D), ctypes.byref(vis), stats, rows)
     return p, vis.value, list(stats), time.perf_counter() - t
 
 
@@ -257,6 +264,10 @@ def main():
                 if r not in plans:
                     plans[r] = plan(lib, d, S, D, r)
                 rows_of[vn] = r
+            t0 = time.perf_counter()
+            routed_rows = lib.hopper_mask_backend_rows(*mask_args(d, S, D))
+            backend_plan_s = time.perf_counter() - t0
+            routed = next((vn for vn in vnames if rows_of[vn] == routed_rows), None)
             pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
             vis_ours = next(iter(plans.values()))[1]
             t0 = time.perf_counter()
@@ -290,8 +301,9 @@ def main():
             ours_fwd(pf)()
             t.update(time_interleaved({"ours_bwd_" + vn: ours_bwd(plans[rows_of[vn]][0], vn) for vn in vnames},
                                       a.rounds, a.reps))
-            row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours,
-                       plan_s=round(sum(x[3] for x in plans.values()), 3), flex_compile_s=round(t_compile, 1))
+            row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours, routed_rows=routed_rows, routed=routed,
+                       backend_plan_s=round(backend_plan_s, 3), plan_s=round(sum(x[3] for x in plans.values()), 3),
+                       flex_compile_s=round(t_compile, 1))
             for r, x in plans.items():
                 row["tiles_%d" % r] = dict(fwd=x[2][0], fwd_boundary=x[2][1], bwd=x[2][2], bwd_boundary=x[2][3])
             for n, ms in t.items():
@@ -301,13 +313,14 @@ def main():
             print(json.dumps(row), flush=True)
             summary.append(dict(mask=name, seq=S, ours_fwd_tflops=row["ours_fwd_tflops"],
                                 peer_fwd_tflops=row["flex_fwd_tflops"], peer_fb_tflops=row["flex_fb_tflops"],
-                                peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb,
+                                peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb, routed=routed,
                                 **{"ours_fb_%s_tflops" % vn: row["ours_fb_%s_tflops" % vn] for vn in vnames},
                                 **{"ours_bwd_%s_tflops" % vn: row["ours_bwd_%s_tflops" % vn] for vn in vnames}))
             for x in plans.values():
                 lib.hopper_mask_free(x[0])
             del bm
         dense_row["ref_fb"] = ref_fb
+        dense_row["routed"] = a.causal_ref
         summary.append(dense_row)
         del q, k, v, do, o, dq, dk, dv, qt, kt, vt, dot, ws
         torch.cuda.empty_cache()
@@ -326,6 +339,7 @@ def main():
         head += " fwd+bwd vs base | bwd vs base |"
     for vn in vnames:
         head += " %s vs causal |" % vn
+    head += " routed | routed / peer | routed vs causal |"
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     other = [vn for vn in vnames if vn != "base"]
@@ -350,6 +364,12 @@ def main():
                                         ratio(r["ours_bwd_%s_tflops" % vn], r["ours_bwd_base_tflops"]))
         for vn in vnames:
             line += " %.2f |" % ratio(r["ours_fb_%s_tflops" % vn], r["ref_fb"])
+        rv = r.get("routed")
+        if rv in vnames:
+            line += " %s | %.2fx | %.2f |" % (rv, ratio(r["ours_fb_%s_tflops" % rv], r["peer_fb_tflops"]),
+                                             ratio(r["ours_fb_%s_tflops" % rv], r["ref_fb"]))
+        else:
+            line += " %s | | |" % rv
         print(line)
 
 

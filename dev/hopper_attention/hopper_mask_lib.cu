@@ -2,7 +2,8 @@
 // mask given as data (window, document offsets, a dense block pattern), and runs the backend's
 // variants (forward pp192 at D = 128, m192 at D = 64; backward by variant number, base or q80 at
 // D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
-// torch tensors. Built by build.sh into build/libhopper_mask.so.
+// torch tensors, and says which backward the library's backend picks for a mask. Built by build.sh
+// into build/libhopper_mask.so.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -23,9 +24,8 @@ struct Plan {
 // {forward entries, forward boundary entries, backward entries, backward boundary entries}.
 // bwd_rows: the backward's query rows per tile (64 for base, 80 for q80; variants.cuh's
 // bwd_query_rows).
-extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
-                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
-                                       double* visible, long long* stats, int bwd_rows) {
+static lab::PairMask pair_mask(int S, long long wl, long long wr, const long long* offsets, int n_offsets, int block,
+                               const unsigned char* dense, int n_blocks) {
   lab::PairMask m;
   m.seq_q = m.seq_k = S;
   m.window_left = wl, m.window_right = wr;
@@ -39,6 +39,13 @@ extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr,
       m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
     }
   }
+  return m;
+}
+
+extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
+                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
+                                       double* visible, long long* stats, int bwd_rows) {
+  const lab::PairMask m = pair_mask(S, wl, wr, offsets, n_offsets, block, dense, n_blocks);
   Plan* p = new Plan;
   p->tiles = lab::upload_tiles(m, D == 128 ? 128 : 192, D == 128 ? 192 : 128, bwd_rows);
   p->rows = bwd_rows;
@@ -54,6 +61,15 @@ extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, cons
                                   long long* stats) {
   return hopper_mask_plan_rows(S, D, wl, wr, offsets, n_offsets, block, dense, n_blocks, visible, stats,
                                hopper_attn::bwd::kBM);
+}
+
+// The backward's query rows per tile the library's backend plans for this mask at head dim D
+// (backend_plan, hopper_tiles.hpp: at D = 128 64 (base) or 80 (q80), per mask), so ab_masks.py can
+// say which variant the backend runs.
+extern "C" int hopper_mask_backend_rows(int S, int D, long long wl, long long wr, const long long* offsets,
+                                        int n_offsets, int block, const unsigned char* dense, int n_blocks) {
+  const lab::PairMask m = pair_mask(S, wl, wr, offsets, n_offsets, block, dense, n_blocks);
+  return seqpar::hopper::backend_plan(m, D).bwd.other_tile_rows;
 }
 
 // The query rows per tile of backward variant v (by number: 0 base, 5 q80), for the plan.
