@@ -35,3 +35,19 @@ peer() {
     --kv-heads $3 --max-seconds $(( cap - 25 )) >> "$out/peer_cp_$1.jsonl" 2>> "$out/peer_cp_$1.err"
   say "peer $1 rc $? $(grep -c fwdbwd_ms "$out/peer_cp_$1.jsonl") lines"
 }
+# train_text: the training text both sides read ($txt: the README and docs 48 times), made once.
+txt=/tmp/train_text.txt
+train_text() { [ -s "$txt" ] || for _ in $(seq 1 48); do cat README.md docs/*.md; done > "$txt"; }
+# train1b TAG SEQ STEPS [FLAGS...]: `seqpar train --model 1b` on one GPU, profiled by kind, into
+# $out/train_1b_TAG.jsonl, capped at 90 s and the call's time left; its steps by KINDS (default
+# below) into the summary.
+train1b() {
+  local tag=$1 seq=$2 steps=$3; shift 3
+  local l=$(left); [ $l -lt 40 ] && { say "out of time before 1B $tag"; return 9; }
+  train_text
+  timeout $(( l - 10 < 90 ? l - 10 : 90 )) ./build-gpu/seqpar train --device cuda --gpus 1 --model 1b --data "text:$txt" \
+    --seq $seq --batch 1 --steps $steps --warmup 1 --profile --json "$@" > "$out/train_1b_$tag.jsonl" 2> "$out/train_1b_$tag.err"
+  say "1B $tag rc $? $(grep -m1 -i 'error' "$out/train_1b_$tag.err")"
+  python3 bench/device_calls/train_summary.py "$out/train_1b_$tag.jsonl" "$tag" \
+    ${KINDS:-attention products swiglu rope norms casts lm_head step} | tee -a "$out/summary.txt"
+}

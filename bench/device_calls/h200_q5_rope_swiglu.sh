@@ -11,22 +11,15 @@ timeout 60 ./build-gpu/tests/test_model_cuda > "$out/model_cuda.log" 2>&1
 say "model cuda rc $?: $(grep -c '^\[       OK' "$out/model_cuda.log") ok, $(grep -c '^\[  FAILED  \]' "$out/model_cuda.log") failed lines"
 timeout 90 ./build-gpu/tests/test_gpu_train > "$out/gpu_train.log" 2>&1
 say "gpu train rc $?: $(grep -c '^\[       OK' "$out/gpu_train.log") ok, $(grep -c '^\[  FAILED  \]' "$out/gpu_train.log") failed lines, $(grep -c '^\[  SKIPPED' "$out/gpu_train.log") skipped"
-txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt
-train1b() {  # tag
-  local l=$(left); [ $l -lt 50 ] && { say "out of time before 1B $1"; return 9; }
-  timeout $(( l - 10 < 70 ? l - 10 : 70 )) ./build-gpu/seqpar train --device cuda --gpus 1 --model 1b --data "text:$txt" \
-    --seq 32768 --batch 1 --steps 4 --warmup 1 --checkpointing attention --profile --json \
-    > "$out/train_1b_32k_$1.jsonl" 2> "$out/train_1b_32k_$1.err"
-  say "1B 32K $1 rc $? $(grep -m1 -i 'error' "$out/train_1b_32k_$1.err")"
-  python3 bench/device_calls/train_summary.py "$out/train_1b_32k_$1.jsonl" "$1" rope swiglu norms attention products step | tee -a "$out/summary.txt"
-}
+train_text
+KINDS="rope swiglu norms attention products step"
 swap() {  # the kernel files from $1, rebuilt
   cp "$1/rope.cu" src/model/rope.cu && cp "$1/swiglu.cu" src/model/swiglu.cu
   timeout 120 cmake --build build-gpu --target seqpar_cli -j 16 > "$out/rebuild_$2.log" 2>&1; say "rebuild $2 rc $?"
 }
 mkdir -p /tmp/new_kernels && cp src/model/rope.cu src/model/swiglu.cu /tmp/new_kernels/
-train1b new
-swap .carry/old_kernels old && train1b old
-swap /tmp/new_kernels new2 && train1b new2
+train1b 32k_new 32768 4 --checkpointing attention
+swap .carry/old_kernels old && train1b 32k_old 32768 4 --checkpointing attention
+swap /tmp/new_kernels new2 && train1b 32k_new2 32768 4 --checkpointing attention
 say end
 PACK_GLOBS="*.jsonl *.err *.log" pack

@@ -22,17 +22,10 @@ for l in open(sys.argv[1]):
     if l.startswith("{") and "seqpar_ring" in l:
         r = json.loads(l); print({k: r[k] for k in r if k in ("seq", "algo", "ran", "fwd_ms", "fwdbwd_ms", "fwd_tflops_per_gpu", "fwdbwd_tflops_per_gpu", "head_groups", "backend_calls_per_iter_rank0", "peak_extra_GiB")})
 PY
-txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt
-train1b() {  # tag seq policy steps
-  local l=$(left); [ $l -lt 40 ] && { say "out of time before 1B $1"; return 9; }
-  timeout $(( l - 10 < 90 ? l - 10 : 90 )) ./build-gpu/seqpar train --device cuda --gpus 1 --model 1b --data "text:$txt" \
-    --seq $2 --batch 1 --steps $4 --warmup 1 --checkpointing $3 --profile --json \
-    > "$out/train_1b_$1.jsonl" 2> "$out/train_1b_$1.err"
-  say "1B $1 rc $? $(grep -m1 -i 'error' "$out/train_1b_$1.err")"
-  python3 bench/device_calls/train_summary.py "$out/train_1b_$1.jsonl" "$1" attention products swiglu rope norms lm_head step | tee -a "$out/summary.txt"
-}
-train1b none_64k 65536 none 4
-train1b attention_128k 131072 attention 3
+train_text
+KINDS="attention products swiglu rope norms lm_head step"
+train1b none_64k 65536 4 --checkpointing none
+train1b attention_128k 131072 3 --checkpointing attention
 l=$(left); [ $l -gt 100 ] && { timeout $(( l - 15 )) torchrun --standalone --nproc_per_node=1 bench/torch_train_peer.py \
   --seqs 65536 --steps 4 --data $txt > "$out/peer_1b_64k.jsonl" 2> "$out/peer_1b_64k.err"
   say "peer 1B 64K rc $? $(grep -m1 -i 'error\|out of memory' "$out/peer_1b_64k.err" | head -c 300)"

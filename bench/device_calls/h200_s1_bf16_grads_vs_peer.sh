@@ -13,15 +13,7 @@ for t in test_model_cuda test_gpu_train; do
   say "$t rc $?: $(grep -c '^\[       OK' "$out/$t.log") ok, $(grep -c '^\[  FAILED  \]' "$out/$t.log") failed lines, $(grep -c '^\[  SKIPPED' "$out/$t.log") skipped"
   grep '^\[  FAILED  \]' "$out/$t.log" | head -10 >> "$out/summary.txt"
 done
-txt=/tmp/train_text.txt; for _ in $(seq 1 48); do cat README.md docs/*.md; done > $txt
-train1b() {  # tag seq steps flags...
-  local tag=$1 seq=$2 steps=$3; shift 3
-  local l=$(left); [ $l -lt 40 ] && { say "out of time before 1B $tag"; return 9; }
-  timeout $(( l - 10 < 90 ? l - 10 : 90 )) ./build-gpu/seqpar train --device cuda --gpus 1 --model 1b --data "text:$txt" \
-    --seq $seq --batch 1 --steps $steps --warmup 1 --profile --json "$@" > "$out/train_1b_$tag.jsonl" 2> "$out/train_1b_$tag.err"
-  say "1B $tag rc $? $(grep -m1 -i 'error' "$out/train_1b_$tag.err")"
-  python3 bench/device_calls/train_summary.py "$out/train_1b_$tag.jsonl" "$tag" attention products swiglu rope norms casts lm_head step | tee -a "$out/summary.txt"
-}
+train_text
 train1b none_32k 32768 4 --checkpointing none
 l=$(left); [ $l -gt 150 ] && { timeout $(( l - 130 < 150 ? l - 130 : 150 )) torchrun --standalone --nproc_per_node=1 \
   bench/torch_train_peer.py --seqs 32768 --steps 4 --data $txt --profile > "$out/peer_1b_32k.jsonl" 2> "$out/peer_1b_32k.err"
