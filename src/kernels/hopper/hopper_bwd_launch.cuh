@@ -17,19 +17,19 @@ namespace seqpar::hopper {
 
 // LSE2 = LSE * log2(e) (+inf where LSE = -inf: such rows see no key, and P must be 0), D =
 // rowsum(dO * O) unless given; padded rows (S_q .. S_q_pad) get LSE2 = +inf and D = 0. One group
-// of kD/8 lanes per (b, q, h) row, 16-byte loads; h fastest so O and dO stream contiguously.
+// of kD/8 lanes per (q, h) row of batch blockIdx.y, 16-byte loads; h fastest so O and dO stream
+// contiguously. The row's (q, h) comes from 32-bit divisions (Sq_pad * H < 2^31 rows per batch;
+// the batch is the grid's y): 25% fewer instructions than three 64-bit divisions per thread, the
+// same time (ncu, one H200: 43-44 us at 8K, H = 32, D = 128; the loads bound it).
 template <int kD>
 __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
-                                      const float* delta, float* lse2, float* dpsum, int B, int H, int Sq,
-                                      int Sq_pad, StatStrides lse_st, StatStrides delta_st) {
+                                      const float* delta, float* lse2, float* dpsum, int H, int Sq, int Sq_pad,
+                                      StatStrides lse_st, StatStrides delta_st) {
   constexpr int kLanes = kD / 8;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = t / kLanes;
-  const int sub = static_cast<int>(t % kLanes);
-  if (row >= static_cast<int64_t>(B) * Sq_pad * H) return;
-  const int h = static_cast<int>(row % H);
-  const int q = static_cast<int>((row / H) % Sq_pad);
-  const int b = static_cast<int>(row / (static_cast<int64_t>(H) * Sq_pad));
+  if (t >= static_cast<int64_t>(Sq_pad) * H * kLanes) return;
+  const int row = static_cast<int>(t / kLanes), sub = static_cast<int>(t % kLanes);
+  const int h = row % H, q = row / H, b = blockIdx.y;
   float acc = 0.f;
   if (q < Sq && delta == nullptr) {
     const int64_t off = ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + sub * 8;
@@ -150,42 +150,75 @@ __global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_st
 }
 
 // The 80-row kernel's (hopper_bwd_q80.cuh) conversion: dQ = scale * accumulator (+ dQ with
-// accumulate), bf16 or fp32, any row strides. One block per 80-row accumulator tile: the tile (40 KB, fragment order) is read into shared memory with
-// coalesced float4 loads, then each thread writes 8 consecutive d of one row (16 or 32 bytes).
+// accumulate), bf16 or fp32. The accumulator keeps each 80-row tile in the dQ^T fragment order
+// [w 2][warp 4][jj 10][lane 32][4]: fragment f = 4w + warp of row octet jj holds d = 16f + lane/4
+// (+8 in elements 2, 3) of rows 8jj + 2(lane%4) (+1 in elements 1, 3). One warp per row octet:
+// it loads the octet's 8 fragments (512 contiguous bytes each, a float4 per lane, all 8 in
+// flight), stages them in its own 4 KB of shared memory with fragment f's float4 slots XORed by f,
+// so that the row-order reads below hit 32 distinct banks, and writes the 8 rows with 16-byte
+// stores (two with fp32), 2 rows x 256 contiguous bytes per store instruction. Its first form (one
+// CTA per tile, 8-way bank conflicts in the row-order reads, 4-byte stores) took 77 us at 8K, H =
+// 32, this one 47 (dev/hopper_attention/README.md, "The 80-row dQ conversion"). vec16: dq 16-byte
+// aligned and its strides multiples of 16 bytes; else bf16 pairs (4 bytes) or fp32 pairs (8 bytes)
+// are stored.
 __global__ void __launch_bounds__(256) bwd_convert_dq_q80_kernel(const float* dq_acc, void* dq, RowStrides dq_st,
-                                                                 int out_f32, int H, int Sq, int n_mtiles,
-                                                                 float scale, int accumulate) {
-  constexpr int kQ = bwd::kQ80, kD = 128;
-  __shared__ float4 tile[kQ * kD / 4];
-  const int64_t t = blockIdx.x;  // (b, h, m)
+                                                                 int out_f32, int vec16, int H, int Sq, int n_mtiles,
+                                                                 int64_t n_octets, float scale, int accumulate) {
+  constexpr int kQ = bwd::kQ80, kD = 128, kOctets = kQ / 8, kFrags = kD / 16, kWarps = 8;
+  __shared__ float4 stage[kWarps][kFrags * 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // ((b, h, m), jj)
+  if (o >= n_octets) return;  // warp-uniform
+  const int jj = static_cast<int>(o % kOctets);
+  const int64_t t = o / kOctets;
   const int m = static_cast<int>(t % n_mtiles);
   const int h = static_cast<int>((t / n_mtiles) % H);
   const int b = static_cast<int>(t / (static_cast<int64_t>(n_mtiles) * H));
-  const float4* src = reinterpret_cast<const float4*>(dq_acc) + t * (kQ * kD / 4);
-  for (int i = threadIdx.x; i < kQ * kD / 4; i += blockDim.x) tile[i] = src[i];
-  __syncthreads();
-  const float* f = reinterpret_cast<const float*>(tile);
-  for (int i = threadIdx.x; i < kQ * kD / 8; i += blockDim.x) {
-    const int qi = i / 16, g = i % 16;  // row qi of the tile, d = 8g .. 8g + 7
-    const int q = m * kQ + qi;
+  const float4* src = reinterpret_cast<const float4*>(dq_acc) + t * (kQ * kD / 4) + jj * 32 + lane;
+  float4 frag[kFrags];
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) frag[f] = src[f * kOctets * 32];
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) stage[warp][f * 32 + (lane ^ f)] = frag[f];
+  __syncwarp();
+  const float* sf = reinterpret_cast<const float*>(stage[warp]);
+  // Lane: columns 8c .. 8c + 7 (fragment f = c / 2, half x = c % 2) of row 2 step + lane / 16.
+  const int c = lane % 16, f = c / 2, x = c % 2;
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+    const int r = 2 * step + lane / 16, q = m * kQ + 8 * jj + r;
     if (q >= Sq) continue;
-    // d = 64w + 16 warp + 8x + dd: lane 4 dd + (qi % 8) / 2 of (w, warp), float4 jj = qi / 8,
-    // element (qi & 1) + 2x.
-    const int w = g / 8, warp = (g / 2) % 4, x = g % 2, jj = qi / 8, qq = qi % 8;
-    const float* at = f + w * (kQ * 64) + ((warp * (kQ / 8) + jj) * 32 + qq / 2) * 4 + (qq & 1) + 2 * x;
+    // Column 8c + dd of row r: lane 4 dd + r / 2 of fragment f, element (r & 1) + 2x.
     float v[8];
 #pragma unroll
-    for (int dd = 0; dd < 8; ++dd) v[dd] = at[dd * 16] * scale;
-    const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + 8 * g;
-    if (out_f32) {
-      float* dst = static_cast<float*>(dq) + off;
+    for (int dd = 0; dd < 8; ++dd) v[dd] = sf[f * 128 + 4 * ((4 * dd + r / 2) ^ f) + (r & 1) + 2 * x] * scale;
+    const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + 8 * c;
+    if (!vec16) {
 #pragma unroll
-      for (int dd = 0; dd < 8; ++dd) dst[dd] = accumulate ? dst[dd] + v[dd] : v[dd];
+      for (int dd = 0; dd < 8; dd += 2) add_out(dq, off + dd, make_float2(v[dd], v[dd + 1]), out_f32, accumulate);
+    } else if (out_f32) {
+      float4* dst = reinterpret_cast<float4*>(static_cast<float*>(dq) + off);
+      float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+      if (accumulate) {
+        const float4 a = dst[0], a2 = dst[1];
+        lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+        hi.x += a2.x, hi.y += a2.y, hi.z += a2.z, hi.w += a2.w;
+      }
+      dst[0] = lo;
+      dst[1] = hi;
     } else {
-      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(dq) + off;
+      uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dq) + off);
+      if (accumulate) {
+        const uint4 old = *dst;
+        const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
 #pragma unroll
-      for (int dd = 0; dd < 8; dd += 2)
-        add_out(dst, dd, make_float2(v[dd], v[dd + 1]), 0, accumulate);
+        for (int i = 0; i < 4; ++i) {
+          const float2 g = __bfloat1622float2(o2[i]);
+          v[2 * i] += g.x;
+          v[2 * i + 1] += g.y;
+        }
+      }
+      *dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
     }
   }
 }
@@ -242,10 +275,10 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
                       : cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
         cudaSuccess)
       return e;
-    const int64_t threads = static_cast<int64_t>(a.batch) * pad * a.heads * (kD / 8);
-    bwd_preprocess_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+    const int64_t threads = static_cast<int64_t>(pad) * a.heads * (kD / 8);  // per batch
+    bwd_preprocess_kernel<kD><<<dim3(static_cast<unsigned>((threads + 255) / 256), a.batch), 256, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
-        dpsum, a.batch, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
+        dpsum, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
         stat_strides(a.delta_st, a.heads, a.seq_q));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
@@ -281,13 +314,14 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
   if (a.main_only != 1) {
     const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
     const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
-    const bool rows = (kPrologue & kRowConvert) && reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 &&
-                      dq_st.b % vec == 0 && dq_st.s % vec == 0 && dq_st.h % vec == 0;
+    const bool aligned16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && dq_st.b % vec == 0 &&
+                           dq_st.s % vec == 0 && dq_st.h % vec == 0;
+    const bool rows = (kPrologue & kRowConvert) && aligned16;
     const int accumulate_dq = a.accumulate && !a.dq_fresh;
     if (k80) {
-      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.batch) * a.heads * n_mtiles), 256, 0,
-                                  stream>>>(dq_acc, a.dq, dq_st, a.dq_f32, a.heads, a.seq_q, n_mtiles, p.scale,
-                                            accumulate_dq);
+      const int64_t octets = static_cast<int64_t>(a.batch) * a.heads * n_mtiles * (bwd::kQ80 / 8);
+      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>((octets + 7) / 8), 256, 0, stream>>>(
+          dq_acc, a.dq, dq_st, a.dq_f32, aligned16, a.heads, a.seq_q, n_mtiles, octets, p.scale, accumulate_dq);
     } else if (rows) {
       const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
       bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(

@@ -16,8 +16,9 @@
 // for 1.25x the GEMM work, and dQ's A operand (K, 16 KB per consumer) read once per 80 rows.
 // The fp32 dQ accumulator keeps each 80-row tile as [consumer w][warp][jj (10)][lane][4] (the
 // dQ^T fragment order: float4 jj of lane l is d = 64w + 16 warp + l/4 (+8), query 8jj + 2(l%4)
-// (+1)); bwd_q80_convert_kernel turns it into dQ. Rows are padded to a multiple of 640 (80 and
-// 128 divide it; lab_workspace_bytes), the padding rows with LSE2 = +inf, so their P and dS are 0.
+// (+1)); bwd_convert_dq_q80_kernel (hopper_bwd_launch.cuh) turns it into dQ. Rows are padded to
+// a multiple of 640 (80 and 128 divide it; lab_workspace_bytes), the padding rows with LSE2 =
+// +inf, so their P and dS are 0.
 // Masks: full, causal with offset, and visible-tile lists (hopper_tiles.hpp, planned with 80-row
 // query tiles: tile_shape(128).bwd_bm; the boundary tiles' element masks are hopper_mask.cuh's,
 // as in hopper_bwd.cuh). Shared memory: K, V 32 KB each, Q,
