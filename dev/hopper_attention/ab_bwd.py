@@ -9,11 +9,16 @@ retain_graph=True). Ours: O and LSE from our forward (libhopper_fwd.so, once); e
 is the whole backward (zero the dQ accumulator, D = rowsum(dO * O) and LSE preprocessing, main
 kernel, dQ to bf16). FLOPs = 2.5 x 4 B S^2 H D, half for causal.
 
+--extra-lib NAME=PATH loads another build of the backward library (e.g. the commit before) into
+the same process; a variant written VARIANT@NAME runs from it, so two builds are interleaved with
+cuDNN in one call.
+
 At every length it compares each variant's dQ, dK, dV with cuDNN's over all elements; at the first
 length, the last variant's and cuDNN's against an fp32 torch reference for two heads.
 
 Usage: python3 ab_bwd.py --fwd-lib build/libhopper_fwd.so --bwd-lib build/libhopper_bwd.so \
-           --seqs 8192,16384,32768 [--kv-heads 32] [--dim 128] [--rounds 5] [--reps 2]
+           --seqs 8192,16384,32768 [--kv-heads 32] [--dim 128] [--rounds 5] [--reps 2] \
+           [--extra-lib before=old/libhopper_bwd.so --variants q80@before,q80]
 """
 import argparse
 import ctypes
@@ -28,12 +33,16 @@ def load(fwd_path, bwd_path):
     f = ctypes.CDLL(fwd_path)
     f.hopper_fwd.restype = ctypes.c_int
     f.hopper_fwd.argtypes = [ctypes.c_char_p] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+    return f, load_bwd(bwd_path)
+
+
+def load_bwd(bwd_path):
     b = ctypes.CDLL(bwd_path)
     b.hopper_bwd.restype = ctypes.c_int
     b.hopper_bwd.argtypes = [ctypes.c_void_p] * 11 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
     b.hopper_bwd_workspace.restype = ctypes.c_size_t
     b.hopper_bwd_workspace.argtypes = [ctypes.c_int] * 4
-    return f, b
+    return b
 
 
 VARIANTS = {"base": 0, "defer": 1, "memset": 2, "sfirst": 3, "q128": 4, "q80": 5}  # variants.cuh's dispatch_bwd
@@ -72,8 +81,13 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--check", type=int, default=1)
     ap.add_argument("--variants", default="base,defer")
+    ap.add_argument("--extra-lib", action="append", default=[], help="NAME=PATH: variants VARIANT@NAME run from it")
     a = ap.parse_args()
     lf, lb = load(a.fwd_lib, a.bwd_lib)
+    libs = {"": lb}
+    for spec in a.extra_lib:
+        name, path = spec.split("=", 1)
+        libs[name] = load_bwd(path)
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
     H, D = a.heads, a.dim
     scale = D ** -0.5
@@ -109,15 +123,17 @@ def main():
                 do_c = dot.transpose(1, 2)
                 if not do_c.is_contiguous():
                     do_c = do.contiguous()
-                ws = torch.empty(lb.hopper_bwd_workspace(1, H, S, D), device="cuda", dtype=torch.uint8)
+                ws = torch.empty(max(x.hopper_bwd_workspace(1, H, S, D) for x in libs.values()), device="cuda",
+                                 dtype=torch.uint8)
                 res = {vn: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) for vn in variants}
                 fns = {}
                 for vn in variants:
                     def ours(vn=vn):
                         dq, dk, dv = res[vn]
-                        rc = lb.hopper_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do_c.data_ptr(),
+                        kind, _, lib = vn.partition("@")
+                        rc = libs[lib].hopper_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do_c.data_ptr(),
                                            lse.data_ptr(), None, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-                                           ws.data_ptr(), 1, H, Hkv, S, S, D, causal, 0, 0, VARIANTS[vn], stream)
+                                           ws.data_ptr(), 1, H, Hkv, S, S, D, causal, 0, 0, VARIANTS[kind], stream)
                         if rc != 0:
                             raise RuntimeError("hopper_bwd %s failed: %d" % (vn, rc))
                     fns[vn] = ours
