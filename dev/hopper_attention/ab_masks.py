@@ -16,8 +16,8 @@ printed). fwd+bwd = our forward then our whole backward; bwd = our whole backwar
 forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
 time (each a median), labelled as derived. "routed": the variant whose lists the library's backend
 plans for the mask (backend_plan in src/kernels/hopper/hopper_tiles.hpp: at D = 128 base's 64-row or
-q80's 80-row query tiles, per mask), with that variant's timings; dense causal routes to q80. "ours causal" (the 0.9x bar) is --causal-ref's dense
-causal fwd+bwd (q80 at D = 128, the backend's dense backward). flex: torch.compile(flex_attention) on [B, H, S, D]
+q80's 80-row query tiles, per mask), with that variant's timings; dense causal routes to q80.
+"ours causal" (the 0.9x bar) is --causal-ref's dense causal fwd+bwd (q80 at D = 128, the backend's dense backward). flex: torch.compile(flex_attention) on [B, H, S, D]
 copies of the same values with create_block_mask(_compile=True); fwd+bwd = forward + .backward(dO).
 cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTENTION).
 
