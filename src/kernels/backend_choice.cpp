@@ -11,8 +11,8 @@
 // the schedules' query packs carry O) and makes D from it for the call's rows where another
 // kernel runs it: that variant serves the head dims where the table puts cuDNN's backward first
 // (auto_backward_from_o; none since the Hopper backward's 128-row query tiles at D = 64), the
-// other one the rest (the Hopper backward is 0.97-1.10x cuDNN's at D = 128 and 1.10-1.30x at
-// D = 64; docs/RESULTS.md, dev/hopper_attention/README.md).
+// other one the rest (the Hopper backward is 1.04-1.18x cuDNN's at D = 128 with 80-row query
+// tiles and 1.10-1.30x at D = 64, one H200; docs/RESULTS.md, dev/hopper_attention/README.md).
 // Our kernels write fp32 only: where the executor hands this backend outputs in the inputs' dtype,
 // their calls go through fp32 parts merged or added in (as the Hopper backend does).
 #include "seqpar/backend.hpp"
