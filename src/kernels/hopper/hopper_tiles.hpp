@@ -257,6 +257,11 @@ inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows,
   return t;
 }
 
+// Entries of one side's lists that need the pattern's element mask.
+inline int64_t pattern_masked(const SideTiles& t) {
+  return std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & kTilePatternMask) != 0; });
+}
+
 // Whether the backward's lists of a mask should be the `tall` ones (q80: 80-row query tiles)
 // rather than the `narrow` ones (base: 64 rows), from both plans of the key side. q80 runs a
 // wholly visible query row about 1.13x faster than base (dense, dev/hopper_attention/README.md,
@@ -266,10 +271,10 @@ inline SideTiles side_tiles(const PairMask& m, const std::vector<int32_t>& rows,
 // H200, 32K: rows 80 x q80 / 64 x base 1.014 and 1.016 (16 documents, a 4K window): q80 1.06x
 // and 1.07x base; 1.12 (256 documents): 0.90x; 1.27 and 1825 pattern-masked tiles where base had
 // none (BigBird, 128-token blocks): 0.73x). So tall where it computes at most 2% more query rows
-// and flags no more tiles for the pattern.
-inline int64_t pattern_masked(const SideTiles& t) {
-  return std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & kTilePatternMask) != 0; });
-}
+// and flags no more tiles for the pattern. The routed backward measured after (README, one H200,
+// 32K and 128K): every mask at 1.005-1.019 gained 6-14% (backward alone); the break-even lies
+// near 1.055 (a 1K window, 1.056: 1.01x; 64 documents at 32K, 1.057, and 256 at 128K, 1.054:
+// 0.99x), so 1.02 keeps a margin and gives up at most 1-2% where it says base.
 inline bool tall_tiles_pay(const SideTiles& narrow, const SideTiles& tall) {
   const int64_t rows_narrow = int64_t(narrow.other_tile_rows) * narrow.entry_count();
   const int64_t rows_tall = int64_t(tall.other_tile_rows) * tall.entry_count();
