@@ -20,9 +20,9 @@
 // a multiple of 640 (80 and 128 divide it; lab_workspace_bytes), the padding rows with LSE2 =
 // +inf, so their P and dS are 0.
 // Masks: full, causal with offset, and visible-tile lists (hopper_tiles.hpp, planned with 80-row
-// query tiles: tile_shape(128).bwd_bm; the boundary tiles' element masks are hopper_mask.cuh's,
-// as in hopper_bwd.cuh). Shared memory: K, V 32 KB each, Q,
-// dO 2 x 20 KB each, dS 2 x 20 KB, dQ 2 x 20 KB: 226 KB of the 227.
+// query tiles, tile_shape(128).bwd_bm_tall, where tall_tiles_pay chose them; the boundary tiles'
+// element masks are hopper_mask.cuh's, as in hopper_bwd.cuh). Shared memory: K, V 32 KB each,
+// Q, dO 2 x 20 KB each, dS 2 x 20 KB, dQ 2 x 20 KB: 226 KB of the 227.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(bwd::kThreads, 1)
   const BwdBars bars{sBar};
 
   // The CTA's key tile, K/V head and query tiles as the 64-row kernel's (BwdUnit), of 80-row
-  // query tiles (tile lists of them: tile_shape(128).bwd_bm).
+  // query tiles (tile lists of them: tile_shape(128).bwd_bm_tall).
   constexpr bool listed = kListed;
   const BwdUnit<kQ> u = BwdUnit<kQ>::of(p, listed);
   const int kvh = u.kvh, b = u.b, G = u.G, n0 = u.n0, n_m = u.n_m, n_iter = u.n_iter;
