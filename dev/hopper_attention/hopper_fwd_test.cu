@@ -281,8 +281,8 @@ static int run_check(const std::string& variant, int only_d, const std::string& 
   uint64_t seed = 0x5eed0000ull + std::random_device{}();  // fresh inputs every run
   // The persistent variants run each case twice: on their full grid (at most one unit per CTA in
   // these small problems) and on 3 CTAs, so that each CTA walks many units (tile boundaries,
-  // zero-key tiles, the next unit's Q loaded during the last one).
-  const bool persistent = variant.rfind("persist", 0) == 0;
+  // zero-key tiles, the next unit's Q loaded during the last one; cluster_lab.cuh's: one cluster).
+  const bool persistent = variant.rfind("persist", 0) == 0 || variant.rfind("cluster", 0) == 0;
   for (const Case& c : cases) {
     if (only_d && c.D != only_d) continue;
     for (int cap : {0, 3}) {

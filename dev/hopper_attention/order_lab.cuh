@@ -10,6 +10,7 @@
 #pragma once
 #include <string>
 
+#include "cluster_lab.cuh"  // cluster_m192, cluster192: 2-CTA clusters with K/V multicast
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 #include "variants.cuh"
 
@@ -26,10 +27,11 @@ inline bool order_dispatch(const std::string& v, const seqpar::hopper::FwdArgs& 
   else return false;
   return true;
 }
-// This file's names, then variants.cuh's (the persistent ones under g_grid_cap).
+// This file's names, cluster_lab.cuh's, then variants.cuh's (the persistent ones under g_grid_cap).
 inline cudaError_t lab_dispatch(const std::string& v, const seqpar::hopper::FwdArgs& a, cudaStream_t st) {
   cudaError_t e = cudaSuccess;
   if (order_dispatch(v, a, st, g_grid_cap, &e)) return e;
+  if (cluster_lab::cluster_dispatch(v, a, st, g_grid_cap, &e)) return e;
   return dispatch(v, a, st);
 }
 }  // namespace hopper_attn
