@@ -62,6 +62,14 @@ __device__ __forceinline__ uint32_t map_peer(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
+// A consumer's release of a K/V stage on the peer's empty barrier. The default semantics
+// (release at CTA scope) are enough: what must be ordered is this CTA's reads of its own stage
+// before the peer's TMA overwrites it, and those reads completed (wgmma wait) before the arrive.
+// The cluster-scope form above costs a MEMBAR.ALL.GPU per arrive in the consumers' loop (call 2's
+// SASS; 0.87-0.96x of the version without clusters in calls 1 and 2).
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
 // mbar_wait with cluster-scope acquire: what the peer stored before its release-arrive is visible.
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
   uint32_t done;
@@ -91,15 +99,24 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap* 
       : "memory");
 }
 
-// The persistent kernel's shared memory plus the mailbox: full[2] (used in rank 1), empty[2]
-// (rank 0), the two pair indices (rank 1).
-template <int kD, int kBN, int kBM>
+// The persistent kernel's shared memory (PersistSmem's layout with kStages K/V stages) plus the
+// mailbox: full[2] (used in rank 1), empty[2] (rank 0), the two pair indices (rank 1).
+template <int kD, int kBN, int kBM, int kStages>
 struct ClusterSmem {
-  using P = PersistSmem<kD, kBN, kBM>;
-  static constexpr int mail_bar = P::slots + 2 * kSlotBytes;
+  using Base = Smem<kD, kBN, kStages, kBM>;
+  static constexpr int kTileO = kBM * kD * 2;
+  static constexpr int kMaxSmem = 227 * 1024;
+  // O gets its own buffer where it fits beside q_empty, the slots and the mailbox (< 128 bytes).
+  static constexpr bool kOInV = Base::bytes + kTileO + 128 > kMaxSmem;
+  static_assert(!kOInV || kTileO <= Base::kTileKV, "O fits one V stage");
+  static constexpr int o = Base::bar;  // the separate O buffer (unused with kOInV)
+  static constexpr int bar = kOInV ? Base::bar : Base::bar + kTileO;
+  static constexpr int kBars = Base::kBars + 1;  // fwd_kernel's, then q_empty
+  static constexpr int slots = bar + 8 * kBars;
+  static constexpr int mail_bar = slots + 2 * kSlotBytes;
   static constexpr int mail = mail_bar + 4 * 8;
-  static constexpr int bytes = P::bytes + 64;
-  static_assert(bytes <= P::kMaxSmem, "shared memory");
+  static constexpr int bytes = mail + 8 + 1024;
+  static_assert(bytes <= kMaxSmem, "shared memory");
 };
 
 // A pair's member: the tile's m_block (-1: void) and key-block count, and the pair's count.
@@ -132,15 +149,13 @@ __device__ __forceinline__ Member pair_member(int u, int rank, int m_tiles, cons
 // Slot fields besides hopper_fwd_persist.cuh's: kSlotE0 holds the stages to drain first.
 enum : int { kSlotSkip = kSlotE0 };
 
-template <int kD, int kBN, int kC>
+template <int kD, int kBN, int kC, int kStages>
 __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     fwd_cluster_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                        const FwdParams p, int* next_pair) {
-  constexpr int kStages = 2;
   constexpr int kBM = Cfg<kC>::kBM;
-  using L = PersistSmem<kD, kBN, kBM>;
-  using CL = ClusterSmem<kD, kBN, kBM>;
+  using L = ClusterSmem<kD, kBN, kBM, kStages>;
   constexpr int kTileKV = L::Base::kTileKV;
   constexpr int kHalf = kBN / 2;  // rows of one CTA's half of a K/V tile
   static_assert(kHalf % 8 == 0, "a half-tile starts on a swizzle period");
@@ -150,7 +165,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sBar = base + L::bar;
   const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars, sSlots = base + L::slots;
-  const uint32_t mail_full = base + CL::mail_bar, mail_empty = mail_full + 16, sMail = base + CL::mail;
+  const uint32_t mail_full = base + L::mail_bar, mail_empty = mail_full + 16, sMail = base + L::mail;
   auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
   auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
   auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
@@ -250,7 +265,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     // A K/V stage is free once both CTAs' consumers are done with it.
     auto release = [&](uint32_t bar) {
       mbar_arrive(bar);
-      mbar_arrive_cluster(map_peer(bar, peer));
+      mbar_arrive_remote(map_peer(bar, peer));
     };
 
     const uint32_t qa = sQ + c * 64 * 128;
@@ -452,7 +467,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 // The launcher: launch_fwd_persist's checks and maps (K/V boxes of half a tile), a grid of
 // 2 x the clusters that fit (capped at 2 x pairs and at max_grid rounded down to even, at least
 // 2), units from the persistent kernel's counter. Tile lists and non-bf16 O go to the library's.
-template <int kD, int kBN, int kC>
+template <int kD, int kBN, int kC, int kStages = 2>
 cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_grid = 0) {
   constexpr int kBM = Cfg<kC>::kBM;
   const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
@@ -478,8 +493,8 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
   p.causal_offset = a.causal_offset;
   const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
   p.scale_log2 = scale * 1.4426950408889634f;
-  auto kernel = fwd_cluster_kernel<kD, kBN, kC>;
-  constexpr int smem = ClusterSmem<kD, kBN, kBM>::bytes;
+  auto kernel = fwd_cluster_kernel<kD, kBN, kC, kStages>;
+  constexpr int smem = ClusterSmem<kD, kBN, kBM, kStages>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const int64_t pairs = int64_t((a.seq_q + kBM - 1) / kBM + 1) / 2 * a.heads * a.batch;
@@ -509,10 +524,15 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
   return cudaGetLastError();
 }
 
-// cluster_m192: persist_m192u (D = 64, 3 consumers, 192 query rows, 128 keys) in clusters;
-// cluster192: persist192u (D = 128, 2 consumers, 128 rows, 192 keys) in clusters.
+// cluster_m192: persist_m192u (D = 64, 3 consumers, 192 query rows, 128 keys, 2 K/V stages) in
+// clusters; cluster_m192s3 / s4: the same with 3 / 4 K/V stages (whether a deeper ring absorbs
+// the two CTAs' drift, which each stage's cluster-wide release turns into waits);
+// cluster192: persist192u (D = 128, 2 consumers, 128 rows, 192 keys) in clusters (3 stages of
+// 192 keys do not fit).
 inline bool cluster_dispatch(const std::string& v, const FwdArgs& a, cudaStream_t st, int grid_cap, cudaError_t* e) {
   if (v == "cluster_m192" && a.head_dim == 64) *e = launch_fwd_cluster<64, 128, 3>(a, st, grid_cap);
+  else if (v == "cluster_m192s3" && a.head_dim == 64) *e = launch_fwd_cluster<64, 128, 3, 3>(a, st, grid_cap);
+  else if (v == "cluster_m192s4" && a.head_dim == 64) *e = launch_fwd_cluster<64, 128, 3, 4>(a, st, grid_cap);
   else if (v == "cluster192" && a.head_dim == 128) *e = launch_fwd_cluster<128, 192, 2>(a, st, grid_cap);
   else return false;
   return true;

@@ -8,7 +8,10 @@
 # and cuDNN at the training shape (D = 64 causal 32:8, 32K-128K) and D = 128 dense full 16K/32K;
 # the SM clock and board power (nvidia-smi, 20 ms; clocks.py) over back-to-back standalone
 # launches, ABBA order; Nsight Compute with free clocks (time, SM clock, L2 and DRAM bytes) at one
-# cell per head dim.
+# cell per head dim (and the grid: how many clusters fit).
+# Call 1: the defaults. Call 2: CHECKS="cluster_m192s3:64 cluster_m192s4:64"
+# AB64=persist_m192u,cluster_m192,cluster_m192s3,cluster_m192s4 AB128= CLOCKS=0
+# NCUCELLS="persist_m192u,cluster_m192,cluster_m192s4 at D = 64 causal 32:8 32K".
 set -u
 out=${OUT:-out_cluster}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-200}))
 left() { echo $((deadline - $(date +%s))); }
@@ -25,13 +28,19 @@ if ! "$fwd" 2>&1 | grep -q usage || ! python3 -c "import ctypes; ctypes.CDLL('$l
   bash $here/build.sh fwd >> "$out/lab_build.log" 2>&1 || say "LAB BUILD FAILED"
   fwd=$here/build/hopper_fwd_test; lib=$here/build/libhopper_fwd.so
 fi
+CHECKS=${CHECKS:-"cluster_m192:64 cluster192:128"}  # variant:D, dense cases
+AB64=${AB64-persist_m192u,cluster_m192}
+AB128=${AB128-persist192u,pp192,cluster192}
+NCUCELLS=${NCUCELLS:-"persist_m192u:32768:1:32:8:64 cluster_m192:32768:1:32:8:64 persist192u:16384:0:32:32:128 cluster192:16384:0:32:32:128"}
 {
-  (timeout 60 $fwd check cluster_m192 64 dense > "$out/c64.tmp" 2>&1 || echo "CHECK-FAILED cluster_m192 rc=$?" >> "$out/c64.tmp") &
-  p1=$!
-  (timeout 60 $fwd check cluster192 128 dense > "$out/c128.tmp" 2>&1 || echo "CHECK-FAILED cluster192 rc=$?" >> "$out/c128.tmp") &
-  p2=$!
-  wait $p1; wait $p2
-  cat "$out/c64.tmp" "$out/c128.tmp"; rm -f "$out/c64.tmp" "$out/c128.tmp"
+  pids=()
+  for c in $CHECKS; do
+    v=${c%%:*}; d=${c##*:}
+    (timeout 60 $fwd check $v $d dense > "$out/c_$v.tmp" 2>&1 || echo "CHECK-FAILED $v rc=$?" >> "$out/c_$v.tmp") &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait $p; done
+  for c in $CHECKS; do cat "$out/c_${c%%:*}.tmp"; rm -f "$out/c_${c%%:*}.tmp"; done
 } > "$out/checks.log" 2>&1
 say "checks: $(grep -c '^PASS' $out/checks.log) PASS, $(grep -c '^FAIL' $out/checks.log) FAIL; $(grep -E 'cases pass|CHECK-FAILED' $out/checks.log | tr '\n' ';')"
 if grep -qE '^FAIL|CHECK-FAILED' "$out/checks.log"; then say "checks failed: no timing"; say "end"; exit 1; fi
@@ -44,9 +53,9 @@ ab() {  # ab TIMEOUT args...: ab_compare.py appended to $out/ab.log, its AB line
   say "A/B $*:"
   tail -n +$((before + 1)) "$out/ab.log" | grep -E "^AB |CHECKBIG|A/B rc|Error" | sed 's/ (min [0-9.]* max [0-9.]*)//' >> "$out/summary.txt"
 }
-ab 70 --seqs 32768,65536,131072 --causal 1 --variants persist_m192u,cluster_m192 --kv-heads 8 --dim 64 --rounds 5 --reps 3 --check-rows 128
-ab 50 --seqs 16384,32768 --causal 0 --variants persist192u,pp192,cluster192 --kv-heads 32 --dim 128 --rounds 5 --reps 3 --check-rows 128
-if [ $(left) -gt 50 ]; then
+[ -n "$AB64" ] && ab 70 --seqs ${SEQS64:-32768,65536,131072} --causal 1 --variants $AB64 --kv-heads 8 --dim 64 --rounds 5 --reps 3 --check-rows 128
+[ -n "$AB128" ] && ab 50 --seqs 16384,32768 --causal 0 --variants $AB128 --kv-heads 32 --dim 128 --rounds 5 --reps 3 --check-rows 128
+if [ "${CLOCKS:-1}" = 1 ] && [ $(left) -gt 50 ]; then
   nvidia-smi -i "${CUDA_VISIBLE_DEVICES%%,*}" --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 20 > "$out/clocks.csv" 2>&1 &
   smi=$!
   sleep 1
@@ -69,12 +78,13 @@ if [ $(left) -gt 50 ]; then
   python3 $here/clocks.py "$out/bench.log" "$out/clocks.csv" >> "$out/summary.txt" 2>&1
 fi
 if command -v ncu >/dev/null; then
-  for cell in "persist_m192u 32768 1 32 8 64" "cluster_m192 32768 1 32 8 64" "persist192u 16384 0 32 32 128" "cluster192 16384 0 32 32 128"; do
+  for cell in $NCUCELLS; do
+    cell=${cell//:/ }
     [ $(left) -lt 30 ] && { say "ncu skipped: $cell (no time)"; continue; }
     set -- $cell
     timeout 30 ncu --clock-control none -k regex:fwd_ --launch-skip 3 -c 1 --metrics \
-gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum \
-      $fwd bench $cell 1 2>&1 | grep -E "duration|per_second|pct|sum" | sed "s/^/NCU S=$2 causal=$3 D=$6 $1 /"
+gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,lts__t_bytes.sum,launch__grid_size \
+      $fwd bench $cell 1 2>&1 | grep -E "duration|per_second|pct|sum|grid_size" | sed "s/^/NCU S=$2 causal=$3 D=$6 $1 /"
   done > "$out/ncu.log" 2>&1
   say "ncu:"; awk '{print $2, $3, $4, $5, $(NF-2), $(NF-1), $(NF)}' "$out/ncu.log" >> "$out/summary.txt"
 fi
