@@ -90,6 +90,35 @@ __global__ void bwd_convert_dq_kernel(const float* dq_acc, const int* dq_state, 
   }
 }
 
+// dq[off .. off + 8) = v (+ dq with accumulate), fp32 or bf16, in 16-byte accesses (dq + off
+// 16-byte aligned): the store of both row-order conversions below.
+__device__ __forceinline__ void store_dq8(void* dq, int64_t off, float (&v)[8], int out_f32, int accumulate) {
+  if (out_f32) {
+    float4* dst = reinterpret_cast<float4*>(static_cast<float*>(dq) + off);
+    float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+    if (accumulate) {
+      const float4 a = dst[0], a2 = dst[1];
+      lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+      hi.x += a2.x, hi.y += a2.y, hi.z += a2.z, hi.w += a2.w;
+    }
+    dst[0] = lo;
+    dst[1] = hi;
+  } else {
+    uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dq) + off);
+    if (accumulate) {
+      const uint4 old = *dst;
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 g = __bfloat1622float2(o2[i]);
+        v[2 * i] += g.x;
+        v[2 * i + 1] += g.y;
+      }
+    }
+    *dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  }
+}
+
 // The same conversion in output order: one thread per 8 consecutive dQ columns of one row, so each
 // thread writes 16 bytes (bf16; 32 with fp32) and a warp 16 rows x 32 contiguous bytes, where the
 // kernel above writes 4 bytes per thread (16 per row and warp). Its reads are the 4 float2 of the
@@ -123,30 +152,7 @@ __global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_st
     v[2 * lp + 1] = f.y * scale;
   }
   const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + w * (kD / 2) + 8 * jj;
-  if (out_f32) {
-    float4* dst = reinterpret_cast<float4*>(static_cast<float*>(dq) + off);
-    float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
-    if (accumulate) {
-      const float4 a = dst[0], c2 = dst[1];
-      lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
-      hi.x += c2.x, hi.y += c2.y, hi.z += c2.z, hi.w += c2.w;
-    }
-    dst[0] = lo;
-    dst[1] = hi;
-  } else {
-    uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dq) + off);
-    if (accumulate) {
-      const uint4 old = *dst;
-      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(o2[i]);
-        v[2 * i] += f.x;
-        v[2 * i + 1] += f.y;
-      }
-    }
-    *dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-  }
+  store_dq8(dq, off, v, out_f32, accumulate);
 }
 
 // The 80-row kernel's (hopper_bwd_q80.cuh) conversion: dQ = scale * accumulator (+ dQ with
@@ -196,29 +202,8 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_q80_kernel(const float* dq
     if (!vec16) {
 #pragma unroll
       for (int dd = 0; dd < 8; dd += 2) add_out(dq, off + dd, make_float2(v[dd], v[dd + 1]), out_f32, accumulate);
-    } else if (out_f32) {
-      float4* dst = reinterpret_cast<float4*>(static_cast<float*>(dq) + off);
-      float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
-      if (accumulate) {
-        const float4 a = dst[0], a2 = dst[1];
-        lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
-        hi.x += a2.x, hi.y += a2.y, hi.z += a2.z, hi.w += a2.w;
-      }
-      dst[0] = lo;
-      dst[1] = hi;
     } else {
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(dq) + off);
-      if (accumulate) {
-        const uint4 old = *dst;
-        const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 g = __bfloat1622float2(o2[i]);
-          v[2 * i] += g.x;
-          v[2 * i + 1] += g.y;
-        }
-      }
-      *dst = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+      store_dq8(dq, off, v, out_f32, accumulate);
     }
   }
 }
