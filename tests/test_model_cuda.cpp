@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/layers.hpp"
@@ -119,6 +121,57 @@ TEST_F(ModelCuda, Linear) {
   ASSERT_TRUE(cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDXh.ptr(), dDW.ptr(), rows, in, out, nullptr).ok());
   expect_close("dx, bf16", down_bf16(dDXh, dx.size()), dx, 1);
   expect_close("dw, added twice", down_f32(dDW, dw.size()), dw2, 0.05);
+}
+
+// The products' algorithm is chosen per shape by timing (gemm_bf16.cu); that must move time, not
+// bits: every candidate cuBLASLt offers for these shapes (bf16 out; fp32 dx written; fp32 dw added
+// to over a long K, as the LM head's chunks and the layers' weights are) gives the bits of the
+// first, and so does the choice once its trials are in. The result is also checked against fp64.
+TEST_F(ModelCuda, TunedProductsGiveEveryCandidatesBits) {
+  for (const auto& [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{512, 256, 1024}, {4096, 128, 256}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " + std::to_string(out));
+    auto x = bf16_values(size_t(rows * in), 31), w = bf16_values(size_t(out * in), 32),
+         dy = bf16_values(size_t(rows * out), 33);
+    const std::vector<double> dw0 = bf16_values(size_t(out * in), 34, 0.01);
+    auto dX = up_bf16(x), dW = up_bf16(w), dDY = up_bf16(dy);
+    Dev<bf16_t> dY{DeviceBuffer::allocate(size_t(rows * out) * 2).value()};
+    auto dDX = up_f32(std::vector<double>(x.size())), dDW = up_f32(dw0);
+    struct Bits {
+      std::vector<bf16_t> y;
+      std::vector<float> dx, dw;
+    };
+    const auto run = [&]() -> Bits {
+      EXPECT_TRUE(copy_bytes(dDW.ptr(), std::vector<float>(dw0.begin(), dw0.end()).data(), dw0.size() * 4).ok());
+      EXPECT_TRUE(cuda::linear_forward(dX.ptr(), dW.ptr(), dY.ptr(), rows, in, out, nullptr).ok());
+      EXPECT_TRUE(
+          cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, in, out, false, nullptr).ok());
+      return {down_raw(dY, size_t(rows * out)), down_raw(dDX, x.size()), down_raw(dDW, dw0.size())};
+    };
+    Bits first;
+    {
+      cuda::ScopedGemmCandidate pin(0);
+      first = run();
+    }
+    const int candidates = cuda::gemm_candidates_max();
+    EXPECT_GE(candidates, 1) << "cuBLASLt offered no algorithm: the products ran on cublasGemmEx";
+    for (int i = 1; i < candidates; ++i) {
+      cuda::ScopedGemmCandidate pin(i);
+      const Bits got = run();
+      EXPECT_TRUE(same_bits(got.y, first.y)) << "y, candidate " << i;
+      EXPECT_TRUE(same_bits(got.dx, first.dx)) << "dx, candidate " << i;
+      EXPECT_TRUE(same_bits(got.dw, first.dw)) << "dw, candidate " << i;
+    }
+    for (int call = 0; call < 4 * candidates + 2; ++call) run();  // the trials, then the choice
+    const Bits tuned = run();
+    EXPECT_TRUE(same_bits(tuned.y, first.y) && same_bits(tuned.dx, first.dx) && same_bits(tuned.dw, first.dw));
+    std::vector<double> y(size_t(rows * out)), dx(x.size()), dw(dw0.size(), 0.0);
+    linear_forward(x.data(), w.data(), y.data(), rows, in, out);
+    linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), rows, in, out, false);
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] += double(float(dw0[i]));
+    expect_close("y", std::vector<double>(down_bf16(dY, y.size())), y, 1);
+    expect_close("dx", std::vector<double>(tuned.dx.begin(), tuned.dx.end()), dx, 0.05);
+    expect_close("dw", std::vector<double>(tuned.dw.begin(), tuned.dw.end()), dw, 0.05);
+  }
 }
 
 TEST_F(ModelCuda, EmbeddingAndRmsNorm) {

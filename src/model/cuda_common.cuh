@@ -55,9 +55,9 @@ cublasHandle_t cublas_for(void* stream);
                        std::string("cuBLAS: ") + cublasGetStatusString(sp_cublas_status) + " in " #expr); \
   } while (0)
 
-// Row-major C[M, N] = alpha op(A) op(B) + beta C with bf16 A and B, C of ctype, fp32 compute:
-// cuBLAS is column-major, so it computes C^T = op(B)^T op(A)^T. lda: A's row stride in elements
-// (0: packed, K or M).
+// Row-major C[M, N] = alpha op(A) op(B) + beta C with bf16 A and B, C of ctype, fp32 compute,
+// through cuBLASLt with the algorithm timed fastest for the shape (gemm_bf16.cu). lda: A's row
+// stride in elements (0: packed, K or M).
 Status gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
                  const bf16_t* B, float beta, void* C, cudaDataType_t ctype, void* stream, int64_t lda = 0);
 

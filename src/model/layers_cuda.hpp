@@ -2,7 +2,7 @@
 // device pointers, work queued on `stream`. Mixed precision as the GPU engine keeps it:
 // weights and the layers' inputs to matrix products in bf16; the residual stream, every
 // gradient that is added to, row statistics and the loss in fp32. Matrix products go through
-// cuBLAS (bf16 inputs, fp32 compute). A bf16 array is passed as `uint16_t*` so this header needs
+// cuBLASLt (bf16 inputs, fp32 compute; the algorithm timed per shape, gemm_bf16.cu). A bf16 array is passed as `uint16_t*` so this header needs
 // no CUDA include; the .cu files read it as __nv_bfloat16.
 #pragma once
 
@@ -28,6 +28,21 @@ Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, float
 // and half the bytes go out.
 Status linear_backward(const bf16_t* x, const bf16_t* w, const bf16_t* dy, bf16_t* dx, float* dw, int64_t rows,
                        int64_t in, int64_t out, void* stream);
+
+// For tests of the products' tuning (gemm_bf16.cu): while one lives, the calling thread's
+// products run cuBLASLt's candidate i (the shape's last where it has fewer), untimed; and the
+// most candidates any product of the calling thread has had.
+class ScopedGemmCandidate {
+ public:
+  explicit ScopedGemmCandidate(int i);
+  ~ScopedGemmCandidate();
+  ScopedGemmCandidate(const ScopedGemmCandidate&) = delete;
+  ScopedGemmCandidate& operator=(const ScopedGemmCandidate&) = delete;
+
+ private:
+  int saved_;
+};
+int gemm_candidates_max();
 
 // x[rows, dim] (fp32) = table[tokens[r]] (bf16); tokens device int32 [rows].
 Status embedding_forward(const int32_t* tokens, const bf16_t* table, float* x, int64_t rows, int64_t dim, void* stream);

@@ -1,4 +1,4 @@
-// The CUDA half of linear.cpp: products through cuBLAS, bf16 inputs, fp32 compute; and the
+// The CUDA half of linear.cpp: products through gemm_bf16 (gemm_bf16.cu), bf16 inputs, fp32 compute; and the
 // fp32 <-> bf16 copies and the fp32 add the engine moves weights, activations and gradients with
 // (memory-bound: 16-byte loads where the pointers allow).
 #include <algorithm>
@@ -7,25 +7,6 @@
 #include "model/cuda_common.cuh"
 
 namespace seqpar::model::cuda {
-
-cublasHandle_t cublas_for(void* stream) {
-  thread_local cublasHandle_t handle = nullptr;
-  if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return nullptr;
-  cublasSetStream(handle, as_stream(stream));
-  return handle;
-}
-
-Status gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A, const bf16_t* B,
-                 float beta, void* C, cudaDataType_t ctype, void* stream, int64_t lda_a) {
-  cublasHandle_t h = cublas_for(stream);
-  SP_CHECK_ARG(h != nullptr, "cannot create a cuBLAS handle");
-  // Column-major view: C^T[N, M] = op(B)^T[N, K] op(A)^T[K, M]; a row-major X[r, c] is X^T.
-  const int lda = int(lda_a > 0 ? lda_a : ta ? M : K), ldb = int(tb ? K : N);
-  SP_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
-                               &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, ctype, int(N),
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return Status::Ok();
-}
 
 Status linear_forward(const bf16_t* x, const bf16_t* w, bf16_t* y, int64_t rows, int64_t in, int64_t out,
                       void* stream) {
