@@ -128,8 +128,10 @@ TEST_F(ModelCuda, Linear) {
 // to over a long K, as the LM head's chunks and the layers' weights are) gives the bits of the
 // first, and so does the choice once its trials are in. The result is also checked against fp64.
 TEST_F(ModelCuda, TunedProductsGiveEveryCandidatesBits) {
-  for (const auto& [rows, in, out] : {std::tuple<int64_t, int64_t, int64_t>{512, 256, 1024}, {4096, 128, 256}}) {
-    SCOPED_TRACE("rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " + std::to_string(out));
+  for (const auto& [rows, in, out] :
+       {std::tuple<int64_t, int64_t, int64_t>{512, 256, 1024}, {4096, 128, 256}}) {
+    SCOPED_TRACE("rows " + std::to_string(rows) + " in " + std::to_string(in) + " out " +
+                 std::to_string(out));
     auto x = bf16_values(size_t(rows * in), 31), w = bf16_values(size_t(out * in), 32),
          dy = bf16_values(size_t(rows * out), 33);
     const std::vector<double> dw0 = bf16_values(size_t(out * in), 34, 0.01);
@@ -141,10 +143,13 @@ TEST_F(ModelCuda, TunedProductsGiveEveryCandidatesBits) {
       std::vector<float> dx, dw;
     };
     const auto run = [&]() -> Bits {
-      EXPECT_TRUE(copy_bytes(dDW.ptr(), std::vector<float>(dw0.begin(), dw0.end()).data(), dw0.size() * 4).ok());
-      EXPECT_TRUE(cuda::linear_forward(dX.ptr(), dW.ptr(), dY.ptr(), rows, in, out, nullptr).ok());
       EXPECT_TRUE(
-          cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows, in, out, false, nullptr).ok());
+          copy_bytes(dDW.ptr(), std::vector<float>(dw0.begin(), dw0.end()).data(), dw0.size() * 4)
+              .ok());
+      EXPECT_TRUE(cuda::linear_forward(dX.ptr(), dW.ptr(), dY.ptr(), rows, in, out, nullptr).ok());
+      EXPECT_TRUE(cuda::linear_backward(dX.ptr(), dW.ptr(), dDY.ptr(), dDX.ptr(), dDW.ptr(), rows,
+                                        in, out, false, nullptr)
+                      .ok());
       return {down_raw(dY, size_t(rows * out)), down_raw(dDX, x.size()), down_raw(dDW, dw0.size())};
     };
     Bits first;
@@ -163,7 +168,8 @@ TEST_F(ModelCuda, TunedProductsGiveEveryCandidatesBits) {
     }
     for (int call = 0; call < 4 * candidates + 2; ++call) run();  // the trials, then the choice
     const Bits tuned = run();
-    EXPECT_TRUE(same_bits(tuned.y, first.y) && same_bits(tuned.dx, first.dx) && same_bits(tuned.dw, first.dw));
+    EXPECT_TRUE(same_bits(tuned.y, first.y) && same_bits(tuned.dx, first.dx) &&
+                same_bits(tuned.dw, first.dw));
     std::vector<double> y(size_t(rows * out)), dx(x.size()), dw(dw0.size(), 0.0);
     linear_forward(x.data(), w.data(), y.data(), rows, in, out);
     linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), rows, in, out, false);
@@ -379,51 +385,60 @@ PlainHead plain_bf16_head(const std::vector<double>& x, const std::vector<double
 }
 
 // Both scratch kinds, forward alone and with the gradient (dw added to what it held), several
-// chunks, rows not counted, a vocabulary that is no multiple of the kernel's segment (the fp32
-// scratch turns into the gradient in place across segments): against the fp64 head.
+// chunks, rows not counted, vocabularies that are no multiple of the kernel's segment (the fp32
+// scratch turns into the gradient in place across segments): 3001, rows one element at a time;
+// 5000, rows of whole 16-byte packs (the vector path; fp32: two segments, the last partly
+// full). Against the fp64 head.
 TEST_F(ModelCuda, FusedLmHeadLoss) {
-  const int64_t rows = 45, dim = 64, vocab = 3001, chunk = 16;
-  auto x = bf16_values(size_t(rows * dim), 12, 2.0), w = bf16_values(size_t(vocab * dim), 13);
-  std::vector<int32_t> targets(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 5 == 3 ? -1 : int32_t((r * 131) % vocab);
-  const double scale = 1.0 / 36.0;
-  std::vector<double> dx(x.size()), dw(w.size(), 0.0);
-  double loss_sum = 0;
-  int64_t counted = 0;
-  lm_head_loss(x.data(), w.data(), targets.data(), rows, dim, vocab, chunk, &loss_sum, &counted, scale, dx.data(),
-               dw.data());
-  ASSERT_EQ(counted, 36);
-  const PlainHead plain = plain_bf16_head(x, w, targets, dim, vocab, scale);
-  const std::vector<double> dw0 = bf16_values(w.size(), 14, 0.01);  // what dw held before
-  auto dX = up_bf16(x), dW = up_bf16(w);
-  auto dT = up_raw(targets);
-  for (const cuda::Logits kind : {cuda::Logits::kF32, cuda::Logits::kBf16}) {
-    const bool f32 = kind == cuda::Logits::kF32;
-    SCOPED_TRACE(f32 ? "fp32 logits" : "bf16 logits");
-    auto dLoss = up_f32(std::vector<double>(size_t(rows))), dDX = up_f32(std::vector<double>(dx.size())),
-         dDW = up_f32(dw0);
-    const auto loss_of = [&] {
-      double got = 0;
-      for (double l : down_f32(dLoss, size_t(rows))) got += l;
-      return got;
-    };
-    ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLoss.ptr(), 0.0, nullptr,
-                                   nullptr, nullptr, kind).ok());
-    const double forward_loss = loss_of();
-    ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk, dLoss.ptr(), scale, dDX.ptr(),
-                                   dDW.ptr(), nullptr, kind).ok());
-    EXPECT_EQ(loss_of(), forward_loss);  // the same logits and sums with or without the gradient
-    std::vector<double> got_dw = down_f32(dDW, dw.size());
-    for (size_t i = 0; i < got_dw.size(); ++i) got_dw[i] -= dw0[i];
-    const std::vector<double> got_dx = down_f32(dDX, dx.size());
-    if (f32) {
-      EXPECT_NEAR(forward_loss, loss_sum, 1e-4 * loss_sum);
-      expect_close("dx", got_dx, dx, 4);
-      expect_close("dw", got_dw, dw, 4);
-    } else {  // the bf16 rule against the plain bf16-logits program
-      EXPECT_LE(std::abs(forward_loss - loss_sum), 2 * std::abs(plain.loss_sum - loss_sum) + 1e-4 * loss_sum);
-      EXPECT_LE(max_diff(got_dx, dx), 2 * max_diff(plain.dx, dx) + max_diff(round_bf16(dx), dx));
-      EXPECT_LE(max_diff(got_dw, dw), 2 * max_diff(plain.dw, dw) + max_diff(round_bf16(dw), dw));
+  for (const int64_t vocab : {int64_t(3001), int64_t(5000)}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const int64_t rows = 45, dim = 64, chunk = 16;
+    auto x = bf16_values(size_t(rows * dim), 12, 2.0), w = bf16_values(size_t(vocab * dim), 13);
+    std::vector<int32_t> targets(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      targets[size_t(r)] = r % 5 == 3 ? -1 : int32_t((r * 131) % vocab);
+    const double scale = 1.0 / 36.0;
+    std::vector<double> dx(x.size()), dw(w.size(), 0.0);
+    double loss_sum = 0;
+    int64_t counted = 0;
+    lm_head_loss(x.data(), w.data(), targets.data(), rows, dim, vocab, chunk, &loss_sum, &counted,
+                 scale, dx.data(), dw.data());
+    ASSERT_EQ(counted, 36);
+    const PlainHead plain = plain_bf16_head(x, w, targets, dim, vocab, scale);
+    const std::vector<double> dw0 = bf16_values(w.size(), 14, 0.01);  // what dw held before
+    auto dX = up_bf16(x), dW = up_bf16(w);
+    auto dT = up_raw(targets);
+    for (const cuda::Logits kind : {cuda::Logits::kF32, cuda::Logits::kBf16}) {
+      const bool f32 = kind == cuda::Logits::kF32;
+      SCOPED_TRACE(f32 ? "fp32 logits" : "bf16 logits");
+      auto dLoss = up_f32(std::vector<double>(size_t(rows))),
+           dDX = up_f32(std::vector<double>(dx.size())), dDW = up_f32(dw0);
+      const auto loss_of = [&] {
+        double got = 0;
+        for (double l : down_f32(dLoss, size_t(rows))) got += l;
+        return got;
+      };
+      ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk,
+                                     dLoss.ptr(), 0.0, nullptr, nullptr, nullptr, kind)
+                      .ok());
+      const double forward_loss = loss_of();
+      ASSERT_TRUE(cuda::lm_head_loss(dX.ptr(), dW.ptr(), dT.ptr(), rows, dim, vocab, chunk,
+                                     dLoss.ptr(), scale, dDX.ptr(), dDW.ptr(), nullptr, kind)
+                      .ok());
+      EXPECT_EQ(loss_of(), forward_loss);  // the same logits and sums with or without the gradient
+      std::vector<double> got_dw = down_f32(dDW, dw.size());
+      for (size_t i = 0; i < got_dw.size(); ++i) got_dw[i] -= dw0[i];
+      const std::vector<double> got_dx = down_f32(dDX, dx.size());
+      if (f32) {
+        EXPECT_NEAR(forward_loss, loss_sum, 1e-4 * loss_sum);
+        expect_close("dx", got_dx, dx, 4);
+        expect_close("dw", got_dw, dw, 4);
+      } else {  // the bf16 rule against the plain bf16-logits program
+        EXPECT_LE(std::abs(forward_loss - loss_sum),
+                  2 * std::abs(plain.loss_sum - loss_sum) + 1e-4 * loss_sum);
+        EXPECT_LE(max_diff(got_dx, dx), 2 * max_diff(plain.dx, dx) + max_diff(round_bf16(dx), dx));
+        EXPECT_LE(max_diff(got_dw, dw), 2 * max_diff(plain.dw, dw) + max_diff(round_bf16(dw), dw));
+      }
     }
   }
 }
