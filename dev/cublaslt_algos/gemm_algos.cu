@@ -35,6 +35,21 @@ __global__ void fill(__nv_bfloat16* x, size_t n, unsigned seed, float scale) {
   }
 }
 
+// A hash of C's bits (wrapping sum of word * (index + 1)): equal for the same bits.
+__global__ void hash_words(const unsigned* c, size_t n, unsigned long long* out) {
+  unsigned long long h = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    h += (unsigned long long)c[i] * (i + 1);
+  atomicAdd(out, h);
+}
+unsigned long long hash_of(const void* c, size_t bytes, unsigned long long* scratch) {
+  CK(cudaMemset(scratch, 0, 8));
+  hash_words<<<1024, 256>>>(static_cast<const unsigned*>(c), bytes / 4, scratch);
+  unsigned long long h = 0;
+  CK(cudaMemcpy(&h, scratch, 8, cudaMemcpyDeviceToHost));
+  return h;
+}
+
 struct Shape {
   std::string name;
   bool ta, tb;
@@ -112,6 +127,8 @@ int main(int argc, char** argv) {
   fill<<<2048, 256>>>(A, max_a, 1, 1.0f);
   fill<<<2048, 256>>>(B, max_b, 2, 1.0f);
   CK(cudaMemset(C, 0, max_c));
+  unsigned long long* hash_scratch;
+  CK(cudaMalloc(&hash_scratch, 8));
   cublasHandle_t h;
   cublasLtHandle_t lt;
   CK(cublasCreate(&h));
@@ -125,6 +142,9 @@ int main(int argc, char** argv) {
     const cudaDataType_t ct = s.c_f32 ? CUDA_R_32F : CUDA_R_16BF;
     const float alpha = 1.0f, beta = s.beta;
     const double flop = 2.0 * double(s.M) * double(s.N) * double(s.K);
+    const size_t c_bytes = size_t(s.M * s.N) * (s.c_f32 ? 4 : 2);
+    unsigned long long first_hash = 0;
+    bool same = false;
     auto line = [&](const char* how, int idx, float ms, const cublasLtMatmulAlgo_t* algo) {
       std::printf("{\"shape\":\"%s\",\"M\":%ld,\"N\":%ld,\"K\":%ld,\"how\":\"%s\",\"idx\":%d,\"ms\":%.4f,\"tflops\":%.1f",
                   s.name.c_str(), s.M, s.N, s.K, how, idx, ms, flop / ms / 1e9);
@@ -134,6 +154,7 @@ int main(int argc, char** argv) {
                     attr(*algo, CUBLASLT_ALGO_CONFIG_STAGES_ID), attr(*algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
                     attr(*algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING), attr(*algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
                     attr(*algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+      if (algo) std::printf(",\"same_bits_as_first\":%s", same ? "true" : "false");
       std::printf("}\n");
       std::fflush(stdout);
     };
@@ -160,12 +181,16 @@ int main(int argc, char** argv) {
       int got = 0;
       CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, want, res.data(), &got));
       for (int i = 0; i < got; ++i) {
-        const float t = median_ms(
-            [&] {
-              CK(cublasLtMatmul(lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[size_t(i)].algo, ws,
-                                wsb, nullptr));
-            },
-            runs);
+        auto call = [&] {
+          CK(cublasLtMatmul(lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[size_t(i)].algo, ws, wsb,
+                            nullptr));
+        };
+        const float t = median_ms(call, runs);
+        CK(cudaMemset(C, 0, c_bytes));  // the bits of one call from zeros, against the first candidate's
+        call();
+        const unsigned long long hsh = hash_of(C, c_bytes, hash_scratch);
+        if (i == 0) first_hash = hsh;
+        same = hsh == first_hash;
         line(wsb == ws_bytes ? "lt_ws64" : "lt_ws32", i, t, &res[size_t(i)].algo);
       }
       CK(cublasLtMatmulPreferenceDestroy(pref));
