@@ -1,7 +1,7 @@
 # call_start.sh: the start a device-call script shares (sourced from the repository root of the
 # machine's copy, as `source bench/device_calls/call_start.sh JOBS "TARGETS"`): the device
 # environment (no NVLink multicast), into the `git archive` snapshot in .carry/snap with the
-# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack / matrix / peer, the GPUs
+# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack / matrix / peer / liger_env / train_text / train1b, the GPUs
 # named in $OUT/summary.txt, the build of TARGETS with JOBS jobs, and scripts/gpu_env.sh; a failed
 # build prints its first errors, packs the logs and exits. BUDGET_S (seconds the script may take)
 # sets `budget`, CALL_BUDGET_S its default; PACK_GLOBS the files pack() tars into $OUT/all.tgz.
@@ -34,6 +34,16 @@ peer() {
   timeout $cap torchrun --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" bench/torch_cp_peer.py --seqs $2 \
     --kv-heads $3 --max-seconds $(( cap - 25 )) >> "$out/peer_cp_$1.jsonl" 2>> "$out/peer_cp_$1.err"
   say "peer $1 rc $? $(grep -c fwdbwd_ms "$out/peer_cp_$1.jsonl") lines"
+}
+# liger_env: Liger-Kernel from its carried wheel (.carry/whl; packaging only where the machine
+# lacks it) into /tmp/liger_site, on PYTHONPATH.
+liger_env() {
+  local site=/tmp/liger_site wheels
+  wheels=$(ls .carry/whl/liger_kernel-*.whl)
+  python3 -c "import packaging" 2>/dev/null || wheels="$wheels $(ls .carry/whl/packaging-*.whl)"
+  python3 -m pip install -q --no-deps --no-index --target "$site" $wheels > "$out/pip.log" 2>&1
+  say "pip rc $?"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 }
 # train_text: the training text both sides read ($txt: the README and docs 48 times), made once.
 txt=/tmp/train_text.txt

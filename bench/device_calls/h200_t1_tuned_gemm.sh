@@ -19,12 +19,7 @@ suite() {  # name cap [gtest args]
   grep '^\[  FAILED  \]' "$out/$name.log" | head -10 >> "$out/summary.txt"
 }
 suite test_model_cuda 60
-site=/tmp/liger_site
-wheels=$(ls .carry/whl/liger_kernel-*.whl)
-python3 -c "import packaging" 2>/dev/null || wheels="$wheels $(ls .carry/whl/packaging-*.whl)"
-python3 -m pip install -q --no-deps --no-index --target "$site" $wheels > "$out/pip.log" 2>&1
-say "pip rc $?"
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+liger_env
 data=/tmp/lm_head_data; rm -rf "$data"
 lm_head() {  # mode [args]: ours, with SEQPAR_GEMM=mode
   local mode=$1; shift
@@ -41,19 +36,7 @@ for round in 1 2; do
   (cd bench && timeout 80 python3 -u liger_flce_peer.py "${peer[@]}") >> "$out/lm_head_peer.jsonl" 2>> "$out/lm_head_peer.err"
   say "peer round $round rc $? | $(tail -n 1 "$out/lm_head_peer.err")"
 done
-python3 - "$out/lm_head_ours.jsonl" "$out/lm_head_peer.jsonl" <<'EOF' | tee -a "$out/summary.txt"
-import json, os, sys  # one row per measurement
-for f in sys.argv[1:]:
-    for l in (open(f) if os.path.exists(f) else []):
-        if not l.startswith("{"): continue
-        r = json.loads(l)
-        if "ms_fwd_bwd" in r:
-            print(f"{r.get('gemm', ''):7s} {r['kind']:22s} {str(r.get('chunk', '')):>5s} {r.get('logits', ''):5s} "
-                  f"fwd+bwd {r['ms_fwd_bwd']:8.2f} fwd {r['ms_fwd']:7.2f} extra {r['peak_extra_bytes'] / 2**30:6.3f} GiB "
-                  f"grads {r['grad_bytes'] / 2**30:5.3f} loss {r['loss']:.6f}")
-        elif r.get("kind") == "lm_head_check":
-            print(json.dumps(r))
-EOF
+python3 bench/device_calls/lm_head_summary.py "$out/lm_head_ours.jsonl" "$out/lm_head_peer.jsonl" | tee -a "$out/summary.txt"
 for run in tuned1 cublas tuned2; do
   export SEQPAR_GEMM=${run%[0-9]}
   train1b "32k_none_$run" 32768 6 --checkpointing none

@@ -12,11 +12,7 @@ source bench/device_calls/call_start.sh 16 "bench_gpu_lm_head seqpar_cli test_mo
 OMP_NUM_THREADS=16 timeout 60 ./build-gpu/tests/test_model_cuda > "$out/test_model_cuda.log" 2>&1
 say "test_model_cuda rc $?: $(grep -c '^\[       OK' "$out/test_model_cuda.log") ok, $(grep -c '^\[  FAILED  \]' "$out/test_model_cuda.log") failed lines"
 grep '^\[  FAILED  \]\|Failure\|Which is' "$out/test_model_cuda.log" | head -12 >> "$out/summary.txt"
-site=/tmp/liger_site
-wheels=$(ls .carry/whl/liger_kernel-*.whl)
-python3 -c "import packaging" 2>/dev/null || wheels="$wheels $(ls .carry/whl/packaging-*.whl)"
-python3 -m pip install -q --no-deps --no-index --target "$site" $wheels > "$out/pip.log" 2>&1
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+liger_env
 data=/tmp/lm_head_data; rm -rf "$data"
 for round in 1 2; do
   dump=(); [ $round = 1 ] && dump=(--dump "$data")
@@ -28,18 +24,7 @@ for round in 1 2; do
   (cd bench && timeout 60 python3 -u liger_flce_peer.py "${peer[@]}") >> "$out/lm_head_peer.jsonl" 2>> "$out/lm_head_peer.err"
   say "peer round $round rc $?"
 done
-python3 - "$out/lm_head_ours.jsonl" "$out/lm_head_peer.jsonl" <<'PY' | tee -a "$out/summary.txt"
-import json, os, sys
-for f in sys.argv[1:]:
-    for l in (open(f) if os.path.exists(f) else []):
-        if not l.startswith("{"): continue
-        r = json.loads(l)
-        if "ms_fwd_bwd" in r:
-            print(f"{r['kind']:22s} {str(r.get('chunk', '')):>5s} {r.get('logits', ''):5s} fwd+bwd {r['ms_fwd_bwd']:8.2f} "
-                  f"fwd {r['ms_fwd']:7.2f} extra {r['peak_extra_bytes'] / 2**30:6.3f} GiB grads {r['grad_bytes'] / 2**30:5.3f}")
-        elif r.get("kind") == "lm_head_check":
-            print(json.dumps(r))
-PY
+python3 bench/device_calls/lm_head_summary.py "$out/lm_head_ours.jsonl" "$out/lm_head_peer.jsonl" | tee -a "$out/summary.txt"
 train1b 32k_none 32768 6 --checkpointing none
 train1b 64k_none 65536 4 --checkpointing none
 say end
