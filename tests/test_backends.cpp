@@ -529,6 +529,41 @@ TEST(HopperTiles, BackwardQueryTileChosenPerMask) {
   }
 }
 
+// The forward's kernel per case (forward_kernel, hopper_args.hpp; host code, runs without a GPU):
+// the 2-CTA cluster kernel exactly where it was measured faster on one H200
+// (dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4): D = 128
+// dense, full from 8K to 64K keys, causal from 16K to 64K; not at 128K full (0.996x pp192), not
+// at D = 64 (0.99-1.01x), not on tile lists (the kernel takes dense masks only).
+TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
+  using hopper::FwdKernel;
+  static const int32_t no_entries[2] = {0, 0};
+  const auto route = [&](int head_dim, int causal, int seq_k, bool lists = false) {
+    hopper::FwdArgs a{};
+    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = head_dim;
+    a.seq_q = a.seq_k = seq_k;
+    a.causal = causal;
+    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
+    return hopper::forward_kernel(a);
+  };
+  for (int s : {8192, 16384, 24576, 32768, 65536}) EXPECT_EQ(route(128, 0, s), FwdKernel::kCluster) << s;
+  for (int s : {16384, 32768, 65536}) EXPECT_EQ(route(128, 1, s), FwdKernel::kCluster) << s;
+  EXPECT_EQ(route(128, 0, 4096), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 0, 8191), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 0, 65537), FwdKernel::kPingPong192);
+  EXPECT_EQ(route(128, 0, 131072), FwdKernel::kPingPong192);
+  EXPECT_EQ(route(128, 1, 8192), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 16383), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 131072), FwdKernel::kPersist);
+  for (int causal : {0, 1}) {
+    EXPECT_EQ(route(128, causal, 32768, true), FwdKernel::kPersistLists);
+    EXPECT_EQ(route(64, causal, 32768, true), FwdKernel::kPersistLists);
+    for (int s : {4096, 8192, 16384, 32768, 65536, 131072})
+      EXPECT_EQ(route(64, causal, s),
+                causal && s <= 16384 ? FwdKernel::kPersistHeadChunks : FwdKernel::kPersist)
+          << causal << " " << s;
+  }
+}
+
 // The backend's masked D = 128 cases above run both backward kernels: q80's lists on 320-row
 // documents without a band, base's on the short causal documents (each key block's pair).
 TEST(HopperTiles, BackendCasesRunEachBackwardKernel) {

@@ -1,6 +1,7 @@
 // The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
 // (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192", and its persistent
-// form "persist192"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
+// form "persist192", and that in 2-CTA clusters with K/V by multicast, "cluster192"; three
+// consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
 // backward: "q80", 80-row query tiles, at D = 128 on dense masks and on tile lists of 80-row
 // tiles, "base" at D = 128 on lists of 64-row tiles, "q128", 128-row query tiles, at D = 64),
 // behind the plain host
@@ -15,6 +16,7 @@
 #include "kernels/hopper/hopper_args.hpp"
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
+#include "kernels/hopper/hopper_fwd_cluster.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 
 namespace seqpar::hopper {
@@ -36,24 +38,35 @@ constexpr auto kFwdPersist64Chunks = launch_fwd_persist<64, 128, 3, true, true, 
 // paths only.
 constexpr auto kFwdPersistLists128 = launch_fwd_persist<128, 192, 2>;
 constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
+// Dense masks at D = 128 from 8K (full) or 16K (causal) to 64K keys: persist192u in clusters of
+// 2 CTAs that multicast K/V (hopper_fwd_cluster.cuh; O that the TMA store cannot write goes to
+// kFwdPersist128's kernel).
+constexpr auto kFwdCluster128 = launch_fwd_cluster<128, 192, 2>;
 }  // namespace
 
 int forward(const FwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // Measured (dev/hopper_attention/README.md, "Persistent forward" on one H100, "Uniform
-  // descriptors" on one H200): the persistent kernel wins on tile lists (32K: 256 documents
-  // 1.37x, BigBird 1.15x, 16 documents 1.07x), under the causal mask (8K-64K) and at D = 64; dense
-  // full at D = 128 up to 24K keys (H200: 8K 1.03x, 12K 1.02-1.03x, 16K 1.01-1.03x, 24K
-  // 1.00-1.01x pp192) but not from 32K keys (32K and 64K: 0.98-0.99x; at 32K it runs at a 3%
-  // lower SM clock than pp192 under the 700 W cap), where pp192 stays.
-  const bool lists = a.tiles.begin != nullptr;
+  // The kernel per case: forward_kernel (hopper_args.hpp), where the measurements are cited.
+  const FwdKernel k = forward_kernel(a);
   if (a.head_dim == 128) {
-    if (lists) return kFwdPersistLists128(a, s, true, 0);
-    return a.causal || a.seq_k <= 24576 ? kFwdPersist128(a, s, true, 0) : kFwd128(a, s);
+    switch (k) {
+      case FwdKernel::kPersistLists: return kFwdPersistLists128(a, s, true, 0);
+      case FwdKernel::kCluster: return kFwdCluster128(a, s, 0);
+      case FwdKernel::kPingPong192: return kFwd128(a, s);
+      case FwdKernel::kPersist: return kFwdPersist128(a, s, true, 0);
+      case FwdKernel::kPersistHeadChunks: break;
+    }
+    return cudaErrorInvalidValue;
   }
   if (a.head_dim == 64) {
-    if (lists) return kFwdPersistLists64(a, s, true, 0);
-    return a.causal && a.seq_k <= 16384 ? kFwdPersist64Chunks(a, s, true, 0) : kFwdPersist64(a, s, true, 0);
+    switch (k) {
+      case FwdKernel::kPersistLists: return kFwdPersistLists64(a, s, true, 0);
+      case FwdKernel::kPersistHeadChunks: return kFwdPersist64Chunks(a, s, true, 0);
+      case FwdKernel::kPersist: return kFwdPersist64(a, s, true, 0);
+      case FwdKernel::kCluster:
+      case FwdKernel::kPingPong192: break;
+    }
+    return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }

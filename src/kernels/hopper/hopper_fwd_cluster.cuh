@@ -1,0 +1,536 @@
+// The Hopper attention FORWARD kernel, persistent, in clusters of 2 CTAs that multicast K/V: the
+// persistent kernel (hopper_fwd_persist.cuh with kUniform, kOrder 0) where each K/V tile crosses
+// L2 once per pair of CTAs. At the 700 W cap the forward's time per FLOP follows the SM clock;
+// on one H200 this cuts the L2 bytes of dense full D = 128 by 41%, runs 0.97x the cycles at a
+// 1-2% higher clock, and is 1.03-1.06x the backend's previous kernel at 8K-64K keys (full) and
+// 1.03-1.05x at 16K-64K (causal); the backend runs it there (forward_kernel, hopper_args.hpp;
+// dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4).
+//
+// - Pairs: a unit is two query tiles of one head (tiles 2j and 2j + 1 in the heaviest-first order
+//   of a head, so rank 0 takes the heavier). Both CTAs walk the same K/V blocks: the heavier
+//   member's count. Under the causal mask the lighter member's extra blocks (at most one or two,
+//   the newest keys, which it would mask entirely) are only drained: its consumers wait for the
+//   stage and release it without math. An odd tile count leaves rank 1 a void member in the last
+//   pair of a head (no Q load, no output, every stage drained).
+// - Loads: Q per CTA as before. Each K and V tile is loaded as two half-tiles of kBN / 2 rows
+//   (own tensor maps with that box), rank r issuing half r with .multicast::cluster to both CTAs;
+//   each CTA's full barrier expects the whole tile's bytes (its own producer's expect_tx; the
+//   peer's half may land first, the phase still needs the local arrival). A half starts at a
+//   multiple of 1024 bytes, so the 128-byte swizzle is the same as one whole-tile box.
+// - Release: every K/V empty barrier counts 2 x kC arrivals, and each consumer arrives on its own
+//   CTA's and on the peer's, because either producer's half lands in both CTAs' stage: a stage is
+//   refilled only when both CTAs consumed it. The D = 128 O staging in a V stage keeps working:
+//   that stage's release still waits for the O store's reads.
+// - Schedule: rank 0's producer takes pair indices from the global counter (cluster i first pair
+//   i) and passes each to rank 1's producer through a 2-deep mailbox in rank 1's shared memory
+//   (a full barrier in rank 1, an empty one in rank 0, both arrived on remotely with cluster-scope
+//   release). Both producers then build the same pair, each its own member.
+// - Exit: the producer warpgroup's idle warps do not exit; every thread of both CTAs meets at a
+//   cluster barrier at the end (and after the barriers' init), so no CTA leaves while the peer can
+//   still arrive on its barriers or multicast into its shared memory.
+// Dense masks only: tile lists and O that the TMA store cannot write go to launch_fwd_persist.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/hopper/hopper_fwd_persist.cuh"
+
+namespace seqpar::hopper {
+namespace cluster {
+
+// An opaque copy of a value: ptxas cannot hoist what is computed from it out of the producer's
+// loop (hoisted values spilled from its 24 registers), so it recomputes them per tile instead.
+__device__ __forceinline__ int opaque(int v) {
+  int r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ int grid_ctas() {
+  int r;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r));
+  return r;
+}
+// Volatile, so the producer re-reads it where it is used rather than keeping it in a register.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of `addr` (a shared::cta address of this kernel) in CTA `rank`.
+__device__ __forceinline__ uint32_t map_peer(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+// A consumer's release of a K/V stage on the peer's empty barrier. The default semantics
+// (release at CTA scope) are enough: what must be ordered is this CTA's reads of its own stage
+// before the peer's TMA overwrites it, and those reads completed (wgmma wait) before the arrive.
+// The cluster-scope form above costs a MEMBAR.ALL.GPU per arrive in the consumers' loop (call 2's
+// SASS; 0.87-0.96x of the version without clusters in calls 1 and 2).
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
+}
+// mbar_wait with cluster-scope acquire: what the peer stored before its release-arrive is visible.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void st_cluster_u32(uint32_t cluster_addr, uint32_t v) {
+  asm volatile("st.shared::cluster.b32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// A TMA load into the same offset of every CTA in `mask`, completing bytes on each one's barrier
+// at the same offset.
+__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                               int c2, int c3, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// The persistent kernel's shared memory (PersistSmem's layout with kStages K/V stages) plus the
+// mailbox: full[2] (used in rank 1), empty[2] (rank 0), the two pair indices (rank 1).
+template <int kD, int kBN, int kBM, int kStages>
+struct ClusterSmem {
+  using Base = Smem<kD, kBN, kStages, kBM>;
+  static constexpr int kTileO = kBM * kD * 2;
+  static constexpr int kMaxSmem = 227 * 1024;
+  // O gets its own buffer where it fits beside q_empty, the slots and the mailbox (< 128 bytes).
+  static constexpr bool kOInV = Base::bytes + kTileO + 128 > kMaxSmem;
+  static_assert(!kOInV || kTileO <= Base::kTileKV, "O fits one V stage");
+  static constexpr int o = Base::bar;  // the separate O buffer (unused with kOInV)
+  static constexpr int bar = kOInV ? Base::bar : Base::bar + kTileO;
+  static constexpr int kBars = Base::kBars + 1;  // fwd_kernel's, then q_empty
+  static constexpr int slots = bar + 8 * kBars;
+  static constexpr int mail_bar = slots + 2 * kSlotBytes;
+  static constexpr int mail = mail_bar + 4 * 8;
+  static constexpr int bytes = mail + 8 + 1024;
+  static_assert(bytes <= kMaxSmem, "shared memory");
+};
+
+// A pair's member: the tile's m_block (-1: void) and key-block count, and the pair's count.
+struct Member {
+  int m_block, h, b, n_own, n_pair;
+};
+template <int kBM, int kBN>
+__device__ __forceinline__ Member pair_member(int u, int rank, int m_tiles, const FwdParams& p) {
+  const int mp = (m_tiles + 1) / 2, per_b = mp * p.heads;
+  Member w;
+  w.b = u / per_b;
+  const int r = u - w.b * per_b;
+  w.h = r / mp;
+  const int x0 = 2 * (r - w.h * mp);
+  const int seq_k = opaque(p.seq_k);
+  auto blocks = [&](int m_block) {
+    int n = (seq_k + kBN - 1) / kBN;
+    if (p.causal) {
+      const int last_key = min(m_block * kBM + kBM, p.seq_q) - 1 + p.causal_offset;
+      n = last_key < 0 ? 0 : min(n, last_key / kBN + 1);
+    }
+    return n;
+  };
+  w.n_pair = blocks(m_tiles - 1 - x0);  // the heavier member's
+  w.m_block = m_tiles - 1 - (x0 + rank);
+  w.n_own = w.m_block < 0 ? 0 : blocks(w.m_block);
+  return w;
+}
+
+// Slot fields besides hopper_fwd_persist.cuh's: kSlotE0 holds the stages to drain first.
+enum : int { kSlotSkip = kSlotE0 };
+
+template <int kD, int kBN, int kC, int kStages>
+__global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
+    fwd_cluster_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+                       const FwdParams p, int* next_pair) {
+#ifdef SEQPAR_HOPPER_STUB
+  __trap();
+#else
+  constexpr int kBM = Cfg<kC>::kBM;
+  using L = ClusterSmem<kD, kBN, kBM, kStages>;
+  constexpr int kTileKV = L::Base::kTileKV;
+  constexpr int kHalf = kBN / 2;  // rows of one CTA's half of a K/V tile
+  static_assert(kHalf % 8 == 0, "a half-tile starts on a swizzle period");
+  constexpr int kCB = kD / 64;
+  constexpr int kAllBar = 4, kWgBar = 5;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sBar = base + L::bar;
+  const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars, sSlots = base + L::slots;
+  const uint32_t mail_full = base + L::mail_bar, mail_empty = mail_full + 16, sMail = base + L::mail;
+  auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
+  auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
+  auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, kC);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 2 * kC);  // both CTAs' consumers
+      mbar_init(v_empty(s), 2 * kC);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(mail_full + 8 * s, 1);
+      mbar_init(mail_empty + 8 * s, 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  cluster_sync_all();  // the peer's barriers exist before anything arrives on them
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kProducerRegs));
+    if (tid == 0) {
+      int kv_it = 0;
+      int u = int(blockIdx.x / 2);
+      for (int t = 0;; ++t) {
+        const uint32_t rank = cluster_rank();
+        const int m_tiles = (opaque(p.seq_q) + kBM - 1) / kBM;
+        const int pairs = (m_tiles + 1) / 2 * opaque(p.heads) * p.batch;
+        const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
+        const uint32_t mslot = 8u * (t & 1), mph = (t >> 1) & 1;
+        if (rank == 0) {  // hand the pair index to rank 1
+          mbar_wait_cluster(mail_empty + mslot, mph ^ 1);
+          st_cluster_u32(map_peer(sMail + 4u * (t & 1), 1), uint32_t(u));
+          mbar_arrive_cluster(map_peer(mail_full + mslot, 1));
+        } else {
+          mbar_wait_cluster(mail_full + mslot, mph);
+          u = ld_shared_s32(sMail + 4u * (t & 1));
+          mbar_arrive_cluster(map_peer(mail_empty + mslot, 0));
+        }
+        mbar_wait(q_empty, (t & 1) ^ 1);
+        if (u >= pairs) {
+          st_shared_u32(slot + kSlotN, uint32_t(-1));
+          mbar_arrive(q_full);
+          break;
+        }
+        const Member w = pair_member<kBM, kBN>(u, int(rank), m_tiles, p);
+        const int kvh = w.h / (p.heads / p.kv_heads);
+        st_shared_u32(slot + kSlotM, w.m_block);
+        st_shared_u32(slot + kSlotH, w.h);
+        st_shared_u32(slot + kSlotB, w.b);
+        st_shared_u32(slot + kSlotN, w.n_own);
+        st_shared_u32(slot + kSlotSkip, w.n_pair - w.n_own);
+        if (w.m_block >= 0) {
+          mbar_expect_tx(q_full, L::Base::kTileQ);
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb)
+            tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, w.h, w.m_block * kBM, w.b);
+        } else {
+          mbar_arrive(q_full);  // void member: the slot only
+        }
+        const int kv_end = kv_it + w.n_pair;
+        for (int g = kv_it; g < kv_end; ++g) {
+          const int st = g % kStages;
+          const uint32_t ph = (g / kStages) & 1;
+          const uint32_t r = cluster_rank();
+          const int row = (kv_end - 1 - g) * kBN + int(r) * kHalf;
+          const uint32_t half = r * kHalf * 128;
+          mbar_wait(k_empty(st), ph ^ 1);  // both CTAs released this stage
+          mbar_expect_tx(k_full(st), kTileKV);
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb)
+            tma_load_4d_mc(sK + st * kTileKV + cb * kBN * 128 + half, &tm_k, k_full(st), cb * 64, kvh, row, w.b, 3);
+          mbar_wait(v_empty(st), ph ^ 1);
+          mbar_expect_tx(v_full(st), kTileKV);
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb)
+            tma_load_4d_mc(sV + st * kTileKV + cb * kBN * 128 + half, &tm_v, v_full(st), cb * 64, kvh, row, w.b, 3);
+        }
+        kv_it = kv_end;
+        if (cluster_rank() == 0) u = grid_ctas() / 2 + (next_pair ? atomicAdd(next_pair, 1) : u);
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kConsumerRegs));
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0);
+    const int lane = tid % 32, warp = (tid % 128) / 32;
+    const bool is_signaller = (tid % 128) == 0;
+    const uint32_t peer = cluster_rank() ^ 1u;
+    // A K/V stage is free once both CTAs' consumers are done with it.
+    auto release = [&](uint32_t bar) {
+      mbar_arrive(bar);
+      mbar_arrive_remote(map_peer(bar, peer));
+    };
+
+    const uint32_t qa = sQ + c * 64 * 128;
+    auto desc_q = [&](int kk) { return make_desc(qa + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024); };
+    auto desc_k = [&](int st, int kk) {
+      return make_desc(sK + st * kTileKV + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto desc_v = [&](int st, int kk) { return make_desc(sV + st * kTileKV + kk * 16 * 128, kBN * 128, 1024); };
+    auto pp_sync = [&]() { named_bar_sync(1 + c, 256); };
+    auto pp_arrive = [&]() { named_bar_arrive(1 + (c + 1) % kC, 256); };
+    if (c == kC - 1) named_bar_arrive(1, 256);
+
+    int kv_it = 0;
+    for (int t = 0;; ++t) {
+      const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
+      mbar_wait(q_full, t & 1);
+      const int n_blocks = ld_shared_s32(slot + kSlotN);
+      if (n_blocks < 0) break;
+      const int m_block = ld_shared_s32(slot + kSlotM), skip = ld_shared_s32(slot + kSlotSkip);
+      kv_it = __shfl_sync(0xffffffffu, kv_it, 0);
+      // The pair's newest key blocks that this tile does not see: wait for them, free them.
+      for (int i = 0; i < skip; ++i) {
+        const int g = kv_it + i, st = g % kStages;
+        const uint32_t ph = (g / kStages) & 1;
+        mbar_wait(k_full(st), ph);
+        if (is_signaller) release(k_empty(st));
+        mbar_wait(v_full(st), ph);
+        if (is_signaller) release(v_empty(st));
+      }
+      kv_it += skip;
+      const int m0 = m_block * kBM;
+      const int row0 = m0 + c * 64 + warp * 16 + lane / 4;
+
+      float o[kD / 2];
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+      float s[kBN / 2];
+      uint32_t pf[kBN / 16][4];
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, resc[2];
+
+      auto issue_s = [&](int st) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) wgmma_qk<kBN>(s, desc_q(kk), desc_k(st, kk), kk > 0 ? 1 : 0);
+      };
+      auto issue_pv = [&](int st) {
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) wgmma_pv<kD>(o, pf[kk], desc_v(st, kk));
+      };
+      const int tile_row_lo = m0 + c * 64;
+      auto mask_step = [&](int it) {
+        const int n_block = n_blocks - 1 - it;
+        const int key_hi = n_block * kBN + kBN - 1;
+        if (key_hi >= p.seq_k || (p.causal && key_hi > tile_row_lo + p.causal_offset))
+          apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
+      };
+
+      if (n_blocks == 0) {
+        // No visible key (or a void member): O = 0, LSE = -inf for a real tile.
+        if (is_signaller) mbar_arrive(q_empty);
+        if (m_block < 0) continue;
+        const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int row = row0 + 8 * x;
+          if (row < p.seq_q) {
+            const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
+#pragma unroll
+            for (int j = 0; j < kD / 8; ++j)
+              *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + 8 * j + 2 * (lane % 4)) = 0u;
+            if (lane % 4 == 0) p.lse[b * p.lse_sb + h * p.lse_sh + row] = -INFINITY;
+          }
+        }
+        continue;
+      }
+      {  // first block: S alone
+        const int st = kv_it % kStages;
+        const uint32_t ph = (kv_it / kStages) & 1;
+        mbar_wait(k_full(st), ph);
+        pp_sync();
+        fence_regs(s);
+        wgmma_fence();
+        issue_s(st);
+        wgmma_commit();
+        pp_arrive();
+        wgmma_wait<0>();
+        fence_regs(s);
+        if (is_signaller) {
+          release(k_empty(st));
+          if (n_blocks == 1) mbar_arrive(q_empty);
+        }
+        mask_step(0);
+        online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+        convert_p<kBN>(s, pf);
+      }
+      for (int it = 1; it < n_blocks; ++it) {
+        const int g = __shfl_sync(0xffffffffu, kv_it + it, 0);
+        const int st = g % kStages, pst = (g - 1) % kStages;
+        const uint32_t ph = (g / kStages) & 1, pph = ((g - 1) / kStages) & 1;
+        mbar_wait(k_full(st), ph);
+        mbar_wait(v_full(pst), pph);
+        pp_sync();
+        fence_regs(s);
+        fence_regs(o);
+        fence_regs(pf);
+        wgmma_fence();
+        issue_s(st);
+        wgmma_commit();
+        issue_pv(pst);
+        wgmma_commit();
+        pp_arrive();
+        wgmma_wait<1>();
+        fence_regs(s);
+        if (is_signaller) {
+          release(k_empty(st));
+          if (it == n_blocks - 1) mbar_arrive(q_empty);
+        }
+        mask_step(it);
+        online_softmax<kBN>(s, m, l, resc, p.scale_log2);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        if (is_signaller) release(v_empty(pst));
+        rescale_o<kD>(o, resc);
+        convert_p<kBN>(s, pf);
+      }
+      const int last = kv_it + n_blocks - 1;
+      const int st_last = last % kStages;
+      {  // last P V
+        const uint32_t ph = (last / kStages) & 1;
+        mbar_wait(v_full(st_last), ph);
+        pp_sync();
+        fence_regs(o);
+        fence_regs(pf);
+        wgmma_fence();
+        issue_pv(st_last);
+        wgmma_commit();
+        pp_arrive();
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        if (!L::kOInV && is_signaller) release(v_empty(st_last));
+      }
+      kv_it += n_blocks;
+
+      // ---------------- epilogue (hopper_fwd_persist.cuh's) ----------------
+      const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
+      float inv[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float lx = l[x];
+        lx += __shfl_xor_sync(0xffffffff, lx, 1);
+        lx += __shfl_xor_sync(0xffffffff, lx, 2);
+        inv[x] = lx > 0.f ? 1.f / lx : 0.f;
+        const int row = row0 + 8 * x;
+        if (row < p.seq_q && lane % 4 == 0)
+          p.lse[b * p.lse_sb + h * p.lse_sh + row] =
+              lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
+      }
+      uint32_t so;
+      if constexpr (L::kOInV) {
+        named_bar_sync(kAllBar, 128 * kC);
+        so = sV + st_last * kTileKV + c * kCB * 64 * 128;
+      } else {
+        if (is_signaller) bulk_wait_read<0>();
+        named_bar_sync(kWgBar + c, 128);
+        so = base + L::o + c * kCB * 64 * 128;
+      }
+      {
+        const int r = warp * 16 + lane / 4;
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+#pragma unroll
+          for (int j = 0; j < kD / 8; ++j) {
+            const uint32_t addr = so + (j / 8) * 64 * 128 + (r + 8 * x) * 128 + (((j % 8) ^ (lane / 4)) << 4) +
+                                  4 * (lane % 4);
+            st_shared_u32(addr, pack_bf16(o[4 * j + 2 * x] * inv[x], o[4 * j + 2 * x + 1] * inv[x]));
+          }
+      }
+      fence_proxy_async();
+      named_bar_sync(kWgBar + c, 128);
+      if (is_signaller) {
+        if (tile_row_lo < p.seq_q) {
+#pragma unroll
+          for (int cb = 0; cb < kCB; ++cb) tma_store_4d(&tm_o, so + cb * 64 * 128, cb * 64, h, tile_row_lo, b);
+        }
+        bulk_commit();
+        if constexpr (L::kOInV) {
+          bulk_wait_read<0>();
+          release(v_empty(st_last));
+        }
+      }
+    }
+    if (c == 0) named_bar_sync(1, 256);
+    if (is_signaller) bulk_wait<0>();
+  }
+  cluster_sync_all();  // the peer no longer arrives on our barriers nor writes our stages
+#endif  // SEQPAR_HOPPER_STUB
+}
+}  // namespace cluster
+
+// The launcher: launch_fwd_persist's checks and maps (K/V boxes of half a tile), a grid of
+// 2 x the clusters that fit (capped at 2 x pairs and at max_grid rounded down to even, at least
+// 2), units from the persistent kernel's counter. Tile lists and O that the TMA store cannot
+// write (fp32, unaligned) go to launch_fwd_persist.
+template <int kD, int kBN, int kC, int kStages = 2>
+cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_grid = 0) {
+  constexpr int kBM = Cfg<kC>::kBM;
+  const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
+  if (a.tiles.begin || a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
+    return launch_fwd_persist<kD, kBN, kC, true, true>(a, stream, true, max_grid);
+  CUtensorMap tq, tk, tv, to;
+  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
+      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN / 2, a.k_st) != CUDA_SUCCESS ||
+      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN / 2, a.v_st) != CUDA_SUCCESS ||
+      make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  FwdParams p{};
+  p.o = a.o;
+  p.lse = a.lse;
+  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
+  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
+  p.batch = a.batch;
+  p.heads = a.heads;
+  p.kv_heads = a.kv_heads;
+  p.seq_q = a.seq_q;
+  p.seq_k = a.seq_k;
+  p.causal = a.causal;
+  p.causal_offset = a.causal_offset;
+  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  auto kernel = cluster::fwd_cluster_kernel<kD, kBN, kC, kStages>;
+  constexpr int smem = cluster::ClusterSmem<kD, kBN, kBM, kStages>::bytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const int64_t pairs = int64_t((a.seq_q + kBM - 1) / kBM + 1) / 2 * a.heads * a.batch;
+  if (pairs == 0) return cudaSuccess;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(Cfg<kC>::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(2 * 132);
+  int clusters = 0;
+  if ((e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)) != cudaSuccess) return e;
+  int64_t n = std::min<int64_t>(pairs, std::max(clusters, 1));
+  if (max_grid > 0) n = std::min<int64_t>(n, std::max(max_grid / 2, 1));
+  cfg.gridDim = dim3(unsigned(2 * n));
+  int* counter = nullptr;
+  if (n < pairs) {
+    if ((e = persist_counter(stream, &counter)) != cudaSuccess ||
+        (e = cudaMemsetAsync(counter, 0, sizeof(int), stream)) != cudaSuccess)
+      return e;
+  }
+  if ((e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, to, p, counter)) != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+}  // namespace seqpar::hopper
