@@ -12,6 +12,9 @@
 # Call 1: the defaults. Call 2: CHECKS="cluster_m192s3:64 cluster_m192s4:64"
 # AB64=persist_m192u,cluster_m192,cluster_m192s3,cluster_m192s4 AB128= CLOCKS=0
 # NCUCELLS="persist_m192u,cluster_m192,cluster_m192s4 at D = 64 causal 32:8 32K".
+# Call 3: CHECKS="cluster_m192:64 cluster_m192s4:64 cluster192:128" AB64=persist_m192u,cluster_m192,
+# cluster_m192s4 SEQS64=32768,65536 CLOCKS=1 BUDGET=100 (the kernel is the library's
+# hopper_fwd_cluster.cuh since call 4; that call's commands: results/cluster_run4_h200.log).
 set -u
 out=${OUT:-out_cluster}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-200}))
 left() { echo $((deadline - $(date +%s))); }
