@@ -621,6 +621,47 @@ TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
   }
 }
 
+// The forward's 2-CTA cluster kernel runs at D = 128 from 8K keys (full) and 16K (causal) on
+// (forward_kernel, HopperRouting above), past every case of the suite: through the backend at 16K
+// tokens, full MHA and causal GQA 4:2, O and the LSE of sampled rows (both ends, tile and cluster
+// edges) meet the bf16 rule against the fp64 oracle.
+TEST(HopperBackend, ClusterForwardMeetsTheRuleAt16K) {
+  const std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
+  if (!hopper || cuda_device_count() == 0) GTEST_SKIP() << "no Hopper backend in this build, or no GPU";
+  const int64_t S = 16384, D = 128;
+  const std::vector<int64_t> rows{0, 1, 127, 128, 191, 192, 383, 384, 8191, 8192, 12345, 16382, 16383};
+  ReferenceRows ref_rows;
+  ref_rows.query_rows = rows;
+  ref_rows.query_side_only = true;
+  for (const auto& [H, Hkv, causal] : {std::tuple<int64_t, int64_t, bool>{2, 2, false}, {4, 2, true}}) {
+    SCOPED_TRACE(std::string(causal ? "causal" : "full") + " H " + std::to_string(H) + ":" + std::to_string(Hkv));
+    const HostTensor q = testing::random_tensor(DType::kBF16, {1, S, H, D}, 71);
+    const HostTensor k = testing::random_tensor(DType::kBF16, {1, S, Hkv, D}, 72);
+    const HostTensor v = testing::random_tensor(DType::kBF16, {1, S, Hkv, D}, 73);
+    AttentionParams params;
+    params.mask = causal ? MaskSpec::causal() : MaskSpec::none();
+    const std::string why_not = hopper->supports(to_device(q).value().view, params);
+    if (why_not.find("sm_90") != std::string::npos) GTEST_SKIP() << why_not;  // another GPU
+    ASSERT_TRUE(why_not.empty()) << why_not;
+    auto oracle = reference_attention(q.view(), k.view(), v.view(), TensorView{}, params, ref_rows);
+    ASSERT_TRUE(oracle.ok());
+    const ReferenceResult plain = testing::plain_lowp_attention(q, k, v, nullptr, params, DType::kBF16, rows);
+    auto gq = to_device(q).value(), gk = to_device(k).value(), gv = to_device(v).value();
+    auto o = device_zeros(DType::kBF16, {1, S, H, D}).value();
+    auto lse = device_zeros(DType::kF32, {1, H, S}).value();
+    const Status f = hopper->forward(gq.view, gk.view, gv.view, params, o.view, lse.view,
+                                     FreshOutputs{true, false, false}, nullptr);
+    ASSERT_TRUE(f.ok()) << f.to_string();
+    ASSERT_TRUE(stream_synchronize(nullptr).ok());
+    std::string why = testing::check_lowp_rule_rows("O", testing::cast(to_host(o.view).value(), DType::kF64), plain.o,
+                                                    oracle->o, DType::kBF16, 1, rows);
+    EXPECT_TRUE(why.empty()) << why;
+    why = testing::check_lowp_rule_rows("LSE", testing::cast(to_host(lse.view).value(), DType::kF64), plain.lse,
+                                        oracle->lse, DType::kF32, 2, rows);
+    EXPECT_TRUE(why.empty()) << why;
+  }
+}
+
 // One forward and one backward call of an "auto" backend on zero tensors [1, 256, 4, D] (the
 // backward given D or, where its caps say so, O), for the routing tests below.
 struct AutoCalls {
