@@ -1,7 +1,7 @@
 # call_start.sh: the start a device-call script shares (sourced from the repository root of the
 # machine's copy, as `source bench/device_calls/call_start.sh JOBS "TARGETS"`): the device
 # environment (no NVLink multicast), into the `git archive` snapshot in .carry/snap with the
-# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack / matrix / peer / liger_env / train_text / train1b, the GPUs
+# build in ../build-gpu-l (reused on a warm machine), the helpers left / say / pack / counts / suite / shards / matrix / peer / liger_env / train_text / train1b, the GPUs
 # named in $OUT/summary.txt, the build of TARGETS with JOBS jobs, and scripts/gpu_env.sh; a failed
 # build prints its first errors, packs the logs and exits. BUDGET_S (seconds the script may take)
 # sets `budget`, CALL_BUDGET_S its default; PACK_GLOBS the files pack() tars into $OUT/all.tgz.
@@ -34,6 +34,27 @@ peer() {
   timeout $cap torchrun --standalone --nproc_per_node="$(nvidia-smi -L | wc -l)" bench/torch_cp_peer.py --seqs $2 \
     --kv-heads $3 --max-seconds $(( cap - 25 )) >> "$out/peer_cp_$1.jsonl" 2>> "$out/peer_cp_$1.err"
   say "peer $1 rc $? $(grep -c fwdbwd_ms "$out/peer_cp_$1.jsonl") lines"
+}
+# counts LOGS...: a gtest log's passed, failed and skipped lines. suite NAME CAP [ARGS]: the test
+# binary build-gpu/tests/NAME, capped at CAP seconds and the call's time left, into $out/NAME.log,
+# its counts and first failures into the summary. shards NAME N CAP: N gtest shards at once.
+counts() { echo "$(cat "$@" | grep -c '^\[       OK') ok, $(cat "$@" | grep -c '^\[  FAILED  \]') failed lines, $(cat "$@" | grep -c '^\[  SKIPPED') skipped"; }
+suite() {
+  local name=$1 cap=$2; shift 2
+  local l=$(left); [ $l -lt 20 ] && { say "out of time before $name"; return 9; }
+  OMP_NUM_THREADS=16 timeout $(( l - 10 < cap ? l - 10 : cap )) ./build-gpu/tests/$name "$@" > "$out/$name.log" 2>&1
+  say "$name rc $?: $(counts "$out/$name.log")"
+  grep -h '^\[  FAILED  \]\|Failure\|Which is\|max error' "$out/$name.log" | head -12 >> "$out/summary.txt"
+}
+shards() {
+  local name=$1 n=$2 cap=$3 i
+  for i in $(seq 0 $((n - 1))); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i OMP_NUM_THREADS=$((16 / n)) timeout $cap ./build-gpu/tests/$name \
+      > "$out/${name}_$i.log" 2>&1 &
+  done
+  wait
+  say "$name ($n shards): $(counts "$out/${name}"_*.log)"
+  grep -h '^\[  FAILED  \]\|Failure\|Which is\|max error' "$out/${name}"_*.log | head -12 >> "$out/summary.txt"
 }
 # liger_env: Liger-Kernel from its carried wheel (.carry/whl; packaging only where the machine
 # lacks it) into /tmp/liger_site, on PYTHONPATH.

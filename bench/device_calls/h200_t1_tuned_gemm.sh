@@ -10,14 +10,6 @@
 set -u
 CALL_BUDGET_S=${CALL_BUDGET_S:-420}
 source bench/device_calls/call_start.sh 16 "bench_gpu_lm_head seqpar test_model_cuda test_gpu_train test_gpu_attention"
-counts() { echo "$(cat "$@" | grep -c '^\[       OK') ok, $(cat "$@" | grep -c '^\[  FAILED  \]') failed, $(cat "$@" | grep -c '^\[  SKIPPED') skipped"; }
-suite() {  # name cap [gtest args]
-  local name=$1 cap=$2; shift 2
-  local l=$(left); [ $l -lt 20 ] && { say "out of time before $name"; return 9; }
-  OMP_NUM_THREADS=16 timeout $(( l - 10 < cap ? l - 10 : cap )) ./build-gpu/tests/$name "$@" > "$out/$name.log" 2>&1
-  say "$name rc $?: $(counts "$out/$name.log")"
-  grep '^\[  FAILED  \]' "$out/$name.log" | head -10 >> "$out/summary.txt"
-}
 suite test_model_cuda 60
 liger_env
 data=/tmp/lm_head_data; rm -rf "$data"
