@@ -9,9 +9,11 @@ points drawn uniformly, causal inside), a causal sliding window of W keys, and a
 pattern (128-token blocks: neighbours, a global first block, 3 random blocks per row). TFLOP/s
 count visible scores only: forward 4 H D x visible, forward + backward 3.5 x that.
 
-Ours: tensors [B, S, H, D] through build/libhopper_mask.so (the backend's variants: forward pp192 /
-m192; the backward variants of --bwd-variants, each with the lists of its own query tile: base 64
-rows, q80 80); the lists are built once per mask and variant (not timed; their build time is
+Ours: tensors [B, S, H, D] through build/libhopper_mask.so (the backend's variants: forward --fwd on
+masks and --fwd-causal on dense causal, pp192 by default, the backend's being persist192 on tile
+lists and persist192u (or, since session t, the cluster kernel from 16K keys) on dense causal, with
+--fwd-variants timed forward-only beside them; the backward variants of --bwd-variants, each with
+the lists of its own query tile: base 64 rows, q80 and q80p 80); the lists are built once per mask and variant (not timed; their build time is
 printed). fwd+bwd = our forward then our whole backward; bwd = our whole backward alone (after one
 forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
 time (each a median), labelled as derived. "routed": the variant whose lists the library's backend
@@ -25,7 +27,8 @@ At the first length every mask's O and gradients are compared with flex's over a
 
 Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
            [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2] \
-           [--bwd-variants base,q80] [--causal-ref q80]   (add --masks docs64,window1024 etc.)
+           [--bwd-variants base,q80] [--causal-ref q80] [--fwd persist192 --fwd-causal persist192u]
+           [--fwd-variants pp192,persist192u]   (add --masks docs64,window1024 etc.)
 """
 import argparse
 import ctypes
@@ -41,7 +44,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
 # Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
-BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5}
+BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5, "q80p": 6}
 
 
 def load(path):
@@ -52,6 +55,8 @@ def load(path):
     lib.hopper_mask_free.argtypes = [VP]
     lib.hopper_mask_fwd.restype = ctypes.c_int
     lib.hopper_mask_fwd.argtypes = [VP, ctypes.c_int] + [VP] * 5 + [ctypes.c_int] * 5 + [VP]
+    lib.hopper_mask_fwd_variant.restype = ctypes.c_int
+    lib.hopper_mask_fwd_variant.argtypes = [VP, ctypes.c_int, ctypes.c_char_p] + [VP] * 5 + [ctypes.c_int] * 5 + [VP]
     lib.hopper_mask_bwd.restype = ctypes.c_int
     lib.hopper_mask_bwd.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 5 + [VP]
     lib.hopper_mask_plan_rows.restype = VP
@@ -165,8 +170,15 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--bwd-variants", default="base,q80")
     ap.add_argument("--causal-ref", default="q80")
+    ap.add_argument("--fwd", default="pp192", help="our forward in every mask's fwd and fwd+bwd (pp192: as before; "
+                    "the backend runs persist192 on tile lists)")
+    ap.add_argument("--fwd-causal", default=None, help="our forward for dense causal (default --fwd; the backend "
+                    "runs persist192u)")
+    ap.add_argument("--fwd-variants", default="", help="more forward variants, timed forward-only in the same rounds")
     a = ap.parse_args()
     vnames = a.bwd_variants.split(",")
+    fwd_causal = a.fwd_causal or a.fwd
+    fwd_more = [x for x in a.fwd_variants.split(",") if x]
     if a.causal_ref not in vnames:
         vnames.append(a.causal_ref)
     lib = load(a.lib)
@@ -190,9 +202,15 @@ def main():
         vt = v.transpose(1, 2).repeat_interleave(H // Hkv, 1).contiguous().requires_grad_()
         dot = do.transpose(1, 2).contiguous()
 
-        def ours_fwd(p, causal=0):
-            return lambda: lib.hopper_mask_fwd(p, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                               lse.data_ptr(), 1, H, Hkv, S, D, stream)
+        def ours_fwd(p, causal=0, name=None):
+            fv = (name or (fwd_causal if causal else a.fwd)).encode()
+
+            def run():
+                rc = lib.hopper_mask_fwd_variant(p, causal, fv, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                 lse.data_ptr(), 1, H, Hkv, S, D, stream)
+                if rc:
+                    raise RuntimeError("hopper_mask_fwd_variant %s: error %d" % (fv, rc))
+            return run
 
         def ours_bwd(p, vn, causal=0):
             def run():
@@ -232,8 +250,9 @@ def main():
         # Dense causal, both sides.
         cud = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            t = time_interleaved({"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)},
-                                 a.rounds, a.reps)
+            fw = {"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)}
+            fw.update({"ours_causal_fwd_" + fv: ours_fwd(None, 1, fv) for fv in fwd_more})
+            t = time_interleaved(fw, a.rounds, a.reps)
             fb = {"ours_causal_fb_" + vn: ours_fb(None, None, vn, 1) for vn in vnames}
             fb["cudnn_causal_fb"] = peer_fb(cud)
             t.update(time_interleaved(fb, a.rounds, a.reps))
@@ -248,6 +267,7 @@ def main():
         dense["cudnn_causal_bwd_derived"] = 2.5 * 4 * vis * H * D / max(t["cudnn_causal_fb"] - t["cudnn_causal_fwd"], 1e-9) / 1e9
         ref_fb = dense["ours_causal_fb_" + a.causal_ref]
         row = dict(mask="causal", seq=S, peer="cudnn", ours_fwd_tflops=dense["ours_causal_fwd"],
+                   **{"fwd_%s_tflops" % fv: dense["ours_causal_fwd_" + fv] for fv in fwd_more},
                    peer_fwd_tflops=dense["cudnn_causal_fwd"], peer_fb_tflops=dense["cudnn_causal_fb"],
                    peer_bwd_derived_tflops=dense["cudnn_causal_bwd_derived"])
         for vn in vnames:
@@ -294,7 +314,9 @@ def main():
                     print(json.dumps(dict(kind="check_vs_flex", mask=name, seq=S, variant=vn, finite=finite,
                                           **{kk: float("%.3g" % vv) for kk, vv in cmp.items()})), flush=True)
                 del ref, gq, gk, gv
-            t = time_interleaved({"ours_fwd": ours_fwd(pf), "flex_fwd": peer_fwd(fx)}, a.rounds, a.reps)
+            fw = {"ours_fwd": ours_fwd(pf), "flex_fwd": peer_fwd(fx)}
+            fw.update({"ours_fwd_" + fv: ours_fwd(pf, 0, fv) for fv in fwd_more})
+            t = time_interleaved(fw, a.rounds, a.reps)
             fb = {"ours_fb_" + vn: ours_fb(pf, plans[rows_of[vn]][0], vn) for vn in vnames}
             fb["flex_fb"] = peer_fb(fx)
             t.update(time_interleaved(fb, a.rounds, a.reps))
@@ -312,6 +334,7 @@ def main():
             row["flex_bwd_derived_tflops"] = round(2.5 * 4 * vis * H * D / max(t["flex_fb"] - t["flex_fwd"], 1e-9) / 1e9, 1)
             print(json.dumps(row), flush=True)
             summary.append(dict(mask=name, seq=S, ours_fwd_tflops=row["ours_fwd_tflops"],
+                                **{"fwd_%s_tflops" % fv: row["ours_fwd_%s_tflops" % fv] for fv in fwd_more},
                                 peer_fwd_tflops=row["flex_fwd_tflops"], peer_fb_tflops=row["flex_fb_tflops"],
                                 peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb, routed=routed,
                                 **{"ours_fb_%s_tflops" % vn: row["ours_fb_%s_tflops" % vn] for vn in vnames},
@@ -325,7 +348,16 @@ def main():
         del q, k, v, do, o, dq, dk, dv, qt, kt, vt, dot, ws
         torch.cuda.empty_cache()
     print("\nSUMMARY (TFLOP/s of visible scores; peer = flex, or cuDNN for causal; peer bwd = its fwd+bwd"
-          " minus its fwd; 'vs causal' = fwd+bwd over our dense causal fwd+bwd with %s)" % a.causal_ref)
+          " minus its fwd; 'vs causal' = fwd+bwd over our dense causal fwd+bwd with %s; our forward: %s on masks,"
+          " %s on dense causal)" % (a.causal_ref, a.fwd, fwd_causal))
+    if fwd_more:
+        print("| S | mask | fwd %s | %s | peer fwd |" % (a.fwd, " | ".join("fwd " + fv for fv in fwd_more)))
+        print("|" + " --- |" * (4 + len(fwd_more)))
+        for r in summary:
+            print("| %d | %s | %.0f | %s | %.0f |" % (r["seq"], r["mask"], r["ours_fwd_tflops"],
+                                                   " | ".join("%.0f" % r["fwd_%s_tflops" % fv] for fv in fwd_more),
+                                                   r["peer_fwd_tflops"]))
+        print()
     head = "| S | mask | ours fwd | peer fwd | fwd ratio |"
     for vn in vnames:
         head += " fwd+bwd %s |" % vn

@@ -1,7 +1,7 @@
 // hopper_mask_lib.cu: C entry points for ab_masks.py (ctypes): builds the visible-tile lists of a
 // mask given as data (window, document offsets, a dense block pattern), and runs the backend's
-// variants (forward pp192 at D = 128, m192 at D = 64; backward by variant number, base or q80 at
-// D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
+// variants (forward pp192 at D = 128, m192 at D = 64, or one named; backward by variant number, base,
+// q80 or q80p at D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
 // torch tensors, and says which backward the library's backend picks for a mask. Built by build.sh
 // into build/libhopper_mask.so.
 #include <cuda_runtime.h>
@@ -91,6 +91,19 @@ extern "C" int hopper_mask_fwd(void* plan, int causal, const void* q, const void
   a.causal = causal;
   if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.fwd;
   return int(hopper_attn::dispatch(D == 128 ? "pp192" : "m192", a, static_cast<cudaStream_t>(stream)));
+}
+
+// The same with the forward variant named (variants.cuh's dispatch: pp192, persist192 (the
+// backend's kernel for tile lists at D = 128), persist192u (its kernel for dense causal), ...).
+extern "C" int hopper_mask_fwd_variant(void* plan, int causal, const char* variant, const void* q, const void* k,
+                                       const void* v, void* o, float* lse, int B, int H, int Hkv, int S, int D,
+                                       void* stream) {
+  hopper_attn::FwdArgs a{};
+  a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
+  a.batch = B, a.heads = H, a.kv_heads = Hkv, a.seq_q = a.seq_k = S, a.head_dim = D;
+  a.causal = causal;
+  if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.fwd;
+  return int(hopper_attn::dispatch(variant, a, static_cast<cudaStream_t>(stream)));
 }
 
 extern "C" size_t hopper_mask_bwd_workspace(int B, int H, int S, int D) {
