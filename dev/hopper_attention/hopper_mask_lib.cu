@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "cluster_lab.cuh"
 #include "lab_tiles.cuh"
 #include "variants.cuh"
 
@@ -93,8 +94,10 @@ extern "C" int hopper_mask_fwd(void* plan, int causal, const void* q, const void
   return int(hopper_attn::dispatch(D == 128 ? "pp192" : "m192", a, static_cast<cudaStream_t>(stream)));
 }
 
-// The same with the forward variant named (variants.cuh's dispatch: pp192, persist192 (the
-// backend's kernel for tile lists at D = 128), persist192u (its kernel for dense causal), ...).
+// The same with the forward variant named (cluster_lab.cuh's names, then variants.cuh's: pp192,
+// persist192 (the backend's kernel for tile lists at D = 128), persist192u (its kernel for dense
+// causal up to 16K keys and beyond 64K), cluster192 (its kernel for dense causal at 16K-64K keys
+// since session t; dense only), ...).
 extern "C" int hopper_mask_fwd_variant(void* plan, int causal, const char* variant, const void* q, const void* k,
                                        const void* v, void* o, float* lse, int B, int H, int Hkv, int S, int D,
                                        void* stream) {
@@ -103,6 +106,8 @@ extern "C" int hopper_mask_fwd_variant(void* plan, int causal, const char* varia
   a.batch = B, a.heads = H, a.kv_heads = Hkv, a.seq_q = a.seq_k = S, a.head_dim = D;
   a.causal = causal;
   if (plan) a.tiles = static_cast<Plan*>(plan)->tiles.fwd;
+  cudaError_t e = cudaSuccess;
+  if (cluster_lab::cluster_dispatch(variant, a, static_cast<cudaStream_t>(stream), 0, &e)) return int(e);
   return int(hopper_attn::dispatch(variant, a, static_cast<cudaStream_t>(stream)));
 }
 
