@@ -27,142 +27,22 @@
 // hopper_tiles.hpp): each CTA walks its query tile's list instead, loads and multiplies only the
 // listed key tiles, and evaluates the mask element by element only in the entries flagged as
 // boundary tiles (hopper_mask.cuh); each head's CTAs take its query tiles in the lists' order.
+// What every forward kernel shares is in hopper_fwd_params.cuh (parameters, shared-memory layout,
+// mbarriers), hopper_fwd_math.cuh (one key block's math) and hopper_fwd_steps.cuh (the loads and
+// the consumers' pipeline); this file holds the kernel's own schedule, its epilogue and launcher.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/hopper/hopper_fwd_math.cuh"
+#include "kernels/hopper/hopper_fwd_params.cuh"
+#include "kernels/hopper/hopper_fwd_steps.cuh"
 #include "kernels/hopper/hopper_mask.cuh"
 #include "kernels/hopper/hopper_ptx.cuh"
-#include "kernels/hopper/wgmma_ops.cuh"
 
 namespace seqpar::hopper {
-
-// Flat, zero-initialisable parameters (FwdParams p{}; then fill).
-struct FwdParams {
-  void* o;            // [B, S_q, H, D]: bf16, or fp32 with o_f32; element strides o_sb, o_ss, o_sh
-  float* lse;         // [B, H, S_q]; element strides lse_sb, lse_sh
-  int batch, heads, kv_heads, seq_q, seq_k;
-  int causal;         // 0: full; 1: key j visible from query i iff j <= i + causal_offset
-  int causal_offset;  // 0 is top-left aligned causal; negative offsets leave rows with no key
-  float scale_log2;   // softmax scale * log2(e): scores are exponentiated with exp2
-  int o_f32;
-  int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh;
-  TileMask tiles;     // tiles.begin != nullptr: walk the visible-tile lists (causal unused)
-};
-
-// kC consumer warpgroups of 64 query rows each: 2 (128 rows; FA3's choice at D = 128) or 3
-// (192 rows; FA3's at D = 64, where each key tile carries half the GEMM work per score and a
-// taller tile amortises its loads and barrier turns). Registers after setmaxnreg: the producer
-// keeps 24, the consumers share the rest of the 64K (2 x 240 or 3 x 160).
-template <int kC>
-struct Cfg {
-  static constexpr int kBM = 64 * kC;
-  static constexpr int kThreads = 128 * (1 + kC);
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kC == 2 ? 240 : 160;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kC <= 65536, "register file");
-};
-
-template <int kD, int kBN, int kStages, int kBM>
-struct Smem {
-  // Every tile is stored as kD/64 column blocks of [rows][64 bf16 = 128 bytes], each block
-  // 128-byte swizzled by TMA: the canonical layout wgmma's descriptors describe. All offsets
-  // are multiples of 1024 (the swizzle pattern's period), so descriptors need no base offset.
-  static constexpr int kTileQ = kBM * kD * 2;
-  static constexpr int kTileKV = kBN * kD * 2;
-  static constexpr int q = 0;
-  static constexpr int k = q + kTileQ;
-  static constexpr int v = k + kStages * kTileKV;
-  static constexpr int bar = v + kStages * kTileKV;
-  static constexpr int kBars = 1 + 4 * kStages;  // q_full, k_full[], k_empty[], v_full[], v_empty[]
-  static constexpr int bytes = bar + 8 * kBars + 1024;  // + slack to align the base to 1024
-};
-
-// ---- the consumer's per-block math ------------------------------------------------------
-
-// Sets to -inf the scores this thread holds that are past S_k or above the causal diagonal.
-// Accumulator layout (wgmma m64nN, per warp 16 rows): s[4j + e] is row lane/4 + 8*(e>>1),
-// column 8j + 2*(lane%4) + (e&1).
-template <int kBN>
-__device__ __forceinline__ void apply_mask(float (&s)[kBN / 2], int key0, int row0, int lane, const FwdParams& p) {
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = key0 + 8 * j + 2 * (lane % 4) + (e & 1);
-      const int row = row0 + 8 * (e >> 1);
-      if (key >= p.seq_k || (p.causal && key > row + p.causal_offset)) s[4 * j + e] = -INFINITY;
-    }
-}
-
-// Online softmax on one block of scores: updates the running max m (log2 units) and the
-// per-thread partial sum l, turns s into unnormalised probabilities, and returns the factor
-// each of the thread's two rows of O must be rescaled by. A row that has seen no key yet keeps
-// m = -inf and uses 0 as its reference, so exp2 never sees (-inf) - (-inf).
-template <int kBN>
-__device__ __forceinline__ void online_softmax(float (&s)[kBN / 2], float (&m)[2], float (&l)[2], float (&resc)[2],
-                                               float scale_log2) {
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * x], s[4 * j + 2 * x + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float m_new = fmaxf(m[x], mx * scale_log2);
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    resc[x] = fast_exp2(m[x] - m_use);
-    m[x] = m_new;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float v = fast_exp2(fmaf(s[4 * j + 2 * x + e], scale_log2, -m_use));
-        s[4 * j + 2 * x + e] = v;
-        sum += v;
-      }
-    l[x] = l[x] * resc[x] + sum;
-  }
-}
-
-template <int kD>
-__device__ __forceinline__ void rescale_o(float (&o)[kD / 2], const float (&resc)[2]) {
-#pragma unroll
-  for (int j = 0; j < kD / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[4 * j + e] *= resc[e >> 1];
-}
-
-// P (fp32 probabilities in the S accumulator layout) to wgmma A fragments, one per 16 keys:
-// registers {row r cols k..k+1, row r+8 cols k..k+1, row r cols k+8.., row r+8 cols k+8..}.
-template <int kBN>
-__device__ __forceinline__ void convert_p(const float (&s)[kBN / 2], uint32_t (&pf)[kBN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kBN / 16; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) pf[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-}
-
-template <int kBN>
-__device__ __forceinline__ void wgmma_qk(float (&s)[kBN / 2], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (kBN == 192)
-    wgmma_ss_m64n192k16(s, da, db, scale_d);
-  else if constexpr (kBN == 176)
-    wgmma_ss_m64n176k16(s, da, db, scale_d);
-  else
-    wgmma_ss_m64n128k16(s, da, db, scale_d);
-}
-
-template <int kD>
-__device__ __forceinline__ void wgmma_pv(float (&o)[kD / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (kD == 128)
-    wgmma_rs_m64n128k16_tb(o, a, db);
-  else
-    wgmma_rs_m64n64k16_tb(o, a, db);
-}
 
 // ---- the kernel --------------------------------------------------------------------------
 
@@ -180,15 +60,10 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 #else
   using L = Smem<kD, kBN, kStages, Cfg<kC>::kBM>;
   constexpr int kBM = Cfg<kC>::kBM;
-  constexpr int kCB = kD / 64;  // 64-column blocks per row (one 128-byte swizzle atom wide each)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, sBar = base + L::bar;
-  const uint32_t q_full = sBar;
-  auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
-  auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
-  auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
+  const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v;
+  const FwdBars<kStages> bars{base + L::bar};
 
   // Blocks launch x fastest, so heads are the outer loop: the CTAs in flight at once are one
   // head's tiles and share its K and V in L2. Within a head, heaviest query blocks first under
@@ -208,8 +83,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     e0 = __ldg(p.tiles.begin + m_block);
     n_blocks = __ldg(p.tiles.begin + m_block + 1) - e0;
   } else if (p.causal) {
-    const int last_key = min(m0 + kBM, p.seq_q) - 1 + p.causal_offset;
-    n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBN + 1);
+    n_blocks = causal_blocks<kBM, kBN>(n_blocks, m0, p);
   }
   // The key block of step it: listed, or from the last to the first.
   auto key_block = [&](int it) { return listed ? __ldg(p.tiles.entries + e0 + it) >> 2 : n_blocks - 1 - it; };
@@ -217,15 +91,8 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(k_full(s), 1);
-      mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), kC);  // one arrival per consumer warpgroup
-      mbar_init(v_empty(s), kC);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bars.init(0, kC);  // one release per consumer warpgroup
+    fence_bar_init();
   }
   __syncthreads();
 
@@ -233,23 +100,11 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     // ---------------- producer ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kProducerRegs));
     if (tid == 0) {
-      mbar_expect_tx(q_full, L::kTileQ);
-#pragma unroll
-      for (int cb = 0; cb < kCB; ++cb) tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, h, m0, b);
+      fwd_load_q<kD, kBM>(sQ, &tm_q, bars.q_full(), h, m0, b);
       for (int it = 0; it < n_blocks; ++it) {
         const int n_block = key_block(it);
-        const int st = it % kStages;
-        const uint32_t ph = (it / kStages) & 1;
-        mbar_wait(k_empty(st), ph ^ 1);
-        mbar_expect_tx(k_full(st), L::kTileKV);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sK + st * L::kTileKV + cb * kBN * 128, &tm_k, k_full(st), cb * 64, kvh, n_block * kBN, b);
-        mbar_wait(v_empty(st), ph ^ 1);
-        mbar_expect_tx(v_full(st), L::kTileKV);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sV + st * L::kTileKV + cb * kBN * 128, &tm_v, v_full(st), cb * 64, kvh, n_block * kBN, b);
+        fwd_load_kv<kD, kBN>(bars, sK, sV, &tm_k, &tm_v, it % kStages, (it / kStages) & 1, kvh, b,
+                             FwdTmaLoad<kBN>{n_block});
       }
     }
     return;
@@ -268,22 +123,11 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   float s[kBN / 2];
   uint32_t pf[kBN / 16][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, resc[2];
-
-  const uint32_t qa = sQ + c * 64 * 128;
-  auto desc_q = [&](int kk) { return make_desc(qa + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024); };
-  auto desc_k = [&](int st, int kk) {
-    return make_desc(sK + st * L::kTileKV + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-  };
-  auto desc_v = [&](int st, int kk) { return make_desc(sV + st * L::kTileKV + kk * 16 * 128, kBN * 128, 1024); };
-  auto issue_s = [&](int st) {
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_qk<kBN>(s, desc_q(kk), desc_k(st, kk), kk > 0 ? 1 : 0);
-  };
-  auto issue_pv = [&](int st) {
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) wgmma_pv<kD>(o, pf[kk], desc_v(st, kk));
-  };
+  FwdAcc<kD, kBN> a{o, s, pf, m, l, resc};
+  const FwdConsumer<kD, kBN, kBM, kStages, kC, kPingPong> mma{sQ + c * 64 * 128, sK, sV, bars, {c}};
   // Blocks that need the mask: past S_k, or crossing the causal diagonal of some row here.
+  // (FwdMaskBlock tests the same inline; this kernel's form, through the bool of needs_mask,
+  // compiles to other code, so it keeps its own.)
   const int tile_row_lo = m0 + c * 64;
   auto needs_mask = [&](int n_block) {
     const int key_hi = n_block * kBN + kBN - 1;
@@ -302,63 +146,34 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   };
   auto pattern_step = [&](int it) { return listed && (__ldg(p.tiles.entries + e0 + it) & kTilePatternMask); };
   using WithPattern = std::true_type;
-  // Ping-pong turn-taking (round robin over the kC consumers): consumer c issues GEMMs only
-  // after bar (1 + c) completes, which consumer c - 1's arrival after its own issue provides.
-  // Each consumer passes the same number of turns, so the counts balance.
-  auto pp_sync = [&]() {
-    if constexpr (kPingPong) named_bar_sync(1 + c, 256);
-  };
-  auto pp_arrive = [&]() {
-    if constexpr (kPingPong) named_bar_arrive(1 + (c + 1) % kC, 256);
-  };
-  if constexpr (kPingPong) {
-    if (c == kC - 1) named_bar_arrive(1, 256);  // consumer 0 takes the first turn
-  }
+  mma.pp.start();
 
-  mbar_wait(q_full, 0);
+  mbar_wait(bars.q_full(), 0);
 
   if constexpr (!kOverlap) {
     for (int it = 0; it < n_blocks; ++it) {
       const int st = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
-      mbar_wait(k_full(st), ph);
-      pp_sync();
-      fence_regs(s);
-      wgmma_fence();
-      issue_s(st);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(s);
-      if (is_signaller) mbar_arrive(k_empty(st));
+      mma.gemm_s(a, st, ph);
+      if (is_signaller) mbar_arrive(bars.k_empty(st));
       mask_step(it, WithPattern{});
       online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       rescale_o<kD>(o, resc);
       convert_p<kBN>(s, pf);
-      mbar_wait(v_full(st), ph);
-      pp_sync();
+      mbar_wait(bars.v_full(st), ph);
+      mma.pp.sync();
       fence_regs(o);
       wgmma_fence();
-      issue_pv(st);
+      mma.issue_pv(a, st);
       wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      if (is_signaller) mbar_arrive(v_empty(st));
+      mma.pp.arrive();
+      mma.pv_done(a);
+      if (is_signaller) mbar_arrive(bars.v_empty(st));
     }
   } else if (n_blocks > 0) {
     {  // first block: S alone
-      mbar_wait(k_full(0), 0);
-      pp_sync();
-      fence_regs(s);
-      wgmma_fence();
-      issue_s(0);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(s);
-      if (is_signaller) mbar_arrive(k_empty(0));
+      mma.gemm_s(a, 0, 0);
+      if (is_signaller) mbar_arrive(bars.k_empty(0));
       mask_step(0, WithPattern{});
       online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       convert_p<kBN>(s, pf);
@@ -366,37 +181,20 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     for (int it = 1; it < n_blocks; ++it) {
       const int st = it % kStages, pst = (it - 1) % kStages;
       const uint32_t ph = (it / kStages) & 1, pph = ((it - 1) / kStages) & 1;
-      mbar_wait(k_full(st), ph);
-      mbar_wait(v_full(pst), pph);
-      pp_sync();
-      fence_regs(s);
-      fence_regs(o);
-      fence_regs(pf);
-      wgmma_fence();
-      issue_s(st);
-      wgmma_commit();
-      issue_pv(pst);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<1>();  // S of this block is done; P V of the previous may still run
-      fence_regs(s);
-      if (is_signaller) mbar_arrive(k_empty(st));
+      mma.gemm_s_pv(a, st, ph, pst, pph);
+      if (is_signaller) mbar_arrive(bars.k_empty(st));
       if (pattern_step(it)) {
         // The pattern's element mask needs registers that the P V in flight holds (with both,
         // ptxas spilled): let it finish first, in these boundary tiles only.
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (is_signaller) mbar_arrive(v_empty(pst));
+        mma.pv_done(a);
+        if (is_signaller) mbar_arrive(bars.v_empty(pst));
         mask_step(it, WithPattern{});
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       } else {
         mask_step(it, std::false_type{});
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (is_signaller) mbar_arrive(v_empty(pst));
+        mma.pv_done(a);
+        if (is_signaller) mbar_arrive(bars.v_empty(pst));
       }
       rescale_o<kD>(o, resc);
       convert_p<kBN>(s, pf);
@@ -404,30 +202,16 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     {  // last P V
       const int st = (n_blocks - 1) % kStages;
       const uint32_t ph = ((n_blocks - 1) / kStages) & 1;
-      mbar_wait(v_full(st), ph);
-      pp_sync();
-      fence_regs(o);
-      fence_regs(pf);
-      wgmma_fence();
-      issue_pv(st);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      if (is_signaller) mbar_arrive(v_empty(st));
+      mma.gemm_pv(a, st, ph);
+      if (is_signaller) mbar_arrive(bars.v_empty(st));
     }
   }
-  if constexpr (kPingPong) {
-    if (c == 0) named_bar_sync(1, 256);  // absorbs the last consumer's last arrival
-  }
+  mma.pp.finish();
 
   // ---------------- epilogue: O / l to bf16, LSE ----------------
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
-    float lx = l[x];
-    lx += __shfl_xor_sync(0xffffffff, lx, 1);
-    lx += __shfl_xor_sync(0xffffffff, lx, 2);
+    const float lx = quad_sum(l[x]);
     const float inv = lx > 0.f ? 1.f / lx : 0.f;
     const int row = row0 + 8 * x;
     if (row < p.seq_q) {
@@ -441,8 +225,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
         else
           *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + col) = pack_bf16(a0, a1);
       }
-      if (lane % 4 == 0)
-        p.lse[b * p.lse_sb + h * p.lse_sh + row] = lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
+      if (lane % 4 == 0) p.lse[b * p.lse_sb + h * p.lse_sh + row] = row_lse(m[x], lx);
     }
   }
 #endif  // SEQPAR_HOPPER_STUB
@@ -454,31 +237,12 @@ template <int kD, int kBN, int kStages, bool kOverlap, bool kPingPong, int kC = 
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBM = Cfg<kC>::kBM;
   CUtensorMap tq, tk, tv;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.k_st) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.v_st) != CUDA_SUCCESS)
-    return cudaErrorInvalidValue;
-  FwdParams p{};
-  p.o = a.o;
-  p.lse = a.lse;
-  p.o_f32 = a.o_f32;
-  const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
-  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
-  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = scale * 1.4426950408889634f;
+  if (!fwd_tmaps(a, kD, kBM, kBN, &tq, &tk, &tv)) return cudaErrorInvalidValue;
+  const FwdParams p = fwd_params(a, kD, row_strides(a.o_st, a.seq_q, a.heads, kD));
   auto kernel = fwd_kernel<kD, kBN, kStages, kOverlap, kPingPong, kC, kUniform>;
   constexpr int smem = Smem<kD, kBN, kStages, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  p.tiles = a.tiles;
   const int m_tiles = (a.seq_q + kBM - 1) / kBM;
   const dim3 grid(m_tiles, a.heads, a.batch);
   kernel<<<grid, Cfg<kC>::kThreads, smem, stream>>>(tq, tk, tv, p);

@@ -29,6 +29,9 @@
 //   cluster barrier at the end (and after the barriers' init), so no CTA leaves while the peer can
 //   still arrive on its barriers or multicast into its shared memory.
 // Dense masks only: tile lists and O that the TMA store cannot write go to launch_fwd_persist.
+// What it shares with the persistent kernel (shared-memory layout, slots, loads, GEMM steps, the
+// epilogue) comes from hopper_fwd_persist.cuh and hopper_fwd_steps.cuh; this file holds what
+// differs: the pairs, the mailbox, the multicast halves, the releases on both CTAs, the drain.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -101,25 +104,27 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap* 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
       : "memory");
 }
+// fwd_load_kv's box load for a cluster: this CTA's half of the tile (rows `row` .., at `half` bytes
+// into the stage) to both CTAs.
+struct McastLoad {
+  int row;
+  uint32_t half;
+  __device__ __forceinline__ void operator()(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                             int c3) const {
+    tma_load_4d_mc(dst + half, map, bar, c0, c1, row, c3, 3);
+  }
+};
 
-// The persistent kernel's shared memory (PersistSmem's layout with kStages K/V stages) plus the
-// mailbox: full[2] (used in rank 1), empty[2] (rank 0), the two pair indices (rank 1).
+// The persistent kernel's shared memory (PersistSmem with kStages K/V stages; O gets its own
+// buffer where it fits beside q_empty, the slots and the mailbox, < 128 bytes) plus the mailbox:
+// full[2] (used in rank 1), empty[2] (rank 0), the two pair indices (rank 1).
 template <int kD, int kBN, int kBM, int kStages>
-struct ClusterSmem {
-  using Base = Smem<kD, kBN, kStages, kBM>;
-  static constexpr int kTileO = kBM * kD * 2;
-  static constexpr int kMaxSmem = 227 * 1024;
-  // O gets its own buffer where it fits beside q_empty, the slots and the mailbox (< 128 bytes).
-  static constexpr bool kOInV = Base::bytes + kTileO + 128 > kMaxSmem;
-  static_assert(!kOInV || kTileO <= Base::kTileKV, "O fits one V stage");
-  static constexpr int o = Base::bar;  // the separate O buffer (unused with kOInV)
-  static constexpr int bar = kOInV ? Base::bar : Base::bar + kTileO;
-  static constexpr int kBars = Base::kBars + 1;  // fwd_kernel's, then q_empty
-  static constexpr int slots = bar + 8 * kBars;
-  static constexpr int mail_bar = slots + 2 * kSlotBytes;
+struct ClusterSmem : PersistSmem<kD, kBN, kBM, kStages, 128> {
+  using P = PersistSmem<kD, kBN, kBM, kStages, 128>;
+  static constexpr int mail_bar = P::slots + 2 * kSlotBytes;
   static constexpr int mail = mail_bar + 4 * 8;
   static constexpr int bytes = mail + 8 + 1024;
-  static_assert(bytes <= kMaxSmem, "shared memory");
+  static_assert(bytes <= P::kMaxSmem, "shared memory");
 };
 
 // A pair's member: the tile's m_block (-1: void) and key-block count, and the pair's count.
@@ -137,10 +142,7 @@ __device__ __forceinline__ Member pair_member(int u, int rank, int m_tiles, cons
   const int seq_k = opaque(p.seq_k);
   auto blocks = [&](int m_block) {
     int n = (seq_k + kBN - 1) / kBN;
-    if (p.causal) {
-      const int last_key = min(m_block * kBM + kBM, p.seq_q) - 1 + p.causal_offset;
-      n = last_key < 0 ? 0 : min(n, last_key / kBN + 1);
-    }
+    if (p.causal) n = causal_blocks<kBM, kBN>(n, m_block * kBM, p);
     return n;
   };
   w.n_pair = blocks(m_tiles - 1 - x0);  // the heavier member's
@@ -165,35 +167,21 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   constexpr int kTileKV = L::Base::kTileKV;
   constexpr int kHalf = kBN / 2;  // rows of one CTA's half of a K/V tile
   static_assert(kHalf % 8 == 0, "a half-tile starts on a swizzle period");
-  constexpr int kCB = kD / 64;
-  constexpr int kAllBar = 4, kWgBar = 5;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sBar = base + L::bar;
-  const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars, sSlots = base + L::slots;
+  const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sSlots = base + L::slots;
   const uint32_t mail_full = base + L::mail_bar, mail_empty = mail_full + 16, sMail = base + L::mail;
-  auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
-  auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
-  auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
+  const FwdBars<kStages> bars{base + L::bar};
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, kC);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(k_full(s), 1);
-      mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 2 * kC);  // both CTAs' consumers
-      mbar_init(v_empty(s), 2 * kC);
-    }
+    bars.init(kC, 2 * kC);  // K/V stages: both CTAs' consumers
     for (int s = 0; s < 2; ++s) {
       mbar_init(mail_full + 8 * s, 1);
       mbar_init(mail_empty + 8 * s, 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    fence_bar_init();
   }
   cluster_sync_all();  // the peer's barriers exist before anything arrives on them
 
@@ -218,27 +206,19 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
           u = ld_shared_s32(sMail + 4u * (t & 1));
           mbar_arrive_cluster(map_peer(mail_empty + mslot, 0));
         }
-        mbar_wait(q_empty, (t & 1) ^ 1);
+        mbar_wait(bars.q_empty(), (t & 1) ^ 1);
         if (u >= pairs) {
           st_shared_u32(slot + kSlotN, uint32_t(-1));
-          mbar_arrive(q_full);
+          mbar_arrive(bars.q_full());
           break;
         }
         const Member w = pair_member<kBM, kBN>(u, int(rank), m_tiles, p);
         const int kvh = w.h / (p.heads / p.kv_heads);
-        st_shared_u32(slot + kSlotM, w.m_block);
-        st_shared_u32(slot + kSlotH, w.h);
-        st_shared_u32(slot + kSlotB, w.b);
-        st_shared_u32(slot + kSlotN, w.n_own);
-        st_shared_u32(slot + kSlotSkip, w.n_pair - w.n_own);
-        if (w.m_block >= 0) {
-          mbar_expect_tx(q_full, L::Base::kTileQ);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, w.h, w.m_block * kBM, w.b);
-        } else {
-          mbar_arrive(q_full);  // void member: the slot only
-        }
+        write_slot(slot, w.m_block, w.h, w.b, w.n_own, w.n_pair - w.n_own);  // kSlotSkip = kSlotE0
+        if (w.m_block >= 0)
+          fwd_load_q<kD, kBM>(sQ, &tm_q, bars.q_full(), w.h, w.m_block * kBM, w.b);
+        else
+          mbar_arrive(bars.q_full());  // void member: the slot only
         const int kv_end = kv_it + w.n_pair;
         for (int g = kv_it; g < kv_end; ++g) {
           const int st = g % kStages;
@@ -246,16 +226,8 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
           const uint32_t r = cluster_rank();
           const int row = (kv_end - 1 - g) * kBN + int(r) * kHalf;
           const uint32_t half = r * kHalf * 128;
-          mbar_wait(k_empty(st), ph ^ 1);  // both CTAs released this stage
-          mbar_expect_tx(k_full(st), kTileKV);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d_mc(sK + st * kTileKV + cb * kBN * 128 + half, &tm_k, k_full(st), cb * 64, kvh, row, w.b, 3);
-          mbar_wait(v_empty(st), ph ^ 1);
-          mbar_expect_tx(v_full(st), kTileKV);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d_mc(sV + st * kTileKV + cb * kBN * 128 + half, &tm_v, v_full(st), cb * 64, kvh, row, w.b, 3);
+          // The empty barriers complete when both CTAs released the stage.
+          fwd_load_kv<kD, kBN>(bars, sK, sV, &tm_k, &tm_v, st, ph, kvh, w.b, McastLoad{row, half});
         }
         kv_it = kv_end;
         if (cluster_rank() == 0) u = grid_ctas() / 2 + (next_pair ? atomicAdd(next_pair, 1) : u);
@@ -274,20 +246,13 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       mbar_arrive_remote(map_peer(bar, peer));
     };
 
-    const uint32_t qa = sQ + c * 64 * 128;
-    auto desc_q = [&](int kk) { return make_desc(qa + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024); };
-    auto desc_k = [&](int st, int kk) {
-      return make_desc(sK + st * kTileKV + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-    };
-    auto desc_v = [&](int st, int kk) { return make_desc(sV + st * kTileKV + kk * 16 * 128, kBN * 128, 1024); };
-    auto pp_sync = [&]() { named_bar_sync(1 + c, 256); };
-    auto pp_arrive = [&]() { named_bar_arrive(1 + (c + 1) % kC, 256); };
-    if (c == kC - 1) named_bar_arrive(1, 256);
+    const FwdConsumer<kD, kBN, kBM, kStages, kC> mma{sQ + c * 64 * 128, sK, sV, bars, {c}};
+    mma.pp.start();
 
     int kv_it = 0;
     for (int t = 0;; ++t) {
       const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
-      mbar_wait(q_full, t & 1);
+      mbar_wait(bars.q_full(), t & 1);
       const int n_blocks = ld_shared_s32(slot + kSlotN);
       if (n_blocks < 0) break;
       const int m_block = ld_shared_s32(slot + kSlotM), skip = ld_shared_s32(slot + kSlotSkip);
@@ -296,10 +261,10 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       for (int i = 0; i < skip; ++i) {
         const int g = kv_it + i, st = g % kStages;
         const uint32_t ph = (g / kStages) & 1;
-        mbar_wait(k_full(st), ph);
-        if (is_signaller) release(k_empty(st));
-        mbar_wait(v_full(st), ph);
-        if (is_signaller) release(v_empty(st));
+        mbar_wait(bars.k_full(st), ph);
+        if (is_signaller) release(bars.k_empty(st));
+        mbar_wait(bars.v_full(st), ph);
+        if (is_signaller) release(bars.v_empty(st));
       }
       kv_it += skip;
       const int m0 = m_block * kBM;
@@ -311,58 +276,27 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       float s[kBN / 2];
       uint32_t pf[kBN / 16][4];
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, resc[2];
-
-      auto issue_s = [&](int st) {
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) wgmma_qk<kBN>(s, desc_q(kk), desc_k(st, kk), kk > 0 ? 1 : 0);
-      };
-      auto issue_pv = [&](int st) {
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) wgmma_pv<kD>(o, pf[kk], desc_v(st, kk));
-      };
+      FwdAcc<kD, kBN> a{o, s, pf, m, l, resc};
       const int tile_row_lo = m0 + c * 64;
-      auto mask_step = [&](int it) {
-        const int n_block = n_blocks - 1 - it;
-        const int key_hi = n_block * kBN + kBN - 1;
-        if (key_hi >= p.seq_k || (p.causal && key_hi > tile_row_lo + p.causal_offset))
-          apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
-      };
+      const FwdMaskBlock mask{false, 0, n_blocks, tile_row_lo, row0, lane};  // dense masks only
 
       if (n_blocks == 0) {
         // No visible key (or a void member): O = 0, LSE = -inf for a real tile.
-        if (is_signaller) mbar_arrive(q_empty);
+        if (is_signaller) mbar_arrive(bars.q_empty());
         if (m_block < 0) continue;
         const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int row = row0 + 8 * x;
-          if (row < p.seq_q) {
-            const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
-#pragma unroll
-            for (int j = 0; j < kD / 8; ++j)
-              *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + 8 * j + 2 * (lane % 4)) = 0u;
-            if (lane % 4 == 0) p.lse[b * p.lse_sb + h * p.lse_sh + row] = -INFINITY;
-          }
-        }
+        fwd_store_empty<kD>(p, row0, lane, h, b);
         continue;
       }
       {  // first block: S alone
         const int st = kv_it % kStages;
         const uint32_t ph = (kv_it / kStages) & 1;
-        mbar_wait(k_full(st), ph);
-        pp_sync();
-        fence_regs(s);
-        wgmma_fence();
-        issue_s(st);
-        wgmma_commit();
-        pp_arrive();
-        wgmma_wait<0>();
-        fence_regs(s);
+        mma.gemm_s(a, st, ph);
         if (is_signaller) {
-          release(k_empty(st));
-          if (n_blocks == 1) mbar_arrive(q_empty);
+          release(bars.k_empty(st));
+          if (n_blocks == 1) mbar_arrive(bars.q_empty());
         }
-        mask_step(0);
+        mask.apply<kBN, true>(s, p, 0);
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
         convert_p<kBN>(s, pf);
       }
@@ -370,30 +304,15 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
         const int g = __shfl_sync(0xffffffffu, kv_it + it, 0);
         const int st = g % kStages, pst = (g - 1) % kStages;
         const uint32_t ph = (g / kStages) & 1, pph = ((g - 1) / kStages) & 1;
-        mbar_wait(k_full(st), ph);
-        mbar_wait(v_full(pst), pph);
-        pp_sync();
-        fence_regs(s);
-        fence_regs(o);
-        fence_regs(pf);
-        wgmma_fence();
-        issue_s(st);
-        wgmma_commit();
-        issue_pv(pst);
-        wgmma_commit();
-        pp_arrive();
-        wgmma_wait<1>();
-        fence_regs(s);
+        mma.gemm_s_pv(a, st, ph, pst, pph);
         if (is_signaller) {
-          release(k_empty(st));
-          if (it == n_blocks - 1) mbar_arrive(q_empty);
+          release(bars.k_empty(st));
+          if (it == n_blocks - 1) mbar_arrive(bars.q_empty());
         }
-        mask_step(it);
+        mask.apply<kBN, false>(s, p, it);
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (is_signaller) release(v_empty(pst));
+        mma.pv_done(a);
+        if (is_signaller) release(bars.v_empty(pst));
         rescale_o<kD>(o, resc);
         convert_p<kBN>(s, pf);
       }
@@ -401,70 +320,19 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       const int st_last = last % kStages;
       {  // last P V
         const uint32_t ph = (last / kStages) & 1;
-        mbar_wait(v_full(st_last), ph);
-        pp_sync();
-        fence_regs(o);
-        fence_regs(pf);
-        wgmma_fence();
-        issue_pv(st_last);
-        wgmma_commit();
-        pp_arrive();
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (!L::kOInV && is_signaller) release(v_empty(st_last));
+        mma.gemm_pv(a, st_last, ph);
+        if (!L::kOInV && is_signaller) release(bars.v_empty(st_last));
       }
       kv_it += n_blocks;
 
-      // ---------------- epilogue (hopper_fwd_persist.cuh's) ----------------
+      // ---------------- epilogue (the persistent kernel's, hopper_fwd_steps.cuh) ----------------
       const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
       float inv[2];
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        float lx = l[x];
-        lx += __shfl_xor_sync(0xffffffff, lx, 1);
-        lx += __shfl_xor_sync(0xffffffff, lx, 2);
-        inv[x] = lx > 0.f ? 1.f / lx : 0.f;
-        const int row = row0 + 8 * x;
-        if (row < p.seq_q && lane % 4 == 0)
-          p.lse[b * p.lse_sb + h * p.lse_sh + row] =
-              lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
-      }
-      uint32_t so;
-      if constexpr (L::kOInV) {
-        named_bar_sync(kAllBar, 128 * kC);
-        so = sV + st_last * kTileKV + c * kCB * 64 * 128;
-      } else {
-        if (is_signaller) bulk_wait_read<0>();
-        named_bar_sync(kWgBar + c, 128);
-        so = base + L::o + c * kCB * 64 * 128;
-      }
-      {
-        const int r = warp * 16 + lane / 4;
-#pragma unroll
-        for (int x = 0; x < 2; ++x)
-#pragma unroll
-          for (int j = 0; j < kD / 8; ++j) {
-            const uint32_t addr = so + (j / 8) * 64 * 128 + (r + 8 * x) * 128 + (((j % 8) ^ (lane / 4)) << 4) +
-                                  4 * (lane % 4);
-            st_shared_u32(addr, pack_bf16(o[4 * j + 2 * x] * inv[x], o[4 * j + 2 * x + 1] * inv[x]));
-          }
-      }
-      fence_proxy_async();
-      named_bar_sync(kWgBar + c, 128);
-      if (is_signaller) {
-        if (tile_row_lo < p.seq_q) {
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb) tma_store_4d(&tm_o, so + cb * 64 * 128, cb * 64, h, tile_row_lo, b);
-        }
-        bulk_commit();
-        if constexpr (L::kOInV) {
-          bulk_wait_read<0>();
-          release(v_empty(st_last));
-        }
-      }
+      fwd_store_lse(m, l, inv, p, row0, lane, h, b);
+      fwd_store_o_tma<kD, kC, L::kOInV>(o, inv, sV + st_last * kTileKV, base + L::o, &tm_o, c, warp, lane, is_signaller,
+                                        h, tile_row_lo, b, p, [&]() { release(bars.v_empty(st_last)); });
     }
-    if (c == 0) named_bar_sync(1, 256);
+    mma.pp.finish();
     if (is_signaller) bulk_wait<0>();
   }
   cluster_sync_all();  // the peer no longer arrives on our barriers nor writes our stages
@@ -483,25 +351,10 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
   if (a.tiles.begin || a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
     return launch_fwd_persist<kD, kBN, kC, true, true>(a, stream, true, max_grid);
   CUtensorMap tq, tk, tv, to;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN / 2, a.k_st) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN / 2, a.v_st) != CUDA_SUCCESS ||
+  if (!fwd_tmaps(a, kD, kBM, kBN / 2, &tq, &tk, &tv) ||
       make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  FwdParams p{};
-  p.o = a.o;
-  p.lse = a.lse;
-  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
-  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = scale * 1.4426950408889634f;
+  const FwdParams p = fwd_params(a, kD, ost);
   auto kernel = cluster::fwd_cluster_kernel<kD, kBN, kC, kStages>;
   constexpr int smem = cluster::ClusterSmem<kD, kBN, kBM, kStages>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -30,6 +30,9 @@
 //   with plain stores, as fwd_kernel does.
 // LSE is written with plain stores (one float per row). O must be bf16 with 16-byte aligned
 // strides for the TMA store; launch_fwd_persist falls back to launch_fwd otherwise.
+// The loads, GEMM steps, masks and epilogue pieces are shared with the other forward kernels
+// (hopper_fwd_steps.cuh, hopper_fwd_math.cuh); this file holds the schedule (units, slots, the
+// Q ring across tiles), the consumers' loop over a tile's key blocks and the launcher.
 #pragma once
 
 #include <algorithm>
@@ -41,28 +44,24 @@
 
 namespace seqpar::hopper {
 
-// global <- shared through a 4-D tensor map (bulk group; out-of-bounds elements are not written).
-__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
-               : "memory");
-}
+// A unit's slot in shared memory: m_block, h, b, n_blocks (-1: no more units), e0.
+enum : int { kSlotM = 0, kSlotH = 4, kSlotB = 8, kSlotN = 12, kSlotE0 = 16, kSlotBytes = 32 };
 
-// Shared memory of the persistent kernel: fwd_kernel's (2 stages), plus an O buffer when it fits
-// beside them (else O is staged in a V stage), plus the Q empty barrier.
-template <int kD, int kBN, int kBM>
+// Shared memory of the persistent kernel: fwd_kernel's (kStages K/V stages), plus an O buffer when
+// it fits beside them and the kTail bytes after the barriers (else O is staged in a V stage),
+// plus the Q empty barrier and two unit slots. The cluster kernel adds its mailbox (ClusterSmem).
+template <int kD, int kBN, int kBM, int kStages = 2, int kTail = 8>
 struct PersistSmem {
-  using Base = Smem<kD, kBN, 2, kBM>;
+  using Base = Smem<kD, kBN, kStages, kBM>;
   static constexpr int kTileO = kBM * kD * 2;
   static constexpr int kMaxSmem = 227 * 1024;
-  static constexpr bool kOInV = Base::bytes + kTileO + 8 > kMaxSmem;
+  static constexpr bool kOInV = Base::bytes + kTileO + kTail > kMaxSmem;
   static_assert(!kOInV || kTileO <= Base::kTileKV, "O fits one V stage");
   static constexpr int o = Base::bar;  // the separate O buffer (unused with kOInV)
   static constexpr int bar = kOInV ? Base::bar : Base::bar + kTileO;
   static constexpr int kBars = Base::kBars + 1;  // fwd_kernel's, then q_empty
   static constexpr int slots = bar + 8 * kBars;  // two unit slots (kSlotBytes each)
-  static constexpr int bytes = slots + 2 * 32 + 1024;
+  static constexpr int bytes = slots + 2 * kSlotBytes + 1024;
   static_assert(bytes <= kMaxSmem, "shared memory");
 };
 
@@ -108,8 +107,7 @@ __device__ __forceinline__ FwdUnit fwd_unit(int u, int m_tiles, const FwdParams&
     w.e0 = __ldg(p.tiles.begin + w.m_block);
     w.n_blocks = __ldg(p.tiles.begin + w.m_block + 1) - w.e0;
   } else if (p.causal) {
-    const int last_key = min(w.m_block * kBM + kBM, p.seq_q) - 1 + p.causal_offset;
-    w.n_blocks = last_key < 0 ? 0 : min(w.n_blocks, last_key / kBN + 1);
+    w.n_blocks = causal_blocks<kBM, kBN>(w.n_blocks, w.m_block * kBM, p);
   }
   return w;
 }
@@ -119,8 +117,15 @@ __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
-// A unit's slot in shared memory: m_block, h, b, n_blocks (-1: no more units), e0.
-enum : int { kSlotM = 0, kSlotH = 4, kSlotB = 8, kSlotN = 12, kSlotE0 = 16, kSlotBytes = 32 };
+// The producer's record of a unit for the consumers (the arrival on q_full that follows releases
+// these stores to them).
+__device__ __forceinline__ void write_slot(uint32_t slot, int m_block, int h, int b, int n_blocks, int e0) {
+  st_shared_u32(slot + kSlotM, m_block);
+  st_shared_u32(slot + kSlotH, h);
+  st_shared_u32(slot + kSlotB, b);
+  st_shared_u32(slot + kSlotN, n_blocks);
+  st_shared_u32(slot + kSlotE0, e0);
+}
 
 // next_unit: a counter that is 0 at launch (the dynamic schedule), or nullptr (static stride).
 // kTmaO: O through shared memory and a TMA store (else 4-byte stores from registers, as
@@ -141,19 +146,11 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   constexpr int kBM = Cfg<kC>::kBM;
   using L = PersistSmem<kD, kBN, kBM>;
   constexpr int kTileKV = L::Base::kTileKV;
-  constexpr int kCB = kD / 64;
-  // Named barriers: 1..kC ping-pong turns, kAllBar the consumers' last P V, kWgBar + c one
-  // consumer warpgroup's staging rows.
-  constexpr int kAllBar = 4, kWgBar = 5;
-  static_assert(kC <= 3, "named barrier ids");
+  static_assert(kC < kFwdBarAllPv, "named barrier ids: the ping-pong turns, then the O store's");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sBar = base + L::bar;
-  const uint32_t q_full = sBar, q_empty = sBar + 8u * L::Base::kBars, sSlots = base + L::slots;
-  auto k_full = [&](int s) { return sBar + 8u * (1 + s); };
-  auto k_empty = [&](int s) { return sBar + 8u * (1 + kStages + s); };
-  auto v_full = [&](int s) { return sBar + 8u * (1 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return sBar + 8u * (1 + 3 * kStages + s); };
+  const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sSlots = base + L::slots;
+  const FwdBars<kStages> bars{base + L::bar};
 
   const bool listed = p.tiles.begin != nullptr;
   const int m_tiles = (p.seq_q + kBM - 1) / kBM;
@@ -162,16 +159,8 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, kC);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(k_full(s), 1);
-      mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), kC);
-      mbar_init(v_empty(s), kC);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bars.init(kC, kC);
+    fence_bar_init();
   }
   __syncthreads();
 
@@ -182,38 +171,21 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       int kv_it = 0, t = 0;
       for (int u = blockIdx.x;; ++t) {
         const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
-        mbar_wait(q_empty, (t & 1) ^ 1);  // the consumers are done with the previous tile's Q
+        mbar_wait(bars.q_empty(), (t & 1) ^ 1);  // the consumers are done with the previous tile's Q
         if (u >= units) {  // no more: tell the consumers
           st_shared_u32(slot + kSlotN, uint32_t(-1));
-          mbar_arrive(q_full);
+          mbar_arrive(bars.q_full());
           break;
         }
         const FwdUnit w = fwd_unit<kBM, kBN, kOrder>(u, m_tiles, p);
         const int kvh = w.h / (p.heads / p.kv_heads);
-        st_shared_u32(slot + kSlotM, w.m_block);
-        st_shared_u32(slot + kSlotH, w.h);
-        st_shared_u32(slot + kSlotB, w.b);
-        st_shared_u32(slot + kSlotN, w.n_blocks);
-        st_shared_u32(slot + kSlotE0, w.e0);
-        // The arrival below releases the slot's stores to the consumers' wait on q_full.
-        mbar_expect_tx(q_full, L::Base::kTileQ);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(sQ + cb * kBM * 128, &tm_q, q_full, cb * 64, w.h, w.m_block * kBM, w.b);
+        write_slot(slot, w.m_block, w.h, w.b, w.n_blocks, w.e0);
+        fwd_load_q<kD, kBM>(sQ, &tm_q, bars.q_full(), w.h, w.m_block * kBM, w.b);
         for (int it = 0; it < w.n_blocks; ++it) {
           const int n_block = listed ? __ldg(p.tiles.entries + w.e0 + it) >> 2 : w.n_blocks - 1 - it;
-          const int g = kv_it + it, st = g % kStages;
-          const uint32_t ph = (g / kStages) & 1;
-          mbar_wait(k_empty(st), ph ^ 1);
-          mbar_expect_tx(k_full(st), kTileKV);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d(sK + st * kTileKV + cb * kBN * 128, &tm_k, k_full(st), cb * 64, kvh, n_block * kBN, w.b);
-          mbar_wait(v_empty(st), ph ^ 1);
-          mbar_expect_tx(v_full(st), kTileKV);
-#pragma unroll
-          for (int cb = 0; cb < kCB; ++cb)
-            tma_load_4d(sV + st * kTileKV + cb * kBN * 128, &tm_v, v_full(st), cb * 64, kvh, n_block * kBN, w.b);
+          const int g = kv_it + it;
+          fwd_load_kv<kD, kBN>(bars, sK, sV, &tm_k, &tm_v, g % kStages, (g / kStages) & 1, kvh, w.b,
+                               FwdTmaLoad<kBN>{n_block});
         }
         kv_it += w.n_blocks;
         // The next unit; the atomic's latency hides behind the wait for q_empty above.
@@ -229,21 +201,13 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   const int lane = tid % 32, warp = (tid % 128) / 32;
   const bool is_signaller = (tid % 128) == 0;
 
-  const uint32_t qa = sQ + c * 64 * 128;
-  auto desc_q = [&](int kk) { return make_desc(qa + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024); };
-  auto desc_k = [&](int st, int kk) {
-    return make_desc(sK + st * kTileKV + (kk / 4) * kBN * 128 + (kk % 4) * 32, 16, 1024);
-  };
-  auto desc_v = [&](int st, int kk) { return make_desc(sV + st * kTileKV + kk * 16 * 128, kBN * 128, 1024); };
-  auto pp_sync = [&]() { named_bar_sync(1 + c, 256); };
-  auto pp_arrive = [&]() { named_bar_arrive(1 + (c + 1) % kC, 256); };
-  if (c == kC - 1) named_bar_arrive(1, 256);  // consumer 0 takes the first turn
-  using WithPattern = std::true_type;
+  const FwdConsumer<kD, kBN, kBM, kStages, kC> mma{sQ + c * 64 * 128, sK, sV, bars, {c}};
+  mma.pp.start();
 
   int kv_it = 0;
   for (int t = 0;; ++t) {
     const uint32_t slot = sSlots + (t & 1) * kSlotBytes;
-    mbar_wait(q_full, t & 1);
+    mbar_wait(bars.q_full(), t & 1);
     const int n_blocks = ld_shared_s32(slot + kSlotN);
     if (n_blocks < 0) break;
     const int m0 = ld_shared_s32(slot + kSlotM) * kBM, e0 = ld_shared_s32(slot + kSlotE0);
@@ -256,64 +220,27 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     uint32_t pf[kBN / 16][4];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, resc[2];
 
-    auto issue_s = [&](int st) {
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) wgmma_qk<kBN>(s, desc_q(kk), desc_k(st, kk), kk > 0 ? 1 : 0);
-    };
-    auto issue_pv = [&](int st) {
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) wgmma_pv<kD>(o, pf[kk], desc_v(st, kk));
-    };
+    FwdAcc<kD, kBN> a{o, s, pf, m, l, resc};
     const int tile_row_lo = m0 + c * 64;
-    auto mask_step = [&](int it, auto pattern) {
-      if (listed) {
-        const int e = __ldg(p.tiles.entries + e0 + it);
-        if (e & 3)
-          apply_tile_mask<kBN, decltype(pattern)::value>(s, p.tiles, (e >> 2) * kBN, row0, p.seq_q, lane, e & 3);
-      } else {
-        const int n_block = n_blocks - 1 - it;
-        const int key_hi = n_block * kBN + kBN - 1;
-        if (key_hi >= p.seq_k || (p.causal && key_hi > tile_row_lo + p.causal_offset))
-          apply_mask<kBN>(s, n_block * kBN, row0, lane, p);
-      }
-    };
-    auto pattern_step = [&](int it) { return listed && (__ldg(p.tiles.entries + e0 + it) & kTilePatternMask); };
+    const FwdMaskBlock mask{listed, e0, n_blocks, tile_row_lo, row0, lane};
 
     if constexpr (kUniform) kv_it = __shfl_sync(0xffffffffu, kv_it, 0);
     if (n_blocks == 0) {
       // No visible key: O = 0, LSE = -inf, plain stores (no V stage to stage O in).
-      if (is_signaller) mbar_arrive(q_empty);
+      if (is_signaller) mbar_arrive(bars.q_empty());
       const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int row = row0 + 8 * x;
-        if (row < p.seq_q) {
-          const int64_t orow = b * p.o_sb + row * p.o_ss + h * p.o_sh;
-#pragma unroll
-          for (int j = 0; j < kD / 8; ++j)
-            *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.o) + orow + 8 * j + 2 * (lane % 4)) = 0u;
-          if (lane % 4 == 0) p.lse[b * p.lse_sb + h * p.lse_sh + row] = -INFINITY;
-        }
-      }
+      fwd_store_empty<kD>(p, row0, lane, h, b);
       continue;
     }
     {  // first block: S alone
       const int st = kv_it % kStages;
       const uint32_t ph = (kv_it / kStages) & 1;
-      mbar_wait(k_full(st), ph);
-      pp_sync();
-      fence_regs(s);
-      wgmma_fence();
-      issue_s(st);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(s);
+      mma.gemm_s(a, st, ph);
       if (is_signaller) {
-        mbar_arrive(k_empty(st));
-        if (n_blocks == 1) mbar_arrive(q_empty);
+        mbar_arrive(bars.k_empty(st));
+        if (n_blocks == 1) mbar_arrive(bars.q_empty());
       }
-      mask_step(0, WithPattern{});
+      mask.apply<kBN, true>(s, p, 0);
       online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       convert_p<kBN>(s, pf);
     }
@@ -321,38 +248,21 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       const int g = kUniform ? __shfl_sync(0xffffffffu, kv_it + it, 0) : kv_it + it;
       const int st = g % kStages, pst = (g - 1) % kStages;
       const uint32_t ph = (g / kStages) & 1, pph = ((g - 1) / kStages) & 1;
-      mbar_wait(k_full(st), ph);
-      mbar_wait(v_full(pst), pph);
-      pp_sync();
-      fence_regs(s);
-      fence_regs(o);
-      fence_regs(pf);
-      wgmma_fence();
-      issue_s(st);
-      wgmma_commit();
-      issue_pv(pst);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<1>();
-      fence_regs(s);
+      mma.gemm_s_pv(a, st, ph, pst, pph);
       if (is_signaller) {
-        mbar_arrive(k_empty(st));
-        if (it == n_blocks - 1) mbar_arrive(q_empty);  // the tile's last Q K^T is done
+        mbar_arrive(bars.k_empty(st));
+        if (it == n_blocks - 1) mbar_arrive(bars.q_empty());  // the tile's last Q K^T is done
       }
-      if (pattern_step(it)) {
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (is_signaller) mbar_arrive(v_empty(pst));
-        mask_step(it, WithPattern{});
+      if (mask.pattern(p, it)) {
+        mma.pv_done(a);
+        if (is_signaller) mbar_arrive(bars.v_empty(pst));
+        mask.apply<kBN, true>(s, p, it);
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
       } else {
-        mask_step(it, std::false_type{});
+        mask.apply<kBN, false>(s, p, it);
         online_softmax<kBN>(s, m, l, resc, p.scale_log2);
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pf);
-        if (is_signaller) mbar_arrive(v_empty(pst));
+        mma.pv_done(a);
+        if (is_signaller) mbar_arrive(bars.v_empty(pst));
       }
       rescale_o<kD>(o, resc);
       convert_p<kBN>(s, pf);
@@ -361,35 +271,15 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     const int st_last = last % kStages;
     {  // last P V
       const uint32_t ph = (last / kStages) & 1;
-      mbar_wait(v_full(st_last), ph);
-      pp_sync();
-      fence_regs(o);
-      fence_regs(pf);
-      wgmma_fence();
-      issue_pv(st_last);
-      wgmma_commit();
-      pp_arrive();
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      if ((!kTmaO || !L::kOInV) && is_signaller) mbar_arrive(v_empty(st_last));
+      mma.gemm_pv(a, st_last, ph);
+      if ((!kTmaO || !L::kOInV) && is_signaller) mbar_arrive(bars.v_empty(st_last));
     }
     kv_it += n_blocks;
 
     // ---------------- epilogue: LSE, O / l to bf16 through shared memory, TMA store ----------------
     const int h = ld_shared_s32(slot + kSlotH), b = ld_shared_s32(slot + kSlotB);
     float inv[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      float lx = l[x];
-      lx += __shfl_xor_sync(0xffffffff, lx, 1);
-      lx += __shfl_xor_sync(0xffffffff, lx, 2);
-      inv[x] = lx > 0.f ? 1.f / lx : 0.f;
-      const int row = row0 + 8 * x;
-      if (row < p.seq_q && lane % 4 == 0)
-        p.lse[b * p.lse_sb + h * p.lse_sh + row] =
-            lx > 0.f ? (m[x] + __log2f(lx)) * 0.6931471805599453f : -INFINITY;
-    }
+    fwd_store_lse(m, l, inv, p, row0, lane, h, b);
     if constexpr (!kTmaO) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
@@ -404,41 +294,10 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
       }
       continue;
     }
-    uint32_t so;  // this consumer's staging rows: kCB boxes of [64 rows][128 bytes], swizzled
-    if constexpr (L::kOInV) {
-      named_bar_sync(kAllBar, 128 * kC);  // every consumer's last P V has read this V stage
-      so = sV + st_last * kTileKV + c * kCB * 64 * 128;
-    } else {
-      if (is_signaller) bulk_wait_read<0>();  // our previous store has read the buffer
-      named_bar_sync(kWgBar + c, 128);
-      so = base + L::o + c * kCB * 64 * 128;
-    }
-    {
-      const int r = warp * 16 + lane / 4;  // local row (+ 8 x); r % 8 == lane / 4
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-          const uint32_t addr = so + (j / 8) * 64 * 128 + (r + 8 * x) * 128 + (((j % 8) ^ (lane / 4)) << 4) +
-                                4 * (lane % 4);
-          st_shared_u32(addr, pack_bf16(o[4 * j + 2 * x] * inv[x], o[4 * j + 2 * x + 1] * inv[x]));
-        }
-    }
-    fence_proxy_async();
-    named_bar_sync(kWgBar + c, 128);
-    if (is_signaller) {
-      if (tile_row_lo < p.seq_q) {
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb) tma_store_4d(&tm_o, so + cb * 64 * 128, cb * 64, h, tile_row_lo, b);
-      }
-      bulk_commit();
-      if constexpr (L::kOInV) {
-        bulk_wait_read<0>();  // the staging rows are read: the V stage may be reloaded
-        mbar_arrive(v_empty(st_last));
-      }
-    }
+    fwd_store_o_tma<kD, kC, L::kOInV>(o, inv, sV + st_last * kTileKV, base + L::o, &tm_o, c, warp, lane, is_signaller,
+                                      h, tile_row_lo, b, p, [&]() { mbar_arrive(bars.v_empty(st_last)); });
   }
-  if (c == 0) named_bar_sync(1, 256);  // absorbs the last consumer's last arrival
+  mma.pp.finish();
   if (is_signaller) bulk_wait<0>();    // the O stores are complete before the CTA exits
 #endif  // SEQPAR_HOPPER_STUB
 }
@@ -477,26 +336,10 @@ cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream, bool dynam
   if (a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
     return launch_fwd<kD, kBN, 2, true, true, kC>(a, stream);
   CUtensorMap tq, tk, tv, to;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.k_st) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.v_st) != CUDA_SUCCESS ||
+  if (!fwd_tmaps(a, kD, kBM, kBN, &tq, &tk, &tv) ||
       make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  FwdParams p{};
-  p.o = a.o;
-  p.lse = a.lse;
-  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
-  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = scale * 1.4426950408889634f;
-  p.tiles = a.tiles;
+  const FwdParams p = fwd_params(a, kD, ost);
   auto kernel = fwd_persist_kernel<kD, kBN, kC, kTmaO, kUniform, kOrder>;
   constexpr int smem = PersistSmem<kD, kBN, kBM>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
