@@ -115,7 +115,7 @@ struct BwdArgs {
 //   through the backend ended the test process (segfault, session t; cause not found);
 // - D = 64: the persistent kernel, with chunks of 4 query heads in step under the causal mask up
 //   to 16K keys ("D = 64 forward: unit order and tile shape"); its cluster form was 0.99-1.01x.
-enum class FwdKernel { kPersistLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
+enum class FwdKernel { kPersistLists, kPersist, kPersistHeadChunks, kPingPong192 };
 inline FwdKernel forward_kernel(const FwdArgs& a) {
   if (a.tiles.begin) return FwdKernel::kPersistLists;
   if (a.head_dim == 64)
