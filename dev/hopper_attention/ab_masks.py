@@ -13,7 +13,7 @@ Ours: tensors [B, S, H, D] through build/libhopper_mask.so (the backend's varian
 masks and --fwd-causal on dense causal, pp192 by default, the backend's being persist192 on tile
 lists and persist192u (or, since session t, the cluster kernel from 16K keys) on dense causal, with
 --fwd-variants timed forward-only beside them; the backward variants of --bwd-variants, each with
-the lists of its own query tile: base 64 rows, q80 and q80p 80); the lists are built once per mask and variant (not timed; their build time is
+the lists of its own query tile: base 64 rows, q80 80); the lists are built once per mask and variant (not timed; their build time is
 printed). fwd+bwd = our forward then our whole backward; bwd = our whole backward alone (after one
 forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
 time (each a median), labelled as derived. "routed": the variant whose lists the library's backend
@@ -44,7 +44,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
 # Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
-BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5, "q80p": 6}
+BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5}
 
 
 def load(path):

@@ -1,7 +1,7 @@
 // hopper_mask_lib.cu: C entry points for ab_masks.py (ctypes): builds the visible-tile lists of a
 // mask given as data (window, document offsets, a dense block pattern), and runs the backend's
 // variants (forward pp192 at D = 128, m192 at D = 64, or one named; backward by variant number, base,
-// q80 or q80p at D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
+// q80 at D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
 // torch tensors, and says which backward the library's backend picks for a mask. Built by build.sh
 // into build/libhopper_mask.so.
 #include <cuda_runtime.h>

@@ -27,7 +27,6 @@
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 #include "persist_lab.cuh"
-#include "bwd_persist_lab.cuh"
 
 namespace hopper_attn {
 using namespace seqpar::hopper;
@@ -103,11 +102,11 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // too, of 80-row query tiles). Session q's options of base (lateq, lateqs, dqred, lateqr, all
 // slower, and the clock-stamp aid trace; variants 5-9 until 2026-11-29, when q80 was 10) are in
 // git: `git show 0b41e36:dev/hopper_attention/bwd_lab.cuh`.
-// 6 "q80p": q80 as a persistent kernel (bwd_persist_lab.cuh: one CTA per SM walking q80's units
-// from a counter), 7 "q80p3": the same on 3 CTAs (the checks: each CTA walks many units).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "q80p", "q80p3"};
-inline constexpr int kNumBwdVariants = 8;
-inline constexpr int kBwdQ80 = 5, kBwdQ80P = 6, kBwdQ80P3 = 7;
+// Session t's "q80p" (q80 as a persistent kernel, 0.76-1.03x q80: README section "Persistent
+// backward for tile lists") was variants 6 and 7: `git show 15d7393:dev/hopper_attention/bwd_persist_lab.cuh`.
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80"};
+inline constexpr int kNumBwdVariants = 6;
+inline constexpr int kBwdQ80 = 5;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -135,12 +134,6 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
       break;
     case kBwdQ80:
       if constexpr (kD == 128) return launch_bwd_q80(a, stream);
-      break;
-    case kBwdQ80P:
-      if constexpr (kD == 128) return bwd_persist_lab::launch_bwd_q80p(a, stream);
-      break;
-    case kBwdQ80P3:
-      if constexpr (kD == 128) return bwd_persist_lab::launch_bwd_q80p(a, stream, 3);
       break;
   }
   return cudaErrorInvalidValue;
