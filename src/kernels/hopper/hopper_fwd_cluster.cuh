@@ -384,7 +384,13 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
         (e = cudaMemsetAsync(counter, 0, sizeof(int), stream)) != cudaSuccess)
       return e;
   }
-  if ((e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, to, p, counter)) != cudaSuccess) return e;
+  // The untyped launch, with pointers to the arguments: the typed cudaLaunchKernelEx passes each
+  // argument by value through a lambda, four 64-byte aligned CUtensorMaps among them, and the
+  // backend's first run of this launcher ended in a segfault (session t, call t4) that the lab's
+  // calls of the same launcher never showed; a misaligned copy of an over-aligned by-value
+  // argument is one cause that would fit (not confirmed: no device time was left).
+  void* args[] = {&tq, &tk, &tv, &to, const_cast<FwdParams*>(&p), &counter};
+  if ((e = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args)) != cudaSuccess) return e;
   return cudaGetLastError();
 }
 
