@@ -563,26 +563,10 @@ cudaError_t launch_fwd_persist_x(const FwdArgs& a, cudaStream_t stream, bool dyn
   if (a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
     return launch_fwd<kD, kBN, 2, true, true, kC>(a, stream);
   CUtensorMap tq, tk, tv, to;
-  if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
-      make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.k_st) != CUDA_SUCCESS ||
-      make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.v_st) != CUDA_SUCCESS ||
+  if (!fwd_tmaps(a, kD, kBM, kBN, &tq, &tk, &tv) ||
       make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  FwdParams p{};
-  p.o = a.o;
-  p.lse = a.lse;
-  const StatStrides lst = stat_strides(a.lse_st, a.heads, a.seq_q);
-  p.o_sb = ost.b, p.o_ss = ost.s, p.o_sh = ost.h, p.lse_sb = lst.b, p.lse_sh = lst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  const float scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = scale * 1.4426950408889634f;
-  p.tiles = a.tiles;
+  const FwdParams p = fwd_params(a, kD, ost);
   auto kernel = fwd_persist_x_kernel<kD, kBN, kC, kTmaO, kOpt>;
   constexpr int smem = PersistSmemX<kD, kBN, kBM, (kOpt & kFuseTiles) ? 4 : 2>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
