@@ -253,18 +253,17 @@ StatusOr<Plan*> plan_for(ThreadGemm& g, const ShapeKey& key, const void* A, cons
   }
   auto it = g.plans.find(key);
   if (it != g.plans.end()) return it->second.algos.empty() ? nullptr : &it->second;
+  SP_RETURN_IF_ERROR(g.workspace.reserve(kWorkspaceBytes));
   Plan& p = g.plans.emplace(key, make_plan(g, key)).first->second;
   if (p.algos.empty()) return static_cast<Plan*>(nullptr);
-  // Until the candidates are checked, the first alone (so a failed check leaves no unchecked one).
-  std::vector<Candidate> candidates(p.algos.begin(), p.algos.end());
-  p.algos.resize(1);
-  SP_RETURN_IF_ERROR(g.workspace.reserve(kWorkspaceBytes));
-  if (gemm_mode() == GemmMode::kTuned) {
-    p.algos = std::move(candidates);
-    const Status checked = keep_first_bits(g, p, key, A, B, s);
-    if (!checked.ok()) p.algos.resize(1);
-    SP_RETURN_IF_ERROR(checked);
+  if (gemm_mode() != GemmMode::kTuned) {
+    p.algos.resize(1);
+    return &p;
   }
+  // A failed check leaves the first candidate alone, none unchecked.
+  const Status checked = keep_first_bits(g, p, key, A, B, s);
+  if (!checked.ok()) p.algos.resize(1);
+  SP_RETURN_IF_ERROR(checked);
   return &p;
 }
 
