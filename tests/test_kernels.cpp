@@ -168,6 +168,12 @@ TEST_P(OracleQuerySide, MatchesTheFullOracleOnItsRows) {
         }
       }
     }
+  // How a full-length result is put beside these rows (take_rows), and that comparing tensors of
+  // different shapes fails instead of reading past the shorter one.
+  EXPECT_EQ(max_abs_diff(testing::take_rows(full->o, 1, c.rows), part->o), 0.0);
+  EXPECT_EQ(max_abs_diff(testing::take_rows(full->lse, 2, c.rows), part->lse), 0.0);
+  EXPECT_EQ(max_abs_diff(testing::take_rows(full->dq, 1, c.rows), part->dq), 0.0);
+  EXPECT_TRUE(std::isinf(testing::max_abs_diff_rows(full->o, part->o, 1, c.rows)));
   rows.key_rows = {1};
   EXPECT_FALSE(reference_attention(in.q.view(), in.k.view(), in.v.view(), in.dout.view(), params, rows).ok());
   rows.key_rows = {};

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -154,6 +155,9 @@ ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, c
 
 double max_abs_diff_rows(const HostTensor& a, const HostTensor& b, int seq_dim,
                          const std::vector<int64_t>& rows) {
+  if (a.view().ndim != b.view().ndim ||
+      !std::equal(a.view().shape.begin(), a.view().shape.begin() + a.view().ndim, b.view().shape.begin()))
+    return std::numeric_limits<double>::infinity();
   const HostTensor x = cast(a, DType::kF64), y = cast(b, DType::kF64);
   const TensorView& v = x.view();
   std::vector<char> chosen(v.shape[seq_dim], rows.empty() ? 1 : 0);
@@ -168,6 +172,21 @@ double max_abs_diff_rows(const HostTensor& a, const HostTensor& b, int seq_dim,
     worst = std::max(worst, d);
   }
   return worst;
+}
+
+HostTensor take_rows(const HostTensor& t, int seq_dim, const std::vector<int64_t>& rows) {
+  const HostTensor x = cast(t, DType::kF64);
+  const TensorView& v = x.view();
+  std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.ndim);
+  shape[seq_dim] = static_cast<int64_t>(rows.size());
+  HostTensor out(DType::kF64, shape);
+  // Contiguous input: an element is (outer, row, inner) around seq_dim.
+  const int64_t inner = v.strides[seq_dim], n = v.shape[seq_dim], outer = x.numel() / (n * inner);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t r = 0; r < R; ++r)
+      std::copy_n(x.data<double>() + (o * n + rows[r]) * inner, inner, out.data<double>() + (o * R + r) * inner);
+  return out;
 }
 
 std::string check_lowp_rule(const char* what, const HostTensor& ours, const HostTensor& plain,

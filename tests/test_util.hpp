@@ -43,7 +43,8 @@ namespace seqpar::testing {
 ReferenceResult plain_lowp_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                                      const HostTensor* dout, const AttentionParams& params,
                                      DType dtype, const std::vector<int64_t>& query_rows = {});
-// max |a - b| over the given rows (dim `seq_dim`) of two tensors of one shape.
+// max |a - b| over the given rows (dim `seq_dim`) of two tensors of one shape (infinite where
+// the shapes differ).
 double max_abs_diff_rows(const HostTensor& a, const HostTensor& b, int seq_dim,
                          const std::vector<int64_t>& rows);
 
@@ -55,5 +56,8 @@ std::string check_lowp_rule(const char* what, const HostTensor& ours, const Host
 std::string check_lowp_rule_rows(const char* what, const HostTensor& ours, const HostTensor& plain,
                                  const HostTensor& oracle, DType rounding, int seq_dim,
                                  const std::vector<int64_t>& rows);
+// The given rows of dim `seq_dim`, in list order, as an fp64 tensor of that many rows: how a
+// full-length result is put beside the query-side oracle's (ReferenceRows::query_side_only).
+HostTensor take_rows(const HostTensor& t, int seq_dim, const std::vector<int64_t>& rows);
 
 }  // namespace seqpar::testing
