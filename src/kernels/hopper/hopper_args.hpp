@@ -108,18 +108,23 @@ struct BwdArgs {
 // plain C++ so that the CPU tests check the routing. Measured (dev/hopper_attention/README.md):
 // - tile lists: the persistent kernel with lists (one H100, "Persistent forward"; 32K: 256
 //   documents 1.37x, BigBird 1.15x, 16 documents 1.07x the one-CTA-per-tile kernel);
-// - D = 128 dense: the persistent kernel up to 24K keys and under the causal mask, pp192 above
-//   (the persistent kernel 0.98-0.99x pp192 at 32K-64K full, "The persistent forward on one
-//   H200"). The 2-CTA cluster form (hopper_fwd_cluster.cuh, 1.03-1.06x these in the lab at 8K-64K,
-//   "Persistent forward in 2-CTA clusters") is not routed: routed from 8K keys, its first run
-//   through the backend ended the test process (segfault, session t; cause not found);
+// - D = 128 dense: the persistent kernel in 2-CTA clusters with K/V by multicast from 8K to 64K
+//   keys under the full mask and from 16K to 64K under the causal mask (one H200, "Persistent
+//   forward in 2-CTA clusters", calls 3-4: full 1.029-1.062x the kernel it replaces, causal
+//   1.029-1.045x; at 128K full 0.996x pp192, so pp192 stays there); outside those ranges the
+//   persistent kernel up to 24K keys and under the causal mask, pp192 above (the persistent kernel
+//   0.98-0.99x pp192 at 32K-64K full, "The persistent forward on one H200");
 // - D = 64: the persistent kernel, with chunks of 4 query heads in step under the causal mask up
 //   to 16K keys ("D = 64 forward: unit order and tile shape"); its cluster form was 0.99-1.01x.
-enum class FwdKernel { kPersistLists, kPersist, kPersistHeadChunks, kPingPong192 };
+enum class FwdKernel { kPersistLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
+inline constexpr int kClusterMinKeysFull = 8192, kClusterMinKeysCausal = 16384;
+inline constexpr int kClusterMaxKeys = 65536;
 inline FwdKernel forward_kernel(const FwdArgs& a) {
   if (a.tiles.begin) return FwdKernel::kPersistLists;
   if (a.head_dim == 64)
     return a.causal && a.seq_k <= 16384 ? FwdKernel::kPersistHeadChunks : FwdKernel::kPersist;
+  const int min_keys = a.causal ? kClusterMinKeysCausal : kClusterMinKeysFull;
+  if (a.seq_k >= min_keys && a.seq_k <= kClusterMaxKeys) return FwdKernel::kCluster;
   return a.causal || a.seq_k <= 24576 ? FwdKernel::kPersist : FwdKernel::kPingPong192;
 }
 

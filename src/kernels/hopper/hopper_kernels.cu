@@ -1,6 +1,6 @@
 // The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
 // (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192", and its persistent
-// form "persist192"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
+// form "persist192", and that in 2-CTA clusters with K/V by multicast, "cluster192"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
 // backward: "q80", 80-row query tiles, at D = 128 on dense masks and on tile lists of 80-row
 // tiles, "base" at D = 128 on lists of 64-row tiles, "q128", 128-row query tiles, at D = 64),
 // behind the plain host
@@ -15,6 +15,7 @@
 #include "kernels/hopper/hopper_args.hpp"
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
+#include "kernels/hopper/hopper_fwd_cluster.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 
 namespace seqpar::hopper {
@@ -36,6 +37,10 @@ constexpr auto kFwdPersist64Chunks = launch_fwd_persist<64, 128, 3, true, true, 
 // paths only.
 constexpr auto kFwdPersistLists128 = launch_fwd_persist<128, 192, 2>;
 constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
+// Dense masks at D = 128 from 8K (full) or 16K (causal) to 64K keys: persist192u in clusters of
+// 2 CTAs that multicast K/V (hopper_fwd_cluster.cuh; O that the TMA store cannot write goes to
+// kFwdPersist128's kernel).
+constexpr auto kFwdCluster128 = launch_fwd_cluster<128, 192, 2>;
 }  // namespace
 
 int forward(const FwdArgs& a, void* stream) {
@@ -45,6 +50,7 @@ int forward(const FwdArgs& a, void* stream) {
   if (a.head_dim == 128) {
     switch (k) {
       case FwdKernel::kPersistLists: return kFwdPersistLists128(a, s, true, 0);
+      case FwdKernel::kCluster: return kFwdCluster128(a, s, 0);
       case FwdKernel::kPingPong192: return kFwd128(a, s);
       case FwdKernel::kPersist: return kFwdPersist128(a, s, true, 0);
       case FwdKernel::kPersistHeadChunks: break;
@@ -56,6 +62,7 @@ int forward(const FwdArgs& a, void* stream) {
       case FwdKernel::kPersistLists: return kFwdPersistLists64(a, s, true, 0);
       case FwdKernel::kPersistHeadChunks: return kFwdPersist64Chunks(a, s, true, 0);
       case FwdKernel::kPersist: return kFwdPersist64(a, s, true, 0);
+      case FwdKernel::kCluster:
       case FwdKernel::kPingPong192: break;
     }
     return cudaErrorInvalidValue;
