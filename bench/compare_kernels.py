@@ -15,23 +15,26 @@ def load(path):
 
 def main():
     ours, peers = load(sys.argv[1]), load(sys.argv[2])
-    peer = {(r["backend"], r["seq"], r["causal"]): r for r in peers if "error" not in r}
-    print("| backend | mask | S | fwd TFLOP/s | vs torch cuDNN fwd | vs torch flash fwd | fwd+bwd TFLOP/s | vs torch cuDNN fwd+bwd | vs torch flash fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    key = lambda r: (r["seq"], r["causal"], r.get("kv_heads", r.get("heads")))
+    peer = {(r["backend"],) + key(r): r for r in peers if "error" not in r}
+    print("| backend | mask | S | H:Hkv | fwd TFLOP/s | vs torch cuDNN fwd | vs torch flash fwd | fwd+bwd TFLOP/s | vs torch cuDNN fwd+bwd | vs torch flash fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in ours:
-        c = peer.get(("torch_cudnn", r["seq"], r["causal"]))
-        f = peer.get(("torch_flash", r["seq"], r["causal"]))
+        c = peer.get(("torch_cudnn",) + key(r))
+        f = peer.get(("torch_flash",) + key(r))
         def ratio(p, key):
             return f'{r[key] / p[key]:.3f}x' if p and key in r and key in p else "n/a"
         fb = f'{r["fwdbwd_tflops"]:.1f}' if "fwdbwd_tflops" in r else "n/a"
-        print(f'| {r["backend"]} | {"causal" if r["causal"] else "full"} | {r["seq"]} | {r["fwd_tflops"]:.1f} | '
+        print(f'| {r["backend"]} | {"causal" if r["causal"] else "full"} | {r["seq"]} | '
+              f'{r["heads"]}:{r.get("kv_heads", r["heads"])} | {r["fwd_tflops"]:.1f} | '
               f'{ratio(c, "fwd_tflops")} | {ratio(f, "fwd_tflops")} | {fb} | '
               f'{ratio(c, "fwdbwd_tflops")} | {ratio(f, "fwdbwd_tflops")} |')
     print()
-    print("| peer | mask | S | fwd TFLOP/s | fwd+bwd TFLOP/s |")
-    print("|---|---|---|---|---|")
-    for (backend, seq, causal), p in sorted(peer.items()):
-        print(f'| {backend} | {"causal" if causal else "full"} | {seq} | {p["fwd_tflops"]:.1f} | {p["fwdbwd_tflops"]:.1f} |')
+    print("| peer | mask | S | Hkv | fwd TFLOP/s | fwd+bwd TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for (backend, seq, causal, hkv), p in sorted(peer.items()):
+        print(f'| {backend} | {"causal" if causal else "full"} | {seq} | {hkv} | {p["fwd_tflops"]:.1f} | '
+              f'{p["fwdbwd_tflops"]:.1f} |')
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ ncu_launch() {  # ncu_launch KERNEL NCU_ARGS...: ncu on one launch of KERNEL aft
   local kernel="$1"
   shift
   "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 "$@" \
-    ./build-gpu/bench_gpu_attention --backends flash --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}"
+    ./build-gpu/bench_gpu_attention --backends cuda --seqs "${SEQS:-32768}" --masks "${MASKS:-causal}"
 }
 ncu_run() {  # ncu_run KERNEL OUTPUT_STEM NCU_ARGS...: the details page as CSV
   local kernel="$1" stem="$2"
