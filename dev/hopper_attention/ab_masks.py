@@ -25,10 +25,19 @@ cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTE
 
 At the first length every mask's O and gradients are compared with flex's over all elements.
 
+--fwd-only (session u): forward rounds only (no backward, no fwd+bwd; flex's forward alone is compiled),
+the O of --fwd and of every --fwd-variants variant compared with flex's over all elements at the first
+length. Each forward variant runs on the lists of its own forward tile (hopper_mask_fwd_tile: persist64,
+the short-tile forward, 64 x 64; the others the backend's 128 x 192), and each row reports per tile its
+entries, boundary entries and visible / computed scores (computed = entries x tile rows x tile keys).
+Masks: bigbird is bigbird128; bigbirdN draws N-token blocks.
+
 Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
            [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2] \
            [--bwd-variants base,q80] [--causal-ref q80] [--fwd persist192 --fwd-causal persist192u]
            [--fwd-variants pp192,persist192u]   (add --masks docs64,window1024 etc.)
+       python3 ab_masks.py --lib build/libhopper_mask.so --fwd-only --fwd persist192 --fwd-causal persist192u \
+           --fwd-variants persist64 --masks docs256,docs64,bigbird,bigbird64,window1024
 """
 import argparse
 import ctypes
@@ -69,7 +78,18 @@ def load(path):
     lib.hopper_mask_bwd_workspace.argtypes = [ctypes.c_int] * 4
     lib.hopper_mask_backend_rows.restype = ctypes.c_int
     lib.hopper_mask_backend_rows.argtypes = lib.hopper_mask_plan.argtypes[:9]
+    lib.hopper_mask_plan_tiles.restype = VP
+    lib.hopper_mask_plan_tiles.argtypes = lib.hopper_mask_plan.argtypes + [ctypes.c_int] * 3
+    lib.hopper_mask_fwd_tile.restype = None
+    lib.hopper_mask_fwd_tile.argtypes = [ctypes.c_char_p, ctypes.c_int, VP, VP]
     return lib
+
+
+def fwd_tile(lib, name, D):
+    """(query rows, keys) of the forward tile whose lists forward variant `name` takes."""
+    bm, bn = ctypes.c_int(0), ctypes.c_int(0)
+    lib.hopper_mask_fwd_tile(name.encode(), D, ctypes.byref(bm), ctypes.byref(bn))
+    return bm.value, bn.value
 
 
 def uniform(gen, *shape):
@@ -97,8 +117,8 @@ def make_mask(name, S, rng):
 
         def mm(b, h, qi, ki):
             return (ki <= qi) & (qi - ki <= w)
-    elif name == "bigbird":
-        B = 128
+    elif name.startswith("bigbird"):
+        B = int(name[7:]) if name[7:] else 128
         nb = S // B
         pat = torch.zeros(nb, nb, dtype=torch.bool)
         for qb in range(nb):
@@ -130,11 +150,15 @@ def mask_args(d, S, D):
             d["block"], dense.data_ptr() if dense is not None else None, dense.shape[0] if dense is not None else 0)
 
 
-def plan(lib, d, S, D, rows):
+def plan(lib, d, S, D, rows, tile=None):
+    """tile: the forward's (query rows, keys); None: the backend's (hopper_mask_plan_rows)."""
     vis = ctypes.c_double(0)
     stats = (ctypes.c_longlong * 4)()
     t = time.perf_counter()
-    p = lib.hopper_mask_plan_rows(*mask_args(d, S, D), ctypes.byref(vis), stats, rows)
+    if tile is None:
+        p = lib.hopper_mask_plan_rows(*mask_args(d, S, D), ctypes.byref(vis), stats, rows)
+    else:
+        p = lib.hopper_mask_plan_tiles(*mask_args(d, S, D), ctypes.byref(vis), stats, rows, tile[0], tile[1])
     return p, vis.value, list(stats), time.perf_counter() - t
 
 
@@ -175,13 +199,18 @@ def main():
     ap.add_argument("--fwd-causal", default=None, help="our forward for dense causal (default --fwd; the backend "
                     "runs persist192u)")
     ap.add_argument("--fwd-variants", default="", help="more forward variants, timed forward-only in the same rounds")
+    ap.add_argument("--fwd-only", action="store_true", help="forward rounds only (see the top of the file)")
     a = ap.parse_args()
     vnames = a.bwd_variants.split(",")
+    if a.fwd_only:
+        return main_fwd_only(a)
     fwd_causal = a.fwd_causal or a.fwd
     fwd_more = [x for x in a.fwd_variants.split(",") if x]
     if a.causal_ref not in vnames:
         vnames.append(a.causal_ref)
     lib = load(a.lib)
+    if fwd_tile(lib, a.fwd, a.dim) != ((128, 192) if a.dim == 128 else (192, 128)):
+        raise SystemExit("--fwd %s takes lists of another tile: give it in --fwd-variants, or use --fwd-only" % a.fwd)
     torch._dynamo.config.cache_size_limit = 64
     flex = torch.compile(flex_attention, dynamic=False)
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
@@ -289,6 +318,14 @@ def main():
             backend_plan_s = time.perf_counter() - t0
             routed = next((vn for vn in vnames if rows_of[vn] == routed_rows), None)
             pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
+            # Forward variants with lists of another tile (persist64) get their own plan.
+            default_tile = (128, 192) if D == 128 else (192, 128)
+            extra = {}
+            for fv in fwd_more:
+                tl = fwd_tile(lib, fv, D)
+                if tl != default_tile and tl not in extra:
+                    extra[tl] = plan(lib, d, S, D, 64, tl)
+            pf_of = {fv: extra[fwd_tile(lib, fv, D)][0] if fwd_tile(lib, fv, D) in extra else pf for fv in fwd_more}
             vis_ours = next(iter(plans.values()))[1]
             t0 = time.perf_counter()
             bm = create_block_mask(mm, 1, 1, S, S, device="cuda", _compile=True)
@@ -315,7 +352,7 @@ def main():
                                           **{kk: float("%.3g" % vv) for kk, vv in cmp.items()})), flush=True)
                 del ref, gq, gk, gv
             fw = {"ours_fwd": ours_fwd(pf), "flex_fwd": peer_fwd(fx)}
-            fw.update({"ours_fwd_" + fv: ours_fwd(pf, 0, fv) for fv in fwd_more})
+            fw.update({"ours_fwd_" + fv: ours_fwd(pf_of[fv], 0, fv) for fv in fwd_more})
             t = time_interleaved(fw, a.rounds, a.reps)
             fb = {"ours_fb_" + vn: ours_fb(pf, plans[rows_of[vn]][0], vn) for vn in vnames}
             fb["flex_fb"] = peer_fb(fx)
@@ -339,7 +376,7 @@ def main():
                                 peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb, routed=routed,
                                 **{"ours_fb_%s_tflops" % vn: row["ours_fb_%s_tflops" % vn] for vn in vnames},
                                 **{"ours_bwd_%s_tflops" % vn: row["ours_bwd_%s_tflops" % vn] for vn in vnames}))
-            for x in plans.values():
+            for x in list(plans.values()) + list(extra.values()):
                 lib.hopper_mask_free(x[0])
             del bm
         dense_row["ref_fb"] = ref_fb
@@ -402,6 +439,128 @@ def main():
                                              ratio(r["ours_fb_%s_tflops" % rv], r["ref_fb"]))
         else:
             line += " %s | | |" % rv
+        print(line)
+
+
+def main_fwd_only(a):
+    """--fwd-only: the forwards alone (see the top of the file)."""
+    fnames = [a.fwd] + [x for x in a.fwd_variants.split(",") if x and x != a.fwd]
+    fwd_causal = a.fwd_causal or a.fwd
+    lib = load(a.lib)
+    torch._dynamo.config.cache_size_limit = 64
+    flex = torch.compile(flex_attention, dynamic=False)
+    print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
+    H, Hkv, D = a.heads, a.kv_heads, a.dim
+    stream = VP(torch.cuda.current_stream().cuda_stream)
+    tiles = {fv: fwd_tile(lib, fv, D) for fv in fnames}
+    print(json.dumps(dict(kind="fwd_tiles", **{fv: "%dx%d" % tiles[fv] for fv in fnames})), flush=True)
+    summary = []
+    for si, S in enumerate(int(x) for x in a.seqs.split(",")):
+        gen = torch.Generator(device="cuda").manual_seed(S)
+        q, do = uniform(gen, 1, S, H, D), uniform(gen, 1, S, H, D)  # dO drawn as main() does: the same q, k, v
+        k, v = uniform(gen, 1, S, Hkv, D), uniform(gen, 1, S, Hkv, D)
+        del do
+        o = torch.empty_like(q)
+        lse = torch.empty(1, H, S, device="cuda", dtype=torch.float32)
+        qt = q.transpose(1, 2).contiguous()
+        kt = k.transpose(1, 2).repeat_interleave(H // Hkv, 1).contiguous()
+        vt = v.transpose(1, 2).repeat_interleave(H // Hkv, 1).contiguous()
+
+        def ours(p, causal, name):
+            fv = name.encode()
+
+            def run():
+                rc = lib.hopper_mask_fwd_variant(p, causal, fv, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                 lse.data_ptr(), 1, H, Hkv, S, D, stream)
+                if rc:
+                    raise RuntimeError("hopper_mask_fwd_variant %s: error %d" % (fv, rc))
+            return run
+
+        def peer(fn):
+            def run():
+                with torch.no_grad():
+                    fn()
+            return run
+
+        def tf(ms, vis):
+            return 4 * vis * H * D / ms / 1e9
+
+        cud = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            fw = {"cudnn": peer(cud), fwd_causal: ours(None, 1, fwd_causal)}
+            fw.update({fv: ours(None, 1, fv) for fv in fnames[1:] if fv != fwd_causal})
+            t = time_interleaved(fw, a.rounds, a.reps)
+        vis = S * (S + 1) / 2
+        row = dict(mask="causal", seq=S, heads=H, kv_heads=Hkv, dense_causal=fwd_causal,
+                   **{n + "_ms": round(ms, 4) for n, ms in t.items()},
+                   **{n + "_tflops": round(tf(ms, vis), 1) for n, ms in t.items()})
+        print(json.dumps(row), flush=True)
+        summary.append(row)
+        rng = random.Random(S)
+        for name in a.masks.split(","):
+            d, mm, vis = make_mask(name, S, rng)
+            plans = {}
+            for fv in fnames:
+                if tiles[fv] not in plans:
+                    plans[tiles[fv]] = plan(lib, d, S, D, 64, tiles[fv])
+            t0 = time.perf_counter()
+            bm = create_block_mask(mm, 1, 1, S, S, device="cuda", _compile=True)
+            fx = lambda: flex(qt, kt, vt, block_mask=bm)
+            peer(fx)()  # compile before timing
+            t_compile = time.perf_counter() - t0
+            if si == 0:  # full-size comparison with flex's O, every variant
+                with torch.no_grad():
+                    ref = fx()
+                torch.cuda.synchronize()
+                for fv in fnames:
+                    o.fill_(float("nan"))
+                    ours(plans[tiles[fv]][0], 0, fv)()
+                    torch.cuda.synchronize()
+                    err = (o.float() - ref.transpose(1, 2).float()).abs().max().item()
+                    print(json.dumps(dict(kind="check_vs_flex", mask=name, seq=S, variant=fv,
+                                          finite=bool(torch.isfinite(o).all().item()), o=float("%.3g" % err))),
+                          flush=True)
+                del ref
+            fw = {"flex": peer(fx)}
+            fw.update({fv: ours(plans[tiles[fv]][0], 0, fv) for fv in fnames})
+            t = time_interleaved(fw, a.rounds, a.reps)
+            row = dict(mask=name, seq=S, heads=H, kv_heads=Hkv, visible=vis, visible_ours=next(iter(plans.values()))[1],
+                       flex_compile_s=round(t_compile, 1))
+            for tl, x in plans.items():
+                row["tiles_%dx%d" % tl] = dict(entries=x[2][0], boundary=x[2][1],
+                                              vis_per_computed=round(vis / max(x[2][0] * tl[0] * tl[1], 1), 3),
+                                              plan_s=round(x[3], 3))
+            for n, ms in t.items():
+                row[n + "_ms"] = round(ms, 4)
+                row[n + "_tflops"] = round(tf(ms, vis), 1)
+            print(json.dumps(row), flush=True)
+            summary.append(row)
+            for x in plans.values():
+                lib.hopper_mask_free(x[0])
+            del bm
+        del q, k, v, o, lse, qt, kt, vt
+        torch.cuda.empty_cache()
+    base, rest = fnames[0], fnames[1:]
+    print("\nSUMMARY (forward only; TFLOP/s of visible scores; H:H_kv %d:%d, D %d; tiles: entries per head, "
+          "visible / computed; peer = flex on masks, cuDNN SDPA on dense causal, where ours is %s for %s)"
+          % (H, Hkv, D, fwd_causal, base))
+    head = "| S | mask | %s tiles |" % base + "".join(" %s tiles |" % fv for fv in rest)
+    head += " %s |" % base + "".join(" %s |" % fv for fv in rest) + " peer |"
+    head += "".join(" %s / %s |" % (fv, base) for fv in rest)
+    head += " %s / peer |" % base + "".join(" %s / peer |" % fv for fv in rest)
+    print(head)
+    print("|" + " --- |" * (head.count("|") - 1))
+    for r in summary:
+        causal = r["mask"] == "causal"
+        tl = lambda fv: "" if causal else "%d, %.2f" % (r["tiles_%dx%d" % tiles[fv]]["entries"],
+                                                        r["tiles_%dx%d" % tiles[fv]]["vis_per_computed"])
+        val = lambda fv: r.get((fwd_causal if causal and fv == base else fv) + "_tflops", float("nan"))
+        peer_v = r["cudnn_tflops" if causal else "flex_tflops"]
+        line = "| %d | %s |" % (r["seq"], r["mask"] + (" (dense)" if causal else ""))
+        line += "".join(" %s |" % tl(fv) for fv in fnames)
+        line += "".join(" %.0f |" % val(fv) for fv in fnames) + " %.0f |" % peer_v
+        line += "".join(" %.3f |" % (val(fv) / val(base)) for fv in rest)
+        line += "".join(" %.2fx |" % (val(fv) / peer_v) for fv in fnames)
         print(line)
 
 

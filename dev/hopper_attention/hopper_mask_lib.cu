@@ -6,6 +6,7 @@
 // into build/libhopper_mask.so.
 #include <cuda_runtime.h>
 
+#include <string>
 #include <vector>
 
 #include "cluster_lab.cuh"
@@ -43,17 +44,35 @@ static lab::PairMask pair_mask(int S, long long wl, long long wr, const long lon
   return m;
 }
 
-extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
-                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
-                                       double* visible, long long* stats, int bwd_rows) {
+// The same with the forward's tiles given (fwd_bm query rows, fwd_bn keys; hopper_mask_fwd_tile).
+extern "C" void* hopper_mask_plan_tiles(int S, int D, long long wl, long long wr, const long long* offsets,
+                                        int n_offsets, int block, const unsigned char* dense, int n_blocks,
+                                        double* visible, long long* stats, int bwd_rows, int fwd_bm, int fwd_bn) {
+  (void)D;
   const lab::PairMask m = pair_mask(S, wl, wr, offsets, n_offsets, block, dense, n_blocks);
   Plan* p = new Plan;
-  p->tiles = lab::upload_tiles(m, D == 128 ? 128 : 192, D == 128 ? 192 : 128, bwd_rows);
+  p->tiles = lab::upload_tiles(m, fwd_bm, fwd_bn, bwd_rows);
   p->rows = bwd_rows;
   *visible = p->tiles.visible;
   stats[0] = p->tiles.entries[0], stats[1] = p->tiles.boundary[0];
   stats[2] = p->tiles.entries[1], stats[3] = p->tiles.boundary[1];
   return p;
+}
+
+// The forward's tiles of the backend's kernels: 128 x 192 at D = 128, 192 x 128 at D = 64.
+extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
+                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
+                                       double* visible, long long* stats, int bwd_rows) {
+  return hopper_mask_plan_tiles(S, D, wl, wr, offsets, n_offsets, block, dense, n_blocks, visible, stats, bwd_rows,
+                                D == 128 ? 128 : 192, D == 128 ? 192 : 128);
+}
+
+// The forward tile (query rows *bm, keys *bn) whose lists forward variant `variant` takes at head
+// dim D: lab_tiles.cuh's fwd_tile for the short-tile forward (persist64: 64 x 64), else the tiles
+// hopper_mask_plan_rows plans (every other variant ab_masks.py runs on lists takes those).
+extern "C" void hopper_mask_fwd_tile(const char* variant, int D, int* bm, int* bn) {
+  *bm = D == 128 ? 128 : 192, *bn = D == 128 ? 192 : 128;
+  if (std::string(variant) == "persist64") lab::fwd_tile(variant, D, bm, bn);
 }
 
 // The backward's lists of 64-row query tiles (base), as before.

@@ -7,7 +7,8 @@
 // persist192 / persist_m192: pp192 / m192 as a persistent kernel with a TMA store of O
 // (hopper_fwd_persist.cuh), units from a global counter; persist192s / persist_m192s: the same
 // with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store);
-// persist176: the library's persistent kernel with 176-key tiles; pp192u, m192u, persist192u,
+// persist176: the library's persistent kernel with 176-key tiles; persist64: the short-tile
+// forward (hopper_fwd_short.cuh: 64 x 64 tiles, one consumer, two CTAs per SM); pp192u, m192u, persist192u,
 // persist_m192u: the library's kernels with kUniform (warp-broadcast consumer index and stage
 // counter: wgmma descriptors in uniform registers). From persist_lab.cuh (the
 // library's kernel with options): persist192lab / persist_m192lab (no option: the control),
@@ -21,11 +22,13 @@
 // and backward base (D = 128) / q128 (D = 64).
 #pragma once
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
+#include "kernels/hopper/hopper_fwd_short.cuh"
 #include "persist_lab.cuh"
 
 namespace hopper_attn {
@@ -34,6 +37,21 @@ using namespace seqpar::hopper;
 // The persistent variants' grid cap (0: none; the check driver sets a few CTAs, so that each
 // walks several units of the small check problems: tile boundaries, zero-key tiles).
 inline int g_grid_cap = 0;
+
+// persist64 (hopper_fwd_short.cuh: 64-row query tiles, 64-key tiles, one consumer, two CTAs per
+// SM; lists planned with 64 x 64 tiles, lab_tiles.cuh's fwd_tile): the CTAs per SM its launcher
+// found, printed once to stderr when LAB_SHORT_OCCUPANCY is set (the run script's evidence that
+// two fit).
+inline cudaError_t launch_short64(const FwdArgs& a, cudaStream_t st) {
+  static bool said = false;
+  int per_sm = 0;
+  const cudaError_t e = launch_fwd_short<128, 64>(a, st, g_grid_cap, &per_sm);
+  if (!said && std::getenv("LAB_SHORT_OCCUPANCY")) {
+    said = true;
+    std::fprintf(stderr, "persist64: %d CTAs per SM (launch: %s)\n", per_sm, cudaGetErrorString(e));
+  }
+  return e;
+}
 
 inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t st) {
   if (a.head_dim == 128) {
@@ -49,6 +67,7 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
     if (v == "persist192r") return launch_fwd_persist<128, 192, 2, false>(a, st, true, g_grid_cap);
     if (v == "persist176") return launch_fwd_persist<128, 176, 2>(a, st, true, g_grid_cap);
     if (v == "persist192u") return launch_fwd_persist<128, 192, 2, true, true>(a, st, true, g_grid_cap);
+    if (v == "persist64") return launch_short64(a, st);
     // persist_lab.cuh's kernel and options:
     if (v == "persist192lab") return persist_lab::launch_fwd_persist_x<128, 192, 2, true, 0>(a, st, true, g_grid_cap);
     if (v == "persist192p") return persist_lab::launch_fwd_persist_x<128, 192, 2, true, persist_lab::kPrefetchQ>(a, st, true, g_grid_cap);

@@ -109,6 +109,8 @@ __device__ __forceinline__ void wgmma_qk(float (&s)[kBN / 2], uint64_t da, uint6
     wgmma_ss_m64n192k16(s, da, db, scale_d);
   else if constexpr (kBN == 176)
     wgmma_ss_m64n176k16(s, da, db, scale_d);
+  else if constexpr (kBN == 64)
+    wgmma_ss_m64n64k16(s, da, db, scale_d);
   else
     wgmma_ss_m64n128k16(s, da, db, scale_d);
 }
