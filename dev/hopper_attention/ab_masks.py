@@ -82,6 +82,8 @@ def load(path):
     lib.hopper_mask_plan_tiles.argtypes = lib.hopper_mask_plan.argtypes + [ctypes.c_int] * 3
     lib.hopper_mask_fwd_tile.restype = None
     lib.hopper_mask_fwd_tile.argtypes = [ctypes.c_char_p, ctypes.c_int, VP, VP]
+    lib.hopper_mask_short_pays.restype = ctypes.c_int
+    lib.hopper_mask_short_pays.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
     return lib
 
 
@@ -533,6 +535,10 @@ def main_fwd_only(a):
             for n, ms in t.items():
                 row[n + "_ms"] = round(ms, 4)
                 row[n + "_tflops"] = round(tf(ms, vis), 1)
+            if (128, 192) in plans and (64, 64) in plans:  # short_rule.hpp's choice (session u)
+                e_tall, e_short = plans[(128, 192)][2][0], plans[(64, 64)][2][0]
+                row["computed_64_over_192"] = round(e_short * 64 * 64 / max(e_tall * 128 * 192, 1), 3)
+                row["rule"] = "64x64" if lib.hopper_mask_short_pays(e_tall, e_short) else "128x192"
             print(json.dumps(row), flush=True)
             summary.append(row)
             for x in plans.values():
@@ -548,6 +554,7 @@ def main_fwd_only(a):
     head += " %s |" % base + "".join(" %s |" % fv for fv in rest) + " peer |"
     head += "".join(" %s / %s |" % (fv, base) for fv in rest)
     head += " %s / peer |" % base + "".join(" %s / peer |" % fv for fv in rest)
+    head += " computed 64x64 / 128x192 | rule (short_rule.hpp) | routed / %s | routed / peer |" % base
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for r in summary:
@@ -561,6 +568,12 @@ def main_fwd_only(a):
         line += "".join(" %.0f |" % val(fv) for fv in fnames) + " %.0f |" % peer_v
         line += "".join(" %.3f |" % (val(fv) / val(base)) for fv in rest)
         line += "".join(" %.2fx |" % (val(fv) / peer_v) for fv in fnames)
+        if "rule" in r:
+            pick = next((fv for fv in fnames if "%dx%d" % tiles[fv] == r["rule"]), base)
+            line += " %.3f | %s | %.3f | %.2fx |" % (r["computed_64_over_192"], pick, val(pick) / val(base),
+                                                   val(pick) / peer_v)
+        else:
+            line += " | | | |"
         print(line)
 
 

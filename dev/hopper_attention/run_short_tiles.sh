@@ -17,7 +17,11 @@
 #      (docs256, docs64, docs16, window1024, window4096, bigbird (128-token blocks), bigbird64),
 #      128K (docs256, docs64, window1024, bigbird, bigbird64), 32K GQA 32:8 (docs256, docs64).
 # Logs in $OUT; ab_masks.py prints one JSON line per mask, so a step cut by its cap keeps its
-# finished masks.
+# finished masks. Each row also says short_rule.hpp's choice (64 x 64 where persist64 computes at
+# most 0.80 of persist192's scores) and the routed variant's ratios.
+# Call 1: the defaults. Call 2 (masks around the rule's threshold): STANDALONE=0
+#   MASKS32=window256,window512,docs128,docs32,bigbird256 MASKS64=docs128,docs64
+#   MASKS128=docs512,docs128,window512 MASKSGQA= BUDGET=190
 set -u
 out=${OUT:-out_short}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-250}))
 left() { echo $((deadline - $(date +%s))); }
@@ -52,10 +56,12 @@ if grep -qE '^FAIL|CHECK-FAILED' "$out/checks.log" || ! grep -q 'check persist64
   grep -E '^FAIL|CHECK-FAILED|error' "$out/checks.log" | head -n 12 >> "$out/summary.txt"
   say "checks failed: no timing"; say "end"; exit 1
 fi
-for v in persist192 persist64 persist64 persist192; do
-  LAB_SHORT_OCCUPANCY=1 timeout 20 $fwd benchmask $v 32768 docs:256 32 32 128 20 2>&1 | grep -E "BENCH|CTAs per SM|rror" >> "$out/bench.log"
-done
-say "standalone:"; cat "$out/bench.log" >> "$out/summary.txt"
+if [ "${STANDALONE:-1}" = 1 ]; then
+  for v in persist192 persist64 persist64 persist192; do
+    LAB_SHORT_OCCUPANCY=1 timeout 20 $fwd benchmask $v 32768 docs:256 32 32 128 20 2>&1 | grep -E "BENCH|CTAs per SM|rror" >> "$out/bench.log"
+  done
+  say "standalone:"; cat "$out/bench.log" >> "$out/summary.txt"
+fi
 ab() {  # ab <log> <cap> <args...>
   local log=$1 cap=$2; shift 2
   local l=$(left); if [ $l -lt 25 ]; then say "skipped A/B $log (no time)"; return; fi
@@ -65,7 +71,12 @@ ab() {  # ab <log> <cap> <args...>
   say "A/B $log ($*):"; sed -n '/^SUMMARY/,$p' "$out/$log" >> "$out/summary.txt"
   grep -E "check_vs_flex|Error|error|A/B rc" "$out/$log" | head -n 24 >> "$out/summary.txt"
 }
-ab ab_32k.log 110 --seqs 32768 --masks ${MASKS32:-docs256,docs64,docs16,window1024,window4096,bigbird,bigbird64} --rounds 3 --reps 3
-ab ab_128k.log 90 --seqs 131072 --masks ${MASKS128:-docs256,docs64,window1024,bigbird,bigbird64} --rounds 2 --reps 2
-ab ab_32k_gqa.log 60 --seqs 32768 --masks ${MASKSGQA:-docs256,docs64} --kv-heads 8 --rounds 3 --reps 3
+M32=${MASKS32-docs256,docs64,docs16,window1024,window4096,bigbird,bigbird64}
+M64=${MASKS64-}
+M128=${MASKS128-docs256,docs64,window1024,bigbird,bigbird64}
+MGQA=${MASKSGQA-docs256,docs64}
+[ -n "$M32" ] && ab ab_32k.log 110 --seqs 32768 --masks $M32 --rounds 3 --reps 3
+[ -n "$M64" ] && ab ab_64k.log 60 --seqs 65536 --masks $M64 --rounds 3 --reps 2
+[ -n "$M128" ] && ab ab_128k.log 90 --seqs 131072 --masks $M128 --rounds 2 --reps 2
+[ -n "$MGQA" ] && ab ab_32k_gqa.log 60 --seqs 32768 --masks $MGQA --kv-heads 8 --rounds 3 --reps 3
 say "end"
