@@ -304,6 +304,11 @@ INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
 const Case kDocsCausalD128{"docs_causal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 301}}, {{0, 301}}, 150, 0,
                            {0, 1, 2, 70, 71, 72, 203, 333, 334, 400}};
 const Case kDocsFullQ80{"docs_full_q80_d128_gqa", "full", 1, 4, 2, 128, {{0, 640}}, {{0, 640}}, 300, 0, {0, 320, 640}};
+// The forward's lists likewise (HopperTiles.BackendCasesRunEachForwardKernel): the small masked
+// cases take 64 x 64 tiles (the short-tile kernel); documents of 500 and 600 rows without a band
+// keep 128 x 192 (the persistent kernel with lists).
+const Case kDocsFullLong{"docs_full_long_d128_mqa", "full", 1, 2, 1, 128, {{0, 1100}}, {{0, 1100}}, 550, 0,
+                         {0, 500, 1100}};
 
 // Shard pairs whose sides are one run each (what the Hopper kernels take; every backend runs
 // them). name, mask, B, H, H_kv, D, query runs, key runs, rows of the first key block[, scale].
@@ -330,7 +335,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"full_d64_gqa_scale", "full", 1, 4, 2, 64, {{0, 70}}, {{500, 90}}, 45, 0.2},  // a scale of our own
         Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100},
         // Masks the Hopper kernels run as visible-tile lists (issue 34): documents (above).
-        kDocsCausalD128, kDocsFullQ80,
+        kDocsCausalD128, kDocsFullQ80, kDocsFullLong,
         // Documents without a band, the sides at different positions (keys partly before).
         Case{"docs_full_d64_offset", "full", 1, 4, 2, 64, {{150, 131}}, {{60, 203}}, 100, 0, {0, 97, 98, 180, 260, 400}},
         // A window bounded on both sides (a 4K-style band, scaled down), and a causal one.
@@ -520,12 +525,44 @@ TEST(HopperTiles, BackwardQueryTileChosenPerMask) {
     EXPECT_EQ(plan.bwd.begin, same.bwd.begin);
     EXPECT_EQ(plan.bwd.entries, same.bwd.entries);
     EXPECT_EQ(plan.bwd.order, same.bwd.order);
-    EXPECT_EQ(plan.fwd.entries, same.fwd.entries);
     const hopper::PackedTiles packed = hopper::pack_tiles(plan, m);
     EXPECT_EQ(hopper::tile_mask_view(packed, 1, packed.blob.data()).query_rows, rows);
-    EXPECT_EQ(hopper::tile_mask_view(packed, 0, packed.blob.data()).query_rows, 128);
     const hopper::PackedTiles d64 = hopper::pack_tiles(hopper::backend_plan(m, 64), m);
     EXPECT_EQ(hopper::tile_mask_view(d64, 1, d64.blob.data()).query_rows, 128);
+  }
+}
+
+// The forward's lists likewise: at D = 128 planned with 128 x 192 tiles (the persistent kernel)
+// and 64 x 64 ones (the short-tile kernel, two CTAs per SM), the short ones kept where they compute
+// at most 0.80 of the scores (short_tiles_pay, hopper_tiles.hpp; dev/hopper_attention/README.md,
+// "Forward on 64 x 64 tiles for short lists": faster on every mask measured at <= 0.77, slower on
+// every one at >= 0.85). Short documents and windows and BigBird's blocks take 64 x 64; 16
+// documents and windows of 1K and more keep 128 x 192; the kept lists are exactly those of their
+// tile, the TileMask says its query rows and forward_kernel runs the kernel of that tile; D = 64
+// has one forward tile.
+TEST(HopperTiles, ForwardTileChosenPerMask) {
+  constexpr int S = 32768;
+  std::mt19937_64 rng(35);
+  const std::vector<std::tuple<std::string, hopper::PairMask, int>> masks = {
+      {"docs256", documents_mask(S, 256, rng), 64},   {"window256", window_mask(S, 256), 64},
+      {"bigbird128", bigbird_mask(S, 128, rng), 64},  {"bigbird64", bigbird_mask(S, 64, rng), 64},
+      {"docs16", documents_mask(S, 16, rng), 128},    {"window1024", window_mask(S, 1024), 128},
+      {"window4096", window_mask(S, 4096), 128}};
+  for (const auto& [name, m, rows] : masks) {
+    SCOPED_TRACE(name);
+    const hopper::TilePlan plan = hopper::backend_plan(m, 128);
+    EXPECT_EQ(plan.fwd.tile_rows, rows);
+    const hopper::TilePlan same = hopper::plan_tiles(m, rows, rows == 64 ? 64 : 192, 64, 128);
+    EXPECT_EQ(plan.fwd.begin, same.fwd.begin);
+    EXPECT_EQ(plan.fwd.entries, same.fwd.entries);
+    EXPECT_EQ(plan.fwd.order, same.fwd.order);
+    const hopper::PackedTiles packed = hopper::pack_tiles(plan, m);
+    hopper::FwdArgs a{};
+    a.head_dim = 128, a.seq_q = a.seq_k = S;
+    a.tiles = hopper::tile_mask_view(packed, 0, packed.blob.data());
+    EXPECT_EQ(a.tiles.query_rows, rows);
+    EXPECT_EQ(hopper::forward_kernel(a), rows == 64 ? hopper::FwdKernel::kShortLists : hopper::FwdKernel::kPersistLists);
+    EXPECT_EQ(hopper::backend_plan(m, 64).fwd.tile_rows, 192);
   }
 }
 
@@ -570,6 +607,15 @@ TEST(HopperTiles, BackendCasesRunEachBackwardKernel) {
   for (int block = 0; block < 2; ++block) {
     EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsFullQ80, block), 128).bwd.other_tile_rows, 80) << block;
     EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsCausalD128, block), 128).bwd.other_tile_rows, 64) << block;
+  }
+}
+
+// And both forward kernels on lists: 64 x 64 tiles for the short causal documents, 128 x 192 for
+// the long documents (each key block's pair).
+TEST(HopperTiles, BackendCasesRunEachForwardKernel) {
+  for (int block = 0; block < 2; ++block) {
+    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsCausalD128, block), 128).fwd.tile_rows, 64) << block;
+    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsFullLong, block), 128).fwd.tile_rows, 128) << block;
   }
 }
 

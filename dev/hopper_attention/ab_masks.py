@@ -253,8 +253,8 @@ def main():
                     raise RuntimeError("hopper_mask_bwd_variant %s: error %d" % (vn, rc))
             return run
 
-        def ours_fb(pf, pb, vn, causal=0):
-            f, g = ours_fwd(pf, causal), ours_bwd(pb, vn, causal)
+        def ours_fb(pf, pb, vn, causal=0, fname=None):
+            f, g = ours_fwd(pf, causal, fname), ours_bwd(pb, vn, causal)
 
             def run():
                 f()
@@ -357,6 +357,12 @@ def main():
             fw.update({"ours_fwd_" + fv: ours_fwd(pf_of[fv], 0, fv) for fv in fwd_more})
             t = time_interleaved(fw, a.rounds, a.reps)
             fb = {"ours_fb_" + vn: ours_fb(pf, plans[rows_of[vn]][0], vn) for vn in vnames}
+            # Each extra forward on its own lists, then the backward the backend routes: the pair
+            # the backend runs where that forward is its choice (session u: persist64).
+            bwd_routed = routed or vnames[0]
+            for fv in fwd_more:
+                fb["ours_fb_%s_%s" % (fv, bwd_routed)] = ours_fb(pf_of[fv], plans[rows_of[bwd_routed]][0], bwd_routed,
+                                                                  fname=fv)
             fb["flex_fb"] = peer_fb(fx)
             t.update(time_interleaved(fb, a.rounds, a.reps))
             ours_fwd(pf)()
@@ -535,7 +541,7 @@ def main_fwd_only(a):
             for n, ms in t.items():
                 row[n + "_ms"] = round(ms, 4)
                 row[n + "_tflops"] = round(tf(ms, vis), 1)
-            if (128, 192) in plans and (64, 64) in plans:  # short_rule.hpp's choice (session u)
+            if (128, 192) in plans and (64, 64) in plans:  # the backend's choice (short_tiles_pay, session u)
                 e_tall, e_short = plans[(128, 192)][2][0], plans[(64, 64)][2][0]
                 row["computed_64_over_192"] = round(e_short * 64 * 64 / max(e_tall * 128 * 192, 1), 3)
                 row["rule"] = "64x64" if lib.hopper_mask_short_pays(e_tall, e_short) else "128x192"
@@ -554,7 +560,7 @@ def main_fwd_only(a):
     head += " %s |" % base + "".join(" %s |" % fv for fv in rest) + " peer |"
     head += "".join(" %s / %s |" % (fv, base) for fv in rest)
     head += " %s / peer |" % base + "".join(" %s / peer |" % fv for fv in rest)
-    head += " computed 64x64 / 128x192 | rule (short_rule.hpp) | routed / %s | routed / peer |" % base
+    head += " computed 64x64 / 128x192 | rule (short_tiles_pay) | routed / %s | routed / peer |" % base
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for r in summary:

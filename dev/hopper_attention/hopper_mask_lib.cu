@@ -11,7 +11,6 @@
 
 #include "cluster_lab.cuh"
 #include "lab_tiles.cuh"
-#include "short_rule.hpp"
 #include "variants.cuh"
 
 namespace {
@@ -93,10 +92,10 @@ extern "C" int hopper_mask_backend_rows(int S, int D, long long wl, long long wr
   return seqpar::hopper::backend_plan(m, D).bwd.other_tile_rows;
 }
 
-// short_rule.hpp's choice of the forward's tile from both forward plans' entry counts (128 x 192
-// and 64 x 64): 1 where the short-tile forward (persist64) should run.
+// The backend's choice of the forward's tile (short_tiles_pay, hopper_tiles.hpp) from both forward
+// plans' entry counts (128 x 192 and 64 x 64): 1 where the short-tile forward (persist64) runs.
 extern "C" int hopper_mask_short_pays(long long tall_entries, long long short_entries) {
-  return lab::short_tiles_pay(tall_entries, short_entries) ? 1 : 0;
+  return seqpar::hopper::short_scores_pay(tall_entries * 128 * 192, short_entries * 64 * 64) ? 1 : 0;
 }
 
 // The query rows per tile of backward variant v (by number: 0 base, 5 q80), for the plan.

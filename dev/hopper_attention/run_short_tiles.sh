@@ -17,7 +17,7 @@
 #      (docs256, docs64, docs16, window1024, window4096, bigbird (128-token blocks), bigbird64),
 #      128K (docs256, docs64, window1024, bigbird, bigbird64), 32K GQA 32:8 (docs256, docs64).
 # Logs in $OUT; ab_masks.py prints one JSON line per mask, so a step cut by its cap keeps its
-# finished masks. Each row also says short_rule.hpp's choice (64 x 64 where persist64 computes at
+# finished masks. Each row also says the backend's choice (short_tiles_pay) (64 x 64 where persist64 computes at
 # most 0.80 of persist192's scores) and the routed variant's ratios.
 # Call 1: the defaults. Call 2 (masks around the rule's threshold): STANDALONE=0
 #   MASKS32=window256,window512,docs128,docs32,bigbird256 MASKS64=docs128,docs64

@@ -1,4 +1,4 @@
-// short_choice.cpp: CPU-only look at the forward's tile per mask (short_rule.hpp): per mask and
+// short_choice.cpp: CPU-only look at the forward's tile per mask (short_tiles_pay, hopper_tiles.hpp): per mask and
 // length, the forward plans of 128 x 192 tiles (persist192) and 64 x 64 tiles (persist64), their
 // entries per head, entries per listed query tile, visible / computed scores, the ratio of
 // computed scores (64 x 64 over 128 x 192) and the rule's choice. Masks as ab_masks.py draws them
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "short_rule.hpp"
+#include "kernels/hopper/hopper_tiles.hpp"
 
 using namespace seqpar::hopper;
 
@@ -71,6 +71,6 @@ int main(int argc, char** argv) {
       std::printf("| %dK | %s | %lld (%.1f) | %.2f | %lld (%.1f) | %.2f | %.3f | %s |\n", S / 1024, name.c_str(),
                   (long long)tall.entry_count(), double(tall.entry_count()) / listed(tall), vis / ct,
                   (long long)sh.entry_count(), double(sh.entry_count()) / listed(sh), vis / cs, cs / ct,
-                  lab::short_tiles_pay(tall, sh) ? "persist64" : "persist192");
+                  short_tiles_pay(tall, sh) ? "persist64" : "persist192");
     }
 }

@@ -107,7 +107,9 @@ struct BwdArgs {
 // The forward kernel forward() runs for `a` (hopper_kernels.cu), by mask, head dim and key count;
 // plain C++ so that the CPU tests check the routing. Measured (dev/hopper_attention/README.md):
 // - tile lists: the persistent kernel with lists (one H100, "Persistent forward"; 32K: 256
-//   documents 1.37x, BigBird 1.15x, 16 documents 1.07x the one-CTA-per-tile kernel);
+//   documents 1.37x, BigBird 1.15x, 16 documents 1.07x the one-CTA-per-tile kernel); at D = 128
+//   lists of 64 x 64 tiles (plan_tiles chose them: short_tiles_pay) on the short-tile kernel, two
+//   CTAs per SM (one H200, "Forward on 64 x 64 tiles for short lists": 1.09-3.5x where chosen);
 // - D = 128 dense: the persistent kernel in 2-CTA clusters with K/V by multicast from 8K to 64K
 //   keys under the full mask and from 16K to 64K under the causal mask (one H200, "Persistent
 //   forward in 2-CTA clusters", calls 3-4: full 1.029-1.062x the kernel it replaces, causal
@@ -116,11 +118,11 @@ struct BwdArgs {
 //   0.98-0.99x pp192 at 32K-64K full, "The persistent forward on one H200");
 // - D = 64: the persistent kernel, with chunks of 4 query heads in step under the causal mask up
 //   to 16K keys ("D = 64 forward: unit order and tile shape"); its cluster form was 0.99-1.01x.
-enum class FwdKernel { kPersistLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
+enum class FwdKernel { kPersistLists, kShortLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
 inline constexpr int kClusterMinKeysFull = 8192, kClusterMinKeysCausal = 16384;
 inline constexpr int kClusterMaxKeys = 65536;
 inline FwdKernel forward_kernel(const FwdArgs& a) {
-  if (a.tiles.begin) return FwdKernel::kPersistLists;
+  if (a.tiles.begin) return a.tiles.query_rows == 64 ? FwdKernel::kShortLists : FwdKernel::kPersistLists;
   if (a.head_dim == 64)
     return a.causal && a.seq_k <= 16384 ? FwdKernel::kPersistHeadChunks : FwdKernel::kPersist;
   const int min_keys = a.causal ? kClusterMinKeysCausal : kClusterMinKeysFull;
@@ -133,17 +135,22 @@ inline FwdKernel forward_kernel(const FwdArgs& a) {
 // They return the cudaError_t of the launches (0 on success) and launch nothing on a device they
 // cannot run on.
 int forward(const FwdArgs& a, void* stream);
+// Whether forward(a) can write O where a.o points: the short-tile kernel stores O by TMA only
+// (bf16, 16-byte aligned base, strides of whole 16 bytes); the others take any O the backend
+// can store into. Where not, the backend runs it into a bf16 part and casts or merges that.
+bool forward_writes_o(const FwdArgs& a);
 int backward(const BwdArgs& a, void* stream);
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim);
 // The tiles of the variants above, for plan_tiles (hopper_tiles.hpp; hopper_kernels.cu checks
 // them against the kernels' constants): the forward's query and key tile rows at this head dim,
 // and the backward's, whose lists a second kernel may take with bwd_bm_tall-row query tiles
-// (D = 128: base takes 64, q80 80; 0: no second kernel; plan_tiles picks per mask).
+// (D = 128: base takes 64, q80 80; 0: no second kernel; plan_tiles picks per mask); and the
+// short-tile forward's query and key tile rows (D = 128: 64 x 64; 0: none at this head dim).
 struct TileShape {
-  int fwd_bm, fwd_bn, bwd_bm, bwd_bn, bwd_bm_tall;
+  int fwd_bm, fwd_bn, bwd_bm, bwd_bn, bwd_bm_tall, fwd_short_bm, fwd_short_bn;
 };
 constexpr TileShape tile_shape(int head_dim) {
-  return head_dim == 64 ? TileShape{192, 128, 128, 128, 0} : TileShape{128, 192, 64, 128, 80};
+  return head_dim == 64 ? TileShape{192, 128, 128, 128, 0, 0, 0} : TileShape{128, 192, 64, 128, 80, 64, 64};
 }
 // Empty when device `device` can run the kernels (compute capability 9.0 and sm_90a code in
 // this build); else why not. Queried once per device.

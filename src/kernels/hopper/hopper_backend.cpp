@@ -277,10 +277,11 @@ class HopperBackend : public cuda::CudaKernelBackend {
       return flash_fill(lse, -INFINITY, stream);
     }
     FwdArgs a = args(q, k, v, params, band);
-    if (fresh.o && storable(o)) {  // straight into the result
-      a.o = o.data, a.o_f32 = o.dtype == DType::kF32, a.o_st = strides_of(o);
-      a.lse = static_cast<float*>(lse.data), a.lse_st = stat_strides_of(lse);
-      return launched(hopper::forward(a, stream), "forward");
+    if (fresh.o && storable(o)) {  // straight into the result, where the pair's kernel can write it
+      FwdArgs direct = a;
+      direct.o = o.data, direct.o_f32 = o.dtype == DType::kF32, direct.o_st = strides_of(o);
+      direct.lse = static_cast<float*>(lse.data), direct.lse_st = stat_strides_of(lse);
+      if (hopper::forward_writes_o(direct)) return launched(hopper::forward(direct, stream), "forward");
     }
     // This pair's part, then cast in (fresh) or merged into the running result.
     PartLease lease(stream);

@@ -1,6 +1,7 @@
 // The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
 // (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192", and its persistent
-// form "persist192", and that in 2-CTA clusters with K/V by multicast, "cluster192"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
+// form "persist192", and that in 2-CTA clusters with K/V by multicast, "cluster192", and on tile
+// lists of 64 x 64 tiles with one consumer warpgroup, two CTAs per SM, "persist64"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
 // backward: "q80", 80-row query tiles, at D = 128 on dense masks and on tile lists of 80-row
 // tiles, "base" at D = 128 on lists of 64-row tiles, "q128", 128-row query tiles, at D = 64),
 // behind the plain host
@@ -17,6 +18,7 @@
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_cluster.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
+#include "kernels/hopper/hopper_fwd_short.cuh"
 
 namespace seqpar::hopper {
 namespace {
@@ -41,7 +43,15 @@ constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
 // 2 CTAs that multicast K/V (hopper_fwd_cluster.cuh; O that the TMA store cannot write goes to
 // kFwdPersist128's kernel).
 constexpr auto kFwdCluster128 = launch_fwd_cluster<128, 192, 2>;
+// Tile lists of 64 x 64 tiles at D = 128 (plan_tiles chose them where short_tiles_pay says so).
+constexpr auto kFwdShortLists128 = launch_fwd_short<128, 64>;
 }  // namespace
+
+bool forward_writes_o(const FwdArgs& a) {
+  if (forward_kernel(a) != FwdKernel::kShortLists) return true;
+  const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, a.head_dim);
+  return !a.o_f32 && (reinterpret_cast<uintptr_t>(a.o) & 15) == 0 && (ost.b | ost.s | ost.h) % 8 == 0;
+}
 
 int forward(const FwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -50,6 +60,7 @@ int forward(const FwdArgs& a, void* stream) {
   if (a.head_dim == 128) {
     switch (k) {
       case FwdKernel::kPersistLists: return kFwdPersistLists128(a, s, true, 0);
+      case FwdKernel::kShortLists: return kFwdShortLists128(a, s, 0, nullptr);
       case FwdKernel::kCluster: return kFwdCluster128(a, s, 0);
       case FwdKernel::kPingPong192: return kFwd128(a, s);
       case FwdKernel::kPersist: return kFwdPersist128(a, s, true, 0);
@@ -62,6 +73,7 @@ int forward(const FwdArgs& a, void* stream) {
       case FwdKernel::kPersistLists: return kFwdPersistLists64(a, s, true, 0);
       case FwdKernel::kPersistHeadChunks: return kFwdPersist64Chunks(a, s, true, 0);
       case FwdKernel::kPersist: return kFwdPersist64(a, s, true, 0);
+      case FwdKernel::kShortLists:
       case FwdKernel::kCluster:
       case FwdKernel::kPingPong192: break;
     }
@@ -90,13 +102,15 @@ int backward(const BwdArgs& a, void* stream) {
 }
 
 // tile_shape (hopper_args.hpp) against the kernels above. Forward: pp192 (128 query rows, 192
-// keys) at D = 128, m192 (192 rows, 128 keys) at D = 64; backward: 64 query rows (base) or 80
-// (q80) at D = 128, 128 at D = 64, 128 keys.
+// keys) or persist64 (64 x 64) at D = 128, m192 (192 rows, 128 keys) at D = 64; backward: 64
+// query rows (base) or 80 (q80) at D = 128, 128 at D = 64, 128 keys. forward_kernel tells
+// persist64's lists by their 64-row query tiles.
 static_assert(tile_shape(128).fwd_bm == Cfg<2>::kBM && tile_shape(128).fwd_bn == 192 &&
               tile_shape(128).bwd_bm == bwd::kBM && tile_shape(128).bwd_bm_tall == bwd::kQ80 &&
-              tile_shape(128).bwd_bn == bwd::kBN);
+              tile_shape(128).bwd_bn == bwd::kBN && tile_shape(128).fwd_short_bm == Cfg<1>::kBM &&
+              tile_shape(128).fwd_short_bm == 64 && tile_shape(128).fwd_short_bn == 64);
 static_assert(tile_shape(64).fwd_bm == Cfg<3>::kBM && tile_shape(64).fwd_bn == 128 && tile_shape(64).bwd_bm == 128 &&
-              tile_shape(64).bwd_bm_tall == 0 && tile_shape(64).bwd_bn == bwd::kBN);
+              tile_shape(64).bwd_bm_tall == 0 && tile_shape(64).bwd_bn == bwd::kBN && tile_shape(64).fwd_short_bm == 0);
 
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim) {
   // At D = 128 sized for the 80-row kernel, which also covers the 64-row one (tile lists).

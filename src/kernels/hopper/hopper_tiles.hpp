@@ -281,9 +281,29 @@ inline bool tall_tiles_pay(const SideTiles& narrow, const SideTiles& tall) {
   return rows_tall * 100 <= rows_narrow * 102 && pattern_masked(tall) <= pattern_masked(narrow);
 }
 
+// Whether the forward's lists of a mask should be the `short_` ones (64 x 64 tiles, the short-tile
+// kernel: one consumer warpgroup, two CTAs per SM) rather than the `tall` ones (128 x 192, the
+// persistent kernel), from both plans of the query side: the scores each computes are its entries
+// x tile rows x tile keys. Measured on one H200 (dev/hopper_attention/README.md, "Forward on 64 x
+// 64 tiles for short lists", 24 mask cells at 32K-128K): the short kernel runs a wholly visible
+// score at 0.75-0.77 of the tall one's rate, and where its lists are short its second CTA hides
+// the per-tile latency the tall kernel leaves exposed. Every cell where it computed at most 0.770
+// of the tall plan's scores was faster (1.09-3.5x: 64 and 256 documents at 32K, 256 at 128K,
+// windows of 256 and 512, BigBird of 64- to 256-token blocks); every cell from 0.846 up was slower
+// (0.80-0.97x: 16 documents, 64 at 128K, windows of 1K and 4K). So short where it computes at most
+// 0.80 of the scores. (The lab's A/B reports the choice from its plans' scores: short_scores_pay.)
+inline bool short_scores_pay(int64_t computed_tall, int64_t computed_short) {
+  return computed_short * 100 <= computed_tall * 80;
+}
+inline bool short_tiles_pay(const SideTiles& tall, const SideTiles& short_) {
+  return short_scores_pay(int64_t(tall.tile_rows) * tall.other_tile_rows * tall.entry_count(),
+                          int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count());
+}
+
 // Both sides' lists of a pair: the forward's per query tile (fwd_bm query rows, fwd_bn keys), the
 // backward's per key tile (bwd_bn keys, bwd_bm query rows; or, with bwd_bm_tall > 0, bwd_bm_tall
-// rows where tall_tiles_pay says so: both are planned, the other is dropped). The tall plan stops
+// rows where tall_tiles_pay says so: both are planned, the other is dropped); likewise the
+// forward's of fwd_short_bm x fwd_short_bn tiles where those are > 0 and short_tiles_pay says so. The tall plan stops
 // as soon as it flags more tiles for the pattern than the narrow one: on BigBird of 128-token
 // blocks at 128K the backend's plan then takes 51 ms on the CPU, as with one backward plan (89 ms
 // without the stop; dev/hopper_attention/plan_choice.cpp).
@@ -291,10 +311,15 @@ struct TilePlan {
   SideTiles fwd, bwd;
 };
 inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm, int bwd_bn,
-                           TileOrder how = TileOrder::kNeighbours, int bwd_bm_tall = 0) {
+                           TileOrder how = TileOrder::kNeighbours, int bwd_bm_tall = 0, int fwd_short_bm = 0,
+                           int fwd_short_bn = 0) {
   TilePlan p;
   const std::vector<int32_t> rows = row_intervals(m);
   p.fwd = side_tiles(m, rows, m.seq_q, m.seq_k, fwd_bm, fwd_bn, m.q0, m.k0, false, how);
+  if (fwd_short_bm > 0) {
+    SideTiles short_ = side_tiles(m, rows, m.seq_q, m.seq_k, fwd_short_bm, fwd_short_bn, m.q0, m.k0, false, how);
+    if (short_tiles_pay(p.fwd, short_)) p.fwd = std::move(short_);
+  }
   const std::vector<int32_t> cols = column_intervals(rows, m.seq_q, m.seq_k);
   p.bwd = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0, true, how);
   if (bwd_bm_tall > 0) {
@@ -304,11 +329,12 @@ inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm
   }
   return p;
 }
-// The lists the backend (hopper_backend.cpp) runs at head dim D: tile_shape's tiles, the
-// backward's query tile chosen per mask where two kernels take lists (D = 128).
+// The lists the backend (hopper_backend.cpp) runs at head dim D: tile_shape's tiles, each side's
+// tile chosen per mask where two kernels take its lists (D = 128).
 inline TilePlan backend_plan(const PairMask& m, int head_dim) {
   const TileShape ts = tile_shape(head_dim);
-  return plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn, TileOrder::kNeighbours, ts.bwd_bm_tall);
+  return plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn, TileOrder::kNeighbours, ts.bwd_bm_tall,
+                    ts.fwd_short_bm, ts.fwd_short_bn);
 }
 
 // Visible (query, key) pairs of the mask, exactly (band, documents and pattern): the FLOP count
