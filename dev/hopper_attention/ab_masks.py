@@ -32,6 +32,11 @@ the short-tile forward, 64 x 64; the others the backend's 128 x 192), and each r
 entries, boundary entries and visible / computed scores (computed = entries x tile rows x tile keys).
 Masks: bigbird is bigbird128; bigbirdN draws N-token blocks.
 
+--fb-all (session u, short64): each --fwd-variants forward followed by every --bwd-variants backward in the
+fwd+bwd rounds, and a last summary per backward (its lists' entries and computed pairs, backward alone, each
+pair against flex). short64 (64-key tiles, hopper_bwd_short.cuh) runs on lists planned per 64-key tile
+(hopper_mask_plan_keys). --skip-causal: no dense causal rounds.
+
 Usage: python3 ab_masks.py --lib build/libhopper_mask.so --seqs 32768 \
            [--masks docs16,docs256,window4096,window16384,bigbird] [--rounds 3] [--reps 2] \
            [--bwd-variants base,q80] [--causal-ref q80] [--fwd persist192 --fwd-causal persist192u]
@@ -53,7 +58,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
 # Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
-BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5}
+BWD_VARIANTS = {"base": 0, "defer": 1, "q128": 4, "q80": 5, "short64": 6}
 
 
 def load(path):
@@ -84,6 +89,10 @@ def load(path):
     lib.hopper_mask_fwd_tile.argtypes = [ctypes.c_char_p, ctypes.c_int, VP, VP]
     lib.hopper_mask_short_pays.restype = ctypes.c_int
     lib.hopper_mask_short_pays.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
+    lib.hopper_mask_plan_keys.restype = VP
+    lib.hopper_mask_plan_keys.argtypes = lib.hopper_mask_plan.argtypes + [ctypes.c_int] * 4
+    lib.hopper_mask_bwd_keys.restype = ctypes.c_int
+    lib.hopper_mask_bwd_keys.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -152,12 +161,16 @@ def mask_args(d, S, D):
             d["block"], dense.data_ptr() if dense is not None else None, dense.shape[0] if dense is not None else 0)
 
 
-def plan(lib, d, S, D, rows, tile=None):
-    """tile: the forward's (query rows, keys); None: the backend's (hopper_mask_plan_rows)."""
+def plan(lib, d, S, D, rows, tile=None, keys=128):
+    """tile: the forward's (query rows, keys); None: the backend's (hopper_mask_plan_rows). keys: the
+    backward's keys per tile (64: short64's lists, through hopper_mask_plan_keys)."""
     vis = ctypes.c_double(0)
     stats = (ctypes.c_longlong * 4)()
     t = time.perf_counter()
-    if tile is None:
+    if keys != 128:
+        tl = tile or ((128, 192) if D == 128 else (192, 128))
+        p = lib.hopper_mask_plan_keys(*mask_args(d, S, D), ctypes.byref(vis), stats, rows, tl[0], tl[1], keys)
+    elif tile is None:
         p = lib.hopper_mask_plan_rows(*mask_args(d, S, D), ctypes.byref(vis), stats, rows)
     else:
         p = lib.hopper_mask_plan_tiles(*mask_args(d, S, D), ctypes.byref(vis), stats, rows, tile[0], tile[1])
@@ -202,6 +215,9 @@ def main():
                     "runs persist192u)")
     ap.add_argument("--fwd-variants", default="", help="more forward variants, timed forward-only in the same rounds")
     ap.add_argument("--fwd-only", action="store_true", help="forward rounds only (see the top of the file)")
+    ap.add_argument("--fb-all", action="store_true", help="each --fwd-variants forward followed by EVERY backward "
+                    "variant (not only the routed one) in the fwd+bwd rounds, and a per-backward summary (session u)")
+    ap.add_argument("--skip-causal", action="store_true", help="no dense causal rounds (the 'vs causal' columns are nan)")
     a = ap.parse_args()
     vnames = a.bwd_variants.split(",")
     if a.fwd_only:
@@ -218,7 +234,7 @@ def main():
     print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), torch.cuda.get_device_name(0), flush=True)
     H, Hkv, D = a.heads, a.kv_heads, a.dim
     stream = VP(torch.cuda.current_stream().cuda_stream)
-    summary = []
+    summary, fb_rows = [], []
     for si, S in enumerate(int(x) for x in a.seqs.split(",")):
         gen = torch.Generator(device="cuda").manual_seed(S)
         q, do = uniform(gen, 1, S, H, D), uniform(gen, 1, S, H, D)
@@ -281,17 +297,25 @@ def main():
         # Dense causal, both sides.
         cud = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            fw = {"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)}
-            fw.update({"ours_causal_fwd_" + fv: ours_fwd(None, 1, fv) for fv in fwd_more})
-            t = time_interleaved(fw, a.rounds, a.reps)
-            fb = {"ours_causal_fb_" + vn: ours_fb(None, None, vn, 1) for vn in vnames}
-            fb["cudnn_causal_fb"] = peer_fb(cud)
-            t.update(time_interleaved(fb, a.rounds, a.reps))
-            ours_fwd(None, 1)()
-            t.update(time_interleaved({"ours_causal_bwd_" + vn: ours_bwd(None, vn, 1) for vn in vnames},
-                                      a.rounds, a.reps))
+            if a.skip_causal:
+                t = {}
+            else:
+                fw = {"ours_causal_fwd": ours_fwd(None, 1), "cudnn_causal_fwd": peer_fwd(cud)}
+                fw.update({"ours_causal_fwd_" + fv: ours_fwd(None, 1, fv) for fv in fwd_more})
+                t = time_interleaved(fw, a.rounds, a.reps)
+                fb = {"ours_causal_fb_" + vn: ours_fb(None, None, vn, 1) for vn in vnames}
+                fb["cudnn_causal_fb"] = peer_fb(cud)
+                t.update(time_interleaved(fb, a.rounds, a.reps))
+                ours_fwd(None, 1)()
+                t.update(time_interleaved({"ours_causal_bwd_" + vn: ours_bwd(None, vn, 1) for vn in vnames},
+                                          a.rounds, a.reps))
         vis = S * (S + 1) / 2
         dense = {}
+        nan = float("nan")
+        if a.skip_causal:
+            t = {"ours_causal_fwd": nan, "cudnn_causal_fwd": nan, "cudnn_causal_fb": nan}
+            t.update({"ours_causal_fwd_" + fv: nan for fv in fwd_more})
+            t.update({"ours_causal_%s_%s" % (x, vn): nan for vn in vnames for x in ("fb", "bwd")})
         for n, ms in t.items():
             dense[n] = tflops(n, ms)
             print(json.dumps(dict(kind=n, seq=S, ms=round(ms, 4), tflops=round(dense[n], 1))), flush=True)
@@ -309,16 +333,17 @@ def main():
         rng = random.Random(S)
         for name in a.masks.split(","):
             d, mm, vis = make_mask(name, S, rng)
-            plans, rows_of = {}, {}
+            plans, rows_of, key_of = {}, {}, {}
             for vn in vnames:
                 r = lib.hopper_mask_bwd_rows(BWD_VARIANTS[vn])
-                if r not in plans:
-                    plans[r] = plan(lib, d, S, D, r)
-                rows_of[vn] = r
+                kt_ = lib.hopper_mask_bwd_keys(BWD_VARIANTS[vn])
+                if (r, kt_) not in plans:
+                    plans[(r, kt_)] = plan(lib, d, S, D, r, None, kt_)
+                rows_of[vn], key_of[vn] = r, (r, kt_)
             t0 = time.perf_counter()
             routed_rows = lib.hopper_mask_backend_rows(*mask_args(d, S, D))
             backend_plan_s = time.perf_counter() - t0
-            routed = next((vn for vn in vnames if rows_of[vn] == routed_rows), None)
+            routed = next((vn for vn in vnames if key_of[vn] == (routed_rows, 128)), None)
             pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
             # Forward variants with lists of another tile (persist64) get their own plan.
             default_tile = (128, 192) if D == 128 else (192, 128)
@@ -343,7 +368,7 @@ def main():
                 diff = lambda x, y: (x.float() - y.float()).abs().max().item()
                 for vn in vnames:
                     dq.fill_(float("nan")), dk.fill_(float("nan")), dv.fill_(float("nan"))
-                    ours_fb(pf, plans[rows_of[vn]][0], vn)()
+                    ours_fb(pf, plans[key_of[vn]][0], vn)()
                     torch.cuda.synchronize()
                     cmp = dict(o=diff(o, ref.transpose(1, 2)), dq=diff(dq, gq.transpose(1, 2)),
                                dq_max=gq.float().abs().max().item())
@@ -356,28 +381,32 @@ def main():
             fw = {"ours_fwd": ours_fwd(pf), "flex_fwd": peer_fwd(fx)}
             fw.update({"ours_fwd_" + fv: ours_fwd(pf_of[fv], 0, fv) for fv in fwd_more})
             t = time_interleaved(fw, a.rounds, a.reps)
-            fb = {"ours_fb_" + vn: ours_fb(pf, plans[rows_of[vn]][0], vn) for vn in vnames}
+            fb = {"ours_fb_" + vn: ours_fb(pf, plans[key_of[vn]][0], vn) for vn in vnames}
             # Each extra forward on its own lists, then the backward the backend routes: the pair
             # the backend runs where that forward is its choice (session u: persist64).
             bwd_routed = routed or vnames[0]
             for fv in fwd_more:
-                fb["ours_fb_%s_%s" % (fv, bwd_routed)] = ours_fb(pf_of[fv], plans[rows_of[bwd_routed]][0], bwd_routed,
-                                                                  fname=fv)
+                for vn in (vnames if a.fb_all else [bwd_routed]):
+                    fb["ours_fb_%s_%s" % (fv, vn)] = ours_fb(pf_of[fv], plans[key_of[vn]][0], vn, fname=fv)
             fb["flex_fb"] = peer_fb(fx)
             t.update(time_interleaved(fb, a.rounds, a.reps))
             ours_fwd(pf)()
-            t.update(time_interleaved({"ours_bwd_" + vn: ours_bwd(plans[rows_of[vn]][0], vn) for vn in vnames},
+            t.update(time_interleaved({"ours_bwd_" + vn: ours_bwd(plans[key_of[vn]][0], vn) for vn in vnames},
                                       a.rounds, a.reps))
             row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours, routed_rows=routed_rows, routed=routed,
                        backend_plan_s=round(backend_plan_s, 3), plan_s=round(sum(x[3] for x in plans.values()), 3),
                        flex_compile_s=round(t_compile, 1))
             for r, x in plans.items():
-                row["tiles_%d" % r] = dict(fwd=x[2][0], fwd_boundary=x[2][1], bwd=x[2][2], bwd_boundary=x[2][3])
+                row["tiles_%d" % r[0] if r[1] == 128 else "tiles_%dx%d" % r] = dict(
+                    fwd=x[2][0], fwd_boundary=x[2][1], bwd=x[2][2], bwd_boundary=x[2][3])
             for n, ms in t.items():
                 row[n + "_ms"] = round(ms, 4)
                 row[n + "_tflops"] = round(tflops(n, ms), 1)
             row["flex_bwd_derived_tflops"] = round(2.5 * 4 * vis * H * D / max(t["flex_fb"] - t["flex_fwd"], 1e-9) / 1e9, 1)
             print(json.dumps(row), flush=True)
+            if a.fb_all:
+                fb_rows.append(dict(row, bwd_tiles={vn: (key_of[vn], plans[key_of[vn]][2][2], plans[key_of[vn]][2][3])
+                                                    for vn in vnames}))
             summary.append(dict(mask=name, seq=S, ours_fwd_tflops=row["ours_fwd_tflops"],
                                 **{"fwd_%s_tflops" % fv: row["ours_fwd_%s_tflops" % fv] for fv in fwd_more},
                                 peer_fwd_tflops=row["flex_fwd_tflops"], peer_fb_tflops=row["flex_fb_tflops"],
@@ -447,6 +476,36 @@ def main():
                                              ratio(r["ours_fb_%s_tflops" % rv], r["ref_fb"]))
         else:
             line += " %s | | |" % rv
+        print(line)
+    if fb_rows:
+        print_fb_all(fb_rows, vnames, fwd_more)
+
+
+def print_fb_all(rows, vnames, fwd_more):
+    """--fb-all's summary: per mask, each backward's lists (entries (boundary) per head; computed query x
+    key pairs = entries x query rows x keys, over the first variant's), its backward alone, and each
+    --fwd-variants forward followed by it, against flex (fwd+bwd, and its derived backward)."""
+    v0 = vnames[0]
+    print("\nSUMMARY per backward (TFLOP/s of visible scores; fwd+bwd = FWD + that backward; flex bwd derived)")
+    head = "| S | mask |" + "".join(" %s tiles (bnd) | %s computed / %s |" % (vn, vn, v0) for vn in vnames[1:])
+    head = "| S | mask | %s tiles (bnd) |" % v0 + head[len("| S | mask |"):]
+    head += "".join(" bwd %s |" % vn for vn in vnames) + " flex bwd |"
+    head += "".join(" bwd %s / %s |" % (vn, v0) for vn in vnames[1:])
+    pairs = [(fv, vn) for fv in fwd_more for vn in vnames]
+    head += "".join(" fwd+bwd %s+%s |" % p for p in pairs) + " flex fwd+bwd |"
+    head += "".join(" %s+%s / flex |" % p for p in pairs)
+    print(head)
+    print("|" + " --- |" * (head.count("|") - 1))
+    for r in rows:
+        bt = r["bwd_tiles"]
+        comp = lambda vn: bt[vn][1] * bt[vn][0][0] * bt[vn][0][1]
+        line = "| %d | %s | %d (%d) |" % (r["seq"], r["mask"], bt[v0][1], bt[v0][2])
+        line += "".join(" %d (%d) | %.3f |" % (bt[vn][1], bt[vn][2], comp(vn) / max(comp(v0), 1)) for vn in vnames[1:])
+        line += "".join(" %.1f |" % r["ours_bwd_%s_tflops" % vn] for vn in vnames) + " %.1f |" % r["flex_bwd_derived_tflops"]
+        line += "".join(" %.3f |" % (r["ours_bwd_%s_tflops" % vn] / r["ours_bwd_%s_tflops" % v0]) for vn in vnames[1:])
+        line += "".join(" %.1f |" % r.get("ours_fb_%s_%s_tflops" % p, float("nan")) for p in pairs)
+        line += " %.1f |" % r["flex_fb_tflops"]
+        line += "".join(" %.2fx |" % (r.get("ours_fb_%s_%s_tflops" % p, float("nan")) / r["flex_fb_tflops"]) for p in pairs)
         print(line)
 
 

@@ -18,7 +18,8 @@
 //          4 B S^2 H D (half for causal).
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
 // Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
-// 5 q80 (D = 128: 80-row query tiles, hopper_bwd_q80.cuh).
+// 5 q80 (D = 128: 80-row query tiles, hopper_bwd_q80.cuh), 6 short64 (D = 128: 64-key tiles, one
+// consumer, two CTAs per SM, hopper_bwd_short.cuh; lists per 64-key tile).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)
@@ -332,7 +333,7 @@ static bool check_case(const Case& c, uint64_t seed, const std::vector<int>& var
   // The lists are made with the variant's query tile (the forward's tiles are not used here).
   lab::DeviceTiles tiles;
   if (c.mask) {
-    tiles = lab::upload_tiles(pm, 128, 192, hopper_attn::bwd_query_rows(variant));
+    tiles = lab::upload_tiles(pm, 128, 192, hopper_attn::bwd_query_rows(variant), hopper_attn::bwd_key_tile(variant));
     a.tiles = tiles.bwd;
   }
   // Poison: the launcher must zero the dQ accumulator itself, and an unwritten bf16 output
@@ -475,7 +476,8 @@ static int run_bench(int S, int causal, int H, int Hkv, int D, int reps, int var
   lab::DeviceTiles tiles;
   const char* fwd_variant = D == 128 ? "pp192" : "m192";
   if (mask) {
-    if (!lab::mask_tiles(mask, S, S, 0, 12345, fwd_variant, D, &pm, &tiles, hopper_attn::bwd_query_rows(variant)))
+    if (!lab::mask_tiles(mask, S, S, 0, 12345, fwd_variant, D, &pm, &tiles, hopper_attn::bwd_query_rows(variant),
+                         hopper_attn::bwd_key_tile(variant)))
       return 2;
     f.tiles = tiles.fwd;
   }

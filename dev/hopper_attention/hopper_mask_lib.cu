@@ -1,7 +1,7 @@
 // hopper_mask_lib.cu: C entry points for ab_masks.py (ctypes): builds the visible-tile lists of a
 // mask given as data (window, document offsets, a dense block pattern), and runs the backend's
 // variants (forward pp192 at D = 128, m192 at D = 64, or one named; backward by variant number, base,
-// q80 at D = 128, each with the lists of its own query tile) over them, or dense causal with no lists, on
+// q80, short64 at D = 128, each with the lists of its own query and key tile) over them, or dense causal with no lists, on
 // torch tensors, and says which backward the library's backend picks for a mask. Built by build.sh
 // into build/libhopper_mask.so.
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@ namespace {
 struct Plan {
   lab::DeviceTiles tiles;  // the forward's lists and the backward's of `rows`-row query tiles
   int rows;
+  int keys = 128;          // the backward's keys per tile (64 for short64)
 };
 }  // namespace
 
@@ -58,6 +59,26 @@ extern "C" void* hopper_mask_plan_tiles(int S, int D, long long wl, long long wr
   stats[2] = p->tiles.entries[1], stats[3] = p->tiles.boundary[1];
   return p;
 }
+
+// The same with the backward's key tile given too (bwd_keys: 64 for short64, hopper_mask_bwd_keys).
+extern "C" void* hopper_mask_plan_keys(int S, int D, long long wl, long long wr, const long long* offsets,
+                                       int n_offsets, int block, const unsigned char* dense, int n_blocks,
+                                       double* visible, long long* stats, int bwd_rows, int fwd_bm, int fwd_bn,
+                                       int bwd_keys) {
+  (void)D;
+  const lab::PairMask m = pair_mask(S, wl, wr, offsets, n_offsets, block, dense, n_blocks);
+  Plan* p = new Plan;
+  p->tiles = lab::upload_tiles(m, fwd_bm, fwd_bn, bwd_rows, bwd_keys);
+  p->rows = bwd_rows;
+  p->keys = bwd_keys;
+  *visible = p->tiles.visible;
+  stats[0] = p->tiles.entries[0], stats[1] = p->tiles.boundary[0];
+  stats[2] = p->tiles.entries[1], stats[3] = p->tiles.boundary[1];
+  return p;
+}
+
+// The keys per tile of backward variant v (by number: 6 short64: 64; the others 128).
+extern "C" int hopper_mask_bwd_keys(int v) { return hopper_attn::bwd_key_tile(v); }
 
 // The forward's tiles of the backend's kernels: 128 x 192 at D = 128, 192 x 128 at D = 64.
 extern "C" void* hopper_mask_plan_rows(int S, int D, long long wl, long long wr, const long long* offsets,
@@ -154,7 +175,9 @@ extern "C" int hopper_mask_bwd_variant(void* plan, int causal, const void* q, co
   a.causal = causal;
   a.variant = variant;
   if (plan) {
-    if (static_cast<Plan*>(plan)->rows != hopper_attn::bwd_query_rows(variant)) return int(cudaErrorInvalidValue);
+    if (static_cast<Plan*>(plan)->rows != hopper_attn::bwd_query_rows(variant) ||
+        static_cast<Plan*>(plan)->keys != hopper_attn::bwd_key_tile(variant))
+      return int(cudaErrorInvalidValue);
     a.tiles = static_cast<Plan*>(plan)->tiles.bwd;
   }
   return int(hopper_attn::dispatch_bwd(a, static_cast<cudaStream_t>(stream)));

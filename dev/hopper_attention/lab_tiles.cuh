@@ -48,10 +48,12 @@ inline seqpar::hopper::TileOrder lab_tile_order() {
                            : TileOrder::kNeighbours;
 }
 
-// bwd_bm: the backward variant's query rows per tile (variants.cuh, bwd_query_rows).
-inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm = seqpar::hopper::bwd::kBM) {
+// bwd_bm: the backward variant's query rows per tile (variants.cuh, bwd_query_rows); bwd_bn: its
+// keys per tile (bwd_key_tile: 64 for short64, hopper_bwd_short.cuh; else 128).
+inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm = seqpar::hopper::bwd::kBM,
+                                int bwd_bn = seqpar::hopper::bwd::kBN) {
   using namespace seqpar::hopper;
-  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd_bm, bwd::kBN, lab_tile_order());
+  const TilePlan plan = plan_tiles(m, fwd_bm, fwd_bn, bwd_bm, bwd_bn, lab_tile_order());
   const PackedTiles k = pack_tiles(plan, m);
   DeviceTiles d;
   if (cudaMalloc(&d.blob, std::max<size_t>(16, k.blob.size() * 4)) != cudaSuccess ||
@@ -75,14 +77,15 @@ inline DeviceTiles upload_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int b
 // at head dim D (and the backward's, of bwd_bm query rows). False, with a message, for a spec
 // make_mask does not know.
 inline bool mask_tiles(const char* spec, int Sq, int Sk, int offset, uint64_t seed, const std::string& fwd_variant,
-                       int D, PairMask* pm, DeviceTiles* tiles, int bwd_bm = seqpar::hopper::bwd::kBM) {
+                       int D, PairMask* pm, DeviceTiles* tiles, int bwd_bm = seqpar::hopper::bwd::kBM,
+                       int bwd_bn = seqpar::hopper::bwd::kBN) {
   if (!make_mask(spec, Sq, Sk, offset, seed, pm)) {
     std::fprintf(stderr, "unknown mask %s\n", spec);
     return false;
   }
   int bm, bn;
   fwd_tile(fwd_variant, D, &bm, &bn);
-  *tiles = upload_tiles(*pm, bm, bn, bwd_bm);
+  *tiles = upload_tiles(*pm, bm, bn, bwd_bm, bwd_bn);
   return true;
 }
 

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "kernels/hopper/hopper_bwd_launch.cuh"
+#include "kernels/hopper/hopper_bwd_short.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 #include "kernels/hopper/hopper_fwd_short.cuh"
@@ -123,9 +124,12 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // git: `git show 0b41e36:dev/hopper_attention/bwd_lab.cuh`.
 // Session t's "q80p" (q80 as a persistent kernel, 0.76-1.03x q80: README section "Persistent
 // backward for tile lists") was variants 6 and 7: `git show 15d7393:dev/hopper_attention/bwd_persist_lab.cuh`.
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80"};
-inline constexpr int kNumBwdVariants = 6;
+// 6 "short64" (D = 128: 64-key tiles, one consumer, two CTAs per SM, hopper_bwd_short.cuh; session
+// u; tile lists of 64-row query tiles per 64-key tile; LAB_SHORT_OCCUPANCY=1 prints its CTAs per SM).
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64"};
+inline constexpr int kNumBwdVariants = 7;
 inline constexpr int kBwdQ80 = 5;
+inline constexpr int kBwdShort64 = 6;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -134,7 +138,9 @@ inline int bwd_variant(const std::string& name) {
 // Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
 // are made with them).
 inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v >= kBwdQ80 ? D == 128 : true; }
-inline int bwd_query_rows(int v) { return v == 4 ? 128 : v >= kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
+inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
+// Keys per tile of variant v (the backward's lists are made per key tile of this many keys).
+inline int bwd_key_tile(int v) { return v == kBwdShort64 ? bwds::kBN : bwd::kBN; }
 // Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
 // lists of 80-row query tiles).
 inline bool bwd_variant_lists(int v) { return v >= 0 && v < kNumBwdVariants; }
@@ -153,6 +159,19 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
       break;
     case kBwdQ80:
       if constexpr (kD == 128) return launch_bwd_q80(a, stream);
+      break;
+    case kBwdShort64:
+      if constexpr (kD == 128) {
+        static bool said = false;
+        int per_sm = 0;
+        const cudaError_t e = launch_bwd_short(a, stream, said ? nullptr : &per_sm);
+        if (!said && std::getenv("LAB_SHORT_OCCUPANCY")) {
+          said = true;
+          std::fprintf(stderr, "short64 (backward): %d CTAs per SM (launch: %s)\n", per_sm, cudaGetErrorString(e));
+        }
+        said = true;
+        return e;
+      }
       break;
   }
   return cudaErrorInvalidValue;

@@ -1,0 +1,82 @@
+// bwd_short_choice.cpp: CPU-only look at the backward's key tile per mask for short64 (hopper_bwd_short.cuh,
+// session u): per mask and length, the backward plans of base (128-key tiles x 64-row query tiles) and
+// short64 (64-key tiles x 64-row query tiles), their entries per head (boundary), visible / computed
+// scores, the ratio of computed scores (64 x 64 x entries over 128 x 64 x entries) and the proposed rule
+// short_bwd_pays (short64 where it computes at most 0.85 of base's scores; README "Backward on 64-key
+// tiles for short lists (session u)": one H200 cell at 0.770 gained 1.069x, 0.90-0.91 tied at
+// 0.986-1.006x, >= 0.978 lost 0.83-0.92x). Masks as ab_masks.py draws them (plan_choice.cpp's generator,
+// so the cuts differ from a timed draw). Runs here, no GPU needed:
+//   g++ -std=c++20 -O2 -I src dev/hopper_attention/bwd_short_choice.cpp -o /tmp/bwd_short_choice && /tmp/bwd_short_choice
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/hopper/hopper_tiles.hpp"
+
+using namespace seqpar::hopper;
+
+// The proposed rule (lab only): short64's lists where they compute at most 0.85 of base's scores.
+inline bool short_bwd_pays(const SideTiles& base, const SideTiles& short_) {
+  const int64_t cb = int64_t(base.tile_rows) * base.other_tile_rows * base.entry_count();
+  const int64_t cs = int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count();
+  return cs * 100 <= cb * 85;
+}
+
+static PairMask make(const std::string& name, int S, std::mt19937_64& rng) {  // as plan_choice.cpp
+  PairMask m;
+  m.seq_q = m.seq_k = S;
+  if (name.rfind("docs", 0) == 0) {
+    const int n = std::stoi(name.substr(4));
+    std::set<int64_t> cuts;
+    while (int(cuts.size()) < n - 1) cuts.insert(1 + int64_t(rng() % uint64_t(S - 1)));
+    m.doc_offsets = {0};
+    m.doc_offsets.insert(m.doc_offsets.end(), cuts.begin(), cuts.end());
+    m.doc_offsets.push_back(S);
+    m.window_right = 0;
+  } else if (name.rfind("window", 0) == 0) {
+    m.window_left = std::stoi(name.substr(6)), m.window_right = 0;
+  } else {  // bigbirdB
+    const int block = std::stoi(name.substr(7));
+    const int64_t nb = S / block;
+    m.pattern_block = block;
+    m.pattern_begin = {0};
+    for (int64_t qb = 0; qb < nb; ++qb) {
+      std::set<int64_t> row = {0};
+      for (int64_t kb = std::max<int64_t>(0, qb - 1); kb <= std::min(nb - 1, qb + 1); ++kb) row.insert(kb);
+      for (int r = 0; r < 3; ++r) row.insert(int64_t(rng() % uint64_t(nb)));
+      if (qb == 0)
+        for (int64_t kb = 0; kb < nb; ++kb) row.insert(kb);
+      m.pattern_cols.insert(m.pattern_cols.end(), row.begin(), row.end());
+      m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
+    }
+  }
+  return m;
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> masks = {"docs16",     "docs32",     "docs64",     "docs128",     "docs256",    "docs512",
+                                    "docs1024",   "window128",  "window256",  "window512",   "window1024", "window4096",
+                                    "bigbird64",  "bigbird128", "bigbird256"};
+  std::vector<int> seqs = {32768, 65536, 131072};
+  if (argc > 1) masks = {argv[1]};
+  std::printf("| S | mask | base entries (bnd) | vis/computed | short64 entries (bnd) | vis/computed | "
+              "computed short64 / base | rule |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int S : seqs)
+    for (const std::string& name : masks) {
+      std::mt19937_64 rng(S);
+      const PairMask m = make(name, S, rng);
+      const std::vector<int32_t> rows = row_intervals(m);
+      const std::vector<int32_t> cols = column_intervals(rows, S, S);
+      const SideTiles base = side_tiles(m, cols, S, S, 128, 64, 0, 0, true);
+      const SideTiles sh = side_tiles(m, cols, S, S, 64, 64, 0, 0, true);
+      auto bnd = [](const SideTiles& t) { return (long long)std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & 3) != 0; }); };
+      const double vis = visible_pairs(m);
+      const double cb = 128.0 * 64 * base.entry_count(), cs = 64.0 * 64 * sh.entry_count();
+      std::printf("| %dK | %s | %lld (%lld) | %.2f | %lld (%lld) | %.2f | %.3f | %s |\n", S / 1024, name.c_str(),
+                  (long long)base.entry_count(), bnd(base), vis / cb, (long long)sh.entry_count(), bnd(sh), vis / cs,
+                  cs / cb, short_bwd_pays(base, sh) ? "short64" : "base");
+    }
+}
