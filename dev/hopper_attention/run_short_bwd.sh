@@ -16,7 +16,8 @@
 #      compared with flex's over every element;
 #   4. ab_masks.py at 128K, docs256 (no dense causal).
 # Logs in $OUT; ab_masks.py prints one JSON line per mask, so a step cut by its cap keeps its
-# finished masks.
+# finished masks. CHECK_VARIANTS, BENCH_VARIANTS (hopper_bwd_test's variant numbers) and
+# BWD_VARIANTS change the backwards compared (session u's second call: base, sfirst and short64).
 set -u
 out=${OUT:-out_sbwd}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-215}))
 left() { echo $((deadline - $(date +%s))); }
@@ -31,22 +32,22 @@ chmod +x $bwd 2>/dev/null
 if ! "$bwd" 2>&1 | grep -qi usage || ! python3 -c "import ctypes; ctypes.CDLL('$lib')"; then
   say "carried build does not run here: stop"; say "end"; exit 1
 fi
-LAB_SHORT_OCCUPANCY=1 timeout 45 $bwd check 128 short64,base all > "$out/checks.log" 2>&1 || echo "CHECK-FAILED rc=$?" >> "$out/checks.log"
+LAB_SHORT_OCCUPANCY=1 timeout 45 $bwd check 128 ${CHECK_VARIANTS:-short64,base} all > "$out/checks.log" 2>&1 || echo "CHECK-FAILED rc=$?" >> "$out/checks.log"
 say "checks: $(grep -c '^PASS' $out/checks.log) PASS, $(grep -c '^FAIL' $out/checks.log) FAIL; $(grep -E 'cases pass|CHECK-FAILED|CTAs per SM' $out/checks.log | tr '\n' ';')"
 if grep -qE '^FAIL|CHECK-FAILED' "$out/checks.log" || ! grep -q 'cases pass' "$out/checks.log"; then
   grep -E '^FAIL|CHECK-FAILED|error' "$out/checks.log" | head -n 12 >> "$out/summary.txt"
   say "checks failed: no timing"; say "end"; exit 1
 fi
-for v in 0 6 6 0; do
+for v in ${BENCH_VARIANTS:-0 6 6 0}; do
   timeout 20 $bwd benchmask 32768 docs:256 32 32 128 20 $v 2>&1 | grep -E "BENCH|rror" >> "$out/bench.log"
 done
-say "standalone (variant 0 base, 6 short64):"; sed -E 's/ \(min [0-9.]* max [0-9.]*\)//' "$out/bench.log" >> "$out/summary.txt"
+say "standalone (variant 0 base, 3 sfirst, 6 short64):"; sed -E 's/ \(min [0-9.]* max [0-9.]*\)//' "$out/bench.log" >> "$out/summary.txt"
 ab() {  # ab <log> <cap> <args...>
   local log=$1 cap=$2; shift 2
   local l=$(left); if [ $l -lt 25 ]; then say "skipped A/B $log (no time)"; return; fi
   [ $cap -gt $l ] && cap=$l
   timeout $cap python3 $here/ab_masks.py --lib $lib --fwd persist192 --fwd-causal persist192u --fwd-variants persist64 \
-    --bwd-variants base,short64 --causal-ref base --fb-all "$@" > "$out/$log" 2>&1 || echo "A/B rc=$?" >> "$out/$log"
+    --bwd-variants ${BWD_VARIANTS:-base,short64} --causal-ref base --fb-all "$@" > "$out/$log" 2>&1 || echo "A/B rc=$?" >> "$out/$log"
   say "A/B $log ($*):"; sed -n '/^SUMMARY per backward/,$p' "$out/$log" >> "$out/summary.txt"
   grep -E "check_vs_flex|Error|error|A/B rc" "$out/$log" | head -n 24 >> "$out/summary.txt"
 }
