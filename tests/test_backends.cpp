@@ -27,6 +27,7 @@
 #include "seqpar/backend.hpp"
 #include "kernels/hopper/hopper_tiles.hpp"
 #include "seqpar/gpu.hpp"
+#include "hopper_mask_draws.hpp"
 #include "test_util.hpp"
 
 namespace seqpar {
@@ -466,41 +467,9 @@ hopper::PairMask one_run_pair(const Case& c, int block) {
   return m;
 }
 
-// Masks at S tokens as ab_masks.py draws them (dev/hopper_attention): n documents of uniformly
-// random cuts, causal inside; a causal window of w keys; BigBird of `block`-token blocks (the
-// neighbours, a global first block row and column, 3 random blocks per row). rng() % n, not
-// <random>'s distributions, so the masks are the same under every standard library.
-hopper::PairMask documents_mask(int S, int n, std::mt19937_64& rng) {
-  hopper::PairMask m;
-  m.seq_q = m.seq_k = S, m.window_right = 0;
-  std::set<int64_t> cuts;
-  while (int(cuts.size()) < n - 1) cuts.insert(1 + int64_t(rng() % uint64_t(S - 1)));
-  m.doc_offsets = {0};
-  m.doc_offsets.insert(m.doc_offsets.end(), cuts.begin(), cuts.end());
-  m.doc_offsets.push_back(S);
-  return m;
-}
-hopper::PairMask window_mask(int S, int w) {
-  hopper::PairMask m;
-  m.seq_q = m.seq_k = S, m.window_left = w, m.window_right = 0;
-  return m;
-}
-hopper::PairMask bigbird_mask(int S, int block, std::mt19937_64& rng) {
-  hopper::PairMask m;
-  m.seq_q = m.seq_k = S, m.pattern_block = block;
-  const int64_t nb = S / block;
-  m.pattern_begin = {0};
-  for (int64_t qb = 0; qb < nb; ++qb) {
-    std::set<int64_t> row = {0};
-    for (int64_t kb = std::max<int64_t>(0, qb - 1); kb <= std::min(nb - 1, qb + 1); ++kb) row.insert(kb);
-    for (int r = 0; r < 3; ++r) row.insert(int64_t(rng() % uint64_t(nb)));
-    if (qb == 0)
-      for (int64_t kb = 0; kb < nb; ++kb) row.insert(kb);
-    m.pattern_cols.insert(m.pattern_cols.end(), row.begin(), row.end());
-    m.pattern_begin.push_back(int64_t(m.pattern_cols.size()));
-  }
-  return m;
-}
+using testing::bigbird_mask;
+using testing::documents_mask;
+using testing::window_mask;
 
 // At D = 128 the backend plans the backward's lists with 64-row query tiles (base) and 80-row
 // ones (q80) and keeps one per mask (tall_tiles_pay, hopper_tiles.hpp): q80 where long documents

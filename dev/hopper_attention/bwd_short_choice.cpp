@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/hopper/hopper_tiles.hpp"
-#include "plan_masks.hpp"
+#include "../../tests/hopper_mask_draws.hpp"
 
 using namespace seqpar::hopper;
 
@@ -26,7 +26,7 @@ inline bool short_bwd_pays(const SideTiles& base, const SideTiles& short_) {
   return cs * 100 <= cb * 85;
 }
 
-static PairMask make(const std::string& name, int S, std::mt19937_64& rng) { return lab_plan::draw_mask(name, S, rng); }
+static PairMask make(const std::string& name, int S, std::mt19937_64& rng) { return seqpar::testing::draw_mask(name, S, rng); }
 
 int main(int argc, char** argv) {
   std::vector<std::string> masks = {"docs16",     "docs32",     "docs64",     "docs128",     "docs256",    "docs512",
