@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run_short_tiles.sh: the one-call GPU script of the short-tile forward (persist64:
-# src/kernels/hopper/hopper_fwd_short.cuh, 64-row query tiles x 64-key tiles, one consumer, two
+# the persistent kernel at kC = 1 (hopper_fwd_persist.cuh; hopper_fwd_short.cuh until session u's end), 64-row query tiles x 64-key tiles, one consumer, two
 # CTAs per SM; README section "Forward on 64 x 64 tiles for short lists (session u)"), from the
 # repository root on an H200 with torch; carry ["dev/hopper_attention/build/short"] (built here
 # beforehand with build.sh's nvcc lines: hopper_fwd_test, libhopper_mask.so; rebuilt there if they

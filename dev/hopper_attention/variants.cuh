@@ -8,7 +8,7 @@
 // (hopper_fwd_persist.cuh), units from a global counter; persist192s / persist_m192s: the same
 // with a static stride over the units; persist192r: dynamic, O stored from registers (no TMA store);
 // persist176: the library's persistent kernel with 176-key tiles; persist64: the short-tile
-// forward (hopper_fwd_short.cuh: 64 x 64 tiles, one consumer, two CTAs per SM); pp192u, m192u, persist192u,
+// forward (the persistent kernel at kC = 1: 64 x 64 tiles, one consumer, two CTAs per SM); pp192u, m192u, persist192u,
 // persist_m192u: the library's kernels with kUniform (warp-broadcast consumer index and stage
 // counter: wgmma descriptors in uniform registers). From persist_lab.cuh (the
 // library's kernel with options): persist192lab / persist_m192lab (no option: the control),
@@ -29,7 +29,6 @@
 #include "kernels/hopper/hopper_bwd_short.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
-#include "kernels/hopper/hopper_fwd_short.cuh"
 #include "persist_lab.cuh"
 
 namespace hopper_attn {
@@ -39,16 +38,18 @@ using namespace seqpar::hopper;
 // walks several units of the small check problems: tile boundaries, zero-key tiles).
 inline int g_grid_cap = 0;
 
-// persist64 (hopper_fwd_short.cuh: 64-row query tiles, 64-key tiles, one consumer, two CTAs per
-// SM; lists planned with 64 x 64 tiles, lab_tiles.cuh's fwd_tile): the CTAs per SM its launcher
-// found, printed once to stderr when LAB_SHORT_OCCUPANCY is set (the run script's evidence that
-// two fit).
+// persist64 (the persistent kernel with one consumer, fwd_persist_kernel<128, 64, 1>: 64-row query
+// tiles, 64-key tiles, two CTAs per SM; lists planned with 64 x 64 tiles, lab_tiles.cuh's
+// fwd_tile): the CTAs per SM that fit, printed once to stderr when LAB_SHORT_OCCUPANCY is set (the
+// run script's evidence that two fit).
 inline cudaError_t launch_short64(const FwdArgs& a, cudaStream_t st) {
   static bool said = false;
-  int per_sm = 0;
-  const cudaError_t e = launch_fwd_short<128, 64>(a, st, g_grid_cap, &per_sm);
+  const cudaError_t e = launch_fwd_persist<128, 64, 1>(a, st, true, g_grid_cap);
   if (!said && std::getenv("LAB_SHORT_OCCUPANCY")) {
     said = true;
+    int per_sm = 0;
+    (void)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fwd_persist_kernel<128, 64, 1, true>,
+                                                        Cfg<1>::kThreads, PersistSmem<128, 64, 64>::bytes);
     std::fprintf(stderr, "persist64: %d CTAs per SM (launch: %s)\n", per_sm, cudaGetErrorString(e));
   }
   return e;

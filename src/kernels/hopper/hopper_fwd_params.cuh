@@ -59,7 +59,7 @@ inline bool fwd_tmaps(const FwdArgs& a, int d, int q_rows, int kv_rows, CUtensor
 // kC consumer warpgroups of 64 query rows each: 2 (128 rows; FA3's choice at D = 128) or 3
 // (192 rows; FA3's at D = 64, where each key tile carries half the GEMM work per score and a
 // taller tile amortises its loads and barrier turns), or 1 (64 rows: the short-tile forward,
-// hopper_fwd_short.cuh, two CTAs per SM). Registers after setmaxnreg: the producer keeps 24, the
+// fwd_persist_kernel at kC = 1, two CTAs per SM). Registers after setmaxnreg: the producer keeps 24, the
 // consumers share the rest of the 64K (2 x 240 or 3 x 160), or at kC = 1 of half of it, 32K per
 // CTA of 256 threads launched at 128 registers (24 + 232 = 2 x 128).
 template <int kC>

@@ -132,8 +132,15 @@ __device__ __forceinline__ void write_slot(uint32_t slot, int m_block, int h, in
 // fwd_kernel: the ablation that tells the store's share). kUniform: the consumer index and the K/V
 // stage counter go through warp broadcasts (__shfl_sync from lane 0), so that ptxas knows they are
 // warp-uniform and builds the wgmma descriptors in uniform registers (fwd_kernel's kUniform).
+// kC = 1, the short-tile forward (64 x 64 tiles on lists of short documents, windows and block
+// patterns; hopper_tiles.hpp's short_tiles_pay): one consumer warpgroup, no ping-pong turns (a lone
+// warpgroup would pass the turn to itself; the overlap of S of block j + 1 with P V of block j
+// stays), O in its own buffer, and launch bounds for two CTAs per SM (128 registers a thread at
+// launch; setmaxnreg 24 / 232), so that one CTA's per-tile latency (the Q load, a list of one to
+// three key tiles, the epilogue) runs under the other's GEMMs (dev/hopper_attention/README.md,
+// "Forward on 64 x 64 tiles for short lists").
 template <int kD, int kBN, int kC, bool kTmaO, bool kUniform = false, int kOrder = 0>
-__global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
+__global__ void __launch_bounds__(Cfg<kC>::kThreads, kC == 1 ? 2 : 1)
     fwd_persist_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                        const FwdParams p, int* next_unit) {
@@ -147,6 +154,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
   using L = PersistSmem<kD, kBN, kBM>;
   constexpr int kTileKV = L::Base::kTileKV;
   static_assert(kC < kFwdBarAllPv, "named barrier ids: the ping-pong turns, then the O store's");
+  static_assert(kC > 1 || (!L::kOInV && 2 * L::bytes + 2 * 1024 <= 228 * 1024), "one consumer: two CTAs per SM");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::Base::q, sK = base + L::Base::k, sV = base + L::Base::v, sSlots = base + L::slots;
@@ -197,12 +205,12 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg<kC>::kConsumerRegs));
-  const int c = kUniform ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
+  const int c = kC == 1 ? 0 : kUniform ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
   const int lane = tid % 32, warp = (tid % 128) / 32;
   const bool is_signaller = (tid % 128) == 0;
 
-  const FwdConsumer<kD, kBN, kBM, kStages, kC> mma{sQ + c * 64 * 128, sK, sV, bars, {c}};
-  mma.pp.start();
+  const FwdConsumer<kD, kBN, kBM, kStages, kC, (kC > 1)> mma{sQ + c * 64 * 128, sK, sV, bars, {c}};
+  if constexpr (kC > 1) mma.pp.start();
 
   int kv_it = 0;
   for (int t = 0;; ++t) {
@@ -297,7 +305,7 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
     fwd_store_o_tma<kD, kC, L::kOInV>(o, inv, sV + st_last * kTileKV, base + L::o, &tm_o, c, warp, lane, is_signaller,
                                       h, tile_row_lo, b, p, [&]() { mbar_arrive(bars.v_empty(st_last)); });
   }
-  mma.pp.finish();
+  if constexpr (kC > 1) mma.pp.finish();
   if (is_signaller) bulk_wait<0>();    // the O stores are complete before the CTA exits
 #endif  // SEQPAR_HOPPER_STUB
 }
@@ -327,14 +335,17 @@ inline cudaError_t persist_counter(cudaStream_t stream, int** counter) {
 // The persistent forward: fwd_kernel<kD, kBN, 2, overlap, ping-pong, kC>'s tiles on a grid of
 // (CTAs that fit per SM) x SMs; dynamic: units from a counter (zeroed on the stream before the
 // launch), else a static stride. O must be bf16 with 16-byte aligned strides (the TMA store);
-// otherwise this launches fwd_kernel. max_grid > 0 caps the grid (the lab's checks use it, so
-// that each CTA of a small problem walks several units).
+// otherwise this launches fwd_kernel (kC = 1: refuses it, cudaErrorInvalidValue; the backend
+// gives that kernel a bf16 part, forward_writes_o). max_grid > 0 caps the grid (the lab's checks
+// use it, so that each CTA of a small problem walks several units).
 template <int kD, int kBN, int kC, bool kTmaO = true, bool kUniform = false, int kOrder = 0>
 cudaError_t launch_fwd_persist(const FwdArgs& a, cudaStream_t stream, bool dynamic = true, int max_grid = 0) {
   constexpr int kBM = Cfg<kC>::kBM;
   const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
-  if (a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
-    return launch_fwd<kD, kBN, 2, true, true, kC>(a, stream);
+  if (a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0) {
+    if constexpr (kC == 1) return cudaErrorInvalidValue;
+    else return launch_fwd<kD, kBN, 2, true, true, kC>(a, stream);
+  }
   CUtensorMap tq, tk, tv, to;
   if (!fwd_tmaps(a, kD, kBM, kBN, &tq, &tk, &tv) ||
       make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)

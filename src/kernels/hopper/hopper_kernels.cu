@@ -18,7 +18,6 @@
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_cluster.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
-#include "kernels/hopper/hopper_fwd_short.cuh"
 
 namespace seqpar::hopper {
 namespace {
@@ -43,8 +42,9 @@ constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
 // 2 CTAs that multicast K/V (hopper_fwd_cluster.cuh; O that the TMA store cannot write goes to
 // kFwdPersist128's kernel).
 constexpr auto kFwdCluster128 = launch_fwd_cluster<128, 192, 2>;
-// Tile lists of 64 x 64 tiles at D = 128 (plan_tiles chose them where short_tiles_pay says so).
-constexpr auto kFwdShortLists128 = launch_fwd_short<128, 64>;
+// Tile lists of 64 x 64 tiles at D = 128 (plan_tiles chose them where short_tiles_pay says so):
+// the persistent kernel with one consumer, two CTAs per SM ("persist64").
+constexpr auto kFwdShortLists128 = launch_fwd_persist<128, 64, 1>;
 }  // namespace
 
 bool forward_writes_o(const FwdArgs& a) {
@@ -60,7 +60,7 @@ int forward(const FwdArgs& a, void* stream) {
   if (a.head_dim == 128) {
     switch (k) {
       case FwdKernel::kPersistLists: return kFwdPersistLists128(a, s, true, 0);
-      case FwdKernel::kShortLists: return kFwdShortLists128(a, s, 0, nullptr);
+      case FwdKernel::kShortLists: return kFwdShortLists128(a, s, true, 0);
       case FwdKernel::kCluster: return kFwdCluster128(a, s, 0);
       case FwdKernel::kPingPong192: return kFwd128(a, s);
       case FwdKernel::kPersist: return kFwdPersist128(a, s, true, 0);
