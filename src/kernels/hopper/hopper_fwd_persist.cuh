@@ -1,7 +1,8 @@
 // The Hopper attention FORWARD kernel, persistent: the same math, masks and contract as
 // fwd_kernel (hopper_fwd.cuh: overlap + ping-pong, 2 K/V stages), but a grid of one CTA per SM
-// that walks work tiles (query tile, head, batch) in the order the one-CTA-per-tile grids launch
-// them, and an O epilogue through shared memory with a TMA store.
+// (two with one consumer warpgroup: the short-tile forward on 64 x 64 tiles) that walks work
+// tiles (query tile, head, batch) in the order the one-CTA-per-tile grids launch them, and an O
+// epilogue through shared memory with a TMA store.
 //
 // - Schedule: units in the linear launch order of fwd_kernel's grid (query tile fastest, then
 //   head, then batch; within a head the heaviest causal tile first; with tile lists,
