@@ -58,6 +58,16 @@ def _run(tensors: List[Optional[torch.Tensor]], window_left: int, window_right: 
     full_len = q.shape[1]
     idx = [torch_layout.positions(full_len, layout=layout, ranks=ranks, rank=r, device=q.device, cu_seqlens=doc_offsets)
            for r in range(ranks)]
+    if ranks == 1 and torch.equal(idx[0], torch.arange(full_len, device=q.device, dtype=idx[0].dtype)):
+        # One rank holding the sequence in order: it reads and writes the tensors themselves (no
+        # shard copies in and out).
+        ranks_here = torch_ranks.thread_ranks(1, q.device)
+        try:
+            _core.threads_attention(ranks_here, [list(tensors)], seq_len=full_len, stream=_stream(q), **opts)
+        except Exception:
+            torch_ranks.forget(None, 1, q.device)
+            raise
+        return
     written = (3, 4) if len(tensors) == 5 else (6, 7, 8)
     shards = []
     for r in range(ranks):

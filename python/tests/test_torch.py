@@ -26,6 +26,8 @@ def torch_attention(q, k, v, left, right):
 @pytest.mark.parametrize("algo,layout,ranks,causal,window", [
     ("ring", "zigzag", 2, True, (-1, -1)), ("burst", "striped", 3, False, (-1, -1)),
     ("distflash", "contiguous", 4, True, (-1, -1)), ("auto", "zigzag", 3, False, (4, 1)),
+    # One rank reads and writes the caller's tensors themselves (no shard copies).
+    ("auto", "zigzag", 1, True, (-1, -1)), ("ring", "striped", 1, False, (4, 1)),
 ])
 def test_matches_torch_with_gradients(dtype, tol, algo, layout, ranks, causal, window):
     g = torch.Generator().manual_seed(0)
@@ -127,6 +129,7 @@ def sdpa_per_document(q, k, v, offsets, causal):
 @pytest.mark.parametrize("algo,layout,ranks,causal", [
     ("auto", "zigzag", 2, True), ("ring", "striped", 3, False), ("burst-return", "zigzag", 4, True),
     ("ulysses", "contiguous", 2, True), ("ring", "documents", 3, True), ("burst-return", "documents", 4, True),
+    ("auto", "documents", 1, True),
 ])
 def test_documents_from_cu_seqlens_match_sdpa_per_document(dtype, tol, algo, layout, ranks, causal):
     # Packed documents of unequal lengths, one of a single token: the values and the gradients
