@@ -233,6 +233,84 @@ inline size_t bwd_workspace_bytes(int B, int H, int Sq, int D, int q_rows = bwd:
 // dense problems (the lab keeps it as variant "sfirst").
 constexpr int kRowConvert = 1, kStoreFirst = 2, kPrologueBest = kRowConvert;
 
+// Before a backward's main kernel (unless a.main_only == 1): zero the fp32 dQ accumulator (with
+// store-first, dq_state != nullptr: only the tiles' states) and preprocess LSE and D per padded
+// row; then fill the main kernel's flat parameters *out. Shared by launch_bwd_with and the lab's
+// launch_bwd_short (hopper_bwd_short.cuh).
+template <int kD>
+cudaError_t bwd_prologue(const BwdArgs& a, cudaStream_t stream, int pad, int n_mtiles, float* dq_acc, int* dq_state,
+                         float* lse2, float* dpsum, BwdParams* out) {
+  cudaError_t e = cudaSuccess;
+  if (a.main_only != 1) {
+    if ((e = dq_state ? cudaMemsetAsync(dq_state, 0, static_cast<size_t>(a.batch) * a.heads * n_mtiles * 4, stream)
+                      : cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
+        cudaSuccess)
+      return e;
+    const int64_t threads = static_cast<int64_t>(pad) * a.heads * (kD / 8);  // per batch
+    bwd_preprocess_kernel<kD><<<dim3(static_cast<unsigned>((threads + 255) / 256), a.batch), 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
+        dpsum, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
+        stat_strides(a.delta_st, a.heads, a.seq_q));
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  BwdParams& p = *out;
+  p = BwdParams{};
+  p.dq_acc = dq_acc;
+  p.dq_state = dq_state;
+  p.lse2 = lse2;
+  p.dpsum = dpsum;
+  p.dk = a.dk;
+  p.dv = a.dv;
+  p.out_f32 = a.dkv_f32;
+  const RowStrides kst = row_strides(a.dk_st, a.seq_k, a.kv_heads, kD), vst = row_strides(a.dv_st, a.seq_k, a.kv_heads, kD);
+  p.dk_sb = kst.b, p.dk_ss = kst.s, p.dk_sh = kst.h, p.dv_sb = vst.b, p.dv_ss = vst.s, p.dv_sh = vst.h;
+  p.batch = a.batch;
+  p.heads = a.heads;
+  p.kv_heads = a.kv_heads;
+  p.seq_q = a.seq_q;
+  p.seq_k = a.seq_k;
+  p.seq_q_pad = pad;
+  p.causal = a.causal;
+  p.causal_offset = a.causal_offset;
+  p.accumulate = a.accumulate && !a.dkv_fresh;
+  p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.tiles = a.tiles;
+  return cudaSuccess;
+}
+
+// After it (unless a.main_only == 1): dQ (times the softmax scale; added with accumulate) from the
+// accumulator: q80's layout (q80), else in output order where row_order and dq's alignment allow,
+// else in the consumers' fragment order.
+template <int kD>
+cudaError_t bwd_convert_dq(const BwdArgs& a, cudaStream_t stream, int pad, int n_mtiles, const float* dq_acc,
+                           const int* dq_state, float scale, bool row_order, bool q80) {
+  cudaError_t e = cudaSuccess;
+  if (a.main_only != 1) {
+    const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
+    const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
+    const bool aligned16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && dq_st.b % vec == 0 &&
+                           dq_st.s % vec == 0 && dq_st.h % vec == 0;
+    const bool rows = row_order && aligned16;
+    const int accumulate_dq = a.accumulate && !a.dq_fresh;
+    if (q80) {
+      const int64_t octets = static_cast<int64_t>(a.batch) * a.heads * n_mtiles * (bwd::kQ80 / 8);
+      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>((octets + 7) / 8), 256, 0, stream>>>(
+          dq_acc, a.dq, dq_st, a.dq_f32, aligned16, a.heads, a.seq_q, n_mtiles, octets, scale, accumulate_dq);
+    } else if (rows) {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
+      bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, accumulate_dq);
+    } else {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
+      bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, accumulate_dq);
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 // The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of
 // dynamic shared memory, one CTA per (key tile, KV head, batch). kQRows: the kernel's query rows
 // per tile (64; 128 for "q128", D = 64; 80 for "q80", D = 128).
@@ -254,71 +332,17 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
       make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, bwd::kBN, a.v_st) != CUDA_SUCCESS ||
       make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, kQRows, a.dout_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  cudaError_t e = cudaSuccess;
-  if (a.main_only != 1) {
-    if ((e = dq_state ? cudaMemsetAsync(dq_state, 0, static_cast<size_t>(a.batch) * a.heads * n_mtiles * 4, stream)
-                      : cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) !=
-        cudaSuccess)
-      return e;
-    const int64_t threads = static_cast<int64_t>(pad) * a.heads * (kD / 8);  // per batch
-    bwd_preprocess_kernel<kD><<<dim3(static_cast<unsigned>((threads + 255) / 256), a.batch), 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
-        dpsum, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
-        stat_strides(a.delta_st, a.heads, a.seq_q));
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
   BwdParams p{};
-  p.dq_acc = dq_acc;
-  p.dq_state = dq_state;
-  p.lse2 = lse2;
-  p.dpsum = dpsum;
-  p.dk = a.dk;
-  p.dv = a.dv;
-  p.out_f32 = a.dkv_f32;
-  const RowStrides kst = row_strides(a.dk_st, a.seq_k, a.kv_heads, kD), vst = row_strides(a.dv_st, a.seq_k, a.kv_heads, kD);
-  p.dk_sb = kst.b, p.dk_ss = kst.s, p.dk_sh = kst.h, p.dv_sb = vst.b, p.dv_ss = vst.s, p.dv_sh = vst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.seq_q_pad = pad;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  p.accumulate = a.accumulate && !a.dkv_fresh;
-  p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = p.scale * 1.4426950408889634f;
+  cudaError_t e = bwd_prologue<kD>(a, stream, pad, n_mtiles, dq_acc, dq_state, lse2, dpsum, &p);
+  if (e != cudaSuccess) return e;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
-  p.tiles = a.tiles;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
   const dim3 grid(n_tiles, a.kv_heads, a.batch);
   if (a.main_only != 2) {  // 2: the timing aid that runs everything but the main kernel
     kernel<<<grid, bwd::kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (a.main_only != 1) {
-    const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
-    const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
-    const bool aligned16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && dq_st.b % vec == 0 &&
-                           dq_st.s % vec == 0 && dq_st.h % vec == 0;
-    const bool rows = (kPrologue & kRowConvert) && aligned16;
-    const int accumulate_dq = a.accumulate && !a.dq_fresh;
-    if (k80) {
-      const int64_t octets = static_cast<int64_t>(a.batch) * a.heads * n_mtiles * (bwd::kQ80 / 8);
-      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>((octets + 7) / 8), 256, 0, stream>>>(
-          dq_acc, a.dq, dq_st, a.dq_f32, aligned16, a.heads, a.seq_q, n_mtiles, octets, p.scale, accumulate_dq);
-    } else if (rows) {
-      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
-      bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
-    } else {
-      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
-      bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
-    }
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return bwd_convert_dq<kD>(a, stream, pad, n_mtiles, dq_acc, dq_state, p.scale, (kPrologue & kRowConvert) != 0, k80);
 }
 
 // The library's backward: bwd_kernel<kD, kDefer, kQRows> (hopper_bwd.cuh) with the kPrologue bits.

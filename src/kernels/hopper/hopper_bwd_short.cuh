@@ -345,39 +345,9 @@ inline cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* 
       make_tmap(&tv, a.v, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.v_st) != CUDA_SUCCESS ||
       make_tmap(&tdo, a.dout, a.batch, a.seq_q, a.heads, kD, kBM, a.dout_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  cudaError_t e = cudaSuccess;
-  if (a.main_only != 1) {
-    if ((e = cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(a.batch) * a.heads * pad * kD * 4, stream)) != cudaSuccess)
-      return e;
-    const int64_t threads = static_cast<int64_t>(pad) * a.heads * (kD / 8);
-    bwd_preprocess_kernel<kD><<<dim3(static_cast<unsigned>((threads + 255) / 256), a.batch), 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
-        dpsum, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
-        stat_strides(a.delta_st, a.heads, a.seq_q));
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
   BwdParams p{};
-  p.dq_acc = dq_acc;
-  p.dq_state = nullptr;
-  p.lse2 = lse2;
-  p.dpsum = dpsum;
-  p.dk = a.dk;
-  p.dv = a.dv;
-  p.out_f32 = a.dkv_f32;
-  const RowStrides kst = row_strides(a.dk_st, a.seq_k, a.kv_heads, kD), vst = row_strides(a.dv_st, a.seq_k, a.kv_heads, kD);
-  p.dk_sb = kst.b, p.dk_ss = kst.s, p.dk_sh = kst.h, p.dv_sb = vst.b, p.dv_ss = vst.s, p.dv_sh = vst.h;
-  p.batch = a.batch;
-  p.heads = a.heads;
-  p.kv_heads = a.kv_heads;
-  p.seq_q = a.seq_q;
-  p.seq_k = a.seq_k;
-  p.seq_q_pad = pad;
-  p.causal = a.causal;
-  p.causal_offset = a.causal_offset;
-  p.accumulate = a.accumulate && !a.dkv_fresh;
-  p.scale = a.scale != 0.f ? a.scale : 1.f / sqrtf(float(kD));
-  p.scale_log2 = p.scale * 1.4426950408889634f;
-  p.tiles = a.tiles;
+  cudaError_t e = bwd_prologue<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, lse2, dpsum, &p);
+  if (e != cudaSuccess) return e;
   const bool listed = a.tiles.begin != nullptr;
   auto kernel = listed ? bwd_short_kernel<true> : bwd_short_kernel<false>;
   constexpr int smem = BwdShortSmem::bytes;
@@ -390,24 +360,7 @@ inline cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* 
     kernel<<<grid, kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (a.main_only != 1) {
-    const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
-    const int64_t vec = a.dq_f32 ? 4 : 8;
-    const bool aligned16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && dq_st.b % vec == 0 &&
-                           dq_st.s % vec == 0 && dq_st.h % vec == 0;
-    const int accumulate_dq = a.accumulate && !a.dq_fresh;
-    if (aligned16) {
-      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
-      bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-          dq_acc, nullptr, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
-    } else {
-      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
-      bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-          dq_acc, nullptr, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, p.scale, accumulate_dq);
-    }
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return bwd_convert_dq<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, p.scale, true, false);
 }
 
 }  // namespace seqpar::hopper
