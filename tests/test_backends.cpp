@@ -298,13 +298,17 @@ INSTANTIATE_TEST_SUITE_P(Masks, BackendVsOracle,
                            return n;
                          });
 
-// Two masked D = 128 pairs of the suite below whose backward runs different Hopper kernels
+// Masked D = 128 pairs of the suite below whose backward runs different Hopper kernels
 // (HopperTiles.BackendCasesRunEachBackwardKernel checks which): documents of random lengths with
-// 1-token ones, causal inside, GQA, odd lengths (64-row query tiles, "base"), and documents of
-// 320 rows without a band, whose edges 80-row query tiles meet as often as 64-row ones ("q80").
+// 1-token ones, causal inside, GQA, odd lengths (64 x 64 tiles, "short64"), and documents of 320
+// rows without a band, whose edges 80-row query tiles meet as often as 64-row ones ("q80" on the
+// second key block's pair, "short64" on the first's).
 const Case kDocsCausalD128{"docs_causal_d128_gqa", "causal", 1, 4, 2, 128, {{0, 301}}, {{0, 301}}, 150, 0,
                            {0, 1, 2, 70, 71, 72, 203, 333, 334, 400}};
 const Case kDocsFullQ80{"docs_full_q80_d128_gqa", "full", 1, 4, 2, 128, {{0, 640}}, {{0, 640}}, 300, 0, {0, 320, 640}};
+// A window of 300 keys: 64-key tiles cut away less than 15% of base's scores, and 80-row tiles
+// meet its edges more often than 64-row ones, so both key blocks' pairs run "base".
+const Case kWindowBase{"window_300_0_base_d128_gqa", "window:300,0", 1, 4, 2, 128, {{0, 640}}, {{0, 640}}, 256};
 // The forward's lists likewise (HopperTiles.BackendCasesRunEachForwardKernel): the small masked
 // cases take 64 x 64 tiles (the short-tile kernel); documents of 500 and 600 rows without a band
 // keep 128 x 192 (the persistent kernel with lists).
@@ -336,7 +340,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"full_d64_gqa_scale", "full", 1, 4, 2, 64, {{0, 70}}, {{500, 90}}, 45, 0.2},  // a scale of our own
         Case{"full_d128_mqa", "full", 1, 4, 1, 128, {{37, 129}}, {{0, 200}}, 100},
         // Masks the Hopper kernels run as visible-tile lists (issue 34): documents (above).
-        kDocsCausalD128, kDocsFullQ80, kDocsFullLong,
+        kDocsCausalD128, kDocsFullQ80, kDocsFullLong, kWindowBase,
         // Documents without a band, the sides at different positions (keys partly before).
         Case{"docs_full_d64_offset", "full", 1, 4, 2, 64, {{150, 131}}, {{60, 203}}, 100, 0, {0, 97, 98, 180, 260, 400}},
         // A window bounded on both sides (a 4K-style band, scaled down), and a causal one.
@@ -471,33 +475,54 @@ using testing::bigbird_mask;
 using testing::documents_mask;
 using testing::window_mask;
 
-// At D = 128 the backend plans the backward's lists with 64-row query tiles (base) and 80-row
-// ones (q80) and keeps one per mask (tall_tiles_pay, hopper_tiles.hpp): q80 where long documents
-// and windows cost it at most 2% more query rows, base where short documents do or where 128-token
-// pattern blocks straddle its tiles (dev/hopper_attention/README.md, "Masked backward at D = 128
-// on q80": at 32K q80 was 1.06-1.07x base on 16 documents and a 4K window, 0.90x on 256
-// documents, 0.73x on BigBird). The kept lists are exactly those of their query tile, and the
-// TileMask the kernels get says that tile (backward() runs the kernel by it); D = 64 has one.
-TEST(HopperTiles, BackwardQueryTileChosenPerMask) {
+// At D = 128 the backend plans the backward's lists with 128-key x 64-row tiles (base), 64 x 64
+// ones (short64) and 128 x 80 ones (q80) and keeps one per mask (hopper_tiles.hpp): short64 where
+// it computes at most 0.85 of base's scores (short_bwd_pays: short documents, windows of 256,
+// BigBird of 64-token blocks that base's tiles straddle); else q80 where long documents and
+// windows cost it at most 2% more query rows (tall_tiles_pay); base where short documents do or
+// where 128-token pattern blocks straddle its tiles (dev/hopper_attention/README.md, "Masked
+// backward at D = 128 on q80": at 32K q80 was 1.06-1.07x base on 16 documents and a 4K window,
+// 0.90x on 256 documents, 0.73x on BigBird; "Backward on 64-key tiles for short lists": short64
+// 1.06-1.07x base at 0.77 of its scores, 0.97-1.01x at 0.90-0.91). The kept lists are exactly
+// those of their tiles, and the TileMask the kernels get says those tiles (backward_kernel runs
+// the kernel by them); D = 64 has one.
+TEST(HopperTiles, BackwardTileChosenPerMask) {
   constexpr int S = 32768;
+  using hopper::BwdKernel;
   std::mt19937_64 rng(34);
-  const std::vector<std::tuple<std::string, hopper::PairMask, int>> masks = {
-      {"docs16", documents_mask(S, 16, rng), 80},     {"window4096", window_mask(S, 4096), 80},
-      {"window16384", window_mask(S, 16384), 80},     {"docs256", documents_mask(S, 256, rng), 64},
-      {"window1024", window_mask(S, 1024), 64},       {"bigbird128", bigbird_mask(S, 128, rng), 64},
-      {"bigbird64", bigbird_mask(S, 64, rng), 64}};
-  for (const auto& [name, m, rows] : masks) {
+  const std::vector<std::tuple<std::string, hopper::PairMask, BwdKernel>> masks = {
+      {"docs16", documents_mask(S, 16, rng), BwdKernel::kQ80},
+      {"window4096", window_mask(S, 4096), BwdKernel::kQ80},
+      {"window16384", window_mask(S, 16384), BwdKernel::kQ80},
+      {"docs64", documents_mask(S, 64, rng), BwdKernel::kBase},
+      {"window1024", window_mask(S, 1024), BwdKernel::kBase},
+      {"bigbird128", bigbird_mask(S, 128, rng), BwdKernel::kBase},
+      {"docs256", documents_mask(S, 256, rng), BwdKernel::kShort64},
+      {"window256", window_mask(S, 256), BwdKernel::kShort64},
+      {"bigbird64", bigbird_mask(S, 64, rng), BwdKernel::kShort64}};
+  for (const auto& [name, m, kernel] : masks) {
     SCOPED_TRACE(name);
+    const int rows = kernel == BwdKernel::kQ80 ? 80 : 64, keys = kernel == BwdKernel::kShort64 ? 64 : 128;
     const hopper::TilePlan plan = hopper::backend_plan(m, 128);
     EXPECT_EQ(plan.bwd.other_tile_rows, rows);
-    const hopper::TilePlan same = hopper::plan_tiles(m, 128, 192, rows, 128);
+    EXPECT_EQ(plan.bwd.tile_rows, keys);
+    const hopper::TilePlan same = hopper::plan_tiles(m, 128, 192, rows, keys);
     EXPECT_EQ(plan.bwd.begin, same.bwd.begin);
     EXPECT_EQ(plan.bwd.entries, same.bwd.entries);
     EXPECT_EQ(plan.bwd.order, same.bwd.order);
     const hopper::PackedTiles packed = hopper::pack_tiles(plan, m);
-    EXPECT_EQ(hopper::tile_mask_view(packed, 1, packed.blob.data()).query_rows, rows);
+    hopper::BwdArgs a{};
+    a.head_dim = 128, a.seq_q = a.seq_k = S;
+    a.tiles = hopper::tile_mask_view(packed, 1, packed.blob.data());
+    EXPECT_EQ(a.tiles.query_rows, rows);
+    EXPECT_EQ(a.tiles.key_rows, keys);
+    EXPECT_EQ(hopper::backward_kernel(a), kernel);
     const hopper::PackedTiles d64 = hopper::pack_tiles(hopper::backend_plan(m, 64), m);
-    EXPECT_EQ(hopper::tile_mask_view(d64, 1, d64.blob.data()).query_rows, 128);
+    a.head_dim = 64;
+    a.tiles = hopper::tile_mask_view(d64, 1, d64.blob.data());
+    EXPECT_EQ(a.tiles.query_rows, 128);
+    EXPECT_EQ(a.tiles.key_rows, 128);
+    EXPECT_EQ(hopper::backward_kernel(a), BwdKernel::kQ128);
   }
 }
 
@@ -570,13 +595,20 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
   }
 }
 
-// The backend's masked D = 128 cases above run both backward kernels: q80's lists on 320-row
-// documents without a band, base's on the short causal documents (each key block's pair).
+// The backend's masked D = 128 cases above run every backward kernel on lists (each key block's
+// pair): short64 on the short causal documents and on the 320-row documents' first pair, q80 on
+// their second, base on the 300-key window.
 TEST(HopperTiles, BackendCasesRunEachBackwardKernel) {
+  const auto tiles = [](const Case& c, int block) {
+    const hopper::TilePlan p = hopper::backend_plan(one_run_pair(c, block), 128);
+    return std::make_pair(p.bwd.tile_rows, p.bwd.other_tile_rows);  // keys, query rows
+  };
   for (int block = 0; block < 2; ++block) {
-    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsFullQ80, block), 128).bwd.other_tile_rows, 80) << block;
-    EXPECT_EQ(hopper::backend_plan(one_run_pair(kDocsCausalD128, block), 128).bwd.other_tile_rows, 64) << block;
+    EXPECT_EQ(tiles(kDocsCausalD128, block), std::make_pair(64, 64)) << block;
+    EXPECT_EQ(tiles(kWindowBase, block), std::make_pair(128, 64)) << block;
   }
+  EXPECT_EQ(tiles(kDocsFullQ80, 0), std::make_pair(64, 64));
+  EXPECT_EQ(tiles(kDocsFullQ80, 1), std::make_pair(128, 80));
 }
 
 // And both forward kernels on lists: 64 x 64 tiles for the short causal documents, 128 x 192 for

@@ -81,8 +81,8 @@ def load(path):
     lib.hopper_mask_bwd_variant.argtypes = [VP, ctypes.c_int] + [VP] * 10 + [ctypes.c_int] * 6 + [VP]
     lib.hopper_mask_bwd_workspace.restype = ctypes.c_size_t
     lib.hopper_mask_bwd_workspace.argtypes = [ctypes.c_int] * 4
-    lib.hopper_mask_backend_rows.restype = ctypes.c_int
-    lib.hopper_mask_backend_rows.argtypes = lib.hopper_mask_plan.argtypes[:9]
+    lib.hopper_mask_backend_tiles.restype = ctypes.c_int
+    lib.hopper_mask_backend_tiles.argtypes = lib.hopper_mask_plan.argtypes[:9]
     lib.hopper_mask_plan_tiles.restype = VP
     lib.hopper_mask_plan_tiles.argtypes = lib.hopper_mask_plan.argtypes + [ctypes.c_int] * 3
     lib.hopper_mask_fwd_tile.restype = None
@@ -152,7 +152,7 @@ def make_mask(name, S, rng):
 
 
 def mask_args(d, S, D):
-    """The mask's leading arguments of hopper_mask_plan_rows and hopper_mask_backend_rows."""
+    """The mask's leading arguments of hopper_mask_plan_rows and hopper_mask_backend_tiles."""
     offs = None
     if d["offsets"] is not None:
         offs = (ctypes.c_longlong * len(d["offsets"]))(*d["offsets"])
@@ -341,9 +341,10 @@ def main():
                     plans[(r, kt_)] = plan(lib, d, S, D, r, None, kt_)
                 rows_of[vn], key_of[vn] = r, (r, kt_)
             t0 = time.perf_counter()
-            routed_rows = lib.hopper_mask_backend_rows(*mask_args(d, S, D))
+            routed_tiles = lib.hopper_mask_backend_tiles(*mask_args(d, S, D))
             backend_plan_s = time.perf_counter() - t0
-            routed = next((vn for vn in vnames if key_of[vn] == (routed_rows, 128)), None)
+            routed_rows = routed_tiles // 1000
+            routed = next((vn for vn in vnames if key_of[vn] == (routed_rows, routed_tiles % 1000)), None)
             pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
             # Forward variants with lists of another tile (persist64) get their own plan.
             default_tile = (128, 192) if D == 128 else (192, 128)

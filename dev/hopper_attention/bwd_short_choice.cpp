@@ -1,10 +1,8 @@
 // bwd_short_choice.cpp: CPU-only look at the backward's key tile per mask for short64 (hopper_bwd_short.cuh,
 // session u): per mask and length, the backward plans of base (128-key tiles x 64-row query tiles) and
 // short64 (64-key tiles x 64-row query tiles), their entries per head (boundary), visible / computed
-// scores, the ratio of computed scores (64 x 64 x entries over 128 x 64 x entries) and the proposed rule
-// short_bwd_pays (short64 where it computes at most 0.85 of base's scores; README "Backward on 64-key
-// tiles for short lists (session u)": one H200 cell at 0.770 gained 1.069x, 0.90-0.91 tied at
-// 0.986-1.006x, >= 0.978 lost 0.83-0.92x). Masks as ab_masks.py draws them (plan_choice.cpp's generator,
+// scores, the ratio of computed scores (64 x 64 x entries over 128 x 64 x entries) and the library's
+// rule short_bwd_pays (hopper_tiles.hpp: short64 where it computes at most 0.85 of base's scores). Masks as ab_masks.py draws them (plan_choice.cpp's generator,
 // so the cuts differ from a timed draw). Runs here, no GPU needed:
 //   g++ -std=c++20 -O2 -I src dev/hopper_attention/bwd_short_choice.cpp -o /tmp/bwd_short_choice && /tmp/bwd_short_choice
 #include <algorithm>
@@ -18,13 +16,6 @@
 #include "../../tests/hopper_mask_draws.hpp"
 
 using namespace seqpar::hopper;
-
-// The proposed rule (lab only): short64's lists where they compute at most 0.85 of base's scores.
-inline bool short_bwd_pays(const SideTiles& base, const SideTiles& short_) {
-  const int64_t cb = int64_t(base.tile_rows) * base.other_tile_rows * base.entry_count();
-  const int64_t cs = int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count();
-  return cs * 100 <= cb * 85;
-}
 
 static PairMask make(const std::string& name, int S, std::mt19937_64& rng) { return seqpar::testing::draw_mask(name, S, rng); }
 

@@ -39,6 +39,8 @@ struct TileMask {
   int pos0, other_pos0;    // positions of row 0 of this side and of the other side
   int query_rows;          // rows of the lists' query tiles (the forward's tiles, the backward's
                            // entries): backward() runs the kernel of that tile (D = 128: 64 or 80)
+  int key_rows;            // keys of the lists' key tiles (the forward's entries, the backward's
+                           // tiles): at D = 128 a backward's 64-key tiles run the short kernel
 };
 
 #ifdef __CUDACC__
@@ -130,8 +132,30 @@ inline FwdKernel forward_kernel(const FwdArgs& a) {
   return a.causal || a.seq_k <= 24576 ? FwdKernel::kPersist : FwdKernel::kPingPong192;
 }
 
+// The backward kernel backward() runs for `a` (hopper_kernels.cu), by head dim and the lists'
+// tiles (plan_tiles chose them per mask: short_bwd_pays, tall_tiles_pay); plain C++ so that the
+// CPU tests check the routing. Measured (dev/hopper_attention/README.md):
+// - D = 128 dense and lists of 80-row query tiles: q80 ("Backward at D = 128: 80-row query
+//   tiles", one H200: 1.09-1.17x base, full and causal, 8K-32K; "Masked backward at D = 128 on
+//   q80": 1.06-1.14x base where its lists compute at most 2% more query rows);
+// - D = 128 lists of 64-key tiles: short64, one consumer warpgroup, two CTAs per SM ("Backward on
+//   64-key tiles for short lists": 1.06-1.07x base on 256 documents at 32K);
+// - D = 128 lists of 128 x 64 tiles: base; D = 64: q128, 128-row query tiles.
+enum class BwdKernel { kQ80, kBase, kShort64, kQ128, kNone };
+inline BwdKernel backward_kernel(const BwdArgs& a) {
+  const bool lists = a.tiles.begin != nullptr;
+  if (a.head_dim == 128) {
+    if (!lists || a.tiles.query_rows == 80) return BwdKernel::kQ80;
+    if (a.tiles.query_rows != 64) return BwdKernel::kNone;
+    return a.tiles.key_rows == 64 ? BwdKernel::kShort64 : a.tiles.key_rows == 128 ? BwdKernel::kBase : BwdKernel::kNone;
+  }
+  if (a.head_dim == 64) return !lists || a.tiles.query_rows == 128 ? BwdKernel::kQ128 : BwdKernel::kNone;
+  return BwdKernel::kNone;
+}
+
 // Host entry points (hopper_kernels.cu): the variants the backend runs (forward: 192-key tiles
-// at D = 128, 192 query rows at D = 64; backward: "q80" and "base" at D = 128, "q128" at D = 64).
+// at D = 128, 192 query rows at D = 64; backward: "q80", "base" and "short64" at D = 128, "q128"
+// at D = 64).
 // They return the cudaError_t of the launches (0 on success) and launch nothing on a device they
 // cannot run on.
 int forward(const FwdArgs& a, void* stream);
@@ -145,12 +169,13 @@ size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim);
 // them against the kernels' constants): the forward's query and key tile rows at this head dim,
 // and the backward's, whose lists a second kernel may take with bwd_bm_tall-row query tiles
 // (D = 128: base takes 64, q80 80; 0: no second kernel; plan_tiles picks per mask); and the
-// short-tile forward's query and key tile rows (D = 128: 64 x 64; 0: none at this head dim).
+// short-tile forward's query and key tile rows (D = 128: 64 x 64; 0: none at this head dim); and
+// the short-tile backward's keys per tile (D = 128: 64, with bwd_bm query rows; 0: none).
 struct TileShape {
-  int fwd_bm, fwd_bn, bwd_bm, bwd_bn, bwd_bm_tall, fwd_short_bm, fwd_short_bn;
+  int fwd_bm, fwd_bn, bwd_bm, bwd_bn, bwd_bm_tall, fwd_short_bm, fwd_short_bn, bwd_short_bn;
 };
 constexpr TileShape tile_shape(int head_dim) {
-  return head_dim == 64 ? TileShape{192, 128, 128, 128, 0, 0, 0} : TileShape{128, 192, 64, 128, 80, 64, 64};
+  return head_dim == 64 ? TileShape{192, 128, 128, 128, 0, 0, 0, 0} : TileShape{128, 192, 64, 128, 80, 64, 64, 64};
 }
 // Empty when device `device` can run the kernels (compute capability 9.0 and sm_90a code in
 // this build); else why not. Queried once per device.

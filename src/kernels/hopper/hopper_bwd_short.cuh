@@ -16,7 +16,9 @@
 //   fragment order: the same workspace and conversion kernel).
 // - Shared memory (D = 128): K 16 KB, V 16 KB, Q 2 x 16 KB, dO 16 KB, dS^T 8 KB, dQ 16 KB, the
 //   stats and barriers: 104.8 KB + 1 KB alignment slack.
-// The lab's variant "short64" (dev/hopper_attention/variants.cuh); not used by the library.
+// The backend runs it on lists of 64 x 64 tiles (plan_tiles chose them where short_bwd_pays
+// says so, hopper_tiles.hpp; backward_kernel, hopper_args.hpp); the lab's variant "short64"
+// (dev/hopper_attention/variants.cuh) runs it dense too.
 #pragma once
 
 #include <cmath>

@@ -1,9 +1,11 @@
 // The Hopper kernels' one translation unit: the variants the backend runs, instantiated once
 // (forward: 192-key tiles with two consumer warpgroups at D = 128, "pp192", and its persistent
 // form "persist192", and that in 2-CTA clusters with K/V by multicast, "cluster192", and on tile
-// lists of 64 x 64 tiles with one consumer warpgroup, two CTAs per SM, "persist64"; three consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
+// lists of 64 x 64 tiles with one consumer warpgroup, two CTAs per SM, "persist64"; three
+// consumer warpgroups of 64 rows at D = 64, persistent, "persist_m192";
 // backward: "q80", 80-row query tiles, at D = 128 on dense masks and on tile lists of 80-row
-// tiles, "base" at D = 128 on lists of 64-row tiles, "q128", 128-row query tiles, at D = 64),
+// tiles, "base" at D = 128 on lists of 128 x 64 tiles, "short64" at D = 128 on lists of 64 x 64
+// tiles (one consumer warpgroup, two CTAs per SM), "q128", 128-row query tiles, at D = 64),
 // behind the plain host
 // interface of hopper_args.hpp, and the device check
 // (compute capability 9.0, sm_90a code in this build).
@@ -15,6 +17,7 @@
 
 #include "kernels/hopper/hopper_args.hpp"
 #include "kernels/hopper/hopper_bwd_launch.cuh"
+#include "kernels/hopper/hopper_bwd_short.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_cluster.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
@@ -84,33 +87,30 @@ int forward(const FwdArgs& a, void* stream) {
 
 int backward(const BwdArgs& a, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool lists = a.tiles.begin != nullptr;
-  // D = 128: 80-row query tiles on dense masks (dev/hopper_attention/README.md, "Backward at
-  // D = 128: 80-row query tiles", one H200: 1.09-1.17x the 64-row kernel, full and causal, 8K-32K).
-  // Tile lists run the kernel of their query tile, which plan_tiles chose per mask
-  // (tall_tiles_pay, hopper_tiles.hpp): q80 for lists of 80-row tiles, base for 64-row ones
-  // (README, "Masked backward at D = 128 on q80").
-  if (a.head_dim == 128) {
-    if (!lists || a.tiles.query_rows == bwd::kQ80) return launch_bwd_q80(a, s);
-    return a.tiles.query_rows == bwd::kBM ? launch_bwd<128, false>(a, s) : cudaErrorInvalidValue;
+  // The kernel per case: backward_kernel (hopper_args.hpp), where the measurements are cited.
+  switch (backward_kernel(a)) {
+    case BwdKernel::kQ80: return launch_bwd_q80(a, s);
+    case BwdKernel::kBase: return launch_bwd<128, false>(a, s);
+    case BwdKernel::kShort64: return launch_bwd_short(a, s);
+    case BwdKernel::kQ128: return launch_bwd<64, false, kPrologueBest, 128>(a, s);
+    case BwdKernel::kNone: break;
   }
-  // D = 64: 128-row query tiles (dev/hopper_attention/README.md, "Backward at D = 64: 128-row
-  // query tiles").
-  if (a.head_dim == 64)
-    return !lists || a.tiles.query_rows == 128 ? launch_bwd<64, false, kPrologueBest, 128>(a, s) : cudaErrorInvalidValue;
   return cudaErrorInvalidValue;
 }
 
 // tile_shape (hopper_args.hpp) against the kernels above. Forward: pp192 (128 query rows, 192
 // keys) or persist64 (64 x 64) at D = 128, m192 (192 rows, 128 keys) at D = 64; backward: 64
-// query rows (base) or 80 (q80) at D = 128, 128 at D = 64, 128 keys. forward_kernel tells
-// persist64's lists by their 64-row query tiles.
+// query rows (base) or 80 (q80) at D = 128, 128 at D = 64, 128 keys; or 64 x 64 (short64) at
+// D = 128. forward_kernel tells persist64's lists by their 64-row query tiles, backward_kernel
+// short64's by their 64-key tiles.
 static_assert(tile_shape(128).fwd_bm == Cfg<2>::kBM && tile_shape(128).fwd_bn == 192 &&
               tile_shape(128).bwd_bm == bwd::kBM && tile_shape(128).bwd_bm_tall == bwd::kQ80 &&
               tile_shape(128).bwd_bn == bwd::kBN && tile_shape(128).fwd_short_bm == Cfg<1>::kBM &&
-              tile_shape(128).fwd_short_bm == 64 && tile_shape(128).fwd_short_bn == 64);
+              tile_shape(128).fwd_short_bm == 64 && tile_shape(128).fwd_short_bn == 64 &&
+              tile_shape(128).bwd_short_bn == bwds::kBN && tile_shape(128).bwd_bm == bwds::kBM);
 static_assert(tile_shape(64).fwd_bm == Cfg<3>::kBM && tile_shape(64).fwd_bn == 128 && tile_shape(64).bwd_bm == 128 &&
-              tile_shape(64).bwd_bm_tall == 0 && tile_shape(64).bwd_bn == bwd::kBN && tile_shape(64).fwd_short_bm == 0);
+              tile_shape(64).bwd_bm_tall == 0 && tile_shape(64).bwd_bn == bwd::kBN && tile_shape(64).fwd_short_bm == 0 &&
+              tile_shape(64).bwd_short_bn == 0);
 
 size_t backward_workspace_bytes(int batch, int heads, int seq_q, int head_dim) {
   // At D = 128 sized for the 80-row kernel, which also covers the 64-row one (tile lists).

@@ -12,8 +12,9 @@
 //     documents (one interval: see row_intervals), and the pattern as a bitmap, which is all a
 //     boundary tile evaluates element by element;
 //   - the tiles in the order each head's CTAs should take them (order_tiles);
-//   - at D = 128, which backward kernel's query tile the backward's lists are made of (64 rows,
-//     base; 80, q80), chosen per mask from both plans (tall_tiles_pay).
+//   - at D = 128, which backward kernel's tiles the backward's lists are made of (128 keys x 64
+//     query rows, base; 128 x 80, q80; 64 x 64, short64), chosen per mask from the plans
+//     (short_bwd_pays, tall_tiles_pay).
 // Everything is laid out in one int32 blob (pack_tiles) that the caller uploads once per mask,
 // shard pair and head dim, then points a TileMask (hopper_args.hpp) into it.
 #pragma once
@@ -300,10 +301,29 @@ inline bool short_tiles_pay(const SideTiles& tall, const SideTiles& short_) {
                           int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count());
 }
 
+// Whether the backward's lists of a mask should be the `short_` ones (64-key tiles x 64-row query
+// tiles, the short-tile backward: one consumer warpgroup, two CTAs per SM) rather than base's (128
+// keys x 64 rows), from both plans of the key side: the scores each computes are its entries x
+// tile keys x query rows. Measured on one H200 (dev/hopper_attention/README.md, "Backward on
+// 64-key tiles for short lists"): the short kernel runs a wholly visible score at about 0.87 of
+// base's rate (dense causal, 32K), and where its lists are short its second CTA hides the latency
+// that base leaves exposed on a key tile listing 2-3 query tiles. At 0.770 of base's scores (256
+// documents at 32K) it was 1.062-1.069x base in two calls; at 0.90-0.91 (a 512 window, 64
+// documents at 32K, 256 at 128K) 0.97-1.01x; from 0.978 up (16 documents, a 4K window, BigBird of
+// 128-token blocks) 0.83-0.93x. So short where it computes at most 0.85 of base's scores.
+inline bool short_bwd_scores_pay(int64_t computed_base, int64_t computed_short) {
+  return computed_short * 100 <= computed_base * 85;
+}
+inline bool short_bwd_pays(const SideTiles& base, const SideTiles& short_) {
+  return short_bwd_scores_pay(int64_t(base.tile_rows) * base.other_tile_rows * base.entry_count(),
+                              int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count());
+}
+
 // Both sides' lists of a pair: the forward's per query tile (fwd_bm query rows, fwd_bn keys), the
-// backward's per key tile (bwd_bn keys, bwd_bm query rows; or, with bwd_bm_tall > 0, bwd_bm_tall
-// rows where tall_tiles_pay says so: both are planned, the other is dropped); likewise the
-// forward's of fwd_short_bm x fwd_short_bn tiles where those are > 0 and short_tiles_pay says so. The tall plan stops
+// backward's per key tile (bwd_bn keys, bwd_bm query rows; or, with bwd_short_bn > 0, bwd_short_bn
+// keys where short_bwd_pays says so; else, with bwd_bm_tall > 0, bwd_bm_tall rows where
+// tall_tiles_pay says so: each is planned, the others dropped); likewise the forward's of
+// fwd_short_bm x fwd_short_bn tiles where those are > 0 and short_tiles_pay says so. The tall plan stops
 // as soon as it flags more tiles for the pattern than the narrow one: on BigBird of 128-token
 // blocks at 128K the backend's plan then takes 51 ms on the CPU, as with one backward plan (89 ms
 // without the stop; dev/hopper_attention/plan_choice.cpp).
@@ -312,7 +332,7 @@ struct TilePlan {
 };
 inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm, int bwd_bn,
                            TileOrder how = TileOrder::kNeighbours, int bwd_bm_tall = 0, int fwd_short_bm = 0,
-                           int fwd_short_bn = 0) {
+                           int fwd_short_bn = 0, int bwd_short_bn = 0) {
   TilePlan p;
   const std::vector<int32_t> rows = row_intervals(m);
   p.fwd = side_tiles(m, rows, m.seq_q, m.seq_k, fwd_bm, fwd_bn, m.q0, m.k0, false, how);
@@ -322,6 +342,13 @@ inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm
   }
   const std::vector<int32_t> cols = column_intervals(rows, m.seq_q, m.seq_k);
   p.bwd = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0, true, how);
+  if (bwd_short_bn > 0) {
+    SideTiles short_ = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_short_bn, bwd_bm, m.k0, m.q0, true, how);
+    if (short_bwd_pays(p.bwd, short_)) {
+      p.bwd = std::move(short_);
+      return p;
+    }
+  }
   if (bwd_bm_tall > 0) {
     SideTiles tall =
         side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm_tall, m.k0, m.q0, true, how, pattern_masked(p.bwd));
@@ -334,7 +361,7 @@ inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm
 inline TilePlan backend_plan(const PairMask& m, int head_dim) {
   const TileShape ts = tile_shape(head_dim);
   return plan_tiles(m, ts.fwd_bm, ts.fwd_bn, ts.bwd_bm, ts.bwd_bn, TileOrder::kNeighbours, ts.bwd_bm_tall,
-                    ts.fwd_short_bm, ts.fwd_short_bn);
+                    ts.fwd_short_bm, ts.fwd_short_bn, ts.bwd_short_bn);
 }
 
 // Visible (query, key) pairs of the mask, exactly (band, documents and pattern): the FLOP count
@@ -383,6 +410,7 @@ struct PackedTiles {
   int block = 0;
   int64_t entries[2] = {0, 0};
   int query_rows[2] = {0, 0};  // per side: rows of its lists' query tiles (TileMask::query_rows)
+  int key_rows[2] = {0, 0};    // per side: keys of its lists' key tiles (TileMask::key_rows)
 };
 inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
   PackedTiles k;
@@ -400,6 +428,7 @@ inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
     k.entries[s] = t.entry_count();
   }
   k.query_rows[0] = p.fwd.tile_rows, k.query_rows[1] = p.bwd.other_tile_rows;
+  k.key_rows[0] = p.fwd.other_tile_rows, k.key_rows[1] = p.bwd.tile_rows;
   k.pos0[0] = m.q0, k.other_pos0[0] = m.k0;
   k.pos0[1] = m.k0, k.other_pos0[1] = m.q0;
   k.block = int(m.pattern_block);
@@ -421,6 +450,7 @@ inline TileMask tile_mask_view(const PackedTiles& k, int side, const void* devic
   t.pos0 = int(k.pos0[side]);
   t.other_pos0 = int(k.other_pos0[side]);
   t.query_rows = k.query_rows[side];
+  t.key_rows = k.key_rows[side];
   return t;
 }
 
