@@ -84,7 +84,7 @@ struct BwdArgs {
   const void* q;     // [B, S_q, H, D] bf16
   const void* k;     // [B, S_k, H_kv, D] bf16
   const void* v;
-  const void* o;     // [B, S_q, H, D] bf16 contiguous, for D = rowsum(dO * O); unused when delta is given
+  const void* o;     // [B, S_q, H, D] bf16, for D = rowsum(dO * O); unused when delta is given
   const void* dout;  // [B, S_q, H, D] bf16
   const float* lse;  // [B, H, S_q]: the final LSE
   const float* delta;  // [B, H, S_q] or nullptr (then computed from o and dout)
@@ -101,7 +101,7 @@ struct BwdArgs {
                      // 2, everything but the main kernel (zeroing, preprocessing, conversion)
   int dq_f32, dkv_f32;      // dq; dk and dv: fp32 (else bf16)
   int dq_fresh, dkv_fresh;  // with accumulate: write dq (dk and dv) all the same, reading nothing
-  RowStrides q_st, k_st, v_st, dout_st, dq_st, dk_st, dv_st;
+  RowStrides q_st, k_st, v_st, o_st, dout_st, dq_st, dk_st, dv_st;  // o, dout: multiples of 8 elements
   StatStrides lse_st, delta_st;
   TileMask tiles;  // the backward's lists (per key tile); with them causal is ignored
 };

@@ -17,14 +17,15 @@ namespace seqpar::hopper {
 
 // LSE2 = LSE * log2(e) (+inf where LSE = -inf: such rows see no key, and P must be 0), D =
 // rowsum(dO * O) unless given; padded rows (S_q .. S_q_pad) get LSE2 = +inf and D = 0. One group
-// of kD/8 lanes per (q, h) row of batch blockIdx.y, 16-byte loads; h fastest so O and dO stream
-// contiguously. The row's (q, h) comes from 32-bit divisions (Sq_pad * H < 2^31 rows per batch;
+// of kD/8 lanes per (q, h) row of batch blockIdx.y, 16-byte loads (O's and dO's strides are
+// multiples of 8 elements); h fastest so contiguous O and dO stream. The row's (q, h) comes from 32-bit divisions (Sq_pad * H < 2^31 rows per batch;
 // the batch is the grid's y): 25% fewer instructions than three 64-bit divisions per thread, the
 // same time (ncu, one H200: 43-44 us at 8K, H = 32, D = 128; the loads bound it).
 template <int kD>
 __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
                                       const float* delta, float* lse2, float* dpsum, int H, int Sq, int Sq_pad,
-                                      StatStrides lse_st, StatStrides delta_st) {
+                                      StatStrides lse_st, StatStrides delta_st, RowStrides o_st,
+                                      RowStrides dout_st) {
   constexpr int kLanes = kD / 8;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= static_cast<int64_t>(Sq_pad) * H * kLanes) return;
@@ -32,9 +33,8 @@ __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat1
   const int h = row % H, q = row / H, b = blockIdx.y;
   float acc = 0.f;
   if (q < Sq && delta == nullptr) {
-    const int64_t off = ((static_cast<int64_t>(b) * Sq + q) * H + h) * kD + sub * 8;
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + off);
-    const uint4 dv = *reinterpret_cast<const uint4*>(dout + off);
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + b * o_st.b + q * o_st.s + h * o_st.h + sub * 8);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dout + b * dout_st.b + q * dout_st.s + h * dout_st.h + sub * 8);
     const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
     const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&dv);
 #pragma unroll
@@ -250,7 +250,8 @@ cudaError_t bwd_prologue(const BwdArgs& a, cudaStream_t stream, int pad, int n_m
     bwd_preprocess_kernel<kD><<<dim3(static_cast<unsigned>((threads + 255) / 256), a.batch), 256, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(a.o), static_cast<const __nv_bfloat16*>(a.dout), a.lse, a.delta, lse2,
         dpsum, a.heads, a.seq_q, pad, stat_strides(a.lse_st, a.heads, a.seq_q),
-        stat_strides(a.delta_st, a.heads, a.seq_q));
+        stat_strides(a.delta_st, a.heads, a.seq_q), row_strides(a.o_st, a.seq_q, a.heads, kD),
+        row_strides(a.dout_st, a.seq_q, a.heads, kD));
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   BwdParams& p = *out;
