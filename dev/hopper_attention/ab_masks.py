@@ -58,8 +58,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
 # Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
-BWD_VARIANTS = {"base": 0, "defer": 1, "sfirst": 3, "q128": 4, "q80": 5, "short64": 6, "short64g": 7, "baseg": 8,
-               "q80g": 9}
+BWD_VARIANTS = {"base": 0, "defer": 1, "sfirst": 3, "q128": 4, "q80": 5, "short64": 6}
 
 
 def load(path):
@@ -344,8 +343,10 @@ def main():
             t0 = time.perf_counter()
             routed_tiles = lib.hopper_mask_backend_tiles(*mask_args(d, S, D))
             backend_plan_s = time.perf_counter() - t0
-            routed_rows = routed_tiles // 1000
+            routed_rows = routed_tiles // 1000 % 1000
             routed = next((vn for vn in vnames if key_of[vn] == (routed_rows, routed_tiles % 1000)), None)
+            # The backend's forward: persist64 on lists of 64-row tiles (short_tiles_pay), else --fwd.
+            routed_fwd = "persist64" if routed_tiles // 1000000 == 64 and "persist64" in fwd_more else a.fwd
             pf = next(iter(plans.values()))[0]  # the forward's lists are the same in every plan
             # Forward variants with lists of another tile (persist64) get their own plan.
             default_tile = (128, 192) if D == 128 else (192, 128)
@@ -396,6 +397,7 @@ def main():
             t.update(time_interleaved({"ours_bwd_" + vn: ours_bwd(plans[key_of[vn]][0], vn) for vn in vnames},
                                       a.rounds, a.reps))
             row = dict(mask=name, seq=S, visible=vis, visible_ours=vis_ours, routed_rows=routed_rows, routed=routed,
+                       routed_fwd=routed_fwd,
                        backend_plan_s=round(backend_plan_s, 3), plan_s=round(sum(x[3] for x in plans.values()), 3),
                        flex_compile_s=round(t_compile, 1))
             for r, x in plans.items():
@@ -413,7 +415,7 @@ def main():
                                 **{"fwd_%s_tflops" % fv: row["ours_fwd_%s_tflops" % fv] for fv in fwd_more},
                                 peer_fwd_tflops=row["flex_fwd_tflops"], peer_fb_tflops=row["flex_fb_tflops"],
                                 peer_bwd_derived_tflops=row["flex_bwd_derived_tflops"], ref_fb=ref_fb, routed=routed,
-                                **{"ours_fb_%s_tflops" % vn: row["ours_fb_%s_tflops" % vn] for vn in vnames},
+                                routed_fwd=routed_fwd, **{k_: v_ for k_, v_ in row.items() if k_.startswith("ours_fb_")},
                                 **{"ours_bwd_%s_tflops" % vn: row["ours_bwd_%s_tflops" % vn] for vn in vnames}))
             for x in list(plans.values()) + list(extra.values()):
                 lib.hopper_mask_free(x[0])
@@ -481,6 +483,26 @@ def main():
         print(line)
     if fb_rows:
         print_fb_all(fb_rows, vnames, fwd_more)
+    print_backend_pairs(summary, a.fwd)
+
+
+def print_backend_pairs(summary, fwd):
+    """The pair the library's backend runs per mask (its forward and backward by backend_plan's
+    tiles): fwd+bwd against flex and against our dense causal."""
+    print("\nSUMMARY backend's pair (TFLOP/s of visible scores; vs causal: over our dense causal fwd+bwd)")
+    print("| S | mask | forward | backward | fwd+bwd | flex fwd+bwd | / flex | vs causal |")
+    print("|" + " --- |" * 8)
+    for r in summary:
+        if r.get("peer") or r.get("routed") is None:
+            continue
+        f, b = r.get("routed_fwd", fwd), r["routed"]
+        v = r.get("ours_fb_%s_tflops" % b) if f == fwd else r.get("ours_fb_%s_%s_tflops" % (f, b))
+        if v is None:
+            print("| %d | %s | %s | %s | not timed | | | |" % (r["seq"], r["mask"], f, b))
+            continue
+        print("| %d | %s | %s | %s | %.1f | %.1f | %.2fx | %.2f |" % (r["seq"], r["mask"], f, b, v, r["peer_fb_tflops"],
+                                                                     v / r["peer_fb_tflops"],
+                                                                     v / r["ref_fb"] if r["ref_fb"] else float("nan")))
 
 
 def print_fb_all(rows, vnames, fwd_more):

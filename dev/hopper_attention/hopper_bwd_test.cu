@@ -19,9 +19,7 @@
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
 // Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
 // 5 q80 (D = 128: 80-row query tiles, hopper_bwd_q80.cuh), 6 short64 (D = 128: 64-key tiles, one
-// consumer, two CTAs per SM, hopper_bwd_short.cuh; lists per 64-key tile); 7 short64g, 8 baseg,
-// 9 q80g: those as head groups over two streams (bwd_groups_lab.cuh; LAB_GROUPS, default 4; their
-// "main kernel only" and FIXED lines time the ungrouped launcher).
+// consumer, two CTAs per SM, hopper_bwd_short.cuh; lists per 64-key tile).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)

@@ -104,15 +104,15 @@ extern "C" void* hopper_mask_plan(int S, int D, long long wl, long long wr, cons
                                hopper_attn::bwd::kBM);
 }
 
-// The backward's tiles the library's backend plans for this mask at head dim D (backend_plan,
-// hopper_tiles.hpp: at D = 128 64 query rows x 128 keys (base), 80 x 128 (q80) or 64 x 64
-// (short64), per mask), as query rows * 1000 + keys, so ab_masks.py can say which variant the
-// backend runs.
+// The tiles the library's backend plans for this mask at head dim D (backend_plan,
+// hopper_tiles.hpp): the forward's query rows (D = 128: 128, persist192, or 64, persist64) *
+// 10^6 + the backward's query rows (D = 128: 64 base or short64, 80 q80) * 1000 + its keys (128,
+// or 64 short64), so ab_masks.py can say which variants the backend runs.
 extern "C" int hopper_mask_backend_tiles(int S, int D, long long wl, long long wr, const long long* offsets,
                                          int n_offsets, int block, const unsigned char* dense, int n_blocks) {
   const lab::PairMask m = pair_mask(S, wl, wr, offsets, n_offsets, block, dense, n_blocks);
-  const seqpar::hopper::SideTiles t = seqpar::hopper::backend_plan(m, D).bwd;
-  return t.other_tile_rows * 1000 + t.tile_rows;
+  const seqpar::hopper::TilePlan p = seqpar::hopper::backend_plan(m, D);
+  return p.fwd.tile_rows * 1000000 + p.bwd.other_tile_rows * 1000 + p.bwd.tile_rows;
 }
 
 // The backend's choice of the forward's tile (short_tiles_pay, hopper_tiles.hpp) from both forward

@@ -27,7 +27,6 @@
 
 #include "kernels/hopper/hopper_bwd_launch.cuh"
 #include "kernels/hopper/hopper_bwd_short.cuh"
-#include "bwd_groups_lab.cuh"
 #include "kernels/hopper/hopper_fwd.cuh"
 #include "kernels/hopper/hopper_fwd_persist.cuh"
 #include "persist_lab.cuh"
@@ -128,15 +127,14 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // backward for tile lists") was variants 6 and 7: `git show 15d7393:dev/hopper_attention/bwd_persist_lab.cuh`.
 // 6 "short64" (D = 128: 64-key tiles, one consumer, two CTAs per SM, hopper_bwd_short.cuh; session
 // u; tile lists of 64-row query tiles per 64-key tile; LAB_SHORT_OCCUPANCY=1 prints its CTAs per SM).
-// 7 "short64g", 8 "baseg", 9 "q80g": short64, base and q80 run as head groups alternating over
-// two streams (bwd_groups_lab.cuh; session v), so one group's fixed part runs beside another's
-// main kernel.
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64",
-                                           "short64g", "baseg", "q80g"};
-inline constexpr int kNumBwdVariants = 10;
+// Session v's 7 "short64g", 8 "baseg", 9 "q80g" (short64, base and q80 as head groups alternating
+// over two streams, so one group's fixed part ran beside another's main kernel: no gain, README
+// "The backward's fixed part beside the main kernel") are in git:
+// `git show ce20904:dev/hopper_attention/bwd_groups_lab.cuh`.
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64"};
+inline constexpr int kNumBwdVariants = 7;
 inline constexpr int kBwdQ80 = 5;
 inline constexpr int kBwdShort64 = 6;
-inline constexpr int kBwdShort64G = 7, kBwdBaseG = 8, kBwdQ80G = 9;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -144,10 +142,10 @@ inline int bwd_variant(const std::string& name) {
 }
 // Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
 // are made with them).
-inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v >= kBwdQ80 && v != kBwdBaseG ? D == 128 : true; }
-inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 || v == kBwdQ80G ? bwd::kQ80 : bwd::kBM; }
+inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v >= kBwdQ80 ? D == 128 : true; }
+inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
 // Keys per tile of variant v (the backward's lists are made per key tile of this many keys).
-inline int bwd_key_tile(int v) { return v == kBwdShort64 || v == kBwdShort64G ? bwds::kBN : bwd::kBN; }
+inline int bwd_key_tile(int v) { return v == kBwdShort64 ? bwds::kBN : bwd::kBN; }
 // Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
 // lists of 80-row query tiles).
 inline bool bwd_variant_lists(int v) { return v >= 0 && v < kNumBwdVariants; }
@@ -179,16 +177,6 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
         said = true;
         return e;
       }
-      break;
-    case kBwdShort64G:
-      if constexpr (kD == 128)
-        return launch_bwd_head_groups(a, stream, bwds::kBM, [](const BwdArgs& b, cudaStream_t s) { return launch_bwd_short(b, s); });
-      break;
-    case kBwdBaseG:
-      return launch_bwd_head_groups(a, stream, bwd::kBM, [](const BwdArgs& b, cudaStream_t s) { return launch_bwd<kD, false>(b, s); });
-    case kBwdQ80G:
-      if constexpr (kD == 128)
-        return launch_bwd_head_groups(a, stream, bwd::kQ80, [](const BwdArgs& b, cudaStream_t s) { return launch_bwd_q80(b, s); });
       break;
   }
   return cudaErrorInvalidValue;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# run_mask_sweep.sh: issue 34's mask bar over 8K-128K in one or two calls (session v): fwd+bwd of
+# the pair the library's backend runs per mask (ab_masks.py's "SUMMARY backend's pair": the
+# forward and backward that backend_plan's tiles pick) against compiled flex_attention on the
+# same mask, and against our dense causal fwd+bwd (the forward the backend routes at that length:
+# persist192u at 8K and 128K, cluster192 at 16K-64K; the backward q80), from the repository root
+# on an H200 with torch; carry ["dev/hopper_attention/build/v3"] (libhopper_mask.so, built here
+# with build.sh mask, stripped). PART=1: 8K and 16K; PART=2: 32K and 64K; PART=3: 128K; unset: all.
+set -u
+out=${OUT:-out_sweep}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-500}))
+left() { echo $((deadline - $(date +%s))); }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
+mkdir -p "$out"
+say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv >> "$out/summary.txt" 2>&1
+here=dev/hopper_attention; lib=$here/build/v3/libhopper_mask.so
+python3 -c "import ctypes; ctypes.CDLL('$lib')" || { say "carried build does not load: stop"; exit 1; }
+ab() {  # ab <log> <cap> <fwd-causal> <args...>
+  local log=$1 cap=$2 fc=$3; shift 3
+  local l=$(left); if [ $l -lt 30 ]; then say "skipped A/B $log (no time)"; return; fi
+  [ $cap -gt $l ] && cap=$l
+  timeout $cap python3 $here/ab_masks.py --lib $lib --fwd persist192 --fwd-causal $fc --fwd-variants persist64 \
+    --bwd-variants base,q80,short64 --causal-ref q80 "$@" > "$out/$log" 2>&1 || echo "A/B rc=$?" >> "$out/$log"
+  say "A/B $log ($fc $*):"; sed -n "/^SUMMARY backend's pair/,\$p" "$out/$log" >> "$out/summary.txt"
+  grep -E '"mask": "causal"' "$out/$log" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); print('dense causal S=%d ours fwd %.0f cuDNN fwd %.0f | ours fwd+bwd q80 %.0f cuDNN %.0f' % (r['seq'],
+          r['ours_fwd_tflops'], r['peer_fwd_tflops'], r['ours_fb_q80_tflops'], r['peer_fb_tflops']))" >> "$out/summary.txt"
+  grep -E "Error|error|A/B rc|false" "$out/$log" | head -n 8 >> "$out/summary.txt"
+}
+P=${PART:-all}
+if [ $P = 1 ] || [ $P = all ]; then
+  ab ab_8k.log 110 persist192u --seqs 8192 --masks docs16,docs256,window4096,bigbird --rounds 2 --reps 3
+  ab ab_16k.log 120 cluster192 --seqs 16384 --masks docs16,docs256,window4096,bigbird --rounds 2 --reps 2
+fi
+if [ $P = 2 ] || [ $P = all ]; then
+  ab ab_32k.log 150 cluster192 --seqs 32768 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 2
+  ab ab_64k.log 170 cluster192 --seqs 65536 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 1
+fi
+if [ $P = 3 ] || [ $P = all ]; then
+  ab ab_128k.log 240 persist192u --seqs 131072 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 1
+fi
+say "end"
