@@ -5,7 +5,8 @@
 # same mask, and against our dense causal fwd+bwd (the forward the backend routes at that length:
 # persist192u at 8K and 128K, cluster192 at 16K-64K; the backward q80), from the repository root
 # on an H200 with torch; carry ["dev/hopper_attention/build/v3"] (libhopper_mask.so, built here
-# with build.sh mask, stripped). PART=1: 8K and 16K; PART=2: 32K and 64K; PART=3: 128K; unset: all.
+# with build.sh mask, stripped; LIB overrides its path). SEQS: the lengths (default 8K-128K; flex
+# compiles each mask at each length, 10-60 s, so one call takes two or three lengths).
 set -u
 out=${OUT:-out_sweep}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-500}))
 left() { echo $((deadline - $(date +%s))); }
@@ -14,7 +15,7 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 mkdir -p "$out"
 say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv >> "$out/summary.txt" 2>&1
-here=dev/hopper_attention; lib=$here/build/v3/libhopper_mask.so
+here=dev/hopper_attention; lib=${LIB:-$here/build/v3/libhopper_mask.so}
 python3 -c "import ctypes; ctypes.CDLL('$lib')" || { say "carried build does not load: stop"; exit 1; }
 ab() {  # ab <log> <cap> <fwd-causal> <args...>
   local log=$1 cap=$2 fc=$3; shift 3
@@ -30,16 +31,10 @@ for l in sys.stdin:
           r['ours_fwd_tflops'], r['peer_fwd_tflops'], r['ours_fb_q80_tflops'], r['peer_fb_tflops']))" >> "$out/summary.txt"
   grep -E "Error|error|A/B rc|false" "$out/$log" | head -n 8 >> "$out/summary.txt"
 }
-P=${PART:-all}
-if [ $P = 1 ] || [ $P = all ]; then
-  ab ab_8k.log 110 persist192u --seqs 8192 --masks docs16,docs256,window4096,bigbird --rounds 2 --reps 3
-  ab ab_16k.log 120 cluster192 --seqs 16384 --masks docs16,docs256,window4096,bigbird --rounds 2 --reps 2
-fi
-if [ $P = 2 ] || [ $P = all ]; then
-  ab ab_32k.log 150 cluster192 --seqs 32768 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 2
-  ab ab_64k.log 170 cluster192 --seqs 65536 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 1
-fi
-if [ $P = 3 ] || [ $P = all ]; then
-  ab ab_128k.log 240 persist192u --seqs 131072 --masks docs16,docs256,window4096,window16384,bigbird --rounds 2 --reps 1
-fi
+for S in ${SEQS:-8192 16384 32768 65536 131072}; do
+  fc=cluster192; [ $S -lt 16384 ] || [ $S -gt 65536 ] && fc=persist192u   # the backend's dense causal forward
+  masks=docs16,docs256,window4096,window16384,bigbird; [ $S -le 16384 ] && masks=docs16,docs256,window4096,bigbird
+  reps=2; [ $S -ge 65536 ] && reps=1
+  ab ab_$((S / 1024))k.log $(( S >= 65536 ? 240 : 160 )) $fc --seqs $S --masks $masks --rounds 2 --reps $reps
+done
 say "end"
