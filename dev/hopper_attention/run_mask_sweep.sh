@@ -6,7 +6,8 @@
 # persist192u at 8K and 128K, cluster192 at 16K-64K; the backward q80), from the repository root
 # on an H200 with torch; carry ["dev/hopper_attention/build/v3"] (libhopper_mask.so, built here
 # with build.sh mask, stripped; LIB overrides its path). SEQS: the lengths (default 8K-128K; flex
-# compiles each mask at each length, 10-60 s, so one call takes two or three lengths).
+# compiles each mask at each length, 10-60 s, so one call takes two or three lengths; CAP: seconds
+# per length, default 160, 240 from 64K; 16K needed more than 160 twice).
 set -u
 out=${OUT:-out_sweep}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-500}))
 left() { echo $((deadline - $(date +%s))); }
@@ -35,6 +36,6 @@ for S in ${SEQS:-8192 16384 32768 65536 131072}; do
   fc=cluster192; [ $S -lt 16384 ] || [ $S -gt 65536 ] && fc=persist192u   # the backend's dense causal forward
   masks=docs16,docs256,window4096,window16384,bigbird; [ $S -le 16384 ] && masks=docs16,docs256,window4096,bigbird
   reps=2; [ $S -ge 65536 ] && reps=1
-  ab ab_$((S / 1024))k.log $(( S >= 65536 ? 240 : 160 )) $fc --seqs $S --masks $masks --rounds 2 --reps $reps
+  ab ab_$((S / 1024))k.log ${CAP:-$(( S >= 65536 ? 240 : 160 ))} $fc --seqs $S --masks $masks --rounds 2 --reps $reps
 done
 say "end"
