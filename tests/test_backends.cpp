@@ -526,6 +526,45 @@ TEST(HopperTiles, BackwardTileChosenPerMask) {
   }
 }
 
+// backend_plan plans the short backward only where base's lists could let it pay
+// (short_bwd_may_pay: at least 30% of base's entries element-masked or in a last key tile of at most
+// 64 rows, since any other base entry is two wholly visible short ones). On every mask here, at
+// lengths of whole tiles and not: wherever the short plan pays, the bound says it may; its entries
+// are never below the bound; and the backend's choice is the one a plan of both would make.
+TEST(HopperTiles, ShortBackwardPlanSkippedOnlyWhereItCannotPay) {
+  int pays = 0, skipped = 0;
+  for (int S : {300, 4130, 5000, 8192, 32768})
+    for (const char* name : {"full2", "docs2", "docs4", "docs16", "docs64", "docs128", "docs256", "docs1024",
+                             "window128", "window256", "window512", "window4096", "bigbird64", "bigbird128",
+                             "bigbird256"}) {
+      SCOPED_TRACE(std::string(name) + " at " + std::to_string(S));
+      if (std::string(name).rfind("docs", 0) == 0 && 2 * std::stoi(name + 4) > S) continue;  // cuts to draw
+      std::mt19937_64 rng(uint64_t(S) + 36);
+      hopper::PairMask m;
+      if (std::string(name) == "full2") {  // 320-row documents, no band, keys cut short (S_k = S):
+        if (S > 640) continue;               // base's tiles wholly visible, the last key tile short
+        m.seq_q = 640, m.seq_k = S;
+        m.doc_offsets = {0, 320, 640};
+      } else {
+        m = testing::draw_mask(name, S, rng);
+      }
+      const std::vector<int32_t> cols = hopper::column_intervals(hopper::row_intervals(m), m.seq_q, m.seq_k);
+      const hopper::SideTiles base = hopper::side_tiles(m, cols, m.seq_k, m.seq_q, 128, 64, 0, 0, true);
+      const hopper::SideTiles short_ = hopper::side_tiles(m, cols, m.seq_k, m.seq_q, 64, 64, 0, 0, true);
+      int64_t last_tile = 0;  // unflagged entries of a last key tile of at most 64 rows
+      if (S % 128 > 0 && S % 128 <= 64)
+        for (int32_t e = base.begin[base.begin.size() - 2]; e < base.begin.back(); ++e)
+          last_tile += (base.entries[size_t(e)] & 3) == 0;
+      EXPECT_GE(short_.entry_count(), 2 * base.entry_count() - hopper::flagged_entries(base) - last_tile);
+      const bool short_pays = hopper::short_bwd_pays(base, short_), may_pay = hopper::short_bwd_may_pay(base, S);
+      if (short_pays) EXPECT_TRUE(may_pay);
+      pays += short_pays, skipped += !may_pay;
+      EXPECT_EQ(hopper::backend_plan(m, 128).bwd.tile_rows == 64, short_pays);
+    }
+  EXPECT_GT(pays, 4);     // the cases hold masks on both sides of the rule
+  EXPECT_GT(skipped, 4);
+}
+
 // The forward's lists likewise: at D = 128 planned with 128 x 192 tiles (the persistent kernel)
 // and 64 x 64 ones (the short-tile kernel, two CTAs per SM), the short ones kept where they compute
 // at most 0.80 of the scores (short_tiles_pay, hopper_tiles.hpp; dev/hopper_attention/README.md,

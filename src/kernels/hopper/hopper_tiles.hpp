@@ -319,6 +319,26 @@ inline bool short_bwd_pays(const SideTiles& base, const SideTiles& short_) {
   return short_bwd_scores_pay(int64_t(base.tile_rows) * base.other_tile_rows * base.entry_count(),
                               int64_t(short_.tile_rows) * short_.other_tile_rows * short_.entry_count());
 }
+// Entries of a side's lists that need an element mask (range or pattern).
+inline int64_t flagged_entries(const SideTiles& t) {
+  return std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & 3) != 0; });
+}
+// Whether the short backward plan could pay, from base's plan alone (n: base's side's rows), where
+// the short key tile is half of base's and the query tiles are the same: a wholly visible base
+// entry becomes two wholly visible short entries (the same scores), a flagged one, or one of a
+// last key tile of at most half a tile's rows, one or two. So the short plan computes at least
+// 1 - halvable / (2 entries) of base's scores, and short_bwd_pays needs the halvable entries to be
+// at least 30% of base's. Skipping the plan otherwise keeps the choice and saves the host most of
+// its cost where it cannot pay (BigBird of 128-token blocks at 128K: backend_plan 181 -> 110 ms
+// on the 2-core CPU machine; dev/hopper_attention/plan_choice.cpp).
+inline bool short_bwd_may_pay(const SideTiles& base, int n) {
+  int64_t halvable = flagged_entries(base);
+  const int tiles = int(base.begin.size()) - 1, tail = n % base.tile_rows;
+  if (tiles > 0 && tail > 0 && 2 * tail <= base.tile_rows)
+    for (int32_t e = base.begin[size_t(tiles - 1)]; e < base.begin[size_t(tiles)]; ++e)
+      halvable += (base.entries[size_t(e)] & 3) == 0;
+  return 10 * halvable >= 3 * base.entry_count();
+}
 
 // Both sides' lists of a pair: the forward's per query tile (fwd_bm query rows, fwd_bn keys), the
 // backward's per key tile (bwd_bn keys, bwd_bm query rows; or, with bwd_short_bn > 0, bwd_short_bn
@@ -343,7 +363,7 @@ inline TilePlan plan_tiles(const PairMask& m, int fwd_bm, int fwd_bn, int bwd_bm
   }
   const std::vector<int32_t> cols = column_intervals(rows, m.seq_q, m.seq_k);
   p.bwd = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_bn, bwd_bm, m.k0, m.q0, true, how);
-  if (bwd_short_bn > 0) {
+  if (bwd_short_bn > 0 && (2 * bwd_short_bn != bwd_bn || short_bwd_may_pay(p.bwd, m.seq_k))) {
     SideTiles short_ = side_tiles(m, cols, m.seq_k, m.seq_q, bwd_short_bn, bwd_bm, m.k0, m.q0, true, how);
     if (short_bwd_pays(p.bwd, short_)) {
       p.bwd = std::move(short_);
