@@ -16,9 +16,11 @@ lists and persist192u (or, since session t, the cluster kernel from 16K keys) on
 the lists of its own query tile: base 64 rows, q80 80); the lists are built once per mask and variant (not timed; their build time is
 printed). fwd+bwd = our forward then our whole backward; bwd = our whole backward alone (after one
 forward). The peer's backward alone is not timed: "flex bwd" is its fwd+bwd time minus its forward
-time (each a median), labelled as derived. "routed": the variant whose lists the library's backend
-plans for the mask (backend_plan in src/kernels/hopper/hopper_tiles.hpp: at D = 128 base's 64-row or
-q80's 80-row query tiles, per mask), with that variant's timings; dense causal routes to q80.
+time (each a median), labelled as derived. "routed": the backward variant whose lists the library's
+backend plans for the mask (backend_plan in src/kernels/hopper/hopper_tiles.hpp: at D = 128 base's,
+q80's or short64's tiles, per mask), with that variant's timings; dense causal routes to q80;
+"routed_fwd" in the JSON rows: the forward it plans (persist64 on 64 x 64 tiles, else --fwd).
+backend_pairs.py prints that pair's fwd+bwd per mask from the JSON rows.
 "ours causal" (the 0.9x bar) is --causal-ref's dense causal fwd+bwd (q80 at D = 128, the backend's dense backward). flex: torch.compile(flex_attention) on [B, H, S, D]
 copies of the same values with create_block_mask(_compile=True); fwd+bwd = forward + .backward(dO).
 cuDNN: scaled_dot_product_attention(is_causal=True) under sdpa_kernel(CUDNN_ATTENTION).
@@ -483,26 +485,6 @@ def main():
         print(line)
     if fb_rows:
         print_fb_all(fb_rows, vnames, fwd_more)
-    print_backend_pairs(summary, a.fwd)
-
-
-def print_backend_pairs(summary, fwd):
-    """The pair the library's backend runs per mask (its forward and backward by backend_plan's
-    tiles): fwd+bwd against flex and against our dense causal."""
-    print("\nSUMMARY backend's pair (TFLOP/s of visible scores; vs causal: over our dense causal fwd+bwd)")
-    print("| S | mask | forward | backward | fwd+bwd | flex fwd+bwd | / flex | vs causal |")
-    print("|" + " --- |" * 8)
-    for r in summary:
-        if r.get("peer") or r.get("routed") is None:
-            continue
-        f, b = r.get("routed_fwd", fwd), r["routed"]
-        v = r.get("ours_fb_%s_tflops" % b) if f == fwd else r.get("ours_fb_%s_%s_tflops" % (f, b))
-        if v is None:
-            print("| %d | %s | %s | %s | not timed | | | |" % (r["seq"], r["mask"], f, b))
-            continue
-        print("| %d | %s | %s | %s | %.1f | %.1f | %.2fx | %.2f |" % (r["seq"], r["mask"], f, b, v, r["peer_fb_tflops"],
-                                                                     v / r["peer_fb_tflops"],
-                                                                     v / r["ref_fb"] if r["ref_fb"] else float("nan")))
 
 
 def print_fb_all(rows, vnames, fwd_more):

@@ -24,12 +24,8 @@ ab() {  # ab <log> <cap> <fwd-causal> <args...>
   [ $cap -gt $l ] && cap=$l
   timeout $cap python3 $here/ab_masks.py --lib $lib --fwd persist192 --fwd-causal $fc --fwd-variants persist64 \
     --bwd-variants base,q80,short64 --causal-ref q80 "$@" > "$out/$log" 2>&1 || echo "A/B rc=$?" >> "$out/$log"
-  say "A/B $log ($fc $*):"; sed -n "/^SUMMARY backend's pair/,\$p" "$out/$log" >> "$out/summary.txt"
-  grep -E '"mask": "causal"' "$out/$log" | python3 -c "
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l); print('dense causal S=%d ours fwd %.0f cuDNN fwd %.0f | ours fwd+bwd q80 %.0f cuDNN %.0f' % (r['seq'],
-          r['ours_fwd_tflops'], r['peer_fwd_tflops'], r['ours_fb_q80_tflops'], r['peer_fb_tflops']))" >> "$out/summary.txt"
+  say "A/B $log ($fc $*):"
+  python3 $here/backend_pairs.py "$out/$log" >> "$out/summary.txt"  # the masks finished, if cut short too
   grep -E "Error|error|A/B rc|false" "$out/$log" | head -n 8 >> "$out/summary.txt"
 }
 for S in ${SEQS:-8192 16384 32768 65536 131072}; do
