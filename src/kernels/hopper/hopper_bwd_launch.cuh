@@ -18,9 +18,10 @@ namespace seqpar::hopper {
 // LSE2 = LSE * log2(e) (+inf where LSE = -inf: such rows see no key, and P must be 0), D =
 // rowsum(dO * O) unless given; padded rows (S_q .. S_q_pad) get LSE2 = +inf and D = 0. One group
 // of kD/8 lanes per (q, h) row of batch blockIdx.y, 16-byte loads (O's and dO's strides are
-// multiples of 8 elements); h fastest so contiguous O and dO stream. The row's (q, h) comes from 32-bit divisions (Sq_pad * H < 2^31 rows per batch;
-// the batch is the grid's y): 25% fewer instructions than three 64-bit divisions per thread, the
-// same time (ncu, one H200: 43-44 us at 8K, H = 32, D = 128; the loads bound it).
+// multiples of 8 elements); h fastest so contiguous O and dO stream. The row's (q, h) comes from
+// 32-bit divisions (Sq_pad * H < 2^31 rows per batch; the batch is the grid's y): 25% fewer
+// instructions than three 64-bit divisions per thread, the same time (ncu, one H200: 43-44 us at
+// 8K, H = 32, D = 128; the loads bound it).
 template <int kD>
 __global__ void bwd_preprocess_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout, const float* lse,
                                       const float* delta, float* lse2, float* dpsum, int H, int Sq, int Sq_pad,

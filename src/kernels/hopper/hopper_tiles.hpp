@@ -271,12 +271,12 @@ inline int64_t pattern_masked(const SideTiles& t) {
 // tile straddles adds element-masked tiles (README, "Masked backward at D = 128 on q80", one
 // H200, 32K: rows 80 x q80 / 64 x base 1.014 and 1.016 (16 documents, a 4K window): q80 1.06x
 // and 1.07x base; 1.12 (256 documents): 0.90x; 1.27 and 1825 pattern-masked tiles where base had
-// none (BigBird, 128-token blocks): 0.73x). So tall where it computes at most 2% more query rows
-// and flags no more tiles for the pattern. The routed backward measured after (README, one H200,
-// 32K and 128K): every mask at 1.005-1.019 gained 6-14% (backward alone); the break-even lies
-// near 1.05 (a 1K window, 1.056: 1.01x; 64 documents at 32K, 1.057, and 256 at 128K, 1.054:
-// 0.99x; session v, 8K: 16 documents, 1.04, 1.00x). A 4K window at 8K, 1.023, gained 1.078x
-// (session v), which a threshold of 1.02 left to base; so 1.03, which keeps a margin.
+// none (BigBird, 128-token blocks): 0.73x). So tall where it computes at most a few percent more
+// query rows (below) and flags no more tiles for the pattern. The routed backward measured after
+// (README, one H200, 32K and 128K): every mask at 1.005-1.019 gained 6-14% (backward alone); the
+// break-even lies near 1.05 (a 1K window, 1.056: 1.01x; 64 documents at 32K, 1.057, and 256 at
+// 128K, 1.054: 0.99x; session v, 8K: 16 documents, 1.04, 1.00x). A 4K window at 8K, 1.023, gained
+// 1.078x (session v), which a threshold of 1.02 left to base; so 1.03, which keeps a margin.
 inline bool tall_tiles_pay(const SideTiles& narrow, const SideTiles& tall) {
   const int64_t rows_narrow = int64_t(narrow.other_tile_rows) * narrow.entry_count();
   const int64_t rows_tall = int64_t(tall.other_tile_rows) * tall.entry_count();
