@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
       const std::vector<int32_t> cols = column_intervals(rows, S, S);
       const SideTiles base = side_tiles(m, cols, S, S, 128, 64, 0, 0, true);
       const SideTiles sh = side_tiles(m, cols, S, S, 64, 64, 0, 0, true);
-      auto bnd = [](const SideTiles& t) { return (long long)std::count_if(t.entries.begin(), t.entries.end(), [](int32_t e) { return (e & 3) != 0; }); };
+      auto bnd = [](const SideTiles& t) { return (long long)flagged_entries(t); };
       const double vis = visible_pairs(m);
       const double cb = 128.0 * 64 * base.entry_count(), cs = 64.0 * 64 * sh.entry_count();
       std::printf("| %dK | %s | %lld (%lld) | %.2f | %lld (%lld) | %.2f | %.3f | %s |\n", S / 1024, name.c_str(),

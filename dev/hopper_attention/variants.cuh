@@ -169,7 +169,9 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
       if constexpr (kD == 128) {
         static bool said = false;
         int per_sm = 0;
-        const cudaError_t e = launch_bwd_short(a, stream, said ? nullptr : &per_sm);
+        int* occupancy = said ? nullptr : &per_sm;
+        const cudaError_t e = a.tiles.begin ? launch_bwd_short<true>(a, stream, occupancy)
+                                            : launch_bwd_short<false>(a, stream, occupancy);
         if (!said && std::getenv("LAB_SHORT_OCCUPANCY")) {
           said = true;
           std::fprintf(stderr, "short64 (backward): %d CTAs per SM (launch: %s)\n", per_sm, cudaGetErrorString(e));

@@ -330,13 +330,15 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
 #endif  // SEQPAR_HOPPER_STUB
 }
 
-// The whole backward around bwd_short_kernel (launch_bwd_with's prologue, workspace and dQ
-// conversion, with 64-key tiles): zero the accumulator, preprocess, the main kernel on one CTA per
-// (64-key tile, KV head, batch), convert dQ. D = 128 only; tile lists must be planned with 64-row
-// query tiles and 64-key tiles. *ctas_per_sm (if given): the CTAs per SM the occupancy API allows.
-inline cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_per_sm = nullptr) {
+// The whole backward around bwd_short_kernel<kListed> (launch_bwd_with's prologue, workspace and
+// dQ conversion, with 64-key tiles): zero the accumulator, preprocess, the main kernel on one CTA
+// per (64-key tile, KV head, batch), convert dQ. D = 128 only; kListed: tile lists (a.tiles.begin
+// set), planned with 64-row query tiles and 64-key tiles; else the dense masks (the lab's only).
+// *ctas_per_sm (if given): the CTAs per SM the occupancy API allows.
+template <bool kListed>
+cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_per_sm = nullptr) {
   using namespace bwds;
-  if (a.head_dim != kD) return cudaErrorInvalidValue;
+  if (a.head_dim != kD || (a.tiles.begin != nullptr) != kListed) return cudaErrorInvalidValue;
   const int pad = bwd_seq_pad(a.seq_q, kBM), n_mtiles = pad / kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
@@ -350,8 +352,7 @@ inline cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* 
   BwdParams p{};
   cudaError_t e = bwd_prologue<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, lse2, dpsum, &p);
   if (e != cudaSuccess) return e;
-  const bool listed = a.tiles.begin != nullptr;
-  auto kernel = listed ? bwd_short_kernel<true> : bwd_short_kernel<false>;
+  auto kernel = bwd_short_kernel<kListed>;
   constexpr int smem = BwdShortSmem::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   if (ctas_per_sm && (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem)) != cudaSuccess)
