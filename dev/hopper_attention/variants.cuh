@@ -131,14 +131,10 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // over two streams, so one group's fixed part ran beside another's main kernel: no gain, README
 // "The backward's fixed part beside the main kernel") are in git:
 // `git show ce20904:dev/hopper_attention/bwd_groups_lab.cuh`.
-// 7 "short64c" (session w): short64 where each dQ tile's last contributor converts it in the main
-// kernel (counts per tile against the lists' contributors; launch_bwd_short's last_converts), the
-// conversion kernel only for the tiles it leaves (lists only).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64", "short64c"};
-inline constexpr int kNumBwdVariants = 8;
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64"};
+inline constexpr int kNumBwdVariants = 7;
 inline constexpr int kBwdQ80 = 5;
 inline constexpr int kBwdShort64 = 6;
-inline constexpr int kBwdShort64Convert = 7;
 inline int bwd_variant(const std::string& name) {
   for (int i = 0; i < kNumBwdVariants; ++i)
     if (name == kBwdVariants[i]) return i;
@@ -149,7 +145,7 @@ inline int bwd_variant(const std::string& name) {
 inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v >= kBwdQ80 ? D == 128 : true; }
 inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
 // Keys per tile of variant v (the backward's lists are made per key tile of this many keys).
-inline int bwd_key_tile(int v) { return v == kBwdShort64 || v == kBwdShort64Convert ? bwds::kBN : bwd::kBN; }
+inline int bwd_key_tile(int v) { return v == kBwdShort64 ? bwds::kBN : bwd::kBN; }
 // Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
 // lists of 80-row query tiles).
 inline bool bwd_variant_lists(int v) { return v >= 0 && v < kNumBwdVariants; }
@@ -168,19 +164,6 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
       break;
     case kBwdQ80:
       if constexpr (kD == 128) return launch_bwd_q80(a, stream);
-      break;
-    case kBwdShort64Convert:
-      if constexpr (kD == 128) {
-        // Lists only: dense masks run short64 as it is. LAB_CONVERT_CAP=N: a CTA converts at most N
-        // tiles (1 sends most tiles to the rest kernel, so the checks run that path too).
-        // LAB_CONVERT_CAP=0: the counts only (the rest kernel converts every tile); LAB_KEEP_LINES=1:
-        // the converted tiles' lines stay in L2 (no discard).
-        const char* cap = std::getenv("LAB_CONVERT_CAP");
-        const char* keep = std::getenv("LAB_KEEP_LINES");
-        return a.tiles.begin ? launch_bwd_short<true>(a, stream, nullptr, true, cap ? std::atoi(cap) : bwds::kConvertCap,
-                                                      keep ? std::atoi(keep) : 0)
-                             : launch_bwd_short<false>(a, stream);
-      }
       break;
     case kBwdShort64:
       if constexpr (kD == 128) {

@@ -41,9 +41,6 @@ struct TileMask {
                            // entries): backward() runs the kernel of that tile (D = 128: 64 or 80)
   int key_rows;            // keys of the lists' key tiles (the forward's entries, the backward's
                            // tiles): at D = 128 a backward's 64-key tiles run the short kernel
-  const int32_t* contributors;  // [other side's tiles]: how many of this side's tiles list each
-                                // (the backward: key tiles per query tile), so the short backward
-                                // knows a dQ tile's last contributor, which converts it
 };
 
 #ifdef __CUDACC__

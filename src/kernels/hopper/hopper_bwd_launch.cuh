@@ -120,32 +120,6 @@ __device__ __forceinline__ void store_dq8(void* dq, int64_t off, float (&v)[8], 
   }
 }
 
-// Chunk c (0 .. 64 * kD / 8) of a 64-row dQ tile in the consumers' fragment order: 8 consecutive
-// columns of one row. c = (((w * 4 + warp) * kJJ + jj) * 8 + lq) * 2 + x: consumer half w, warp,
-// 8-column group jj, row lq + 8x of the warp's 16 rows; lane 4 lq + lp of (warp, jj) holds columns
-// 8 jj + 2 lp, + 1 of rows lq (x = 0) and lq + 8, so the chunk is 4 float2 at src + 4 lp.
-template <int kD>
-__device__ __forceinline__ void dq_chunk64(int c, int* row, int* col, int* src) {
-  constexpr int kJJ = kD / 16, kHalf = bwd::kBM * kD / 2;
-  const int x = c & 1, lq = (c >> 1) & 7, jj = (c >> 4) % kJJ, warp = (c >> 4) / kJJ % 4, w = (c >> 4) / (4 * kJJ);
-  *row = warp * 16 + lq + 8 * x;
-  *col = w * (kD / 2) + 8 * jj;
-  *src = w * kHalf + ((warp * kJJ + jj) * 32 + 4 * lq) * 4 + 2 * x;
-}
-
-// dQ row q, columns col .. col + 7 of head h, batch b from v (times o.scale; added with accumulate).
-__device__ __forceinline__ void store_dq_chunk(const DqOut& o, int b, int h, int q, int col, float (&v)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] *= o.scale;
-  const int64_t off = b * o.sb + q * o.ss + h * o.sh + col;
-  if (o.vec16) {
-    store_dq8(o.dq, off, v, o.f32, o.accumulate);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) add_out(o.dq, off + i, make_float2(v[i], v[i + 1]), o.f32, o.accumulate);
-  }
-}
-
 // The same conversion in output order: one thread per 8 consecutive dQ columns of one row, so each
 // thread writes 16 bytes (bf16; 32 with fp32) and a warp 16 rows x 32 contiguous bytes, where the
 // kernel above writes 4 bytes per thread (16 per row and warp). Its reads are the 4 float2 of the
@@ -155,18 +129,21 @@ template <int kD>
 __global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_state, void* dq, RowStrides dq_st,
                                            int out_f32, int B, int H, int Sq, int n_mtiles, float scale,
                                            int accumulate) {
-  constexpr int kBM = bwd::kBM, kChunks = kBM * kD / 8;
+  constexpr int kBM = bwd::kBM, kHalf = kBM * kD / 2, kJJ = kD / 16, kChunks = kBM * kD / 8;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= static_cast<int64_t>(B) * H * n_mtiles * kChunks) return;
   const int64_t tile = t / kChunks;
-  int row, col, at;
-  dq_chunk64<kD>(static_cast<int>(t % kChunks), &row, &col, &at);
+  const int c = static_cast<int>(t % kChunks);
+  // c = (((w * 4 + warp) * kJJ + jj) * 8 + lq) * 2 + x: consumer half w, warp, 8-column group jj,
+  // row lq + 8x of the warp's 16 rows.
+  const int x = c & 1, lq = (c >> 1) & 7, jj = (c >> 4) % kJJ, warp = (c >> 4) / kJJ % 4, w = (c >> 4) / (4 * kJJ);
   const int m = static_cast<int>(tile % n_mtiles);
   const int h = static_cast<int>((tile / n_mtiles) % H);
   const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
-  const int q = m * kBM + row;
+  const int q = m * kBM + warp * 16 + lq + 8 * x;
   if (q >= Sq) return;
-  const float* src = dq_acc + tile * (kBM * kD) + at;
+  // Lane 4 * lq + lp of (warp, jj) holds columns 8 jj + 2 lp, + 1 of rows lq (x = 0) and lq + 8.
+  const float* src = dq_acc + tile * (kBM * kD) + w * kHalf + ((warp * kJJ + jj) * 32 + 4 * lq) * 4 + 2 * x;
   const bool reached = dq_state == nullptr || dq_state[tile] != 0;
   float v[8];
 #pragma unroll
@@ -175,52 +152,8 @@ __global__ void bwd_convert_dq_rows_kernel(const float* dq_acc, const int* dq_st
     v[2 * lp] = f.x * scale;
     v[2 * lp + 1] = f.y * scale;
   }
-  store_dq8(dq, b * dq_st.b + q * dq_st.s + h * dq_st.h + col, v, out_f32, accumulate);
-}
-
-// Chunks first + kStride * i (i < kN) of 64-row dQ tile `tile` ((b * H + h) * n_mtiles + m) of the
-// fragment-order accumulator into dQ, all their loads in flight first, through L2 (other SMs'
-// bulk reductions wrote the accumulator).
-template <int kD, int kStride, int kN>
-__device__ __forceinline__ void convert_dq_chunks64(const float* dq_acc, const DqOut& o, int64_t tile, int H, int Sq,
-                                                    int n_mtiles, int first) {
-  constexpr int kBM = bwd::kBM;
-  const int m = static_cast<int>(tile % n_mtiles);
-  const int h = static_cast<int>((tile / n_mtiles) % H);
-  const int b = static_cast<int>(tile / (static_cast<int64_t>(n_mtiles) * H));
-  const float* acc = dq_acc + tile * (kBM * kD);
-  float v[kN][8];
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    int row, col, at;
-    dq_chunk64<kD>(first + i * kStride, &row, &col, &at);
-#pragma unroll
-    for (int lp = 0; lp < 4; ++lp) {
-      const float2 f = __ldcg(reinterpret_cast<const float2*>(acc + at + 4 * lp));
-      v[i][2 * lp] = f.x;
-      v[i][2 * lp + 1] = f.y;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    int row, col, at;
-    dq_chunk64<kD>(first + i * kStride, &row, &col, &at);
-    if (m * kBM + row < Sq) store_dq_chunk(o, b, h, m * kBM + row, col, v[i]);
-  }
-}
-
-// The dQ tiles the short backward's last contributors left (dq_arrivals[tile] >= 0: a tile no
-// CTA reached, whose accumulator is still zero, or one whose last contributor's list was full):
-// one warp per 64-row tile, the converted ones (-1) skipped.
-template <int kD>
-__global__ void __launch_bounds__(256) bwd_convert_dq_rest_kernel(const float* dq_acc, const int* dq_arrivals,
-                                                                  DqOut o, int H, int Sq, int n_mtiles,
-                                                                  int64_t n_tiles) {
-  constexpr int kChunks = bwd::kBM * kD / 8, kN = 8;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (tile >= n_tiles || dq_arrivals[tile] < 0) return;  // warp-uniform
-  for (int part = 0; part < kChunks / (32 * kN); ++part)
-    convert_dq_chunks64<kD, 32, kN>(dq_acc, o, tile, H, Sq, n_mtiles, part * 32 * kN + threadIdx.x % 32);
+  const int64_t off = b * dq_st.b + q * dq_st.s + h * dq_st.h + w * (kD / 2) + 8 * jj;
+  store_dq8(dq, off, v, out_f32, accumulate);
 }
 
 // The 80-row kernel's (hopper_bwd_q80.cuh) conversion: dQ = scale * accumulator (+ dQ with
@@ -348,45 +281,36 @@ cudaError_t bwd_prologue(const BwdArgs& a, cudaStream_t stream, int pad, int n_m
   return cudaSuccess;
 }
 
-// Where a's dQ goes (DqOut): its strides, fp32 or bf16, whether it is added to, and whether it
-// takes 16-byte stores (dq 16-byte aligned, strides whole 16 bytes).
-template <int kD>
-DqOut dq_out_of(const BwdArgs& a, float scale) {
-  const RowStrides st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
-  const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
-  DqOut o{};
-  o.dq = a.dq;
-  o.sb = st.b, o.ss = st.s, o.sh = st.h;
-  o.f32 = a.dq_f32;
-  o.accumulate = a.accumulate && !a.dq_fresh;
-  o.vec16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && st.b % vec == 0 && st.s % vec == 0 && st.h % vec == 0;
-  o.scale = scale;
-  return o;
-}
-
 // After it (unless a.main_only == 1): dQ (times the softmax scale; added with accumulate) from the
 // accumulator: q80's layout (q80), else in output order where row_order and dq's alignment allow,
 // else in the consumers' fragment order.
 template <int kD>
 cudaError_t bwd_convert_dq(const BwdArgs& a, cudaStream_t stream, int pad, int n_mtiles, const float* dq_acc,
                            const int* dq_state, float scale, bool row_order, bool q80) {
-  if (a.main_only == 1) return cudaSuccess;
-  const DqOut o = dq_out_of<kD>(a, scale);
-  const RowStrides dq_st{o.sb, o.ss, o.sh};
-  if (q80) {
-    const int64_t octets = static_cast<int64_t>(a.batch) * a.heads * n_mtiles * (bwd::kQ80 / 8);
-    bwd_convert_dq_q80_kernel<<<static_cast<unsigned>((octets + 7) / 8), 256, 0, stream>>>(
-        dq_acc, a.dq, dq_st, o.f32, o.vec16, a.heads, a.seq_q, n_mtiles, octets, scale, o.accumulate);
-  } else if (row_order && o.vec16) {
-    const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
-    bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        dq_acc, dq_state, a.dq, dq_st, o.f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, o.accumulate);
-  } else {
-    const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
-    bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-        dq_acc, dq_state, a.dq, dq_st, o.f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, o.accumulate);
+  cudaError_t e = cudaSuccess;
+  if (a.main_only != 1) {
+    const RowStrides dq_st = row_strides(a.dq_st, a.seq_q, a.heads, kD);
+    const int64_t vec = a.dq_f32 ? 4 : 8;  // elements per 16 bytes
+    const bool aligned16 = reinterpret_cast<uintptr_t>(a.dq) % 16 == 0 && dq_st.b % vec == 0 &&
+                           dq_st.s % vec == 0 && dq_st.h % vec == 0;
+    const bool rows = row_order && aligned16;
+    const int accumulate_dq = a.accumulate && !a.dq_fresh;
+    if (q80) {
+      const int64_t octets = static_cast<int64_t>(a.batch) * a.heads * n_mtiles * (bwd::kQ80 / 8);
+      bwd_convert_dq_q80_kernel<<<static_cast<unsigned>((octets + 7) / 8), 256, 0, stream>>>(
+          dq_acc, a.dq, dq_st, a.dq_f32, aligned16, a.heads, a.seq_q, n_mtiles, octets, scale, accumulate_dq);
+    } else if (rows) {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 8;
+      bwd_convert_dq_rows_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, accumulate_dq);
+    } else {
+      const int64_t threads = static_cast<int64_t>(a.batch) * a.heads * pad * kD / 4;
+      bwd_convert_dq_kernel<kD><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          dq_acc, dq_state, a.dq, dq_st, a.dq_f32, a.batch, a.heads, a.seq_q, n_mtiles, scale, accumulate_dq);
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 // The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of

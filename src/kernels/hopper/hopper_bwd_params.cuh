@@ -25,16 +25,6 @@ constexpr int kBarDqEmpty = 2;   // + w: consumer w may write its dQ buffer (128
 constexpr int kBarDqFull = 4;    // + w: consumer w's dQ buffer is written (128 + 32 threads)
 }  // namespace bwd
 
-// Where and how dQ is written from the fp32 accumulator (the conversion kernels' and, for the
-// short backward, the last contributor's): element strides, fp32 or bf16, added to dQ or not,
-// 16-byte stores (dq 16-byte aligned, strides whole 16 bytes) or pairs; dQ = scale * accumulator.
-struct DqOut {
-  void* dq;
-  int64_t sb, ss, sh;
-  int f32, accumulate, vec16;
-  float scale;
-};
-
 struct BwdParams {
   float* dq_acc;        // [B, H, S_q_pad / 64, 64 * D] fp32; each 64-row tile in fragment order
                         // (see the kernel's dQ store); zeroed unless dq_state is given
@@ -52,12 +42,6 @@ struct BwdParams {
   int out_f32;  // dk, dv in fp32
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
-  int* dq_arrivals;  // [B, H, S_q_pad / 64], zeroed, or null: the short backward's contributions
-                     // counted per dQ tile; the one that completes tiles.contributors[m] converts
-                     // the tile into dq_out and sets its count to -1 (the conversion kernel skips it)
-  int dq_convert_cap;  // tiles a CTA converts at most (the kernel's list; the rest kernel takes the others)
-  int dq_keep_lines;   // the lab's: 1, the converted tiles' fp32 lines are not discarded from L2
-  DqOut dq_out;
 };
 
 template <int kD, int kQRows>

@@ -34,8 +34,6 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 232;
 constexpr int kBarDS = 1;        // the consumer stored dS^T (128 threads)
 constexpr int kBarDqEmpty = 2;   // the consumer may write the dQ buffer (128 + 32 threads)
 constexpr int kBarDqFull = 3;    // the dQ buffer is written (128 + 32 threads)
-constexpr int kBarConvert = 4;   // the drain warp listed the dQ tiles this CTA converts (128 + 32)
-constexpr int kConvertCap = 63;  // tiles a CTA converts at most (the rest kernel takes the others)
 }  // namespace bwds
 
 struct BwdShortSmem {
@@ -54,8 +52,7 @@ struct BwdShortSmem {
   static constexpr int dpsum = lse + 2 * kStat;  // 1 stage (with dO)
   static constexpr int bar = dpsum + kStat;
   static constexpr int kBars = 7;  // kv_full, q_full[2], q_empty[2], do_full, do_empty
-  static constexpr int convert = bar + 8 * kBars;  // the count, then up to kConvertCap tile indices
-  static constexpr int bytes = convert + 4 * (1 + bwds::kConvertCap) + 1024;
+  static constexpr int bytes = bar + 8 * kBars + 1024;
 };
 static_assert(2 * (BwdShortSmem::bytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
@@ -73,7 +70,6 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dO, sdS = base + L::ds;
   const uint32_t sDQ = base + L::dq, sLSE = base + L::lse, sDP = base + L::dpsum, sBar = base + L::bar;
-  const uint32_t sConvert = base + L::convert;
   const uint32_t kv_full = sBar, do_full = sBar + 8u * 5, do_empty = sBar + 8u * 6;
   auto q_full = [&](int s) { return sBar + 8u * (1 + s); };
   auto q_empty = [&](int s) { return sBar + 8u * (3 + s); };
@@ -99,11 +95,6 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
   const int n0 = n_block * kBN, n_iter = n_m * G;
   auto entry = [&](int it) { return __ldg(p.tiles.entries + e0 + it % n_m); };
   auto q_tile = [&](int it) { return kListed ? entry(it) >> 2 : m_lo + it % n_m; };
-  // The last contributor converts a dQ tile (p.dq_arrivals: lists only, where tiles.contributors
-  // says how many key tiles list each query tile).
-  const bool last_converts = kListed && p.dq_arrivals != nullptr;
-  const int n_mt = p.seq_q_pad / kBM;
-  auto dq_tile = [&](int it) { return (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * n_mt + q_tile(it); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -151,27 +142,10 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
       // the accumulator's 64-row tile (half c at c * 64 * 64 floats) with one bulk reduction and
       // the buffer handed back once the bulk engine has read it. One "empty" up front and none
       // after the last half: the named barriers' arrivals balance.
-      // With last_converts, lane 0 counts step it's contribution to its tile once both reductions
-      // are complete, two steps later (waiting for the previous step's stalled the consumer's
-      // hand-off: session w's first call), or after the last, and lists the tile if it was the
-      // last one (at most kConvertCap; the rest kernel converts any others).
-      int n_convert = 0;
-      auto count = [&](int it) {
-        fence_proxy_async_global();
-        __threadfence();
-        const int64_t t = dq_tile(it);
-        if (atomicAdd(p.dq_arrivals + t, 1) + 1 == __ldg(p.tiles.contributors + q_tile(it)) && n_convert < p.dq_convert_cap) {
-          __threadfence();
-          st_shared_u32(sConvert + 4 * (1 + n_convert++), static_cast<uint32_t>(t));
-        }
-      };
       named_bar_arrive(kBarDqEmpty, 160);
       for (int it = 0; it < n_iter; ++it) {
-        if (last_converts && it > 1 && lane == 0) {
-          bulk_wait<2>();  // step it - 2's reductions (all but step it - 1's two) are complete
-          count(it - 2);
-        }
-        float* gtile = p.dq_acc + dq_tile(it) * (kBM * kD);
+        const int64_t rows = (static_cast<int64_t>(b) * p.heads + kvh * G + it / n_m) * p.seq_q_pad + q_tile(it) * kBM;
+        float* gtile = p.dq_acc + rows * kD;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           named_bar_sync(kBarDqFull, 160);
@@ -185,15 +159,6 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
         }
       }
       if (lane == 0) bulk_wait<0>();
-      if (last_converts) {
-        if (lane == 0) {
-          if (n_iter > 1) count(n_iter - 2);
-          count(n_iter - 1);
-          st_shared_u32(sConvert, static_cast<uint32_t>(n_convert));
-        }
-        __syncwarp();
-        named_bar_arrive(kBarConvert, 160);
-      }
     }
     return;
   }
@@ -362,25 +327,6 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
     handoff_dq();
   }
   bwd_store_dkv<kD>(dk, dv, p, key_r0, kvh, b, lane);
-  if (last_converts && n_iter > 0) {
-    // The dQ tiles this CTA contributed to last: all 128 consumer threads convert them while they
-    // are in L2, then drop their fp32 lines from L2 unwritten (nothing reads them again; the next
-    // backward zeroes the accumulator) and mark them converted for the rest kernel.
-    named_bar_sync(kBarConvert, 160);
-    const int n = static_cast<int>(ld_shared_u32(sConvert));
-    const int t = tid % 128;
-    for (int i = 0; i < n; ++i)
-      convert_dq_chunks64<kD, 128, 8>(p.dq_acc, p.dq_out, ld_shared_u32(sConvert + 4 * (1 + i)), p.heads, p.seq_q, n_mt, t);
-    named_bar_sync(kBarDS, 128);
-    for (int i = 0; i < n; ++i) {
-      const int64_t tile = ld_shared_u32(sConvert + 4 * (1 + i));
-      const float* acc = p.dq_acc + tile * (kBM * kD);
-#pragma unroll
-      for (int l = 0; l < kBM * kD * 4 / 128 / 128; ++l)
-        if (!p.dq_keep_lines) discard_l2(acc + (t + 128 * l) * 32);
-      if (t == 0) p.dq_arrivals[tile] = -1;
-    }
-  }
 #endif  // SEQPAR_HOPPER_STUB
 }
 
@@ -388,24 +334,15 @@ __global__ void __launch_bounds__(bwds::kThreads, 2)
 // dQ conversion, with 64-key tiles): zero the accumulator, preprocess, the main kernel on one CTA
 // per (64-key tile, KV head, batch), convert dQ. D = 128 only; kListed: tile lists (a.tiles.begin
 // set), planned with 64-row query tiles and 64-key tiles; else the dense masks (the lab's only).
-// last_converts (lists with tiles.contributors): each dQ tile's last contributor converts it in
-// the main kernel (counts per tile in the workspace's state ints, zeroed here), and the rest
-// kernel only the tiles it left; else the conversion kernel converts every tile.
-// *ctas_per_sm (if given): the CTAs per SM the occupancy API allows. convert_cap (0 ..
-// kConvertCap): the tiles a CTA converts at most (the lab lowers it to run the rest kernel's path).
+// *ctas_per_sm (if given): the CTAs per SM the occupancy API allows.
 template <bool kListed>
-cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_per_sm = nullptr,
-                             bool last_converts = false, int convert_cap = bwds::kConvertCap, int keep_lines = 0) {
+cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_per_sm = nullptr) {
   using namespace bwds;
   if (a.head_dim != kD || (a.tiles.begin != nullptr) != kListed) return cudaErrorInvalidValue;
   const int pad = bwd_seq_pad(a.seq_q, kBM), n_mtiles = pad / kBM;
   float* dq_acc = static_cast<float*>(a.workspace);
   float* lse2 = dq_acc + static_cast<size_t>(a.batch) * a.heads * pad * kD;
   float* dpsum = lse2 + static_cast<size_t>(a.batch) * a.heads * pad;
-  const int64_t n_dq_tiles = static_cast<int64_t>(a.batch) * a.heads * n_mtiles;
-  int* arrivals = kListed && last_converts && a.tiles.contributors != nullptr && a.main_only != 1
-                      ? reinterpret_cast<int*>(dpsum + static_cast<size_t>(a.batch) * a.heads * pad)
-                      : nullptr;
   CUtensorMap tq, tk, tv, tdo;
   if (make_tmap(&tq, a.q, a.batch, a.seq_q, a.heads, kD, kBM, a.q_st) != CUDA_SUCCESS ||
       make_tmap(&tk, a.k, a.batch, a.seq_k, a.kv_heads, kD, kBN, a.k_st) != CUDA_SUCCESS ||
@@ -415,13 +352,6 @@ cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_pe
   BwdParams p{};
   cudaError_t e = bwd_prologue<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, lse2, dpsum, &p);
   if (e != cudaSuccess) return e;
-  if (arrivals) {
-    if ((e = cudaMemsetAsync(arrivals, 0, static_cast<size_t>(n_dq_tiles) * 4, stream)) != cudaSuccess) return e;
-    p.dq_arrivals = arrivals;
-    p.dq_convert_cap = convert_cap < 0 ? 0 : convert_cap > kConvertCap ? kConvertCap : convert_cap;
-    p.dq_keep_lines = keep_lines;
-    p.dq_out = dq_out_of<kD>(a, p.scale);
-  }
   auto kernel = bwd_short_kernel<kListed>;
   constexpr int smem = BwdShortSmem::bytes;
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
@@ -433,10 +363,7 @@ cudaError_t launch_bwd_short(const BwdArgs& a, cudaStream_t stream, int* ctas_pe
     kernel<<<grid, kThreads, smem, stream>>>(tq, tk, tv, tdo, p);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
-  if (!arrivals) return bwd_convert_dq<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, p.scale, true, false);
-  bwd_convert_dq_rest_kernel<kD><<<static_cast<unsigned>((n_dq_tiles + 7) / 8), 256, 0, stream>>>(
-      dq_acc, arrivals, p.dq_out, a.heads, a.seq_q, n_mtiles, n_dq_tiles);
-  return cudaGetLastError();
+  return bwd_convert_dq<kD>(a, stream, pad, n_mtiles, dq_acc, nullptr, p.scale, true, false);
 }
 
 }  // namespace seqpar::hopper

@@ -424,7 +424,7 @@ inline std::string pattern_refusal(int64_t block, int64_t blocks) {
 // One blob of int32 holding both sides' lists; TileMask views of it at a device address.
 struct PackedTiles {
   std::vector<int32_t> blob;
-  size_t off[2][6] = {};  // per side: begin, entries, order, ranges, bits, contributors (int32 units)
+  size_t off[2][5] = {};  // per side: begin, entries, order, ranges, bits (in int32 units)
   int bits_words[2] = {0, 0};
   int heavy[2] = {0, 0};
   int64_t pos0[2] = {0, 0}, other_pos0[2] = {0, 0};
@@ -433,17 +433,6 @@ struct PackedTiles {
   int query_rows[2] = {0, 0};  // per side: rows of its lists' query tiles (TileMask::query_rows)
   int key_rows[2] = {0, 0};    // per side: keys of its lists' key tiles (TileMask::key_rows)
 };
-// Per tile of the other side (0 .. the largest listed), how many of this side's tiles list it:
-// the backward's dQ tile (a query tile) gets that many contributions, one per listing key tile.
-inline std::vector<int32_t> contributors(const SideTiles& t) {
-  std::vector<int32_t> n;
-  for (int32_t e : t.entries) {
-    const size_t other = size_t(e >> 2);
-    if (n.size() <= other) n.resize(other + 1, 0);
-    ++n[other];
-  }
-  return n;
-}
 inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
   PackedTiles k;
   const SideTiles* sides[2] = {&p.fwd, &p.bwd};
@@ -455,7 +444,6 @@ inline PackedTiles pack_tiles(const TilePlan& p, const PairMask& m) {
       while (k.blob.size() % 4) k.blob.push_back(0);  // 16-byte aligned pieces
     };
     put(t.begin, 0), put(t.entries, 1), put(t.order, 2), put(t.ranges, 3), put(t.bits, 4);
-    put(contributors(t), 5);
     k.bits_words[s] = t.bits_words;
     k.heavy[s] = t.heavy;
     k.entries[s] = t.entry_count();
@@ -484,7 +472,6 @@ inline TileMask tile_mask_view(const PackedTiles& k, int side, const void* devic
   t.other_pos0 = int(k.other_pos0[side]);
   t.query_rows = k.query_rows[side];
   t.key_rows = k.key_rows[side];
-  t.contributors = base + k.off[side][5];
   return t;
 }
 
