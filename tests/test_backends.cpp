@@ -557,7 +557,9 @@ TEST(HopperTiles, ShortBackwardPlanSkippedOnlyWhereItCannotPay) {
           last_tile += (base.entries[size_t(e)] & 3) == 0;
       EXPECT_GE(short_.entry_count(), 2 * base.entry_count() - hopper::flagged_entries(base) - last_tile);
       const bool short_pays = hopper::short_bwd_pays(base, short_), may_pay = hopper::short_bwd_may_pay(base, S);
-      if (short_pays) EXPECT_TRUE(may_pay);
+      if (short_pays) {
+        EXPECT_TRUE(may_pay);
+      }
       pays += short_pays, skipped += !may_pay;
       EXPECT_EQ(hopper::backend_plan(m, 128).bwd.tile_rows == 64, short_pays);
     }
@@ -616,14 +618,15 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
     return hopper::forward_kernel(a);
   };
   for (int s : {8192, 16384, 24576, 32768, 65536}) EXPECT_EQ(route(128, 0, s), FwdKernel::kCluster) << s;
-  for (int s : {16384, 32768, 65536}) EXPECT_EQ(route(128, 1, s), FwdKernel::kCluster) << s;
+  for (int s : {8192, 16384, 32768, 65536, 131072}) EXPECT_EQ(route(128, 1, s), FwdKernel::kCluster) << s;
   EXPECT_EQ(route(128, 0, 4096), FwdKernel::kPersist);
   EXPECT_EQ(route(128, 0, 8191), FwdKernel::kPersist);
   EXPECT_EQ(route(128, 0, 65537), FwdKernel::kPingPong192);
   EXPECT_EQ(route(128, 0, 131072), FwdKernel::kPingPong192);
-  EXPECT_EQ(route(128, 1, 8192), FwdKernel::kPersist);
-  EXPECT_EQ(route(128, 1, 16383), FwdKernel::kPersist);
-  EXPECT_EQ(route(128, 1, 131072), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 4096), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 8191), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 131073), FwdKernel::kPersist);
+  EXPECT_EQ(route(128, 1, 262144), FwdKernel::kPersist);
   for (int causal : {0, 1}) {
     EXPECT_EQ(route(128, causal, 32768, true), FwdKernel::kPersistLists);
     EXPECT_EQ(route(64, causal, 32768, true), FwdKernel::kPersistLists);
@@ -631,6 +634,27 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
       EXPECT_EQ(route(64, causal, s),
                 causal && s <= 16384 ? FwdKernel::kPersistHeadChunks : FwdKernel::kPersist)
           << causal << " " << s;
+  }
+}
+
+// The dense backward takes its key tiles with the K/V heads inner only where it was measured
+// faster: causal, D = 128, up to 16K keys; never on tile lists.
+TEST(HopperRouting, BackwardHeadsInnerOnlyWhereMeasuredFaster) {
+  static const int32_t no_entries[2] = {0, 0};
+  const auto inner = [&](int head_dim, int causal, int seq_k, bool lists = false) {
+    hopper::BwdArgs a{};
+    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = head_dim;
+    a.seq_q = a.seq_k = seq_k;
+    a.causal = causal;
+    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
+    return hopper::backward_heads_inner(a);
+  };
+  for (int s : {1000, 4096, 8192, 16384}) EXPECT_TRUE(inner(128, 1, s)) << s;
+  for (int s : {16385, 32768, 131072}) EXPECT_FALSE(inner(128, 1, s)) << s;
+  for (int s : {4096, 8192, 32768}) {
+    EXPECT_FALSE(inner(128, 0, s)) << s;
+    EXPECT_FALSE(inner(64, 1, s)) << s;
+    EXPECT_FALSE(inner(128, 1, s, true)) << s;
   }
 }
 
@@ -707,8 +731,8 @@ TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
   }
 }
 
-// The forward's 2-CTA cluster kernel runs at D = 128 from 8K keys (full) and 16K (causal) on
-// (forward_kernel, HopperRouting above), past every case of the suite: through the backend at 16K
+// The forward's 2-CTA cluster kernel runs at D = 128 from 8K keys on (forward_kernel,
+// HopperRouting above), past every case of the suite: through the backend at 16K
 // tokens, full MHA and causal GQA 4:2, O and the LSE of sampled rows (both ends, tile and cluster
 // edges) meet the bf16 rule against the fp64 oracle.
 TEST(HopperBackend, ClusterForwardMeetsTheRuleAt16K) {

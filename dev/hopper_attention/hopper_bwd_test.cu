@@ -19,7 +19,8 @@
 //   benchmask: the same for a mask spec (lab_masks.hpp), FLOPs = 2.5 x 4 B H D x visible scores.
 // Variants (variants.cuh, kBwdVariants): 0 base, 1 defer, 2 memset, 3 sfirst, 4 q128 (D = 64),
 // 5 q80 (D = 128: 80-row query tiles, hopper_bwd_q80.cuh), 6 short64 (D = 128: 64-key tiles, one
-// consumer, two CTAs per SM, hopper_bwd_short.cuh; lists per 64-key tile).
+// consumer, two CTAs per SM, hopper_bwd_short.cuh; lists per 64-key tile), 7 q80h and 8 q128h (q80 and
+// q128 with the dense grid's key tiles heaviest first, K/V heads inner).
 // Usage: hopper_bwd_test check [D] [variant[,variant...]|both] [all|dense|masks]
 //          (default: base and defer on the same inputs; masked cases run those of the given
 //          variants that take lists, base and q128, else base)

@@ -3,7 +3,7 @@
 # the pair the library's backend runs per mask (ab_masks.py's "SUMMARY backend's pair": the
 # forward and backward that backend_plan's tiles pick) against compiled flex_attention on the
 # same mask, and against our dense causal fwd+bwd (the forward the backend routes at that length:
-# persist192u at 8K and 128K, cluster192 at 16K-64K; the backward q80), from the repository root
+# cluster192 at 8K-64K (from 16K before session w), persist192u at 128K; the backward q80), from the repository root
 # on an H200 with torch; carry ["dev/hopper_attention/build/v3"] (libhopper_mask.so, built here
 # with build.sh mask, stripped; LIB overrides its path). SEQS: the lengths (default 8K-128K; flex
 # compiles each mask at each length, 10-60 s, so one call takes two or three lengths; CAP: seconds
@@ -29,7 +29,7 @@ ab() {  # ab <log> <cap> <fwd-causal> <args...>
   grep -E "Error|error|A/B rc|false" "$out/$log" | head -n 8 >> "$out/summary.txt"
 }
 for S in ${SEQS:-8192 16384 32768 65536 131072}; do
-  fc=cluster192; [ $S -lt 16384 ] || [ $S -gt 65536 ] && fc=persist192u   # the backend's dense causal forward
+  fc=cluster192; [ $S -lt 8192 ] || [ $S -gt 65536 ] && fc=persist192u   # the backend's dense causal forward
   masks=docs16,docs256,window4096,window16384,bigbird; [ $S -le 16384 ] && masks=docs16,docs256,window4096,bigbird
   reps=2; [ $S -ge 65536 ] && reps=1
   ab ab_$((S / 1024))k.log ${CAP:-$(( S >= 65536 ? 240 : 160 ))} $fc --seqs $S --masks $masks --rounds 2 --reps $reps

@@ -131,8 +131,12 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // over two streams, so one group's fixed part ran beside another's main kernel: no gain, README
 // "The backward's fixed part beside the main kernel") are in git:
 // `git show ce20904:dev/hopper_attention/bwd_groups_lab.cuh`.
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64"};
-inline constexpr int kNumBwdVariants = 7;
+// 7 "q80h" and 8 "q128h" (session w): q80 and q128 with the dense grid's key tiles heaviest
+// first, K/V heads inner (BwdParams::heads_inner; q80 and q128 follow the library's rule,
+// backward_heads_inner).
+inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64", "q80h", "q128h"};
+inline constexpr int kNumBwdVariants = 9;
+inline constexpr int kBwdQ80HeadsInner = 7, kBwdQ128HeadsInner = 8;
 inline constexpr int kBwdQ80 = 5;
 inline constexpr int kBwdShort64 = 6;
 inline int bwd_variant(const std::string& name) {
@@ -142,8 +146,12 @@ inline int bwd_variant(const std::string& name) {
 }
 // Whether variant v runs at head dim D, and its query rows per tile (the backward's tile lists
 // are made with them).
-inline bool bwd_variant_runs(int v, int D) { return v == 4 ? D == 64 : v >= kBwdQ80 ? D == 128 : true; }
-inline int bwd_query_rows(int v) { return v == 4 ? 128 : v == kBwdQ80 ? bwd::kQ80 : bwd::kBM; }
+inline bool bwd_variant_runs(int v, int D) {
+  return v == 4 || v == kBwdQ128HeadsInner ? D == 64 : v >= kBwdQ80 ? D == 128 : true;
+}
+inline int bwd_query_rows(int v) {
+  return v == 4 || v == kBwdQ128HeadsInner ? 128 : v == kBwdQ80 || v == kBwdQ80HeadsInner ? bwd::kQ80 : bwd::kBM;
+}
 // Keys per tile of variant v (the backward's lists are made per key tile of this many keys).
 inline int bwd_key_tile(int v) { return v == kBwdShort64 ? bwds::kBN : bwd::kBN; }
 // Whether variant v takes visible-tile lists (the masked cases): all (q80 since 2026-11-29, with
@@ -164,6 +172,12 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
       break;
     case kBwdQ80:
       if constexpr (kD == 128) return launch_bwd_q80(a, stream);
+      break;
+    case kBwdQ80HeadsInner:
+      if constexpr (kD == 128) return launch_bwd_q80(a, stream, 1);
+      break;
+    case kBwdQ128HeadsInner:
+      if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream, 1);
       break;
     case kBwdShort64:
       if constexpr (kD == 128) {

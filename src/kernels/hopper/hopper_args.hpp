@@ -112,23 +112,24 @@ struct BwdArgs {
 //   documents 1.37x, BigBird 1.15x, 16 documents 1.07x the one-CTA-per-tile kernel); at D = 128
 //   lists of 64 x 64 tiles (plan_tiles chose them: short_tiles_pay) on the short-tile kernel, two
 //   CTAs per SM (one H200, "Forward on 64 x 64 tiles for short lists": 1.09-3.5x where chosen);
-// - D = 128 dense: the persistent kernel in 2-CTA clusters with K/V by multicast from 8K to 64K
-//   keys under the full mask and from 16K to 64K under the causal mask (one H200, "Persistent
-//   forward in 2-CTA clusters", calls 3-4: full 1.029-1.062x the kernel it replaces, causal
-//   1.029-1.045x; at 128K full 0.996x pp192, so pp192 stays there); outside those ranges the
-//   persistent kernel up to 24K keys and under the causal mask, pp192 above (the persistent kernel
-//   0.98-0.99x pp192 at 32K-64K full, "The persistent forward on one H200");
+// - D = 128 dense: the persistent kernel in 2-CTA clusters with K/V by multicast from 8K keys, to
+//   64K under the full mask and to 128K under the causal one (one H200, "Persistent forward in
+//   2-CTA clusters", calls 3-4: full 1.029-1.062x the kernel it replaces, causal 1.029-1.045x
+//   from 16K; session w, "Session w: the cluster forward at 8K and 128K causal": causal 8K
+//   1.038x (32:32) and 1.052x (32:8) the persistent kernel, 128K 1.064x and 1.069x; at 128K full
+//   0.996x pp192, so pp192 stays there); outside those ranges the persistent kernel up to 24K
+//   keys and under the causal mask, pp192 above (the persistent kernel 0.98-0.99x pp192 at
+//   32K-64K full, "The persistent forward on one H200");
 // - D = 64: the persistent kernel, with chunks of 4 query heads in step under the causal mask up
 //   to 16K keys ("D = 64 forward: unit order and tile shape"); its cluster form was 0.99-1.01x.
 enum class FwdKernel { kPersistLists, kShortLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
-inline constexpr int kClusterMinKeysFull = 8192, kClusterMinKeysCausal = 16384;
-inline constexpr int kClusterMaxKeys = 65536;
+inline constexpr int kClusterMinKeys = 8192, kClusterMaxKeysFull = 65536, kClusterMaxKeysCausal = 131072;
 inline FwdKernel forward_kernel(const FwdArgs& a) {
   if (a.tiles.begin) return a.tiles.query_rows == 64 ? FwdKernel::kShortLists : FwdKernel::kPersistLists;
   if (a.head_dim == 64)
     return a.causal && a.seq_k <= 16384 ? FwdKernel::kPersistHeadChunks : FwdKernel::kPersist;
-  const int min_keys = a.causal ? kClusterMinKeysCausal : kClusterMinKeysFull;
-  if (a.seq_k >= min_keys && a.seq_k <= kClusterMaxKeys) return FwdKernel::kCluster;
+  if (a.seq_k >= kClusterMinKeys && a.seq_k <= (a.causal ? kClusterMaxKeysCausal : kClusterMaxKeysFull))
+    return FwdKernel::kCluster;
   return a.causal || a.seq_k <= 24576 ? FwdKernel::kPersist : FwdKernel::kPingPong192;
 }
 
@@ -142,6 +143,17 @@ inline FwdKernel forward_kernel(const FwdArgs& a) {
 //   64-key tiles for short lists": 1.06-1.07x base on 256 documents at 32K);
 // - D = 128 lists of 128 x 64 tiles: base; D = 64: q128, 128-row query tiles.
 enum class BwdKernel { kQ80, kBase, kShort64, kQ128, kNone };
+// Whether the dense backward's grid takes the key tiles heaviest first with the K/V heads inner
+// (BwdParams::heads_inner; else each head's tiles in turn, which keeps one head's rows in L2):
+// under the causal mask up to 16K keys at D = 128 (one H200, session w, "Session w: the dense
+// backward's key tiles with the K/V heads inner", q80 with heads inner / without: 8K 1.022 (32:32)
+// and 1.158 (32:8: 512 CTAs of 4 query heads, where each head's heaviest tiles no longer wait
+// behind the other heads'), 16K 1.023 and 0.996; 32K 0.92 and 1.00; full 0.98-1.03 at 8K,
+// 0.81 at 32K).
+inline constexpr int kHeadsInnerMaxKeys = 16384;
+inline bool backward_heads_inner(const BwdArgs& a) {
+  return a.tiles.begin == nullptr && a.causal && a.head_dim == 128 && a.seq_k <= kHeadsInnerMaxKeys;
+}
 inline BwdKernel backward_kernel(const BwdArgs& a) {
   const bool lists = a.tiles.begin != nullptr;
   if (a.head_dim == 128) {

@@ -316,9 +316,10 @@ cudaError_t bwd_convert_dq(const BwdArgs& a, cudaStream_t stream, int pad, int n
 // The whole backward around a main kernel: kernel(tm_q, tm_k, tm_v, tm_do, p) with smem bytes of
 // dynamic shared memory, one CTA per (key tile, KV head, batch). kQRows: the kernel's query rows
 // per tile (64; 128 for "q128", D = 64; 80 for "q80", D = 128).
+// heads_inner: BwdParams::heads_inner (-1: the rule, backward_heads_inner in hopper_args.hpp).
 template <int kD, int kPrologue, int kQRows>
 cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel)(CUtensorMap, CUtensorMap,
-                            CUtensorMap, CUtensorMap, BwdParams), int smem) {
+                            CUtensorMap, CUtensorMap, BwdParams), int smem, int heads_inner = -1) {
   static_assert(kQRows == bwd::kBM || !(kPrologue & kStoreFirst), "store-first keeps one state per 64-row tile");
   constexpr bool k80 = kQRows == bwd::kQ80;  // its own accumulator layout and conversion
   static_assert(!k80 || kD == 128, "80-row tiles: D = 128");
@@ -337,6 +338,7 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
   BwdParams p{};
   cudaError_t e = bwd_prologue<kD>(a, stream, pad, n_mtiles, dq_acc, dq_state, lse2, dpsum, &p);
   if (e != cudaSuccess) return e;
+  p.heads_inner = heads_inner >= 0 ? heads_inner : backward_heads_inner(a);
   if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) != cudaSuccess) return e;
   const int n_tiles = (a.seq_k + bwd::kBN - 1) / bwd::kBN;
   const dim3 grid(n_tiles, a.kv_heads, a.batch);
@@ -349,17 +351,18 @@ cudaError_t launch_bwd_with(const BwdArgs& a, cudaStream_t stream, void (*kernel
 
 // The library's backward: bwd_kernel<kD, kDefer, kQRows> (hopper_bwd.cuh) with the kPrologue bits.
 template <int kD, bool kDefer, int kPrologue = kPrologueBest, int kQRows = bwd::kBM>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream, int heads_inner = -1) {
   return launch_bwd_with<kD, kPrologue, kQRows>(a, stream, bwd_kernel<kD, kDefer, kQRows>,
-                                                BwdSmem<kD, kQRows>::bytes);
+                                                BwdSmem<kD, kQRows>::bytes, heads_inner);
 }
 
 // The D = 128 backward with 80-row query tiles (hopper_bwd_q80.cuh; dense masks, or tile lists
 // planned with 80-row query tiles); its workspace: bwd_workspace_bytes(..., bwd::kQ80).
-inline cudaError_t launch_bwd_q80(const BwdArgs& a, cudaStream_t stream) {
+inline cudaError_t launch_bwd_q80(const BwdArgs& a, cudaStream_t stream, int heads_inner = -1) {
   if (a.head_dim != 128) return cudaErrorInvalidValue;
   return launch_bwd_with<128, kPrologueBest, bwd::kQ80>(
-      a, stream, a.tiles.begin != nullptr ? bwd_q80_kernel<true> : bwd_q80_kernel<false>, BwdQ80Smem::bytes);
+      a, stream, a.tiles.begin != nullptr ? bwd_q80_kernel<true> : bwd_q80_kernel<false>, BwdQ80Smem::bytes,
+      heads_inner);
 }
 
 }  // namespace seqpar::hopper
