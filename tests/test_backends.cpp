@@ -638,7 +638,7 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
 }
 
 // The dense backward takes its key tiles with the K/V heads inner only where it was measured
-// faster: causal, D = 128, up to 16K keys; never on tile lists.
+// faster: causal, up to 16K keys; never on tile lists.
 TEST(HopperRouting, BackwardHeadsInnerOnlyWhereMeasuredFaster) {
   static const int32_t no_entries[2] = {0, 0};
   const auto inner = [&](int head_dim, int causal, int seq_k, bool lists = false) {
@@ -649,12 +649,13 @@ TEST(HopperRouting, BackwardHeadsInnerOnlyWhereMeasuredFaster) {
     if (lists) a.tiles.begin = a.tiles.entries = no_entries;
     return hopper::backward_heads_inner(a);
   };
-  for (int s : {1000, 4096, 8192, 16384}) EXPECT_TRUE(inner(128, 1, s)) << s;
-  for (int s : {16385, 32768, 131072}) EXPECT_FALSE(inner(128, 1, s)) << s;
-  for (int s : {4096, 8192, 32768}) {
-    EXPECT_FALSE(inner(128, 0, s)) << s;
-    EXPECT_FALSE(inner(64, 1, s)) << s;
-    EXPECT_FALSE(inner(128, 1, s, true)) << s;
+  for (int d : {64, 128}) {
+    for (int s : {1000, 4096, 8192, 16384}) EXPECT_TRUE(inner(d, 1, s)) << d << " " << s;
+    for (int s : {16385, 32768, 131072}) EXPECT_FALSE(inner(d, 1, s)) << d << " " << s;
+    for (int s : {4096, 8192, 32768}) {
+      EXPECT_FALSE(inner(d, 0, s)) << d << " " << s;
+      EXPECT_FALSE(inner(d, 1, s, true)) << d << " " << s;
+    }
   }
 }
 

@@ -5,12 +5,13 @@
 # (bench/torch_sdpa_peer.py, dO uniform [-1, 1) as ours), forward alone and forward + backward,
 # 8K-128K, causal and full: D = 128 at 32:32 and 32:8, D = 64 at 32:8. First test_backends in 4
 # shards (HopperBackend.ClusterForwardMeetsTheRuleAt16K, the fixed test, on the routed kernel).
+# Session w's call w7 reran it on its routing: SEQS=8192,131072 CELLS="d128_gqa:128:8 d64_gqa:64:8".
 set -u
 CALL_BUDGET_S=${CALL_BUDGET_S:-420}
 source bench/device_calls/call_start.sh 16 "test_backends bench_gpu_attention"
 shards test_backends 4 100
 grep -h 'ClusterForward\|DenseForward' "$out"/test_backends_*.log | head -4 >> "$out/summary.txt"
-seqs=8192,16384,32768,65536,131072
+seqs=${SEQS:-8192,16384,32768,65536,131072}
 cell() {  # cell TAG D HKV: ours (hopper, and our cudnn backend) then the peer, into $out/{ours,peer}_TAG.jsonl
   local l=$(left); [ $l -lt 60 ] && { say "out of time before $1"; return 9; }
   timeout $(( l / 2 < 120 ? l / 2 : 120 )) ./build-gpu/bench_gpu_attention --backends hopper,cudnn --seqs $seqs \
@@ -21,8 +22,6 @@ cell() {  # cell TAG D HKV: ours (hopper, and our cudnn backend) then the peer, 
   say "peer $1 rc $? $(grep -c fwd_ms "$out/peer_$1.jsonl") lines"
   python3 bench/compare_kernels.py "$out/ours_$1.jsonl" "$out/peer_$1.jsonl" | head -26 >> "$out/summary.txt"
 }
-cell d128_mha 128 32
-cell d128_gqa 128 8
-cell d64_gqa 64 8
+for c in ${CELLS:-d128_mha:128:32 d128_gqa:128:8 d64_gqa:64:8}; do cell ${c//:/ }; done
 say end
 PACK_GLOBS="*.jsonl *.err *.log" pack

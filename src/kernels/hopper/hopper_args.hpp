@@ -145,14 +145,14 @@ inline FwdKernel forward_kernel(const FwdArgs& a) {
 enum class BwdKernel { kQ80, kBase, kShort64, kQ128, kNone };
 // Whether the dense backward's grid takes the key tiles heaviest first with the K/V heads inner
 // (BwdParams::heads_inner; else each head's tiles in turn, which keeps one head's rows in L2):
-// under the causal mask up to 16K keys at D = 128 (one H200, session w, "Session w: the dense
-// backward's key tiles with the K/V heads inner", q80 with heads inner / without: 8K 1.022 (32:32)
-// and 1.158 (32:8: 512 CTAs of 4 query heads, where each head's heaviest tiles no longer wait
-// behind the other heads'), 16K 1.023 and 0.996; 32K 0.92 and 1.00; full 0.98-1.03 at 8K,
-// 0.81 at 32K).
+// under the causal mask up to 16K keys (one H200, session w, "Session w: the dense backward's key
+// tiles with the K/V heads inner", with heads inner / without, 32:32 and 32:8: D = 128 (q80) 8K
+// 1.022 and 1.158 (512 CTAs of 4 query heads, where each head's heaviest tiles no longer wait
+// behind the other heads'), 16K 1.023 and 0.996, 32K 0.92 and 1.00; D = 64 (q128) 8K 1.041 and
+// 1.208, 16K 1.002 and 1.011; full 0.98-1.03 at 8K and 16K, 0.81 at 32K D = 128).
 inline constexpr int kHeadsInnerMaxKeys = 16384;
 inline bool backward_heads_inner(const BwdArgs& a) {
-  return a.tiles.begin == nullptr && a.causal && a.head_dim == 128 && a.seq_k <= kHeadsInnerMaxKeys;
+  return a.tiles.begin == nullptr && a.causal && a.seq_k <= kHeadsInnerMaxKeys;
 }
 inline BwdKernel backward_kernel(const BwdArgs& a) {
   const bool lists = a.tiles.begin != nullptr;
