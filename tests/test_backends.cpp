@@ -637,6 +637,26 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
   }
 }
 
+// The cluster forward runs 8 query heads' tile pairs in step only where that was measured faster:
+// causal, up to 16K keys, no lists.
+TEST(HopperRouting, ForwardHeadChunksOnlyWhereMeasuredFaster) {
+  static const int32_t no_entries[2] = {0, 0};
+  const auto chunk = [&](int causal, int seq_k, bool lists = false) {
+    hopper::FwdArgs a{};
+    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = 128;
+    a.seq_q = a.seq_k = seq_k;
+    a.causal = causal;
+    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
+    return hopper::forward_head_chunk(a);
+  };
+  for (int s : {8192, 12288, 16384}) EXPECT_EQ(chunk(1, s), 8) << s;
+  for (int s : {16385, 32768, 131072}) EXPECT_EQ(chunk(1, s), 1) << s;
+  for (int s : {8192, 16384}) {
+    EXPECT_EQ(chunk(0, s), 1) << s;
+    EXPECT_EQ(chunk(1, s, true), 1) << s;
+  }
+}
+
 // The dense backward takes its key tiles with the K/V heads inner only where it was measured
 // faster: causal, up to 16K keys; never on tile lists.
 TEST(HopperRouting, BackwardHeadsInnerOnlyWhereMeasuredFaster) {
@@ -734,8 +754,8 @@ TEST(HopperBackend, TakesDocumentWindowAndBlockMasksOnHopper) {
 
 // The forward's 2-CTA cluster kernel runs at D = 128 from 8K keys on (forward_kernel,
 // HopperRouting above), past every case of the suite: through the backend at 16K
-// tokens, full MHA and causal GQA 4:2, O and the LSE of sampled rows (both ends, tile and cluster
-// edges) meet the bf16 rule against the fp64 oracle.
+// tokens, full MHA and causal GQA 4:2 and 8:2, O and the LSE of sampled rows (both ends, tile and
+// cluster edges) meet the bf16 rule against the fp64 oracle.
 TEST(HopperBackend, ClusterForwardMeetsTheRuleAt16K) {
   const std::unique_ptr<AttentionBackend> hopper = make_hopper_backend();
   if (!hopper || cuda_device_count() == 0) GTEST_SKIP() << "no Hopper backend in this build, or no GPU";
@@ -744,7 +764,9 @@ TEST(HopperBackend, ClusterForwardMeetsTheRuleAt16K) {
   ReferenceRows ref_rows;
   ref_rows.query_rows = rows;
   ref_rows.query_side_only = true;
-  for (const auto& [H, Hkv, causal] : {std::tuple<int64_t, int64_t, bool>{2, 2, false}, {4, 2, true}}) {
+  // H = 8 causal: 8 heads' tile pairs in step (forward_head_chunk); H = 4 leaves them head by head.
+  for (const auto& [H, Hkv, causal] :
+       {std::tuple<int64_t, int64_t, bool>{2, 2, false}, {4, 2, true}, {8, 2, true}}) {
     SCOPED_TRACE(std::string(causal ? "causal" : "full") + " H " + std::to_string(H) + ":" + std::to_string(Hkv));
     const HostTensor q = testing::random_tensor(DType::kBF16, {1, S, H, D}, 71);
     const HostTensor k = testing::random_tensor(DType::kBF16, {1, S, Hkv, D}, 72);

@@ -19,6 +19,10 @@ inline bool cluster_dispatch(const std::string& v, const FwdArgs& a, cudaStream_
   else if (v == "cluster_m192s3" && a.head_dim == 64) *e = launch_fwd_cluster<64, 128, 3, 3>(a, st, grid_cap);
   else if (v == "cluster_m192s4" && a.head_dim == 64) *e = launch_fwd_cluster<64, 128, 3, 4>(a, st, grid_cap);
   else if (v == "cluster192" && a.head_dim == 128) *e = launch_fwd_cluster<128, 192, 2>(a, st, grid_cap);
+  // Session w: the pairs of 4, 8 or all 32 query heads in step (FwdParams::head_chunk).
+  else if (v == "cluster192c4" && a.head_dim == 128) *e = launch_fwd_cluster<128, 192, 2>(a, st, grid_cap, 4);
+  else if (v == "cluster192c8" && a.head_dim == 128) *e = launch_fwd_cluster<128, 192, 2>(a, st, grid_cap, 8);
+  else if (v == "cluster192c32" && a.head_dim == 128) *e = launch_fwd_cluster<128, 192, 2>(a, st, grid_cap, 32);
   else return false;
   return true;
 }

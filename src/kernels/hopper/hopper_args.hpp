@@ -124,6 +124,16 @@ struct BwdArgs {
 //   to 16K keys ("D = 64 forward: unit order and tile shape"); its cluster form was 0.99-1.01x.
 enum class FwdKernel { kPersistLists, kShortLists, kPersist, kPersistHeadChunks, kPingPong192, kCluster };
 inline constexpr int kClusterMinKeys = 8192, kClusterMaxKeysFull = 65536, kClusterMaxKeysCausal = 131072;
+// The cluster kernel's query heads in step (FwdParams::head_chunk): pair j of 8 heads before pair
+// j + 1 under the causal mask up to 16K keys, else each head's tile pairs in turn (one H200,
+// session w, dev/hopper_attention/README.md "Session w: the cluster forward's heads in step": at 8K
+// causal chunks of 8 ran 1.060x (32:32) and 1.045x (32:8) the head-by-head order, chunks of 4
+// 1.044x / 1.034x, all 32 heads 1.039x / 1.057x; 16K causal 1.000 for every chunk; 8K full 1.003 at
+// 8, 0.977 at 32). The launcher takes 1 where 8 does not divide the heads.
+inline constexpr int kHeadChunkMaxKeys = 16384;
+inline int forward_head_chunk(const FwdArgs& a) {
+  return a.tiles.begin == nullptr && a.causal && a.seq_k <= kHeadChunkMaxKeys ? 8 : 1;
+}
 inline FwdKernel forward_kernel(const FwdArgs& a) {
   if (a.tiles.begin) return a.tiles.query_rows == 64 ? FwdKernel::kShortLists : FwdKernel::kPersistLists;
   if (a.head_dim == 64)

@@ -137,8 +137,11 @@ __device__ __forceinline__ Member pair_member(int u, int rank, int m_tiles, cons
   Member w;
   w.b = u / per_b;
   const int r = u - w.b * per_b;
-  w.h = r / mp;
-  const int x0 = 2 * (r - w.h * mp);
+  // Heads in step (head_chunk C > 1): chunk r / (mp C), inside it pair j = r2 / C of head r2 % C,
+  // so every head's heaviest pairs start before any head's light ones (FwdParams::head_chunk).
+  const int c = p.head_chunk > 1 ? p.head_chunk : 1, chunk = r / (mp * c), r2 = r - chunk * mp * c;
+  w.h = chunk * c + r2 % c;
+  const int x0 = 2 * (r2 / c);
   const int seq_k = opaque(p.seq_k);
   auto blocks = [&](int m_block) {
     int n = (seq_k + kBN - 1) / kBN;
@@ -344,8 +347,10 @@ __global__ void __launch_bounds__(Cfg<kC>::kThreads, 1)
 // 2 x the clusters that fit (capped at 2 x pairs and at max_grid rounded down to even, at least
 // 2), units from the persistent kernel's counter. Tile lists and O that the TMA store cannot
 // write (fp32, unaligned) go to launch_fwd_persist.
+// head_chunk: FwdParams::head_chunk (-1: the rule, forward_head_chunk in hopper_args.hpp; a
+// value that does not divide the heads counts as 1).
 template <int kD, int kBN, int kC, int kStages = 2>
-cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_grid = 0) {
+cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_grid = 0, int head_chunk = -1) {
   constexpr int kBM = Cfg<kC>::kBM;
   const RowStrides ost = row_strides(a.o_st, a.seq_q, a.heads, kD);
   if (a.tiles.begin || a.o_f32 || (reinterpret_cast<uintptr_t>(a.o) & 15) || (ost.b | ost.s | ost.h) % 8 != 0)
@@ -354,7 +359,9 @@ cudaError_t launch_fwd_cluster(const FwdArgs& a, cudaStream_t stream, int max_gr
   if (!fwd_tmaps(a, kD, kBM, kBN / 2, &tq, &tk, &tv) ||
       make_tmap(&to, a.o, a.batch, a.seq_q, a.heads, kD, 64, a.o_st) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const FwdParams p = fwd_params(a, kD, ost);
+  FwdParams p = fwd_params(a, kD, ost);
+  p.head_chunk = head_chunk >= 0 ? head_chunk : forward_head_chunk(a);
+  if (p.head_chunk < 1 || a.heads % p.head_chunk != 0) p.head_chunk = 1;
   auto kernel = cluster::fwd_cluster_kernel<kD, kBN, kC, kStages>;
   constexpr int smem = cluster::ClusterSmem<kD, kBN, kBM, kStages>::bytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -24,6 +24,8 @@ struct FwdParams {
   int o_f32;
   int64_t o_sb, o_ss, o_sh, lse_sb, lse_sh;
   TileMask tiles;     // tiles.begin != nullptr: walk the visible-tile lists (causal unused)
+  int head_chunk;     // the cluster kernel's pairs: query heads in step (0 or 1: each head's pairs
+                      // in turn; C: pair j of C heads, then pair j + 1; divides heads)
 };
 
 // The parameters of a forward at head dim d, O's element strides `ost` (row_strides of a.o_st).

@@ -64,7 +64,7 @@ int forward(const FwdArgs& a, void* stream) {
     switch (k) {
       case FwdKernel::kPersistLists: return kFwdPersistLists128(a, s, true, 0);
       case FwdKernel::kShortLists: return kFwdShortLists128(a, s, true, 0);
-      case FwdKernel::kCluster: return kFwdCluster128(a, s, 0);
+      case FwdKernel::kCluster: return kFwdCluster128(a, s, 0, -1);  // -1: forward_head_chunk's rule
       case FwdKernel::kPingPong192: return kFwd128(a, s);
       case FwdKernel::kPersist: return kFwdPersist128(a, s, true, 0);
       case FwdKernel::kPersistHeadChunks: break;
