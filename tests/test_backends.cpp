@@ -601,21 +601,29 @@ TEST(HopperTiles, ForwardTileChosenPerMask) {
   }
 }
 
+// The arguments of a forward or backward call (FwdArgs or BwdArgs) of the routing rules below: B
+// = 1, H = 32, H_kv = 8, S_q = S_k = seq_k, and with `lists` a tile list (its contents unread).
+template <class Args>
+Args routing_args(int head_dim, int causal, int seq_k, bool lists) {
+  static const int32_t no_entries[2] = {0, 0};
+  Args a{};
+  a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = head_dim;
+  a.seq_q = a.seq_k = seq_k;
+  a.causal = causal;
+  if (lists) a.tiles.begin = a.tiles.entries = no_entries;
+  return a;
+}
+
 // The forward's kernel per case (forward_kernel, hopper_args.hpp; host code, runs without a GPU):
 // the 2-CTA cluster kernel exactly where it was measured faster on one H200
-// (dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4): D = 128
-// dense, full from 8K to 64K keys, causal from 16K to 64K; not at 128K full (0.996x pp192), not
-// at D = 64 (0.99-1.01x), not on tile lists (the kernel takes dense masks only).
+// (dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4, and
+// "Session w: the cluster forward at 8K and 128K causal"): D = 128 dense, full from 8K to 64K
+// keys, causal from 8K to 128K; not at 128K full (0.996x pp192), not at D = 64 (0.99-1.01x), not
+// on tile lists (the kernel takes dense masks only).
 TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
   using hopper::FwdKernel;
-  static const int32_t no_entries[2] = {0, 0};
   const auto route = [&](int head_dim, int causal, int seq_k, bool lists = false) {
-    hopper::FwdArgs a{};
-    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = head_dim;
-    a.seq_q = a.seq_k = seq_k;
-    a.causal = causal;
-    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
-    return hopper::forward_kernel(a);
+    return hopper::forward_kernel(routing_args<hopper::FwdArgs>(head_dim, causal, seq_k, lists));
   };
   for (int s : {8192, 16384, 24576, 32768, 65536}) EXPECT_EQ(route(128, 0, s), FwdKernel::kCluster) << s;
   for (int s : {8192, 16384, 32768, 65536, 131072}) EXPECT_EQ(route(128, 1, s), FwdKernel::kCluster) << s;
@@ -640,14 +648,8 @@ TEST(HopperRouting, ClusterForwardOnlyWhereMeasuredFaster) {
 // The cluster forward runs 8 query heads' tile pairs in step only where that was measured faster:
 // causal, up to 16K keys, no lists.
 TEST(HopperRouting, ForwardHeadChunksOnlyWhereMeasuredFaster) {
-  static const int32_t no_entries[2] = {0, 0};
   const auto chunk = [&](int causal, int seq_k, bool lists = false) {
-    hopper::FwdArgs a{};
-    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = 128;
-    a.seq_q = a.seq_k = seq_k;
-    a.causal = causal;
-    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
-    return hopper::forward_head_chunk(a);
+    return hopper::forward_head_chunk(routing_args<hopper::FwdArgs>(128, causal, seq_k, lists));
   };
   for (int s : {8192, 12288, 16384}) EXPECT_EQ(chunk(1, s), 8) << s;
   for (int s : {16385, 32768, 131072}) EXPECT_EQ(chunk(1, s), 1) << s;
@@ -660,14 +662,8 @@ TEST(HopperRouting, ForwardHeadChunksOnlyWhereMeasuredFaster) {
 // The dense backward takes its key tiles with the K/V heads inner only where it was measured
 // faster: causal, up to 16K keys; never on tile lists.
 TEST(HopperRouting, BackwardHeadsInnerOnlyWhereMeasuredFaster) {
-  static const int32_t no_entries[2] = {0, 0};
   const auto inner = [&](int head_dim, int causal, int seq_k, bool lists = false) {
-    hopper::BwdArgs a{};
-    a.batch = 1, a.heads = 32, a.kv_heads = 8, a.head_dim = head_dim;
-    a.seq_q = a.seq_k = seq_k;
-    a.causal = causal;
-    if (lists) a.tiles.begin = a.tiles.entries = no_entries;
-    return hopper::backward_heads_inner(a);
+    return hopper::backward_heads_inner(routing_args<hopper::BwdArgs>(head_dim, causal, seq_k, lists));
   };
   for (int d : {64, 128}) {
     for (int s : {1000, 4096, 8192, 16384}) EXPECT_TRUE(inner(d, 1, s)) << d << " " << s;

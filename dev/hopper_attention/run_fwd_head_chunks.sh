@@ -6,12 +6,9 @@
 # D = 128 checks (fp64 oracle, bf16 rule; full grid and one cluster) of c8 and c32; only if they
 # pass, ab_compare.py (interleaved with cuDNN): causal 8K and 16K, 32:32 and 32:8, and full 8K.
 set -u
-out=${OUT:-out_head_chunks}; t0=$(date +%s); mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
-here=dev/hopper_attention; bd=${BUILD:-$here/build/w8}; chmod +x $bd/hopper_fwd_test
+out=${OUT:-out_head_chunks}
+source dev/hopper_attention/lab_call.sh
+bd=${BUILD:-$here/build/w8}; chmod +x $bd/hopper_fwd_test
 for v in cluster192c8 cluster192c32; do
   timeout 60 $bd/hopper_fwd_test check $v 128 dense >> "$out/checks.log" 2>&1 || echo "CHECK-FAILED $v rc=$?" >> "$out/checks.log"
 done

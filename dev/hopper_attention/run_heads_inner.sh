@@ -7,12 +7,9 @@
 # pass, ab_bwd.py (q80, q80h and cuDNN interleaved, full and causal, 32:32 and 32:8, 8K-32K); then
 # ab_compare.py at 128K causal (persist192u, the backend's, against cluster192, routed to 64K).
 set -u
-out=${OUT:-out_heads_inner}; t0=$(date +%s); mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
-here=dev/hopper_attention; bd=${BUILD:-$here/build/w4}; chmod +x $bd/hopper_bwd_test
+out=${OUT:-out_heads_inner}
+source dev/hopper_attention/lab_call.sh
+bd=${BUILD:-$here/build/w4}; chmod +x $bd/hopper_bwd_test
 timeout 90 $bd/hopper_bwd_test check 128 q80,q80h dense > "$out/checks.log" 2>&1 || echo "CHECK-FAILED rc=$?" >> "$out/checks.log"
 say "checks: $(grep -c '^PASS' $out/checks.log) PASS, $(grep -c '^FAIL' $out/checks.log) FAIL; $(grep -E 'cases pass|CHECK-FAILED' $out/checks.log | tr '\n' ';')"
 if grep -qE '^FAIL|CHECK-FAILED' "$out/checks.log" || ! grep -q 'cases pass' "$out/checks.log"; then

@@ -9,13 +9,8 @@
 # compiles each mask at each length, 10-60 s, so one call takes two or three lengths; CAP: seconds
 # per length, default 160, 240 from 64K; 16K needed more than 160 twice).
 set -u
-out=${OUT:-out_sweep}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-500}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv >> "$out/summary.txt" 2>&1
+out=${OUT:-out_sweep}; BUDGET=${BUDGET:-500}
+source dev/hopper_attention/lab_call.sh
 here=dev/hopper_attention; lib=${LIB:-$here/build/v3/libhopper_mask.so}
 python3 -c "import ctypes; ctypes.CDLL('$lib')" || { say "carried build does not load: stop"; exit 1; }
 ab() {  # ab <log> <cap> <fwd-causal> <args...>

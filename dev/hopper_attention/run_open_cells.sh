@@ -9,14 +9,9 @@
 #      and at 128K for the two masks never measured there (the 16K window, BigBird): ab_masks.py,
 #      the backend's pair per mask against compiled flex (backend_pairs.py prints it).
 set -u
-out=${OUT:-out_cells}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-420}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
-here=dev/hopper_attention; bd=${BUILD:-$here/build/w3}
+out=${OUT:-out_cells}; BUDGET=${BUDGET:-420}
+source dev/hopper_attention/lab_call.sh
+bd=${BUILD:-$here/build/w3}
 timeout 90 python3 $here/ab_compare.py --lib $bd/libhopper_fwd.so --seqs ${FWD_SEQS:-8192} --variants persist192u,cluster192 \
   --kv-heads 32,8 --causal 1 --rounds 6 --reps 3 > "$out/fwd_8k.log" 2>&1 || echo "rc=$?" >> "$out/fwd_8k.log"
 say "forward, causal D = 128:"; grep -vE "^\s*$|Warning|warn" "$out/fwd_8k.log" | tail -n 14 >> "$out/summary.txt"

@@ -14,13 +14,8 @@
 # Logs in $OUT; ab_masks.py prints one JSON line per mask, so a step cut by its cap keeps its
 # finished masks.
 set -u
-out=${OUT:-out_q80c}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-230}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
+out=${OUT:-out_q80c}; BUDGET=${BUDGET:-230}
+source dev/hopper_attention/lab_call.sh
 here=dev/hopper_attention; c=.carry/q34
 chmod +x $c/lab/hopper_bwd_test $c/tb/test_backends
 timeout 50 $c/lab/hopper_bwd_test check 128 base,q80 all > "$out/checks.log" 2>&1 || echo "CHECK-FAILED rc=$?" >> "$out/checks.log"

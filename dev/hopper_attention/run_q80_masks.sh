@@ -15,13 +15,8 @@
 # and q80 against compiled flex_attention, dense causal against cuDNN), then, in the time left,
 # the dense q80 backward standalone old / new and ab_masks.py at 128K. Logs in $OUT.
 set -u
-out=${OUT:-out_q80m}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-160}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
+out=${OUT:-out_q80m}; BUDGET=${BUDGET:-160}
+source dev/hopper_attention/lab_call.sh
 say "rev $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 here=dev/hopper_attention; c=.carry/m34
 bwd=$c/lab/hopper_bwd_test; old=$c/old/hopper_bwd_test

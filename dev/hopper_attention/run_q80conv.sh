@@ -15,13 +15,8 @@
 # interleaved with cuDNN (8K-32K, then 64K and 128K); in the time left ab_compare.py (forward) at
 # 64K and 128K. Logs in $OUT.
 set -u
-out=${OUT:-out_q80conv}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-300}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
+out=${OUT:-out_q80conv}; BUDGET=${BUDGET:-300}
+source dev/hopper_attention/lab_call.sh
 say "rev $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 here=dev/hopper_attention; c=.carry/conv
 old=$c/before/hopper_bwd_test; new=$c/after/hopper_bwd_test

@@ -19,13 +19,8 @@
 # finished masks. CHECK_VARIANTS, BENCH_VARIANTS (hopper_bwd_test's variant numbers) and
 # BWD_VARIANTS change the backwards compared (session u's second call: base, sfirst and short64).
 set -u
-out=${OUT:-out_sbwd}; t0=$(date +%s); deadline=$((t0 + ${BUDGET:-215}))
-left() { echo $((deadline - $(date +%s))); }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
-mkdir -p "$out"
-say() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$out/summary.txt"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$out/summary.txt" 2>&1
+out=${OUT:-out_sbwd}; BUDGET=${BUDGET:-215}
+source dev/hopper_attention/lab_call.sh
 say "rev $(git rev-parse --short HEAD 2>/dev/null) + working tree"
 here=dev/hopper_attention; bd=$here/build/bshort; bwd=$bd/hopper_bwd_test; lib=$bd/libhopper_mask.so
 chmod +x $bwd 2>/dev/null
