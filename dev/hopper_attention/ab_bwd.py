@@ -45,7 +45,7 @@ def load_bwd(bwd_path):
     return b
 
 
-VARIANTS = {"base": 0, "defer": 1, "memset": 2, "sfirst": 3, "q128": 4, "q80": 5, "q80h": 7, "q128h": 8}  # variants.cuh's dispatch_bwd
+VARIANTS = {"base": 0, "defer": 1, "memset": 2, "sfirst": 3, "q128": 4, "q80": 5, "q80h": 7, "q128h": 8, "baseh": 9}  # variants.cuh's dispatch_bwd
 
 
 def uniform(gen, *shape):

@@ -60,7 +60,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 VP = ctypes.c_void_p
 # Backward variants by name (dev/hopper_attention/variants.cuh, kBwdVariants).
-BWD_VARIANTS = {"base": 0, "defer": 1, "sfirst": 3, "q128": 4, "q80": 5, "short64": 6}
+BWD_VARIANTS = {"base": 0, "defer": 1, "sfirst": 3, "q128": 4, "q80": 5, "short64": 6, "q80h": 7, "baseh": 9}
 
 
 def load(path):

@@ -131,12 +131,13 @@ inline cudaError_t dispatch(const std::string& v, const FwdArgs& a, cudaStream_t
 // over two streams, so one group's fixed part ran beside another's main kernel: no gain, README
 // "The backward's fixed part beside the main kernel") are in git:
 // `git show ce20904:dev/hopper_attention/bwd_groups_lab.cuh`.
-// 7 "q80h" and 8 "q128h" (session w): q80 and q128 with the dense grid's key tiles heaviest
-// first, K/V heads inner (BwdParams::heads_inner; q80 and q128 follow the library's rule,
-// backward_heads_inner).
-inline const char* const kBwdVariants[] = {"base", "defer", "memset", "sfirst", "q128", "q80", "short64", "q80h", "q128h"};
-inline constexpr int kNumBwdVariants = 9;
-inline constexpr int kBwdQ80HeadsInner = 7, kBwdQ128HeadsInner = 8;
+// 7 "q80h", 8 "q128h" and 9 "baseh" (session w): q80, q128 and base with the grid's key tiles
+// (dense, or in the lists' order) taken with the K/V heads inner (BwdParams::heads_inner; the
+// plain variants follow the library's rule, backward_heads_inner).
+inline const char* const kBwdVariants[] = {"base",  "defer",   "memset", "sfirst", "q128",
+                                           "q80",   "short64", "q80h",   "q128h",  "baseh"};
+inline constexpr int kNumBwdVariants = 10;
+inline constexpr int kBwdQ80HeadsInner = 7, kBwdQ128HeadsInner = 8, kBwdBaseHeadsInner = 9;
 inline constexpr int kBwdQ80 = 5;
 inline constexpr int kBwdShort64 = 6;
 inline int bwd_variant(const std::string& name) {
@@ -179,6 +180,8 @@ cudaError_t dispatch_bwd_d(const BwdArgs& a, cudaStream_t stream) {
     case kBwdQ128HeadsInner:
       if constexpr (kD == 64) return launch_bwd<kD, false, kPrologueBest, 128>(a, stream, 1);
       break;
+    case kBwdBaseHeadsInner:
+      return launch_bwd<kD, false>(a, stream, 1);
     case kBwdShort64:
       if constexpr (kD == 128) {
         static bool said = false;

@@ -62,6 +62,14 @@ SEQPAR_HOPPER_HD inline void listed_unit(int x, int y, int tiles, int heads, int
   }
 }
 
+// The same with the heads inner throughout: CTA lin = x + tiles * y takes rank lin / heads of head
+// lin % heads, so every head's first tiles (the heaviest, in the dense causal order) start before
+// any head's later ones (BwdParams::heads_inner).
+SEQPAR_HOPPER_HD inline void heads_inner_unit(int x, int y, int tiles, int heads, int* rank, int* head) {
+  const int64_t lin = x + int64_t(tiles) * y;
+  *rank = int(lin / heads), *head = int(lin % heads);
+}
+
 struct FwdArgs {
   const void* q;  // [B, S_q, H, D] bf16
   const void* k;  // [B, S_k, H_kv, D] bf16

@@ -18,8 +18,8 @@ namespace seqpar::hopper {
 // one head's key tiles, which read the same Q, dO and dQ accumulator rows from L2. Tile lists: the lists' order, every head's outliers
 // first (hopper_tiles.hpp, order_tiles; listed_unit), and the key tile's listed query tiles only
 // (entry(it): tile << 2 | flags). With x = head instead, the CTAs in flight read 32 heads' Q and
-// dO and added into 32 heads' dQ, and the masked backward ran at HBM speed. Dense with
-// p.heads_inner: block lin = x + tiles * y takes key tile lin / heads of head lin % heads, so every
+// dO and added into 32 heads' dQ, and the masked backward ran at HBM speed. With p.heads_inner
+// (heads_inner_unit): block lin = x + tiles * y takes rank lin / heads of head lin % heads, so every
 // head's heaviest tiles start first (a grid of few waves under the causal mask otherwise ends
 // with the last heads' heavy tiles alone: 8K causal GQA 32:8 is 512 CTAs of 4 query heads).
 template <int kQRows>
@@ -38,13 +38,10 @@ struct BwdUnit {
     BwdUnit u{};
     int rank = blockIdx.x;
     u.kvh = blockIdx.y;
-    if (listed) {
+    if (p.heads_inner)
+      heads_inner_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, &rank, &u.kvh);
+    else if (listed)
       listed_unit(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, p.tiles.heavy, &rank, &u.kvh);
-    } else if (p.heads_inner) {
-      const int lin = blockIdx.x + gridDim.x * blockIdx.y;
-      rank = lin / gridDim.y;
-      u.kvh = lin % gridDim.y;
-    }
     u.n_block = listed ? __ldg(p.tiles.order + rank) : rank;
     u.b = blockIdx.z;
     u.G = p.heads / p.kv_heads;
