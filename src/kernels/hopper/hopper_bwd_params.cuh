@@ -42,8 +42,8 @@ struct BwdParams {
   int out_f32;  // dk, dv in fp32
   int64_t dk_sb, dk_ss, dk_sh, dv_sb, dv_ss, dv_sh;
   TileMask tiles;  // tiles.begin != nullptr: per key tile, the listed query tiles (causal unused)
-  int heads_inner;  // dense masks: the grid's blocks take the key tiles heaviest first with the K/V
-                    // heads inner (else each head's tiles in turn; BwdUnit)
+  int heads_inner;  // the grid's blocks take the key tiles (dense: heaviest first; lists: their
+                    // order) with the K/V heads inner (else each head's in turn; BwdUnit)
 };
 
 template <int kD, int kQRows>
