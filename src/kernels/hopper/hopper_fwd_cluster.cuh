@@ -3,8 +3,9 @@
 // L2 once per pair of CTAs. At the 700 W cap the forward's time per FLOP follows the SM clock;
 // on one H200 this cuts the L2 bytes of dense full D = 128 by 41%, runs 0.97x the cycles at a
 // 1-2% higher clock, and is 1.03-1.06x the backend's previous kernel at 8K-64K keys (full) and
-// 1.03-1.05x at 16K-64K (causal); the backend runs it there (forward_kernel, hopper_args.hpp;
-// dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4).
+// 1.03-1.07x at 8K-128K (causal); the backend runs it there (forward_kernel, hopper_args.hpp;
+// dev/hopper_attention/README.md, "Persistent forward in 2-CTA clusters", calls 3-4, and
+// "Session w: the cluster forward at 8K and 128K causal").
 //
 // - Pairs: a unit is two query tiles of one head (tiles 2j and 2j + 1 in the heaviest-first order
 //   of a head, so rank 0 takes the heavier). Both CTAs walk the same K/V blocks: the heavier
