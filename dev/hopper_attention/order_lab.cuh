@@ -7,6 +7,9 @@
 //   persist_m192c   the same with kOrder 2: chunks of 4 query heads in step (at H = H_kv too)
 //   persist_n192u   2 consumers, 128 query rows, 192-key tiles (pp192's shape at D = 64)
 //   persist_n192g   the same with kOrder 1
+// and, at D = 128 (session w, not yet run: README next steps 000 (d)), the backend's persistent
+// kernel below 8K keys (persist192u) with its units in step:
+//   persist192c     kOrder 2: chunks of 4 query heads (H = H_kv), whole GQA groups otherwise
 #pragma once
 #include <string>
 
@@ -19,6 +22,10 @@ namespace hopper_attn {
 inline bool order_dispatch(const std::string& v, const seqpar::hopper::FwdArgs& a, cudaStream_t st, int grid_cap,
                            cudaError_t* e) {
   using namespace seqpar::hopper;
+  if (a.head_dim == 128 && v == "persist192c") {
+    *e = launch_fwd_persist<128, 192, 2, true, true, 2>(a, st, true, grid_cap);
+    return true;
+  }
   if (a.head_dim != 64) return false;
   if (v == "persist_m192g") *e = launch_fwd_persist<64, 128, 3, true, true, 1>(a, st, true, grid_cap);
   else if (v == "persist_m192c") *e = launch_fwd_persist<64, 128, 3, true, true, 2>(a, st, true, grid_cap);
