@@ -62,9 +62,19 @@ SEQPAR_HOPPER_HD inline void listed_unit(int x, int y, int tiles, int heads, int
   }
 }
 
-// The same with the heads inner throughout: CTA lin = x + tiles * y takes rank lin / heads of head
-// lin % heads, so every head's first tiles (the heaviest, in the dense causal order) start before
-// any head's later ones (BwdParams::heads_inner).
+// Unit r of a grid whose heads go in chunks of `chunk` heads in step, `per_head` units each: chunk
+// r / (per_head chunk), inside it unit *x = r2 / chunk of head *head = chunk's first + r2 % chunk,
+// so the chunk's heads take their first (heaviest) units before any of them its later ones (the
+// persistent forward's kOrder, fwd_unit; the cluster forward's pairs, FwdParams::head_chunk).
+SEQPAR_HOPPER_HD inline void chunked_unit(int r, int per_head, int chunk, int* x, int* head) {
+  const int per_chunk = per_head * chunk;
+  const int c = r / per_chunk, r2 = r - c * per_chunk;
+  *x = r2 / chunk;
+  *head = c * chunk + (r2 - *x * chunk);
+}
+// The backward's grid with one chunk of all heads: CTA lin = x + tiles * y takes rank lin / heads of
+// head lin % heads, so every head's first tiles (the heaviest, in the dense causal order) start
+// before any head's later ones (BwdParams::heads_inner).
 SEQPAR_HOPPER_HD inline void heads_inner_unit(int x, int y, int tiles, int heads, int* rank, int* head) {
   const int64_t lin = x + int64_t(tiles) * y;
   *rank = int(lin / heads), *head = int(lin % heads);

@@ -138,11 +138,10 @@ __device__ __forceinline__ Member pair_member(int u, int rank, int m_tiles, cons
   Member w;
   w.b = u / per_b;
   const int r = u - w.b * per_b;
-  // Heads in step (head_chunk C > 1): chunk r / (mp C), inside it pair j = r2 / C of head r2 % C,
-  // so every head's heaviest pairs start before any head's light ones (FwdParams::head_chunk).
-  const int c = p.head_chunk > 1 ? p.head_chunk : 1, chunk = r / (mp * c), r2 = r - chunk * mp * c;
-  w.h = chunk * c + r2 % c;
-  const int x0 = 2 * (r2 / c);
+  // Heads in step (FwdParams::head_chunk C > 1): pair j of C heads before pair j + 1.
+  int j;
+  chunked_unit(r, mp, p.head_chunk > 1 ? p.head_chunk : 1, &j, &w.h);
+  const int x0 = 2 * j;
   const int seq_k = opaque(p.seq_k);
   auto blocks = [&](int m_block) {
     int n = (seq_k + kBN - 1) / kBN;

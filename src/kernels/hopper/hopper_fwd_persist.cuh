@@ -89,10 +89,7 @@ __device__ __forceinline__ FwdUnit fwd_unit(int u, int m_tiles, const FwdParams&
   if (kOrder != 0 && !listed) {
     int group = p.heads / p.kv_heads;
     if (kOrder == 2 && group < 4 && p.heads % 4 == 0) group = 4;
-    const int per_chunk = m_tiles * group;
-    const int chunk = r / per_chunk, r2 = r - chunk * per_chunk;
-    x = r2 / group;
-    y = chunk * group + (r2 - x * group);
+    chunked_unit(r, m_tiles, group, &x, &y);
   }
   int rank = m_tiles - 1 - x;
   w.h = y;

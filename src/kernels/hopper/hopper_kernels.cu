@@ -41,7 +41,7 @@ constexpr auto kFwdPersist64Chunks = launch_fwd_persist<64, 128, 3, true, true, 
 // paths only.
 constexpr auto kFwdPersistLists128 = launch_fwd_persist<128, 192, 2>;
 constexpr auto kFwdPersistLists64 = launch_fwd_persist<64, 128, 3>;
-// Dense masks at D = 128 from 8K to 64K keys (full and causal): persist192u in clusters of
+// Dense masks at D = 128 from 8K keys to 64K (full) or 128K (causal): persist192u in clusters of
 // 2 CTAs that multicast K/V (hopper_fwd_cluster.cuh; O that the TMA store cannot write goes to
 // kFwdPersist128's kernel).
 constexpr auto kFwdCluster128 = launch_fwd_cluster<128, 192, 2>;
